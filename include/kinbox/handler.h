@@ -1,0 +1,213 @@
+/**
+ * @file handler.h
+ * @brief What a handler sees: the message, the transaction, results.
+ *
+ * A handler runs inside the consumer's database transaction. Everything it
+ * writes through the transaction commits together with the inbox row (the
+ * record that this message id was processed) and the offset watermark, or
+ * not at all. Handlers must not have effects outside the database: they may
+ * run again after a rollback (a RETRY, a failed neighbour in the batch, a
+ * lost connection) — only the committed run counts.
+ */
+#ifndef KINBOX_HANDLER_H
+#define KINBOX_HANDLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "export.h"
+#include "error.h"
+
+KINBOX_BEGIN_DECLS
+
+/** libpq's connection type, without including libpq-fe.h. */
+struct pg_conn;
+/** libmysqlclient's connection type, without including mysql.h. */
+struct st_mysql;
+
+/** A Kafka message as handed to a handler. Opaque. */
+typedef struct kinbox_msg_s kinbox_msg_t;
+/** The consumer's transaction as handed to a handler. Opaque. */
+typedef struct kinbox_tx_s kinbox_tx_t;
+/** Rows returned by kinbox_tx_query(). Opaque. */
+typedef struct kinbox_rows_s kinbox_rows_t;
+
+/** What a handler says about a message. */
+typedef enum kinbox_result {
+        /** Effect applied: commit it with the inbox row. */
+        KINBOX_RESULT_OK = 0,
+        /** Transient failure: roll back, back off, try again (up to
+         *  `retry.max` attempts, then dead-letter). */
+        KINBOX_RESULT_RETRY = 1,
+        /** The message can never succeed: roll back its effect and move it
+         *  to the dead-letter table with the reason. */
+        KINBOX_RESULT_REJECT = 2
+} kinbox_result_t;
+
+/** Database backends. */
+typedef enum kinbox_backend {
+        KINBOX_BACKEND_POSTGRESQL = 1,
+        KINBOX_BACKEND_MYSQL = 2
+} kinbox_backend_t;
+
+/** A message header or an outbox header. Pointers owned by the caller. */
+typedef struct kinbox_header {
+        const char *name;  /**< NUL-terminated header name. */
+        const void *value; /**< Value bytes; may be NULL (null header). */
+        size_t size;       /**< Value length in bytes. */
+} kinbox_header_t;
+
+/**
+ * @brief Per-message handler.
+ * @param tx   the open transaction; valid only during the call.
+ * @param msg  the message; valid only during the call.
+ * @returns A ::kinbox_result_t. Give a reason for RETRY/REJECT with
+ *          kinbox_tx_set_error().
+ * @remark Runs on a worker thread. Messages of one partition are handed
+ *         over in offset order and never before the previous message's
+ *         transaction has committed; different partitions run concurrently
+ *         on different workers (each with its own transaction).
+ */
+typedef kinbox_result_t (*kinbox_handler_fn)(kinbox_tx_t *tx,
+                                             const kinbox_msg_t *msg,
+                                             void *opaque);
+
+/**
+ * @brief Batch handler: all new (non-duplicate) messages of a batch at once,
+ *        for set-based SQL.
+ * @param msgs     @p count messages, in partition order; valid during the
+ *                 call.
+ * @param results  @p count entries, all ::KINBOX_RESULT_OK on entry; set an
+ *                 entry to RETRY or REJECT to single a message out (its
+ *                 effect is then rolled back by re-running the batch without
+ *                 it; give the reason with kinbox_tx_set_msg_error()).
+ * @returns ::KINBOX_RESULT_OK to proceed; ::KINBOX_RESULT_RETRY to retry the
+ *          whole batch later (transient trouble). A statement error that
+ *          cannot be pinned on one message makes kinbox split the batch
+ *          until it can.
+ */
+typedef kinbox_result_t (*kinbox_batch_handler_fn)(
+    kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
+    kinbox_result_t *results, void *opaque);
+
+/* ---- message accessors (all: thread-safe for a message the caller holds,
+ *      returned pointers valid as long as the message) ---- */
+
+/** @brief Topic name. */
+KINBOX_API const char *kinbox_msg_topic(const kinbox_msg_t *msg);
+/** @brief Partition. */
+KINBOX_API int32_t kinbox_msg_partition(const kinbox_msg_t *msg);
+/** @brief Offset. */
+KINBOX_API int64_t kinbox_msg_offset(const kinbox_msg_t *msg);
+/** @brief Kafka timestamp in milliseconds since the epoch, -1 if none. */
+KINBOX_API int64_t kinbox_msg_timestamp(const kinbox_msg_t *msg);
+/** @brief Key bytes (NULL for a null key); length in @p sizep. */
+KINBOX_API const void *kinbox_msg_key(const kinbox_msg_t *msg, size_t *sizep);
+/** @brief Payload bytes (NULL for a null payload); length in @p sizep. */
+KINBOX_API const void *kinbox_msg_payload(const kinbox_msg_t *msg,
+                                          size_t *sizep);
+/** @brief The message id used for deduplication (NUL-terminated). */
+KINBOX_API const char *kinbox_msg_id(const kinbox_msg_t *msg);
+/** @brief Attempt number, 1 for the first delivery to the handler. */
+KINBOX_API int kinbox_msg_attempt(const kinbox_msg_t *msg);
+/** @brief Number of headers. */
+KINBOX_API size_t kinbox_msg_header_count(const kinbox_msg_t *msg);
+/**
+ * @brief Header by index, in wire order.
+ * @returns ::KINBOX_OK or ::KINBOX_ERR_NOT_FOUND when @p idx is out of range.
+ */
+KINBOX_API kinbox_err_t kinbox_msg_header_at(const kinbox_msg_t *msg,
+                                             size_t idx, kinbox_header_t *hdr);
+/**
+ * @brief Last header named @p name.
+ * @returns ::KINBOX_OK or ::KINBOX_ERR_NOT_FOUND.
+ */
+KINBOX_API kinbox_err_t kinbox_msg_header(const kinbox_msg_t *msg,
+                                          const char *name,
+                                          const void **valuep, size_t *sizep);
+
+/* ---- the transaction (use only on the handler's thread, during the call) */
+
+/** @brief Which backend this transaction runs on. */
+KINBOX_API kinbox_backend_t kinbox_tx_backend(const kinbox_tx_t *tx);
+
+/** @brief The consumer name (the inbox key's first half). */
+KINBOX_API const char *kinbox_tx_consumer(const kinbox_tx_t *tx);
+
+/**
+ * @brief Queue a statement that returns no rows the handler needs.
+ *
+ * Placeholders are `$1`, `$2`, ... on both backends. Parameters are text
+ * (NULL = SQL NULL), copied before the call returns. On PostgreSQL the
+ * statement is prepared once per connection and sent in pipeline mode: its
+ * result is checked when the batch is flushed, so an error surfaces at the
+ * batch end and is attributed to the message whose handler queued it (that
+ * message is then retried or dead-lettered; its neighbours commit once). On
+ * MySQL statements are sent together at the flush in one multi-statement
+ * round trip.
+ * @returns ::KINBOX_OK when queued; an immediate error (::KINBOX_ERR_INVALID
+ *          for a bad placeholder, ::KINBOX_ERR_DB_CONN) otherwise. Errors
+ *          found later fail the message, not the caller.
+ */
+KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
+                                       int nparams,
+                                       const char *const *params);
+
+/**
+ * @brief Run a statement and return its rows now (flushes queued
+ *        statements first).
+ * @param rowsp receives rows owned by the caller (kinbox_rows_destroy());
+ *              may be NULL when the rows are not wanted.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB with details in kinbox_tx_errstr()
+ *          (return RETRY or REJECT then: the transaction is aborted);
+ *          ::KINBOX_ERR_DUPLICATE for a unique-key violation (SQLSTATE 23505
+ *          / MySQL 1062).
+ */
+KINBOX_API kinbox_err_t kinbox_tx_query(kinbox_tx_t *tx, const char *sql,
+                                        int nparams, const char *const *params,
+                                        kinbox_rows_t **rowsp);
+
+/** @brief Number of rows. */
+KINBOX_API size_t kinbox_rows_count(const kinbox_rows_t *rows);
+/** @brief Number of columns. */
+KINBOX_API int kinbox_rows_columns(const kinbox_rows_t *rows);
+/**
+ * @brief Value as text (bytea/blob columns: the raw bytes, NUL-terminated),
+ *        NULL for SQL NULL; owned by @p rows. Length in @p sizep if not NULL.
+ */
+KINBOX_API const char *kinbox_rows_value(const kinbox_rows_t *rows,
+                                         size_t row, int col, size_t *sizep);
+/** @brief Free rows. NULL is a no-op. */
+KINBOX_API void kinbox_rows_destroy(kinbox_rows_t *rows);
+
+/**
+ * @brief The native PostgreSQL connection, for anything the helpers do not
+ *        cover; NULL on MySQL. Queued statements are flushed first, and the
+ *        connection is out of pipeline mode until the handler returns. Do
+ *        not COMMIT, ROLLBACK or close it.
+ */
+KINBOX_API struct pg_conn *kinbox_tx_pgconn(kinbox_tx_t *tx);
+
+/** @brief The native MySQL connection (see kinbox_tx_pgconn()); NULL on
+ *         PostgreSQL. */
+KINBOX_API struct st_mysql *kinbox_tx_mysql(kinbox_tx_t *tx);
+
+/**
+ * @brief Set the reason recorded with a RETRY or REJECT of the current
+ *        message (per-message handler).
+ */
+KINBOX_API void kinbox_tx_set_error(kinbox_tx_t *tx, const char *fmt, ...)
+    KINBOX_PRINTF(2, 3);
+
+/** @brief Set the reason for one message of a batch handler. */
+KINBOX_API void kinbox_tx_set_msg_error(kinbox_tx_t *tx,
+                                        const kinbox_msg_t *msg,
+                                        const char *fmt, ...)
+    KINBOX_PRINTF(3, 4);
+
+/** @brief Last database error seen on this transaction (one line, with
+ *         SQLSTATE or MySQL errno), "" if none. Owned by @p tx. */
+KINBOX_API const char *kinbox_tx_errstr(const kinbox_tx_t *tx);
+
+KINBOX_END_DECLS
+
+#endif

@@ -1,0 +1,187 @@
+/*
+ * db.h -- the database backend layer (internal).
+ *
+ * Each backend (db/pg.c, db/mysql.c) fills one struct kinbox__db_ops. The
+ * rest of kinbox speaks only this interface plus a handful of dialect
+ * strings, so a backend slots in without touching the consumer or relay.
+ *
+ * Conventions:
+ *  - SQL uses $1..$n placeholders on every backend (MySQL rewrites them).
+ *  - exec() may defer a statement (PG pipeline / MySQL multi-statement);
+ *    every deferred statement carries a tag (the index of the message whose
+ *    handler queued it, or -1 for kinbox's own statements). The first
+ *    failure found at flush()/commit()/query() is reported with its tag in
+ *    db->err.tag.
+ *  - Return codes: KINBOX_OK; KINBOX_ERR_DB (non-transient statement error,
+ *    see db->err.tag); KINBOX_ERR_DUPLICATE (unique violation 23505/1062);
+ *    KINBOX_ERR_TRANSIENT (deadlock, serialization, lock wait timeout: retry
+ *    the transaction); KINBOX_ERR_DB_CONN (connection lost: reconnect);
+ *    KINBOX_ERR_COMMIT_UNKNOWN (lost during COMMIT).
+ *  - After any error inside a transaction the transaction is dead: call
+ *    rollback() (which never fails the caller) before anything else.
+ */
+#ifndef KINBOX_DB_H
+#define KINBOX_DB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kinbox/handler.h"
+
+typedef struct kinbox__db kinbox__db_t;
+
+/** A statement parameter. v == NULL is SQL NULL. */
+typedef struct kinbox__param {
+        const char *v;
+        size_t len;  /* bytes; for text, 0 means strlen(v) */
+        int binary;  /* raw bytes for a bytea/blob column */
+} kinbox__param_t;
+
+/** One inbox row to insert. */
+typedef struct kinbox__inbox_row {
+        const char *id;
+        const char *topic;
+        int32_t partition;
+        int64_t offset;
+} kinbox__inbox_row_t;
+
+/** Error detail of the last failed call. */
+typedef struct kinbox__dberr {
+        int code;          /* kinbox_err_t */
+        char sqlstate[6];  /* PostgreSQL SQLSTATE, "" on MySQL */
+        int vendor;        /* MySQL errno, 0 on PostgreSQL */
+        int tag;           /* tag of the failing statement, -1 if none */
+        char msg[512];     /* one line: "SQLSTATE 23505: ..." */
+} kinbox__dberr_t;
+
+/** Rows: the implementation of the public kinbox_rows_t. */
+struct kinbox_rows_s {
+        size_t nrows;
+        int ncols;
+        char **values;   /* nrows*ncols, NULL = SQL NULL, NUL-terminated */
+        size_t *lens;    /* nrows*ncols */
+        char **names;    /* ncols column names */
+};
+
+struct kinbox__db_ops;
+
+/** One connection. Not thread-safe: one thread at a time. */
+struct kinbox__db {
+        const struct kinbox__db_ops *ops;
+        kinbox_backend_t backend;
+        char *url;            /* as configured, without password */
+        char *password;       /* from password_file, may be NULL */
+        void *native;         /* PGconn * / MYSQL * (NULL when down) */
+        void *impl;           /* backend private state */
+        bool in_tx;
+        kinbox__dberr_t err;
+        void (*log)(void *ctx, int level, const char *fmt, ...);
+        void *log_ctx;
+};
+
+struct kinbox__db_ops {
+        const char *name;
+        kinbox_backend_t backend;
+        /* (Re)connect; closes an old connection first. */
+        int (*connect)(kinbox__db_t *db);
+        void (*disconnect)(kinbox__db_t *db);
+        /* BEGIN, READ COMMITTED. May be deferred. */
+        int (*begin)(kinbox__db_t *db);
+        int (*exec)(kinbox__db_t *db, const char *sql, int n,
+                    const kinbox__param_t *p, int tag);
+        /* Flushes deferred statements, then runs sql; *out may be NULL. */
+        int (*query)(kinbox__db_t *db, const char *sql, int n,
+                     const kinbox__param_t *p, int tag,
+                     struct kinbox_rows_s **out);
+        int (*flush)(kinbox__db_t *db);
+        int (*commit)(kinbox__db_t *db);
+        void (*rollback)(kinbox__db_t *db);
+        /* Flush and hand out the native handle for synchronous use. */
+        void *(*native)(kinbox__db_t *db);
+        /* Several ;-separated statements, no parameters, outside any
+         * transaction (migrations). */
+        int (*script)(kinbox__db_t *db, const char *sql);
+        /*
+         * Insert inbox rows for ids[0..n) (consumer, id, topic, partition,
+         * offset) inside the open transaction and tell which were new:
+         * is_new[i] = true for the first occurrence of an id that was not
+         * yet in the inbox. One round trip where the backend allows.
+         */
+        int (*inbox_insert)(kinbox__db_t *db, const char *consumer, size_t n,
+                            const struct kinbox__inbox_row *rows,
+                            bool *is_new);
+        /* Dialect SQL for the statements that differ. */
+        const struct kinbox__sql *sql;
+};
+
+/*
+ * Statements whose spelling differs between backends. Parameters in the
+ * order given in each comment.
+ */
+struct kinbox__sql {
+        /* $1 consumer $2 topic $3 partition $4 next_offset: upsert. */
+        const char *offsets_upsert;
+        /* $1 consumer $2 message_id $3 topic $4 partition $5 offset $6 key
+         * (binary) $7 headers (text, JSON) $8 payload (binary) $9 error
+         * $10 attempts */
+        const char *dead_letter_insert;
+        /* Outbox append: $1 kind $2 destination $3 idem_key $4 aggregate_id
+         * $5 payload (binary) $6 headers (JSON) $7 max_attempts; must not
+         * abort the transaction on a duplicate (destination, idem_key);
+         * returns the id of a new row, no row for a duplicate. */
+        const char *outbox_append;
+        /* Single-instance lock for the pruner: $1 lock name. Returns one
+         * row, '1'/'t' when acquired. */
+        const char *try_lock;
+        const char *unlock;
+        /* "now()" expression and an interval expression taking seconds. */
+        const char *now;
+};
+
+/* Backends. */
+extern const struct kinbox__db_ops kinbox__pg_ops;
+extern const struct kinbox__db_ops kinbox__mysql_ops;
+
+/*
+ * Parse url (postgresql://..., postgres://..., mysql://...) and create an
+ * unconnected handle. password may be NULL. Returns NULL with errstr set.
+ */
+kinbox__db_t *kinbox__db_new(const char *url, const char *password,
+                             char *errstr, size_t errstr_size);
+void kinbox__db_destroy(kinbox__db_t *db);
+
+/* Convenience wrappers (dispatch through ops). */
+int kinbox__db_connect(kinbox__db_t *db);
+/* Run one statement synchronously outside of a batch (autocommit unless a
+ * transaction is open). */
+int kinbox__db_query(kinbox__db_t *db, const char *sql, int n,
+                     const kinbox__param_t *p, struct kinbox_rows_s **out);
+/* Text-parameter helper: vals[i] NUL-terminated or NULL. */
+int kinbox__db_queryv(kinbox__db_t *db, const char *sql, int n,
+                      const char *const *vals, struct kinbox_rows_s **out);
+
+/* Rows helpers. */
+struct kinbox_rows_s *kinbox__rows_new(size_t nrows, int ncols);
+/* Copies len bytes (v NULL = SQL NULL). */
+int kinbox__rows_set(struct kinbox_rows_s *r, size_t row, int col,
+                     const char *v, size_t len);
+int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
+
+/* Fill db->err. */
+void kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate,
+                       int vendor, int tag, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Parse a database URL into parts (all malloc'ed, NULL when absent). */
+typedef struct kinbox__dburl {
+        kinbox_backend_t backend;
+        char *user, *password, *host, *dbname;
+        int port;
+        char *params; /* raw query string after '?', may be NULL */
+} kinbox__dburl_t;
+int kinbox__dburl_parse(const char *url, kinbox__dburl_t *out, char *errstr,
+                        size_t errstr_size);
+void kinbox__dburl_free(kinbox__dburl_t *u);
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * internal.h -- helpers shared by every kinbox module (not installed).
+ */
+#ifndef KINBOX_INTERNAL_H
+#define KINBOX_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kinbox/kinbox.h"
+
+#define KINBOX__UNUSED(x) ((void)(x))
+#define KINBOX__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- memory: abort on OOM is not acceptable in a library; callers check */
+void *kinbox__calloc(size_t n, size_t size);
+char *kinbox__strdup(const char *s);
+char *kinbox__strndup(const char *s, size_t n);
+void *kinbox__memdup(const void *p, size_t n);
+
+/* ---- time */
+int64_t kinbox__now_ms(void);      /* monotonic */
+int64_t kinbox__wall_ms(void);     /* realtime */
+void kinbox__sleep_ms(int64_t ms);
+
+/* ---- backoff: full jitter, min(cap, base * 2^attempt) * U(0,1] */
+int64_t kinbox__backoff_ms(int attempt, int64_t base_ms, int64_t cap_ms);
+
+/* ---- growable string buffer */
+typedef struct kinbox__buf {
+        char *p;
+        size_t len, cap;
+        bool oom;
+} kinbox__buf_t;
+void kinbox__buf_init(kinbox__buf_t *b);
+void kinbox__buf_free(kinbox__buf_t *b);
+void kinbox__buf_reset(kinbox__buf_t *b);
+void kinbox__buf_add(kinbox__buf_t *b, const void *p, size_t n);
+void kinbox__buf_adds(kinbox__buf_t *b, const char *s);
+void kinbox__buf_printf(kinbox__buf_t *b, const char *fmt, ...)
+    KINBOX_PRINTF(2, 3);
+/* JSON string literal (with quotes) of n bytes; invalid UTF-8 and control
+ * characters are escaped as \u00XX. */
+void kinbox__buf_json_str(kinbox__buf_t *b, const char *s, size_t n);
+
+/* ---- snprintf into a caller's errstr (NULL-safe) */
+void kinbox__errstr(char *errstr, size_t size, const char *fmt, ...)
+    KINBOX_PRINTF(3, 4);
+
+/* ---- logging: a logger captured from a conf */
+typedef struct kinbox__log {
+        kinbox_log_cb cb;
+        void *opaque;
+        int level;   /* max level emitted */
+        bool json;   /* default logger format */
+} kinbox__log_t;
+void kinbox__log(const kinbox__log_t *lg, int level, const char *facility,
+                 const char *fmt, ...) KINBOX_PRINTF(4, 5);
+void kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
+                  const char *fmt, va_list ap);
+
+/* ---- configuration access for modules */
+struct kinbox_conf_s;
+void kinbox__conf_logger(const struct kinbox_conf_s *conf, kinbox__log_t *out);
+int64_t kinbox__conf_int(const struct kinbox_conf_s *conf, const char *key);
+/* Iterate over kafka.* pass-through properties (key without prefix). */
+void kinbox__conf_kafka_each(const struct kinbox_conf_s *conf,
+                             void (*fn)(const char *k, const char *v,
+                                        void *arg),
+                             void *arg);
+/* Read database.password_file (first line) or NULL; errstr on failure.
+ * Returns 0 on success (*out may be NULL when no file is configured). */
+int kinbox__conf_password(const struct kinbox_conf_s *conf, char **out,
+                          char *errstr, size_t errstr_size);
+
+/* ---- fault injection for the crash-window tests (env KINBOX_FAULT or
+ * conf debug.fault): returns true when the named point should fire. */
+bool kinbox__fault(const char *point);
+
+#endif
