@@ -1,0 +1,1155 @@
+/*
+ * mysql.c -- MySQL / MariaDB backend over the libmysqlclient C API.
+ *
+ * Only calls that both Oracle's libmysqlclient and MariaDB Connector/C
+ * provide are used, so kinbox builds against either.
+ *
+ * Deferral: inside a transaction, exec() does not talk to the server. The
+ * statement is rendered (placeholders replaced by escaped literals) and
+ * appended to a per-transaction queue together with its tag. flush(),
+ * query(), commit() and inbox_insert() send the queue -- and their own
+ * statement -- as ONE multi-statement round trip. The server executes the
+ * statements in order and stops at the first error, so the index of the
+ * failing result tells which statement (and so which tag) failed. BEGIN is
+ * deferred the same way: "START TRANSACTION" is the first queued statement,
+ * and a transaction that never queued anything costs no round trip at all.
+ *
+ * Placeholders: $1..$n are rewritten to literals because the text protocol
+ * has no parameters and prepared statements cannot be sent in one
+ * multi-statement packet. String literals, quoted identifiers and comments
+ * are skipped, so a '$1' inside quotes stays as it is.
+ */
+#include "db.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+
+#include <mysql.h>
+
+/* Column widths the migration declares; checked before sending so a long
+ * id is rejected with a clear message instead of a truncation or 1406. */
+#define MY_ID_MAX 255
+
+/* Defaults (seconds); overridable with ?connect_timeout=&read_timeout=
+ * &write_timeout= in the URL. The read timeout must exceed the server's
+ * innodb_lock_wait_timeout (50 s by default) or a plain lock wait would be
+ * reported as a lost connection instead of the transient 1205. */
+#define MY_CONNECT_TIMEOUT 10
+#define MY_READ_TIMEOUT 60
+#define MY_WRITE_TIMEOUT 30
+
+/* Never let one deferred packet grow past this, whatever the server's
+ * max_allowed_packet says: a huge packet just delays the first error. */
+#define MY_FLUSH_CAP (8u << 20)
+
+/* The session sql_mode is fixed so the placeholder rewriting is sound:
+ * no NO_BACKSLASH_ESCAPES, no ANSI_QUOTES, and strict so over-long values
+ * fail instead of being truncated. */
+#define MY_SQL_MODE                                                            \
+        "STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"                      \
+        "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
+
+struct mystate {
+        kinbox__buf_t q;     /* deferred statements, ";\n"-joined */
+        int *tags;           /* one per statement in q */
+        size_t ntags, captags;
+        bool begin_queued;   /* START TRANSACTION sits in q, unsent */
+        bool tx_sent;        /* the server may hold an open transaction */
+        size_t flush_at;     /* flush before q grows beyond this */
+        kinbox__buf_t tmp;   /* one rendered statement */
+};
+
+static pthread_once_t my_once = PTHREAD_ONCE_INIT;
+static int my_lib_rc;
+
+/* mysql_library_init() is not thread-safe; mysql_init() calls it lazily,
+ * so do it once before any worker thread connects. */
+static void
+my_lib_init(void)
+{
+        my_lib_rc = mysql_library_init(0, NULL, NULL);
+}
+
+static struct mystate *
+st_get(kinbox__db_t *db)
+{
+        return db->impl;
+}
+
+static void
+st_free(kinbox__db_t *db)
+{
+        struct mystate *s = db->impl;
+        if (!s)
+                return;
+        kinbox__buf_free(&s->q);
+        kinbox__buf_free(&s->tmp);
+        free(s->tags);
+        free(s);
+        db->impl = NULL;
+}
+
+static void
+q_reset(struct mystate *s)
+{
+        kinbox__buf_reset(&s->q);
+        s->ntags = 0;
+        s->begin_queued = false;
+}
+
+/* ------------------------------------------------------------------ errors */
+
+static bool
+my_conn_errno(unsigned int e)
+{
+        switch (e) {
+        case 2002: /* CR_CONNECTION_ERROR (socket) */
+        case 2003: /* CR_CONN_HOST_ERROR */
+        case 2006: /* CR_SERVER_GONE_ERROR */
+        case 2013: /* CR_SERVER_LOST */
+        case 2014: /* CR_COMMANDS_OUT_OF_SYNC: the handle is unusable */
+        case 2026: /* CR_SSL_CONNECTION_ERROR */
+        case 2055: /* CR_SERVER_LOST_EXTENDED */
+        case 1040: /* ER_CON_COUNT_ERROR (too many connections) */
+        case 1053: /* ER_SERVER_SHUTDOWN */
+        case 1152: /* ER_ABORTING_CONNECTION */
+        case 1927: /* MariaDB ER_CONNECTION_KILLED */
+        case 4031: /* MySQL 8 ER_CLIENT_INTERACTION_TIMEOUT */
+                return true;
+        default:
+                return false;
+        }
+}
+
+static int
+my_code(unsigned int e)
+{
+        if (e == 1062 || e == 1586) /* ER_DUP_ENTRY(_WITH_KEY_NAME) */
+                return KINBOX_ERR_DUPLICATE;
+        if (e == 1213 || e == 1205 || e == 3572) /* deadlock, lock wait,
+                                                    NOWAIT */
+                return KINBOX_ERR_TRANSIENT;
+        if (my_conn_errno(e))
+                return KINBOX_ERR_DB_CONN;
+        return KINBOX_ERR_DB;
+}
+
+/* Close the handle so the caller's next step is connect(). The queue is
+ * dropped with it: the server has rolled the transaction back. */
+static void
+my_mark_down(kinbox__db_t *db)
+{
+        if (db->native)
+                mysql_close(db->native);
+        db->native = NULL;
+        st_free(db);
+}
+
+/*
+ * Record the handle's current error. tag is the failing statement's tag;
+ * connection errors carry -1 because no statement is to blame. in_commit:
+ * the round trip held a COMMIT, so a lost connection leaves its outcome
+ * unknown. Returns the kinbox code.
+ */
+static int
+my_fail(kinbox__db_t *db, int tag, bool in_commit, const char *what)
+{
+        MYSQL *m = db->native;
+        unsigned int e = mysql_errno(m);
+        int code;
+        if (e == 0) /* e.g. out of memory in the client library */
+                e = 2008, code = KINBOX_ERR_DB;
+        else
+                code = my_code(e);
+        if (code == KINBOX_ERR_DB_CONN) {
+                tag = -1;
+                if (in_commit)
+                        code = KINBOX_ERR_COMMIT_UNKNOWN;
+        }
+        kinbox__db_seterr(db, code, "", (int)e, tag, "MySQL %u (%s): %s%s%s",
+                          e, mysql_sqlstate(m), what ? what : "",
+                          what ? ": " : "", mysql_error(m));
+        if (my_conn_errno(e))
+                my_mark_down(db);
+        return code;
+}
+
+static int
+my_down_err(kinbox__db_t *db)
+{
+        kinbox__db_seterr(db, KINBOX_ERR_DB_CONN, "", 0, -1,
+                          "MySQL: not connected");
+        return KINBOX_ERR_DB_CONN;
+}
+
+static int
+my_oom(kinbox__db_t *db)
+{
+        kinbox__db_seterr(db, KINBOX_ERR_NOMEM, "", 0, -1,
+                          "MySQL: out of memory");
+        return KINBOX_ERR_NOMEM;
+}
+
+/* -------------------------------------------------------------- rendering */
+
+static void
+buf_hex(kinbox__buf_t *b, const unsigned char *p, size_t n)
+{
+        static const char hx[] = "0123456789ABCDEF";
+        char chunk[256];
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+                chunk[k++] = hx[p[i] >> 4];
+                chunk[k++] = hx[p[i] & 15];
+                if (k == sizeof(chunk)) {
+                        kinbox__buf_add(b, chunk, k);
+                        k = 0;
+                }
+        }
+        kinbox__buf_add(b, chunk, k);
+}
+
+/*
+ * Append a literal for n bytes of v: X'..' for binary data (exact bytes,
+ * no charset conversion), otherwise a quoted string escaped for the
+ * connection's charset and sql_mode. Oracle's libmysqlclient refuses
+ * mysql_real_escape_string() under NO_BACKSLASH_ESCAPES (returns -1); a
+ * handler could set that through the native handle, so fall back to a hex
+ * literal with a charset introducer, which needs no escaping at all.
+ */
+static void
+append_literal(MYSQL *m, kinbox__buf_t *b, const char *v, size_t n,
+               bool binary)
+{
+        if (!v) {
+                kinbox__buf_adds(b, "NULL");
+                return;
+        }
+        if (binary) {
+                kinbox__buf_adds(b, "X'");
+                buf_hex(b, (const unsigned char *)v, n);
+                kinbox__buf_add(b, "'", 1);
+                return;
+        }
+        size_t need = 2 * n + 1;
+        char small[512];
+        char *e = need <= sizeof(small) ? small : malloc(need);
+        if (!e) {
+                b->oom = true;
+                return;
+        }
+        unsigned long r =
+            mysql_real_escape_string(m, e, v, (unsigned long)n);
+        if (r == (unsigned long)-1) {
+                kinbox__buf_adds(b, "_utf8mb4 X'");
+                buf_hex(b, (const unsigned char *)v, n);
+                kinbox__buf_add(b, "'", 1);
+        } else {
+                kinbox__buf_add(b, "'", 1);
+                kinbox__buf_add(b, e, r);
+                kinbox__buf_add(b, "'", 1);
+        }
+        if (e != small)
+                free(e);
+}
+
+static bool
+is_ident(unsigned char c)
+{
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+               (c >= '0' && c <= '9') || c == '_' || c == '$' || c >= 0x80;
+}
+
+/* Does the rendered text in b[from..) end with keyword kw (then blanks)? */
+static bool
+ends_with_kw(const kinbox__buf_t *b, size_t from, const char *kw)
+{
+        size_t e = b->len;
+        while (e > from && (b->p[e - 1] == ' ' || b->p[e - 1] == '\t' ||
+                            b->p[e - 1] == '\n' || b->p[e - 1] == '\r'))
+                e--;
+        size_t k = strlen(kw);
+        if (e - from < k || strncasecmp(b->p + e - k, kw, k) != 0)
+                return false;
+        return e - k == from || !is_ident((unsigned char)b->p[e - k - 1]);
+}
+
+static bool
+is_integer(const char *v, size_t n)
+{
+        if (n == 0 || n > 20)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (v[i] < '0' || v[i] > '9')
+                        return false;
+        return true;
+}
+
+/*
+ * Render sql with its parameters into b (appending). Placeholders $N
+ * outside literals, quoted identifiers and comments become escaped
+ * literals. Top-level ';' separators are counted into *nstmts so that each
+ * server result can be mapped back to its statement; empty statements and
+ * trailing ';' are dropped (the caller joins statements itself). Line
+ * comments at the very end get their newline so a joined ';' is not
+ * swallowed by them.
+ *
+ * A parameter right after LIMIT or OFFSET that is a plain non-negative
+ * integer is written unquoted: MySQL's grammar does not take a string
+ * there, and elsewhere quoting keeps string comparisons index-friendly.
+ *
+ * Returns 0, or KINBOX_ERR_INVALID with a message in err.
+ */
+static int
+render(MYSQL *m, kinbox__buf_t *b, const char *sql, int n,
+       const kinbox__param_t *p, int *nstmts, char *err, size_t errsz)
+{
+        const size_t start = b->len;
+        size_t i = 0, len = strlen(sql);
+        bool seen = false, sep = false;
+        int count = 0;
+
+        while (i < len) {
+                unsigned char c = (unsigned char)sql[i];
+                /* Whitespace: copied, does not make a statement. */
+                if (c == ' ' || c == '\t' || c == '\n' || c == '\r' ||
+                    c == '\f' || c == '\v') {
+                        kinbox__buf_add(b, sql + i, 1);
+                        i++;
+                        continue;
+                }
+                /* Comments: copied verbatim, never rewritten. */
+                if (c == '#' ||
+                    (c == '-' && i + 1 < len && sql[i + 1] == '-' &&
+                     (i + 2 == len || sql[i + 2] == ' ' ||
+                      sql[i + 2] == '\t' || sql[i + 2] == '\n' ||
+                      sql[i + 2] == '\r'))) {
+                        size_t e = i;
+                        while (e < len && sql[e] != '\n')
+                                e++;
+                        kinbox__buf_add(b, sql + i, e - i);
+                        kinbox__buf_add(b, "\n", 1);
+                        i = e < len ? e + 1 : e;
+                        continue;
+                }
+                if (c == '/' && i + 1 < len && sql[i + 1] == '*' &&
+                    !(i + 2 < len && (sql[i + 2] == '!' || sql[i + 2] == '+'))) {
+                        const char *e = strstr(sql + i + 2, "*/");
+                        size_t end = e ? (size_t)(e - sql) + 2 : len;
+                        kinbox__buf_add(b, sql + i, end - i);
+                        i = end;
+                        continue;
+                }
+                /* Anything else is part of a statement. Executable
+                 * comments and optimizer hints (slash-star followed by
+                 * '!' or '+') are code the server runs, so their contents
+                 * are rendered too. */
+                if (c == ';') {
+                        if (seen) {
+                                count++;
+                                sep = true;
+                        }
+                        seen = false;
+                        i++;
+                        continue;
+                }
+                if (sep) {
+                        kinbox__buf_add(b, ";", 1);
+                        sep = false;
+                }
+                seen = true;
+                if (c == '\'' || c == '"' || c == '`') {
+                        size_t e = i + 1;
+                        while (e < len) {
+                                if (sql[e] == '\\' && c != '`' &&
+                                    e + 1 < len) {
+                                        e += 2;
+                                        continue;
+                                }
+                                if (sql[e] == (char)c) {
+                                        if (e + 1 < len &&
+                                            sql[e + 1] == (char)c) {
+                                                e += 2;
+                                                continue;
+                                        }
+                                        break;
+                                }
+                                e++;
+                        }
+                        size_t end = e < len ? e + 1 : len;
+                        kinbox__buf_add(b, sql + i, end - i);
+                        i = end;
+                        continue;
+                }
+                if (c == '$' && i + 1 < len && sql[i + 1] >= '0' &&
+                    sql[i + 1] <= '9' &&
+                    (i == 0 || !is_ident((unsigned char)sql[i - 1]))) {
+                        size_t e = i + 1;
+                        long idx = 0;
+                        while (e < len && sql[e] >= '0' && sql[e] <= '9') {
+                                if (idx < 100000)
+                                        idx = idx * 10 + (sql[e] - '0');
+                                e++;
+                        }
+                        if (idx < 1 || idx > n) {
+                                kinbox__errstr(err, errsz,
+                                               "placeholder $%ld but %d "
+                                               "parameter%s given",
+                                               idx, n, n == 1 ? "" : "s");
+                                b->len = start;
+                                return KINBOX_ERR_INVALID;
+                        }
+                        const kinbox__param_t *q = &p[idx - 1];
+                        size_t vl = q->v && !q->binary && q->len == 0
+                                        ? strlen(q->v)
+                                        : q->len;
+                        if (q->v && !q->binary && is_integer(q->v, vl) &&
+                            (ends_with_kw(b, start, "LIMIT") ||
+                             ends_with_kw(b, start, "OFFSET")))
+                                kinbox__buf_add(b, q->v, vl);
+                        else
+                                append_literal(m, b, q->v, vl,
+                                               q->binary != 0);
+                        i = e;
+                        continue;
+                }
+                kinbox__buf_add(b, sql + i, 1);
+                i++;
+        }
+        if (seen)
+                count++;
+        if (count == 0) {
+                kinbox__errstr(err, errsz, "empty statement");
+                b->len = start;
+                return KINBOX_ERR_INVALID;
+        }
+        *nstmts = count;
+        return 0;
+}
+
+/* ------------------------------------------------------------ round trips */
+
+static struct kinbox_rows_s *
+res_rows(MYSQL_RES *res)
+{
+        size_t nrows = (size_t)mysql_num_rows(res);
+        int ncols = (int)mysql_num_fields(res);
+        struct kinbox_rows_s *r = kinbox__rows_new(nrows, ncols);
+        if (!r)
+                return NULL;
+        MYSQL_FIELD *f = mysql_fetch_fields(res);
+        for (int c = 0; c < ncols; c++)
+                if (kinbox__rows_set_name(r, c, f[c].name))
+                        goto oom;
+        for (size_t i = 0; i < nrows; i++) {
+                MYSQL_ROW row = mysql_fetch_row(res);
+                unsigned long *lens = mysql_fetch_lengths(res);
+                if (!row || !lens)
+                        goto oom;
+                for (int c = 0; c < ncols; c++)
+                        if (kinbox__rows_set(r, i, c, row[c],
+                                             row[c] ? lens[c] : 0))
+                                goto oom;
+        }
+        return r;
+oom:
+        kinbox_rows_destroy(r);
+        return NULL;
+}
+
+/*
+ * Send ntags statements (sql, len) in one packet and read every result.
+ * On an error the failing statement is the one whose result was being
+ * read; the server does not run the statements after it. With out, the
+ * last result set at or after the last statement is returned (a CALL may
+ * add results; the last one with rows wins). On a connection error the
+ * handle is closed and db->impl freed before returning, so sql and tags
+ * (which may live there) are not touched after a failure.
+ */
+static int
+roundtrip(kinbox__db_t *db, const char *sql, size_t len, const int *tags,
+          size_t ntags, struct kinbox_rows_s **out, bool in_commit)
+{
+        MYSQL *m = db->native;
+        size_t idx = 0;
+#define TAG_AT(i) (ntags ? tags[(i) < ntags ? (i) : ntags - 1] : -1)
+        if (out)
+                *out = NULL;
+        if (mysql_real_query(m, sql, (unsigned long)len))
+                return my_fail(db, TAG_AT(0), in_commit, NULL);
+        for (;;) {
+                MYSQL_RES *res = mysql_store_result(m);
+                if (res) {
+                        if (out && idx + 1 >= ntags) {
+                                struct kinbox_rows_s *r = res_rows(res);
+                                kinbox_rows_destroy(*out);
+                                *out = r;
+                                if (!r) {
+                                        mysql_free_result(res);
+                                        /* Drain so the handle stays in
+                                         * sync, then report. */
+                                        while (mysql_next_result(m) == 0) {
+                                                MYSQL_RES *x =
+                                                    mysql_store_result(m);
+                                                if (x)
+                                                        mysql_free_result(x);
+                                        }
+                                        return my_oom(db);
+                                }
+                        }
+                        mysql_free_result(res);
+                } else if (mysql_field_count(m) != 0) {
+                        kinbox_rows_destroy(out ? *out : NULL);
+                        if (out)
+                                *out = NULL;
+                        return my_fail(db, TAG_AT(idx), in_commit, NULL);
+                }
+                int st = mysql_next_result(m);
+                if (st < 0)
+                        break;
+                idx++;
+                if (st > 0) {
+                        if (out) {
+                                kinbox_rows_destroy(*out);
+                                *out = NULL;
+                        }
+                        return my_fail(db, TAG_AT(idx), in_commit, NULL);
+                }
+        }
+#undef TAG_AT
+        if (out && !*out) {
+                /* A statement without a result set: zero rows. */
+                *out = kinbox__rows_new(0, 0);
+                if (!*out)
+                        return my_oom(db);
+        }
+        return KINBOX_OK;
+}
+
+static int
+q_push_tags(struct mystate *s, int tag, int count)
+{
+        if (s->ntags + (size_t)count > s->captags) {
+                size_t cap = s->captags ? s->captags * 2 : 64;
+                while (cap < s->ntags + (size_t)count)
+                        cap *= 2;
+                int *t = realloc(s->tags, cap * sizeof(*t));
+                if (!t)
+                        return -1;
+                s->tags = t;
+                s->captags = cap;
+        }
+        for (int k = 0; k < count; k++)
+                s->tags[s->ntags++] = tag;
+        return 0;
+}
+
+/* Append rendered text (count statements, all with tag) to the queue. */
+static int
+q_append(kinbox__db_t *db, const char *text, size_t len, int tag, int count)
+{
+        struct mystate *s = st_get(db);
+        if (s->ntags)
+                kinbox__buf_add(&s->q, ";\n", 2);
+        kinbox__buf_add(&s->q, text, len);
+        if (s->q.oom || q_push_tags(s, tag, count))
+                return my_oom(db);
+        return KINBOX_OK;
+}
+
+/*
+ * Send the queue (plus whatever the caller appended last) and empty it.
+ * The queue is emptied whatever happens: after an error the transaction
+ * is dead and only rollback() may follow.
+ */
+static int
+q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
+{
+        struct mystate *s = st_get(db);
+        if (out)
+                *out = NULL;
+        if (!s->ntags)
+                return KINBOX_OK;
+        s->tx_sent = true;
+        int rc = roundtrip(db, s->q.p, s->q.len, s->tags, s->ntags, out,
+                           in_commit);
+        if (db->native) /* still up: state survived */
+                q_reset(s);
+        return rc;
+}
+
+/* ----------------------------------------------------------------- ops */
+
+static void
+my_disconnect(kinbox__db_t *db)
+{
+        my_mark_down(db);
+        db->in_tx = false;
+}
+
+/* Parse "k=v&k=v" for the timeouts; unknown keys are ignored so the same
+ * URL can carry options for other tools. */
+static void
+url_timeouts(const char *params, unsigned int *ct, unsigned int *rt,
+             unsigned int *wt)
+{
+        if (!params)
+                return;
+        const char *p = params;
+        while (*p) {
+                size_t n = strcspn(p, "&");
+                const char *eq = memchr(p, '=', n);
+                if (eq) {
+                        size_t kl = (size_t)(eq - p);
+                        long v = strtol(eq + 1, NULL, 10);
+                        unsigned int *dst = NULL;
+                        if (kl == 15 && !strncmp(p, "connect_timeout", kl))
+                                dst = ct;
+                        else if (kl == 12 && !strncmp(p, "read_timeout", kl))
+                                dst = rt;
+                        else if (kl == 13 && !strncmp(p, "write_timeout", kl))
+                                dst = wt;
+                        if (dst && v > 0 && v < 86400)
+                                *dst = (unsigned int)v;
+                }
+                p += n;
+                if (*p == '&')
+                        p++;
+        }
+}
+
+static int
+my_connect(kinbox__db_t *db)
+{
+        char ebuf[256];
+        kinbox__dburl_t u;
+
+        my_disconnect(db);
+        pthread_once(&my_once, my_lib_init);
+        if (my_lib_rc) {
+                kinbox__db_seterr(db, KINBOX_ERR_DB, "", 0, -1,
+                                  "MySQL: client library init failed");
+                return KINBOX_ERR_DB;
+        }
+        if (kinbox__dburl_parse(db->url, &u, ebuf, sizeof(ebuf))) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, -1, "%s",
+                                  ebuf);
+                return KINBOX_ERR_INVALID;
+        }
+        if (u.backend != KINBOX_BACKEND_MYSQL) {
+                kinbox__dburl_free(&u);
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, -1,
+                                  "MySQL backend given a non-mysql:// URL");
+                return KINBOX_ERR_INVALID;
+        }
+        unsigned int ct = MY_CONNECT_TIMEOUT, rt = MY_READ_TIMEOUT,
+                     wt = MY_WRITE_TIMEOUT, off = 0;
+        url_timeouts(u.params, &ct, &rt, &wt);
+
+        struct mystate *s = kinbox__calloc(1, sizeof(*s));
+        MYSQL *m = s ? mysql_init(NULL) : NULL;
+        if (!m) {
+                free(s);
+                kinbox__dburl_free(&u);
+                return my_oom(db);
+        }
+        kinbox__buf_init(&s->q);
+        kinbox__buf_init(&s->tmp);
+        mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+        mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &ct);
+        mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &rt);
+        mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &wt);
+        /* LOAD DATA LOCAL lets a server read client files: never needed. */
+        mysql_options(m, MYSQL_OPT_LOCAL_INFILE, &off);
+
+        const char *pw = db->password ? db->password : u.password;
+        MYSQL *ok = mysql_real_connect(m, u.host, u.user, pw, u.dbname,
+                                       (unsigned int)u.port, NULL,
+                                       CLIENT_MULTI_STATEMENTS);
+        kinbox__dburl_free(&u);
+        db->native = m;
+        db->impl = s;
+        if (!ok) {
+                unsigned int e = mysql_errno(m);
+                /* Refused credentials or a missing database will not heal
+                 * by reconnecting; everything else might. */
+                int code = (e == 1044 || e == 1045 || e == 1049)
+                               ? KINBOX_ERR_DB
+                               : KINBOX_ERR_DB_CONN;
+                kinbox__db_seterr(db, code, "", (int)e, -1,
+                                  "MySQL %u (%s): connect: %s", e,
+                                  mysql_sqlstate(m), mysql_error(m));
+                my_mark_down(db);
+                return code;
+        }
+        static const char setup[] =
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\n"
+            "SET SESSION sql_mode = '" MY_SQL_MODE "';\n"
+            "SELECT @@max_allowed_packet";
+        static const int setup_tags[3] = {-1, -1, -1};
+        struct kinbox_rows_s *r = NULL;
+        int rc = roundtrip(db, setup, sizeof(setup) - 1, setup_tags, 3, &r,
+                           false);
+        if (rc) {
+                kinbox_rows_destroy(r);
+                my_mark_down(db);
+                return rc;
+        }
+        unsigned long long map = 0;
+        if (r->nrows == 1 && r->ncols == 1 && r->values[0])
+                map = strtoull(r->values[0], NULL, 10);
+        kinbox_rows_destroy(r);
+        /* Leave room for one more statement of similar size. */
+        s->flush_at = map > 1024 ? (size_t)(map / 2) : 1u << 20;
+        if (s->flush_at > MY_FLUSH_CAP)
+                s->flush_at = MY_FLUSH_CAP;
+        return KINBOX_OK;
+}
+
+static int
+my_begin(kinbox__db_t *db)
+{
+        struct mystate *s = st_get(db);
+        if (!db->native || !s)
+                return my_down_err(db);
+        if (db->in_tx) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "MySQL: begin inside a transaction");
+                return KINBOX_ERR_STATE;
+        }
+        q_reset(s);
+        s->tx_sent = false;
+        int rc = q_append(db, "START TRANSACTION", 17, -1, 1);
+        if (rc)
+                return rc;
+        s->begin_queued = true;
+        db->in_tx = true;
+        return KINBOX_OK;
+}
+
+/* Render sql into s->tmp; reports INVALID with the statement's tag. */
+static int
+my_render(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+          int tag, int *count)
+{
+        struct mystate *s = st_get(db);
+        char err[200];
+        kinbox__buf_reset(&s->tmp);
+        if (!sql) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, tag,
+                                  "MySQL: NULL statement");
+                return KINBOX_ERR_INVALID;
+        }
+        if (n < 0 || (n > 0 && !p)) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, tag,
+                                  "MySQL: bad parameter list");
+                return KINBOX_ERR_INVALID;
+        }
+        int rc = render(db->native, &s->tmp, sql, n, p, count, err,
+                        sizeof(err));
+        if (rc) {
+                kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s", err);
+                return rc;
+        }
+        if (s->tmp.oom) {
+                kinbox__buf_free(&s->tmp);
+                kinbox__buf_init(&s->tmp);
+                return my_oom(db);
+        }
+        return KINBOX_OK;
+}
+
+/* Outside a transaction: run the rendered statement(s) in s->tmp now. */
+static int
+run_tmp(kinbox__db_t *db, int tag, int count, struct kinbox_rows_s **out)
+{
+        struct mystate *s = st_get(db);
+        int small[16];
+        int *tags = count <= 16 ? small : malloc((size_t)count * sizeof(int));
+        if (!tags)
+                return my_oom(db);
+        for (int k = 0; k < count; k++)
+                tags[k] = tag;
+        int rc = roundtrip(db, s->tmp.p, s->tmp.len, tags, (size_t)count,
+                           out, false);
+        if (tags != small)
+                free(tags);
+        return rc;
+}
+
+static int
+my_flush(kinbox__db_t *db)
+{
+        if (!db->native || !db->impl)
+                return my_down_err(db);
+        return q_send(db, NULL, false);
+}
+
+static int
+my_exec(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+        int tag)
+{
+        struct mystate *s = st_get(db);
+        int count = 0, rc;
+        if (!db->native || !s)
+                return my_down_err(db);
+        if ((rc = my_render(db, sql, n, p, tag, &count)))
+                return rc;
+        if (!db->in_tx) /* autocommit: nothing to batch with */
+                return run_tmp(db, tag, count, NULL);
+        /* Keep each packet well under max_allowed_packet. */
+        if (s->ntags && s->q.len + s->tmp.len + 2 > s->flush_at &&
+            (rc = q_send(db, NULL, false)))
+                return rc;
+        return q_append(db, s->tmp.p, s->tmp.len, tag, count);
+}
+
+static int
+my_query(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+         int tag, struct kinbox_rows_s **out)
+{
+        struct mystate *s = st_get(db);
+        struct kinbox_rows_s *r = NULL;
+        int count = 0, rc;
+        if (out)
+                *out = NULL;
+        if (!db->native || !s)
+                return my_down_err(db);
+        if ((rc = my_render(db, sql, n, p, tag, &count)))
+                return rc;
+        if (!db->in_tx) {
+                rc = run_tmp(db, tag, count, out ? &r : NULL);
+        } else {
+                /* Queued statements and this one share the round trip. */
+                if (s->ntags && s->q.len + s->tmp.len + 2 > s->flush_at &&
+                    (rc = q_send(db, NULL, false)))
+                        return rc;
+                if ((rc = q_append(db, s->tmp.p, s->tmp.len, tag, count)))
+                        return rc;
+                rc = q_send(db, out ? &r : NULL, false);
+        }
+        if (rc) {
+                kinbox_rows_destroy(r);
+                return rc;
+        }
+        if (out)
+                *out = r;
+        else
+                kinbox_rows_destroy(r);
+        return KINBOX_OK;
+}
+
+static int
+my_commit(kinbox__db_t *db)
+{
+        struct mystate *s = st_get(db);
+        if (!db->in_tx) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "MySQL: commit without a transaction");
+                return KINBOX_ERR_STATE;
+        }
+        if (!db->native || !s) {
+                /* The connection died earlier: the server rolled back. */
+                db->in_tx = false;
+                return my_down_err(db);
+        }
+        if (s->begin_queued && s->ntags == 1) {
+                /* Nothing was ever written: nothing to send. */
+                q_reset(s);
+                db->in_tx = false;
+                return KINBOX_OK;
+        }
+        int rc = q_append(db, "COMMIT", 6, -1, 1);
+        if (rc)
+                return rc;
+        rc = q_send(db, NULL, true);
+        if (rc == KINBOX_OK || !db->native) {
+                db->in_tx = false;
+                if (db->impl)
+                        st_get(db)->tx_sent = false;
+        }
+        return rc;
+}
+
+static void
+my_rollback(kinbox__db_t *db)
+{
+        struct mystate *s = st_get(db);
+        db->in_tx = false;
+        if (!db->native || !s)
+                return;
+        bool sent = s->tx_sent;
+        q_reset(s);
+        s->tx_sent = false;
+        if (!sent)
+                return;
+        if (mysql_real_query(db->native, "ROLLBACK", 8)) {
+                /* We cannot tell what the session holds now: closing it is
+                 * the one sure way to end the transaction. */
+                my_mark_down(db);
+                return;
+        }
+        MYSQL_RES *res = mysql_store_result(db->native);
+        if (res)
+                mysql_free_result(res);
+}
+
+static void *
+my_native(kinbox__db_t *db)
+{
+        if (!db->native || !db->impl)
+                return NULL;
+        if (q_send(db, NULL, false))
+                return NULL;
+        return db->native;
+}
+
+static int
+my_script(kinbox__db_t *db, const char *sql)
+{
+        if (!db->native || !db->impl)
+                return my_down_err(db);
+        if (db->in_tx) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "MySQL: script inside a transaction");
+                return KINBOX_ERR_STATE;
+        }
+        MYSQL *m = db->native;
+        char what[32];
+        int idx = 1;
+        if (mysql_real_query(m, sql, (unsigned long)strlen(sql)))
+                return my_fail(db, -1, false, "statement 1");
+        for (;;) {
+                MYSQL_RES *res = mysql_store_result(m);
+                if (res) {
+                        mysql_free_result(res);
+                } else if (mysql_field_count(m) != 0) {
+                        snprintf(what, sizeof(what), "statement %d", idx);
+                        return my_fail(db, -1, false, what);
+                }
+                int st = mysql_next_result(m);
+                if (st < 0)
+                        break;
+                idx++;
+                if (st > 0) {
+                        snprintf(what, sizeof(what), "statement %d", idx);
+                        return my_fail(db, -1, false, what);
+                }
+        }
+        return KINBOX_OK;
+}
+
+/* 128 random bits as 32 hex digits: the row marker of one inbox_insert. */
+static int
+make_token(char out[33])
+{
+        unsigned char r[16];
+        size_t got = 0;
+        while (got < sizeof(r)) {
+                ssize_t k = getrandom(r + got, sizeof(r) - got, 0);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -1;
+                }
+                got += (size_t)k;
+        }
+        static const char hx[] = "0123456789abcdef";
+        for (size_t i = 0; i < sizeof(r); i++) {
+                out[2 * i] = hx[r[i] >> 4];
+                out[2 * i + 1] = hx[r[i] & 15];
+        }
+        out[32] = '\0';
+        return 0;
+}
+
+struct idref {
+        const char *id;
+        size_t idx;
+};
+
+static int
+idref_cmp(const void *a, const void *b)
+{
+        const struct idref *x = a, *y = b;
+        int c = strcmp(x->id, y->id);
+        if (c)
+                return c;
+        return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/*
+ * One round trip for the whole batch:
+ *
+ *   [queued statements;]
+ *   INSERT INTO kinbox_inbox (...) VALUES (...), ... , tx_token = T
+ *     ON DUPLICATE KEY UPDATE message_id = message_id;
+ *   SELECT message_id FROM kinbox_inbox WHERE consumer = C AND tx_token = T
+ *
+ * A row that already existed keeps its old token (the no-op update does
+ * not touch it), and a second occurrence inside the batch hits the row the
+ * first one just inserted, so exactly the ids inserted by this call come
+ * back. Each returned id marks its first occurrence in the batch as new.
+ * Unlike INSERT IGNORE, any other error (bad data, lock wait, deadlock)
+ * still fails the statement.
+ */
+static int
+my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
+                const struct kinbox__inbox_row *rows, bool *is_new)
+{
+        struct mystate *s = st_get(db);
+        MYSQL *m = db->native;
+        char tok[33];
+        int rc;
+
+        for (size_t i = 0; i < n; i++)
+                is_new[i] = false;
+        if (!m || !s)
+                return my_down_err(db);
+        if (!db->in_tx) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "MySQL: inbox insert outside a transaction");
+                return KINBOX_ERR_STATE;
+        }
+        if (n == 0)
+                return KINBOX_OK;
+        for (size_t i = 0; i < n; i++) {
+                size_t l = rows[i].id ? strlen(rows[i].id) : 0;
+                if (!rows[i].id || l > MY_ID_MAX) {
+                        kinbox__db_seterr(
+                            db, KINBOX_ERR_INVALID, "", 0, (int)i,
+                            "MySQL: message id %s (%zu bytes) at offset "
+                            "%lld: the inbox holds at most %d bytes",
+                            rows[i].id ? "too long" : "missing", l,
+                            (long long)rows[i].offset, MY_ID_MAX);
+                        return KINBOX_ERR_INVALID;
+                }
+        }
+        if (make_token(tok)) {
+                kinbox__db_seterr(db, KINBOX_ERR_DB, "", 0, -1,
+                                  "MySQL: getrandom failed: %s",
+                                  strerror(errno));
+                return KINBOX_ERR_DB;
+        }
+
+        kinbox__buf_t *b = &s->tmp;
+        kinbox__buf_reset(b);
+        kinbox__buf_adds(b, "INSERT INTO kinbox_inbox (consumer, message_id, "
+                            "topic, kafka_partition, kafka_offset, tx_token, "
+                            "processed_at) VALUES ");
+        for (size_t i = 0; i < n; i++) {
+                kinbox__buf_adds(b, i ? ",\n(" : "\n(");
+                append_literal(m, b, consumer, strlen(consumer), false);
+                kinbox__buf_add(b, ",", 1);
+                append_literal(m, b, rows[i].id, strlen(rows[i].id), false);
+                kinbox__buf_add(b, ",", 1);
+                append_literal(m, b, rows[i].topic,
+                               rows[i].topic ? strlen(rows[i].topic) : 0,
+                               false);
+                kinbox__buf_printf(b, ",%ld,%lld,'%s',CURRENT_TIMESTAMP(6))",
+                                   (long)rows[i].partition,
+                                   (long long)rows[i].offset, tok);
+        }
+        kinbox__buf_adds(b, "\nON DUPLICATE KEY UPDATE message_id = "
+                            "message_id;\nSELECT message_id FROM kinbox_inbox "
+                            "WHERE consumer = ");
+        append_literal(m, b, consumer, strlen(consumer), false);
+        kinbox__buf_printf(b, " AND tx_token = '%s'", tok);
+        if (b->oom) {
+                kinbox__buf_free(b);
+                kinbox__buf_init(b);
+                return my_oom(db);
+        }
+        if (s->ntags && s->q.len + b->len + 2 > s->flush_at &&
+            (rc = q_send(db, NULL, false)))
+                return rc;
+        if ((rc = q_append(db, b->p, b->len, -1, 2)))
+                return rc;
+        struct kinbox_rows_s *r = NULL;
+        if ((rc = q_send(db, &r, false)))
+                return rc;
+
+        struct idref *ix = malloc(n * sizeof(*ix));
+        if (!ix) {
+                kinbox_rows_destroy(r);
+                return my_oom(db);
+        }
+        for (size_t i = 0; i < n; i++)
+                ix[i] = (struct idref){rows[i].id, i};
+        qsort(ix, n, sizeof(*ix), idref_cmp);
+        for (size_t k = 0; k < r->nrows; k++) {
+                const char *v = r->values[k * (size_t)r->ncols];
+                if (!v)
+                        continue;
+                /* First entry with this id: the lowest batch index. */
+                size_t lo = 0, hi = n;
+                while (lo < hi) {
+                        size_t mid = lo + (hi - lo) / 2;
+                        if (strcmp(ix[mid].id, v) < 0)
+                                lo = mid + 1;
+                        else
+                                hi = mid;
+                }
+                if (lo < n && strcmp(ix[lo].id, v) == 0)
+                        is_new[ix[lo].idx] = true;
+        }
+        free(ix);
+        kinbox_rows_destroy(r);
+        return KINBOX_OK;
+}
+
+/*
+ * Dialect. outbox_append: MySQL has no RETURNING, so the statement is two
+ * statements sent together through query(): the insert, whose affected-
+ * row count is 1 for a new row and 0 for a duplicate left untouched by
+ * "id = id" (kinbox never sets CLIENT_FOUND_ROWS, which would report 1),
+ * then a SELECT that returns LAST_INSERT_ID() only when ROW_COUNT() says a
+ * row was inserted. So, as on PostgreSQL: one row (the id) when new, no
+ * row for a duplicate. On a caller's own MYSQL * without multi-statements,
+ * send the two parts separately in the same session (the SELECT must come
+ * directly after the INSERT), or read mysql_affected_rows() == 1 and
+ * mysql_insert_id() after the INSERT alone.
+ */
+static const struct kinbox__sql my_sql = {
+        .offsets_upsert =
+            "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
+            "next_offset, updated_at) VALUES ($1, $2, $3, $4, "
+            "CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
+            "next_offset = GREATEST(next_offset, VALUES(next_offset)), "
+            "updated_at = CURRENT_TIMESTAMP(6)",
+        .dead_letter_insert =
+            "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
+            "kafka_partition, kafka_offset, msg_key, headers, payload, error, "
+            "attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        .outbox_append =
+            "INSERT INTO kinbox_outbox (kind, destination, idem_key, "
+            "aggregate_id, payload, headers, max_attempts) VALUES ($1, $2, "
+            "$3, $4, $5, $6, $7) ON DUPLICATE KEY UPDATE id = id;\n"
+            "SELECT LAST_INSERT_ID() AS id FROM DUAL WHERE ROW_COUNT() = 1",
+        .try_lock = "SELECT GET_LOCK($1, 0)",
+        .unlock = "SELECT RELEASE_LOCK($1)",
+        .now = "CURRENT_TIMESTAMP(6)",
+};
+
+const struct kinbox__db_ops kinbox__mysql_ops = {
+        .name = "mysql",
+        .backend = KINBOX_BACKEND_MYSQL,
+        .connect = my_connect,
+        .disconnect = my_disconnect,
+        .begin = my_begin,
+        .exec = my_exec,
+        .query = my_query,
+        .flush = my_flush,
+        .commit = my_commit,
+        .rollback = my_rollback,
+        .native = my_native,
+        .script = my_script,
+        .inbox_insert = my_inbox_insert,
+        .sql = &my_sql,
+};
