@@ -198,27 +198,31 @@ Test(mysql, placeholders_roundtrip_bytes_exactly)
         kinbox__db_t *db = open_db();
         static const char quoted[] = "it's a \"quote\" \\ back\\slash \\' $1 ;";
         static const char nul[] = {'a', '\0', 'b', '\'', '\\', '\0'};
+        /* Broken multibyte leads before quote/backslash must not hide
+         * them from the escaper (or from the server's lexer). */
+        static const char tricky[] = "\xf0'\xc3\\\xe2\x82'\x1a\r\n\"";
         char bin[256];
         for (int i = 0; i < 256; i++)
                 bin[i] = (char)i;
-        kinbox__param_t p[4] = {
+        kinbox__param_t p[5] = {
             {quoted, 0, 0},
             {nul, 5, 0},
             {bin, sizeof(bin), 1},
             {NULL, 0, 0},
+            {tricky, sizeof(tricky) - 1, 1},
         };
         struct kinbox_rows_s *r = NULL;
         OK_OR_FAIL(db, db->ops->query(
                            db,
                            "SELECT $1 AS a, $2 AS b, $3 AS c, $4 AS d, "
                            "'$1' AS lit, \"$2\" AS dq, 'v' AS `x$1`, "
-                           "$2 = $2 AS rep /* $9 */ -- $9 ;\n"
+                           "$2 = $2 AS rep, $5 AS t /* $9 */ -- $9 ;\n"
                            "# $9 too\n",
-                           4, p, -1, &r));
+                           5, p, -1, &r));
         /* `x$1` is a quoted identifier (a column alias): not a
          * placeholder. */
         cr_assert(eq(sz, r->nrows, (size_t)1));
-        cr_assert(eq(int, r->ncols, 8));
+        cr_assert(eq(int, r->ncols, 9));
         cr_assert(eq(str, r->names[0], "a"));
         cr_assert(eq(str, r->names[6], "x$1"));
         cr_assert(eq(str, r->values[0], (char *)quoted));
@@ -230,6 +234,40 @@ Test(mysql, placeholders_roundtrip_bytes_exactly)
         cr_assert(eq(str, r->values[4], "$1"));
         cr_assert(eq(str, r->values[5], "$2"));
         cr_assert(eq(str, r->values[7], "1"));
+        cr_assert(eq(sz, r->lens[8], sizeof(tricky) - 1));
+        cr_assert(eq(int, memcmp(r->values[8], tricky, sizeof(tricky) - 1),
+                     0));
+        kinbox_rows_destroy(r);
+
+        /* The same bytes stored in and read back from a blob column. */
+        OK_OR_FAIL(db, db->ops->script(db, "CREATE TABLE bb (b LONGBLOB)"));
+        OK_OR_FAIL(db, db->ops->query(db, "INSERT INTO bb VALUES ($1), ($3)",
+                                      3, &p[2], -1, NULL));
+        OK_OR_FAIL(db, db->ops->query(db, "SELECT b FROM bb ORDER BY "
+                                          "LENGTH(b) DESC",
+                                      0, NULL, -1, &r));
+        cr_assert(eq(int, memcmp(r->values[0], bin, sizeof(bin)), 0));
+        cr_assert(eq(sz, r->lens[1], sizeof(tricky) - 1));
+        cr_assert(eq(int, memcmp(r->values[1], tricky, sizeof(tricky) - 1),
+                     0));
+        kinbox_rows_destroy(r);
+
+        /* Still exact if a handler switched on NO_BACKSLASH_ESCAPES
+         * through the native handle (quotes are doubled then, or hex on
+         * Oracle's client). */
+        MYSQL *m = db->ops->native(db);
+        cr_assert(m != NULL);
+        cr_assert(eq(int,
+                     mysql_query(m, "SET SESSION sql_mode = CONCAT("
+                                    "@@sql_mode, ',NO_BACKSLASH_ESCAPES')"),
+                     0));
+        OK_OR_FAIL(db, db->ops->query(db, "SELECT $1, $2, $3", 3,
+                                      (kinbox__param_t[3]){p[0], p[4], p[1]},
+                                      -1, &r));
+        cr_assert(eq(str, r->values[0], (char *)quoted));
+        cr_assert(eq(int, memcmp(r->values[1], tricky, sizeof(tricky) - 1),
+                     0));
+        cr_assert(eq(int, memcmp(r->values[2], nul, 5), 0));
         kinbox_rows_destroy(r);
 
         /* Repeated and out of order, and integers after LIMIT. */
@@ -336,6 +374,50 @@ Test(mysql, deferred_exec_error_names_the_right_tag)
         db->ops->rollback(db);
         cr_assert(eq(long, scalar_long(other, "SELECT COUNT(*) FROM t"), 0L));
         kinbox__db_destroy(other);
+        kinbox__db_destroy(db);
+}
+
+Test(mysql, big_batches_are_split_below_max_allowed_packet)
+{
+        kinbox__db_t *db = open_db();
+        OK_OR_FAIL(db, db->ops->script(db, "CREATE TABLE big (id INT PRIMARY "
+                                           "KEY, b LONGBLOB)"));
+        /* 5 x 3 MiB is more than one packet may carry on a default server
+         * (16 MiB); the queue must be sent in pieces, in order. */
+        const size_t sz = 3u << 20;
+        char *blob = malloc(sz);
+        cr_assert(blob != NULL);
+        memset(blob, 'q', sz);
+        OK_OR_FAIL(db, db->ops->begin(db));
+        for (int i = 0; i < 5; i++) {
+                char id[8];
+                snprintf(id, sizeof(id), "%d", i);
+                kinbox__param_t p[2] = {{id, 0, 0}, {blob, sz, 1}};
+                OK_OR_FAIL(db, db->ops->exec(db, "INSERT INTO big VALUES ($1, "
+                                                 "$2)",
+                                             2, p, i));
+        }
+        OK_OR_FAIL(db, db->ops->commit(db));
+        cr_assert(eq(long, scalar_long(db, "SELECT SUM(LENGTH(b)) FROM big"),
+                     (long)(5 * sz)));
+
+        /* An error in an earlier piece surfaces from the exec() that sent
+         * it, still naming the statement's own tag. */
+        OK_OR_FAIL(db, db->ops->begin(db));
+        exec1(db, "INSERT INTO big VALUES ($1, NULL)", "0", 7);
+        int rc = KINBOX_OK;
+        for (int i = 0; i < 5 && rc == KINBOX_OK; i++) {
+                kinbox__param_t p[2] = {{"100", 0, 0}, {blob, sz, 1}};
+                p[0].v = i == 0 ? "100" : i == 1 ? "101" : i == 2 ? "102"
+                                                  : i == 3 ? "103" : "104";
+                rc = db->ops->exec(db, "INSERT INTO big VALUES ($1, $2)", 2,
+                                   p, 20 + i);
+        }
+        cr_assert(eq(int, rc, KINBOX_ERR_DUPLICATE), "%s", db->err.msg);
+        cr_assert(eq(int, db->err.tag, 7));
+        db->ops->rollback(db);
+        cr_assert(eq(long, scalar_long(db, "SELECT COUNT(*) FROM big"), 5L));
+        free(blob);
         kinbox__db_destroy(db);
 }
 
@@ -452,7 +534,7 @@ Test(mysql, inbox_insert_tells_new_from_duplicate)
             {"a", "orders", 1, 12},  {"c", "orders", 1, 13},
             {"x", "orders", 2, 14},  {"x ", "orders", 2, 15},
             {"X", "orders", 2, 16},  {"it's\\", "orders", 3, 17},
-            {"é", "orders", 3, 18},
+            {"é", "orders", 3, 18},  {"\xff\xfe", "orders", 3, 19},
         };
         const size_t n = KINBOX__ARRAY_SIZE(rows);
         bool is_new[KINBOX__ARRAY_SIZE(rows)];
@@ -460,7 +542,8 @@ Test(mysql, inbox_insert_tells_new_from_duplicate)
         /* Queued statements travel in the same round trip. */
         exec1(db, "INSERT INTO side VALUES ($1)", "1", 0);
         OK_OR_FAIL(db, db->ops->inbox_insert(db, "points", n, rows, is_new));
-        bool want[] = {true, false, false, true, true, true, true, true, true};
+        bool want[] = {true, false, false, true, true,
+                       true, true, true, true, true};
         for (size_t i = 0; i < n; i++)
                 cr_assert(eq(int, is_new[i], want[i]), "row %zu (%s)", i,
                           rows[i].id);
@@ -473,7 +556,7 @@ Test(mysql, inbox_insert_tells_new_from_duplicate)
         cr_assert(eq(long,
                      scalar_long(db, "SELECT COUNT(*) FROM kinbox_inbox "
                                      "WHERE consumer = 'points'"),
-                     8L));
+                     9L));
         char *off = scalar(db, "SELECT kafka_offset FROM kinbox_inbox WHERE "
                                "consumer = 'points' AND message_id = 'a'");
         cr_assert(eq(str, off, "10"));
