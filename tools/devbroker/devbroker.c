@@ -13,7 +13,9 @@
  * line per command: "ok", "ok <data>" or "err <reason>".  A connection may
  * send several commands; several clients may be connected at once.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* accept4, SOCK_CLOEXEC */
+#endif
 
 #include <errno.h>
 #include <fcntl.h>

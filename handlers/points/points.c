@@ -1,0 +1,349 @@
+/*
+ * points -- the points-grant handler: one source file, both backends.
+ *
+ * Payload: {"order_id": "o-1", "user_id": 42, "grant_points": 10}
+ * Effect, in the inbox transaction: a user_points_flow row (unique per
+ * order and business type) and the points added to user_account (created
+ * on the first grant). Malformed JSON or a missing/ill-typed field is a
+ * REJECT whose reason names the field.
+ *
+ * It ships both handler shapes: `handle` (per message, statements pipelined
+ * by kinbox) and `handle_batch` (two set-based statements per batch), and
+ * uses only the public API.
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kinbox/kinbox.h>
+
+#include "points.h"
+
+typedef struct grant {
+        char order_id[256];
+        long long user_id;
+        long long points;
+} grant_t;
+
+/* Parse and validate; on failure fill why naming the field. */
+static int
+parse(const kinbox_msg_t *msg, grant_t *g, char *why, size_t wsz)
+{
+        size_t len;
+        const char *p = kinbox_msg_payload(msg, &len);
+        json_error_t jerr;
+        json_t *root = p ? json_loadb(p, len, 0, &jerr) : NULL;
+        if (!root) {
+                snprintf(why, wsz, "payload is not valid JSON: %s",
+                         p ? jerr.text : "empty payload");
+                return -1;
+        }
+        int rc = -1;
+        json_t *o = json_object_get(root, "order_id");
+        json_t *u = json_object_get(root, "user_id");
+        json_t *n = json_object_get(root, "grant_points");
+        if (!json_is_object(root))
+                snprintf(why, wsz, "payload is not a JSON object");
+        else if (!json_is_string(o) || !json_string_length(o) ||
+                 json_string_length(o) >= sizeof(g->order_id))
+                snprintf(why, wsz,
+                         "field order_id: missing or not a non-empty string "
+                         "(at most 255 bytes)");
+        else if (!json_is_integer(u) || json_integer_value(u) <= 0)
+                snprintf(why, wsz,
+                         "field user_id: missing or not a positive integer");
+        else if (!json_is_integer(n) || json_integer_value(n) < 0 ||
+                 json_integer_value(n) > 1000000000)
+                snprintf(why, wsz,
+                         "field grant_points: missing or not an integer in "
+                         "[0, 1000000000]");
+        else {
+                snprintf(g->order_id, sizeof(g->order_id), "%s",
+                         json_string_value(o));
+                g->user_id = (long long)json_integer_value(u);
+                g->points = (long long)json_integer_value(n);
+                rc = 0;
+        }
+        json_decref(root);
+        return rc;
+}
+
+static const char *
+upsert_sql(kinbox_backend_t b)
+{
+        return b == KINBOX_BACKEND_MYSQL
+                   ? "INSERT INTO user_account (user_id, points) VALUES "
+                     "($1, $2) ON DUPLICATE KEY UPDATE points = points + "
+                     "VALUES(points)"
+                   : "INSERT INTO user_account (user_id, points) VALUES "
+                     "($1, $2) ON CONFLICT (user_id) DO UPDATE SET points = "
+                     "user_account.points + EXCLUDED.points";
+}
+
+static kinbox_result_t
+points_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        (void)opaque;
+        grant_t g;
+        char why[256];
+        if (parse(msg, &g, why, sizeof(why))) {
+                kinbox_tx_set_error(tx, "%s", why);
+                return KINBOX_RESULT_REJECT;
+        }
+        char uid[24], pts[24];
+        snprintf(uid, sizeof(uid), "%lld", g.user_id);
+        snprintf(pts, sizeof(pts), "%lld", g.points);
+        const char *flow[3] = {uid, g.order_id, pts};
+        if (kinbox_tx_exec(tx,
+                           "INSERT INTO user_points_flow (user_id, order_id, "
+                           "biz_type, points_delta) VALUES ($1, $2, "
+                           "'ORDER_REWARD', $3)",
+                           3, flow))
+                return KINBOX_RESULT_RETRY;
+        const char *acct[2] = {uid, pts};
+        if (kinbox_tx_exec(tx, upsert_sql(kinbox_tx_backend(tx)), 2, acct))
+                return KINBOX_RESULT_RETRY;
+        return KINBOX_RESULT_OK;
+}
+
+/* Append s as a PostgreSQL array element. */
+static void
+arr_add(char **buf, size_t *len, size_t *cap, const char *s, int quote)
+{
+        size_t need = *len + 2 * strlen(s) + 4;
+        if (need > *cap) {
+                size_t nc = *cap ? *cap : 1024;
+                while (nc < need)
+                        nc *= 2;
+                char *n = realloc(*buf, nc);
+                if (!n)
+                        return;
+                *buf = n;
+                *cap = nc;
+        }
+        char *o = *buf + *len;
+        if (*len > 1)
+                *o++ = ',';
+        if (quote)
+                *o++ = '"';
+        for (; *s; s++) {
+                if (quote && (*s == '"' || *s == '\\'))
+                        *o++ = '\\';
+                *o++ = *s;
+        }
+        if (quote)
+                *o++ = '"';
+        *o = '\0';
+        *len = (size_t)(o - *buf);
+}
+
+typedef struct sbuf {
+        char *p;
+        size_t len, cap;
+} sbuf_t;
+
+static void
+sb_init(sbuf_t *b, const char *start)
+{
+        b->p = NULL;
+        b->len = b->cap = 0;
+        size_t n = strlen(start);
+        b->cap = 1024;
+        b->p = malloc(b->cap);
+        if (b->p) {
+                memcpy(b->p, start, n + 1);
+                b->len = n;
+        }
+}
+
+static void
+sb_add(sbuf_t *b, const char *s)
+{
+        size_t n = strlen(s);
+        if (!b->p)
+                return;
+        if (b->len + n + 1 > b->cap) {
+                size_t nc = b->cap * 2;
+                while (nc < b->len + n + 1)
+                        nc *= 2;
+                char *q = realloc(b->p, nc);
+                if (!q) {
+                        free(b->p);
+                        b->p = NULL;
+                        return;
+                }
+                b->p = q;
+                b->cap = nc;
+        }
+        memcpy(b->p + b->len, s, n + 1);
+        b->len += n;
+}
+
+/* MySQL string literal for an order id (ids are validated JSON strings). */
+static void
+sb_add_quoted(sbuf_t *b, const char *s)
+{
+        sb_add(b, "'");
+        char ch[3] = {0};
+        for (; *s; s++) {
+                if (*s == '\'' || *s == '\\') {
+                        ch[0] = '\\';
+                        ch[1] = *s;
+                } else {
+                        ch[0] = *s;
+                        ch[1] = 0;
+                }
+                sb_add(b, ch);
+        }
+        sb_add(b, "'");
+}
+
+static kinbox_result_t
+points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
+                    size_t count, kinbox_result_t *results, void *opaque)
+{
+        (void)opaque;
+        grant_t *g = calloc(count ? count : 1, sizeof(*g));
+        if (!g)
+                return KINBOX_RESULT_RETRY;
+        size_t ok = 0;
+        char why[256];
+        for (size_t i = 0; i < count; i++) {
+                if (parse(msgs[i], &g[i], why, sizeof(why))) {
+                        results[i] = KINBOX_RESULT_REJECT;
+                        kinbox_tx_set_msg_error(tx, msgs[i], "%s", why);
+                } else {
+                        ok++;
+                }
+        }
+        kinbox_result_t ret = KINBOX_RESULT_OK;
+        if (!ok)
+                goto out;
+        char num[32];
+        if (kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL) {
+                char *uids = NULL, *oids = NULL, *pts = NULL;
+                size_t ul = 0, uc = 0, ol = 0, oc = 0, pl = 0, pc = 0;
+                arr_add(&uids, &ul, &uc, "{", 0);
+                arr_add(&oids, &ol, &oc, "{", 0);
+                arr_add(&pts, &pl, &pc, "{", 0);
+                for (size_t i = 0; i < count; i++) {
+                        if (results[i] != KINBOX_RESULT_OK)
+                                continue;
+                        snprintf(num, sizeof(num), "%lld", g[i].user_id);
+                        arr_add(&uids, &ul, &uc, num, 0);
+                        arr_add(&oids, &ol, &oc, g[i].order_id, 1);
+                        snprintf(num, sizeof(num), "%lld", g[i].points);
+                        arr_add(&pts, &pl, &pc, num, 0);
+                }
+                if (uids && oids && pts) {
+                        strcat(uids, "}");
+                        strcat(oids, "}");
+                        strcat(pts, "}");
+                }
+                const char *p[3] = {uids, oids, pts};
+                /* One statement: the flow rows, then the summed grants. */
+                if (!uids || !oids || !pts ||
+                    kinbox_tx_exec(
+                        tx,
+                        "WITH f AS (INSERT INTO user_points_flow (user_id, "
+                        "order_id, biz_type, points_delta) SELECT u, o, "
+                        "'ORDER_REWARD', p FROM unnest($1::bigint[], "
+                        "$2::text[], $3::bigint[]) AS t(u, o, p) RETURNING "
+                        "user_id, points_delta) INSERT INTO user_account "
+                        "(user_id, points) SELECT user_id, sum(points_delta) "
+                        "FROM f GROUP BY user_id ON CONFLICT (user_id) DO "
+                        "UPDATE SET points = user_account.points + "
+                        "EXCLUDED.points",
+                        3, p))
+                        ret = KINBOX_RESULT_RETRY;
+                free(uids);
+                free(oids);
+                free(pts);
+        } else {
+                sbuf_t flow, acct;
+                sb_init(&flow, "INSERT INTO user_points_flow (user_id, "
+                               "order_id, biz_type, points_delta) VALUES ");
+                sb_init(&acct, "INSERT INTO user_account (user_id, points) "
+                               "VALUES ");
+                size_t nf = 0;
+                for (size_t i = 0; i < count; i++) {
+                        if (results[i] != KINBOX_RESULT_OK)
+                                continue;
+                        snprintf(num, sizeof(num), "%s(%lld,", nf ? "," : "",
+                                 g[i].user_id);
+                        sb_add(&flow, num);
+                        sb_add_quoted(&flow, g[i].order_id);
+                        snprintf(num, sizeof(num), ",'ORDER_REWARD',%lld)",
+                                 g[i].points);
+                        sb_add(&flow, num);
+                        char row[64];
+                        snprintf(row, sizeof(row), "%s(%lld,%lld)",
+                                 nf ? "," : "", g[i].user_id, g[i].points);
+                        sb_add(&acct, row);
+                        nf++;
+                }
+                sb_add(&acct, " ON DUPLICATE KEY UPDATE points = points + "
+                              "VALUES(points)");
+                if (!flow.p || !acct.p ||
+                    kinbox_tx_exec(tx, flow.p, 0, NULL) ||
+                    kinbox_tx_exec(tx, acct.p, 0, NULL))
+                        ret = KINBOX_RESULT_RETRY;
+                free(flow.p);
+                free(acct.p);
+        }
+out:
+        free(g);
+        return ret;
+}
+
+static const char schema_pg[] =
+    "CREATE TABLE IF NOT EXISTS user_account ("
+    " user_id bigint PRIMARY KEY,"
+    " points bigint NOT NULL DEFAULT 0,"
+    " updated_at timestamptz NOT NULL DEFAULT now());"
+    "CREATE TABLE IF NOT EXISTS user_points_flow ("
+    " id bigserial PRIMARY KEY,"
+    " user_id bigint NOT NULL,"
+    " order_id text NOT NULL,"
+    " biz_type text NOT NULL,"
+    " points_delta bigint NOT NULL,"
+    " created_at timestamptz NOT NULL DEFAULT now(),"
+    " UNIQUE (order_id, biz_type));";
+
+static const char schema_mysql[] =
+    "CREATE TABLE IF NOT EXISTS user_account ("
+    " user_id BIGINT PRIMARY KEY,"
+    " points BIGINT NOT NULL DEFAULT 0,"
+    " updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
+    ") ENGINE = InnoDB;"
+    "CREATE TABLE IF NOT EXISTS user_points_flow ("
+    " id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+    " user_id BIGINT NOT NULL,"
+    " order_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,"
+    " biz_type VARCHAR(32) NOT NULL,"
+    " points_delta BIGINT NOT NULL,"
+    " created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
+    " UNIQUE KEY user_points_flow_order (order_id, biz_type)"
+    ") ENGINE = InnoDB;";
+
+const kinbox_module_t kinbox_points_module = {
+    .abi_version = KINBOX_MODULE_ABI_VERSION,
+    .name = "points",
+    .schema_version = 1,
+    .schema_postgresql = schema_pg,
+    .schema_mysql = schema_mysql,
+    .handle = points_handle,
+    .handle_batch = points_handle_batch,
+};
+
+/* The same handler, per message only (for benchmarks and batch.max=1). */
+const kinbox_module_t kinbox_points_single_module = {
+    .abi_version = KINBOX_MODULE_ABI_VERSION,
+    .name = "points-single",
+    .schema_version = 1,
+    .schema_postgresql = schema_pg,
+    .schema_mysql = schema_mysql,
+    .handle = points_handle,
+};

@@ -1,0 +1,49 @@
+/**
+ * @file module.h
+ * @brief Handler modules: a handler packaged with its schema, loadable by
+ *        `kinbox run` (built in, or a shared object in `handler.path`).
+ *
+ * A module shared object exports one symbol, `kinbox_module`, of type
+ * ::kinbox_module_t, with `abi_version = KINBOX_MODULE_ABI_VERSION`.
+ */
+#ifndef KINBOX_MODULE_H
+#define KINBOX_MODULE_H
+
+#include <stddef.h>
+#include "export.h"
+#include "conf.h"
+#include "handler.h"
+
+KINBOX_BEGIN_DECLS
+
+/** Bumped whenever ::kinbox_module_t changes shape. */
+#define KINBOX_MODULE_ABI_VERSION 1
+
+/** The versioned descriptor of a handler module. */
+typedef struct kinbox_module {
+        int abi_version;  /**< KINBOX_MODULE_ABI_VERSION */
+        const char *name; /**< handler name used in `handler = NAME` */
+        /** Schema version; bump when the schema strings change. */
+        int schema_version;
+        /** Schema for PostgreSQL / MySQL (idempotent DDL), may be NULL. */
+        const char *schema_postgresql;
+        const char *schema_mysql;
+        /**
+         * Called once per consumer before it runs. @p conf is the
+         * consumer's configuration (read-only, valid during the call).
+         * Store per-consumer state in *opaquep. Return 0, or -1 with a
+         * reason in errstr. May be NULL.
+         */
+        int (*init)(const kinbox_conf_t *conf, void **opaquep, char *errstr,
+                    size_t errstr_size);
+        /** Per-message handler; or NULL when handle_batch is set. */
+        kinbox_handler_fn handle;
+        /** Batch handler; preferred when both are set. */
+        kinbox_batch_handler_fn handle_batch;
+        /** Called after the consumer stopped. May be NULL. */
+        void (*fini)(void *opaque);
+} kinbox_module_t;
+
+KINBOX_END_DECLS
+
+#endif

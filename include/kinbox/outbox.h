@@ -1,0 +1,361 @@
+/**
+ * @file outbox.h
+ * @brief The transactional outbox: append messages in your own transaction,
+ *        a relay delivers them to Kafka (or to a local action) at least
+ *        once, in per-aggregate order, across any number of relay replicas.
+ *
+ * Writer: kinbox_outbox_append() inside a kinbox handler transaction, or
+ * kinbox_outbox_append_pg() / kinbox_outbox_append_mysql() on the caller's
+ * own connection inside the caller's own transaction. The row commits or
+ * rolls back with the caller's state change.
+ *
+ * Relay: kinbox_relay_new() → kinbox_relay_register_action() (optional) →
+ * kinbox_relay_run() (blocks) → kinbox_relay_stop() → kinbox_relay_destroy().
+ * Each row goes through claim (lease, version bump, committed before any
+ * side effect) → publish / run action → mark sent with a version check.
+ * A relay that dies leaves its rows pending; their lease expires and another
+ * relay takes over. Delivery is therefore at least once: downstream kinbox
+ * consumers drop the duplicates by the `message_id` header the relay sets.
+ *
+ * Operators: kinbox_outbox_admin_new() and the requeue / cancel / list calls.
+ */
+#ifndef KINBOX_OUTBOX_H
+#define KINBOX_OUTBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "export.h"
+#include "error.h"
+#include "conf.h"
+#include "handler.h"
+
+KINBOX_BEGIN_DECLS
+
+/** Destination prefix that makes a row a local action instead of a Kafka
+ *  message: `action:NAME`. */
+#define KINBOX_OUTBOX_ACTION_PREFIX "action:"
+
+/** Longest destination, idempotency key and aggregate id, in bytes. */
+#define KINBOX_OUTBOX_NAME_MAX 255
+
+/**
+ * One message to append. Every pointer is the caller's and only read during
+ * the call.
+ */
+typedef struct kinbox_outbox_msg {
+        /** Kafka topic, or `action:NAME` for a local action. Required. */
+        const char *destination;
+        /** Stable business identity (e.g. "order-42-paid"), unique per
+         *  destination. Required. Appending the same (destination, idem_key)
+         *  again is harmless: see ::KINBOX_ERR_DUPLICATE. */
+        const char *idem_key;
+        /** Ordering key and Kafka message key (e.g. the order id). NULL: no
+         *  ordering with other rows, null Kafka key. */
+        const char *aggregate_id;
+        /** Payload bytes; NULL with size 0 for a null (tombstone) value. */
+        const void *payload;
+        size_t payload_size;
+        /** Headers published with the message, in this order. */
+        const kinbox_header_t *headers;
+        size_t header_count;
+        /** Attempts before the row goes dead; 0 = the relay's
+         *  `relay.max_attempts`. */
+        int max_attempts;
+} kinbox_outbox_msg_t;
+
+/**
+ * @brief Append a message inside a kinbox handler transaction.
+ *
+ * The row commits together with the handler's inbox row (hop-by-hop
+ * consistency: a consumer emits its next event in the same transaction).
+ * @param idp  NULL: the insert is queued like kinbox_tx_exec() (pipelined,
+ *             no round trip); a duplicate (destination, idem_key) is then
+ *             silently ignored and the call returns ::KINBOX_OK. Not NULL:
+ *             the insert runs now (one round trip) and *idp receives the new
+ *             row's id, or the existing row's id for a duplicate.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DUPLICATE (only when @p idp is not
+ *          NULL) when the row already existed — the transaction stays
+ *          usable; ::KINBOX_ERR_INVALID for a missing/over-long destination
+ *          or key; a database error as kinbox_tx_query() (details in
+ *          kinbox_tx_errstr(); the transaction is aborted then).
+ * @remark Handler thread only, during the handler call.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_append(kinbox_tx_t *tx,
+                                             const kinbox_outbox_msg_t *m,
+                                             int64_t *idp);
+
+/**
+ * @brief Append a message on the caller's own PostgreSQL connection, inside
+ *        the caller's open transaction (BEGIN ... COMMIT are the caller's).
+ *
+ * Uses `INSERT ... ON CONFLICT DO NOTHING`, so a duplicate does not abort
+ * the transaction. The `kinbox_outbox` table (migration 0002) must be on
+ * the connection's search_path. The connection must not be in pipeline
+ * mode. A committed row wakes listening relays (NOTIFY from the table's
+ * trigger).
+ * @param idp receives the new (or, for a duplicate, existing) id; may be
+ *            NULL.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DUPLICATE; ::KINBOX_ERR_INVALID;
+ *          ::KINBOX_ERR_DB (SQLSTATE in @p errstr; the transaction is
+ *          aborted); ::KINBOX_ERR_DB_CONN.
+ * @remark Thread-safe for different connections.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_append_pg(struct pg_conn *conn,
+                                                const kinbox_outbox_msg_t *m,
+                                                int64_t *idp, char *errstr,
+                                                size_t errstr_size);
+
+/**
+ * @brief Append a message on the caller's own MySQL/MariaDB connection,
+ *        inside the caller's open transaction.
+ *
+ * Uses `INSERT ... ON DUPLICATE KEY UPDATE` (not INSERT IGNORE, which would
+ * hide other errors): a duplicate leaves the transaction usable. Two round
+ * trips (the insert, then the id).
+ * @returns as kinbox_outbox_append_pg() (MySQL errno in @p errstr).
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_append_mysql(
+    struct st_mysql *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
+    char *errstr, size_t errstr_size);
+
+/* ------------------------------------------------------------------------
+ * Local actions
+ */
+
+/** A claimed local action as handed to its callback. Opaque. */
+typedef struct kinbox_action_s kinbox_action_t;
+
+/**
+ * @brief Local action callback (destination `action:NAME`).
+ *
+ * Runs the side effect the row stands for, e.g. "ask the payment channel
+ * to pay channel order X". The relay guarantees at-least-once calls, not
+ * exactly once: after a timeout, a crash or a lost lease the same row runs
+ * again. The callback must make the external effect idempotent itself —
+ * hand kinbox_action_idem_key() to the external system as its idempotency
+ * key, or check the external state first.
+ * @param a      the action; valid only during the call.
+ * @returns ::KINBOX_RESULT_OK (row sent), ::KINBOX_RESULT_RETRY (try again
+ *          after a backoff; dead after max attempts), ::KINBOX_RESULT_REJECT
+ *          (dead now). Give the reason with kinbox_action_set_error().
+ * @remark Runs on a relay worker thread, one action at a time per relay —
+ *         except that a callback still running past `relay.action.timeout.ms`
+ *         is abandoned (counted as RETRY) and the next action starts
+ *         meanwhile, so callbacks must be thread-safe. It must not call
+ *         kinbox_relay_destroy().
+ */
+typedef kinbox_result_t (*kinbox_action_fn)(kinbox_action_t *a, void *opaque);
+
+/** @brief The outbox row id. */
+KINBOX_API int64_t kinbox_action_id(const kinbox_action_t *a);
+/** @brief The action name (destination without `action:`). */
+KINBOX_API const char *kinbox_action_name(const kinbox_action_t *a);
+/** @brief The idempotency key: hand it to the external system. */
+KINBOX_API const char *kinbox_action_idem_key(const kinbox_action_t *a);
+/** @brief The aggregate id, NULL if none. */
+KINBOX_API const char *kinbox_action_aggregate_id(const kinbox_action_t *a);
+/** @brief Payload bytes (NULL for a null payload); length in @p sizep. */
+KINBOX_API const void *kinbox_action_payload(const kinbox_action_t *a,
+                                             size_t *sizep);
+/** @brief Attempt number: 1 for the first call. */
+KINBOX_API int kinbox_action_attempt(const kinbox_action_t *a);
+/** @brief Number of headers. */
+KINBOX_API size_t kinbox_action_header_count(const kinbox_action_t *a);
+/**
+ * @brief Header by index, in append order.
+ * @returns ::KINBOX_OK or ::KINBOX_ERR_NOT_FOUND.
+ */
+KINBOX_API kinbox_err_t kinbox_action_header_at(const kinbox_action_t *a,
+                                                size_t idx,
+                                                kinbox_header_t *hdr);
+/**
+ * @brief Reason recorded in `last_error` for a RETRY or REJECT (truncated to
+ *        500 bytes; never put secrets in it).
+ */
+KINBOX_API void kinbox_action_set_error(kinbox_action_t *a, const char *fmt,
+                                        ...) KINBOX_PRINTF(2, 3);
+
+/* ------------------------------------------------------------------------
+ * Relay
+ */
+
+/** An outbox relay. Opaque. */
+typedef struct kinbox_relay_s kinbox_relay_t;
+
+/** Counters of one relay since it was created. */
+typedef struct kinbox_relay_stats {
+        uint64_t claimed;    /**< rows claimed (leased) */
+        uint64_t published;  /**< Kafka messages acknowledged and marked */
+        uint64_t actions_ok; /**< local actions done and marked */
+        uint64_t retried;    /**< failures recorded with a backoff */
+        uint64_t dead;       /**< rows moved to dead */
+        uint64_t conflicts;  /**< version checks that found another owner */
+        uint64_t released;   /**< claimed rows handed back unprocessed */
+        uint64_t batches;    /**< claim rounds that returned rows */
+        uint64_t db_errors;  /**< database errors ridden out */
+} kinbox_relay_stats_t;
+
+/**
+ * @brief Create a relay.
+ * @param conf configuration; owned by the relay on success only (set your
+ *             pointer to NULL then), still the caller's on failure. Reads
+ *             `name`, `database.url`, `database.password_file`, `relay.*`
+ *             and the `kafka.*` producer properties (`enable.idempotence`
+ *             is forced on; `message.timeout.ms` defaults to half the
+ *             lease and must be shorter than `relay.lease.ms`).
+ * @returns A relay, or NULL with @p errstr set. No connection is made yet.
+ */
+KINBOX_API kinbox_relay_t *kinbox_relay_new(kinbox_conf_t *conf, char *errstr,
+                                            size_t errstr_size);
+
+/**
+ * @brief Register the callback of `action:NAME` rows. Call before
+ *        kinbox_relay_run(). Rows of an unregistered action fail (RETRY,
+ *        then dead after max attempts).
+ * @param name   the NAME part; copied.
+ * @param opaque handed to every call; owned by the caller, must outlive the
+ *               relay.
+ * @returns ::KINBOX_OK, ::KINBOX_ERR_INVALID, ::KINBOX_ERR_NOMEM,
+ *          ::KINBOX_ERR_STATE while running.
+ */
+KINBOX_API kinbox_err_t kinbox_relay_register_action(kinbox_relay_t *r,
+                                                     const char *name,
+                                                     kinbox_action_fn fn,
+                                                     void *opaque);
+
+/**
+ * @brief Connect and relay rows until kinbox_relay_stop().
+ *
+ * Blocks the calling thread. Database and broker outages are ridden out
+ * with backoff; they do not make this call return.
+ * @returns ::KINBOX_OK after kinbox_relay_stop() (the batch in flight is
+ *          finished first); ::KINBOX_ERR_DB_CONN when the database was
+ *          unreachable at start; ::KINBOX_ERR_KAFKA when the producer could
+ *          not be created; ::KINBOX_ERR_STATE when already running. Details
+ *          in kinbox_relay_errstr().
+ */
+KINBOX_API kinbox_err_t kinbox_relay_run(kinbox_relay_t *r);
+
+/**
+ * @brief Ask a running relay to finish its batch and return. Returns at
+ *        once. Also makes a later kinbox_relay_run() return at once.
+ * @remark Thread-safe and async-signal-safe.
+ */
+KINBOX_API void kinbox_relay_stop(kinbox_relay_t *r);
+
+/** @brief Copy the counters. Thread-safe. */
+KINBOX_API void kinbox_relay_stats(const kinbox_relay_t *r,
+                                   kinbox_relay_stats_t *out);
+
+/** @brief Last fatal error text, "" if none. Owned by @p r. */
+KINBOX_API const char *kinbox_relay_errstr(const kinbox_relay_t *r);
+
+/**
+ * @brief Free a stopped (or never run) relay. NULL is a no-op. Waits for
+ *        abandoned (timed-out) action callbacks to return.
+ */
+KINBOX_API void kinbox_relay_destroy(kinbox_relay_t *r);
+
+/* ------------------------------------------------------------------------
+ * Operations: requeue, cancel, list
+ */
+
+/** An operator's handle on one database's outbox. Opaque; one thread at a
+ *  time. */
+typedef struct kinbox_outbox_admin_s kinbox_outbox_admin_t;
+
+/** Row status filter / value. */
+typedef enum kinbox_outbox_status {
+        KINBOX_OUTBOX_ANY = 0,
+        KINBOX_OUTBOX_PENDING = 1,
+        KINBOX_OUTBOX_SENT = 2,
+        KINBOX_OUTBOX_DEAD = 3,
+        KINBOX_OUTBOX_CANCELED = 4
+} kinbox_outbox_status_t;
+
+/** A row as listed; strings owned by the library, valid during the
+ *  callback. */
+typedef struct kinbox_outbox_row {
+        int64_t id;
+        kinbox_outbox_status_t status;
+        const char *destination;
+        const char *idem_key;
+        const char *aggregate_id; /**< NULL if none */
+        int attempts;
+        int max_attempts;         /**< 0 = relay default */
+        const char *last_error;   /**< NULL if none */
+        const char *created_at;   /**< database text form */
+        const char *next_attempt_at;
+        size_t payload_size;
+} kinbox_outbox_row_t;
+
+/** List callback: return 0 to continue, non-zero to stop. */
+typedef int (*kinbox_outbox_row_fn)(const kinbox_outbox_row_t *row,
+                                    void *opaque);
+
+/**
+ * @brief Create an admin handle from `database.url` /
+ *        `database.password_file` of @p conf (read now, not kept).
+ * @returns A handle (connected lazily), or NULL with @p errstr set.
+ */
+KINBOX_API kinbox_outbox_admin_t *
+kinbox_outbox_admin_new(const kinbox_conf_t *conf, char *errstr,
+                        size_t errstr_size);
+
+/** @brief Free the handle. NULL is a no-op. */
+KINBOX_API void kinbox_outbox_admin_destroy(kinbox_outbox_admin_t *adm);
+
+/** @brief Last error of the handle, "" if none. Owned by @p adm. */
+KINBOX_API const char *
+kinbox_outbox_admin_errstr(const kinbox_outbox_admin_t *adm);
+
+/**
+ * @brief Put a dead or canceled row back to pending: attempts reset to 0,
+ *        due now (relays listening are woken).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND when no dead/canceled row
+ *          has that id; ::KINBOX_ERR_DB / ::KINBOX_ERR_DB_CONN.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_requeue(kinbox_outbox_admin_t *adm,
+                                              int64_t id);
+
+/**
+ * @brief Cancel a pending row: it will not be sent. A relay that holds the
+ *        row's lease right now may still publish it (its mark then counts
+ *        as a conflict; the row stays canceled).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND when no pending row has that
+ *          id; database errors.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_cancel(kinbox_outbox_admin_t *adm,
+                                             int64_t id);
+
+/**
+ * @brief Requeue every dead row of @p destination (NULL: every
+ *        destination). @p countp (may be NULL) receives how many.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_requeue_destination(
+    kinbox_outbox_admin_t *adm, const char *destination, uint64_t *countp);
+
+/**
+ * @brief Cancel every pending row of @p destination (required).
+ *        @p countp (may be NULL) receives how many.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_cancel_destination(
+    kinbox_outbox_admin_t *adm, const char *destination, uint64_t *countp);
+
+/**
+ * @brief List rows with id > @p after_id in id order, at most @p limit.
+ * @param status      filter, ::KINBOX_OUTBOX_ANY for all.
+ * @param destination filter, NULL for all.
+ * @returns ::KINBOX_OK (also when the callback stopped early) or a
+ *          database error.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_list(kinbox_outbox_admin_t *adm,
+                                           kinbox_outbox_status_t status,
+                                           const char *destination,
+                                           int64_t after_id, size_t limit,
+                                           kinbox_outbox_row_fn fn,
+                                           void *opaque);
+
+KINBOX_END_DECLS
+
+#endif

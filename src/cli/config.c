@@ -1,0 +1,270 @@
+/*
+ * ini.c -- INI file → kinbox_conf_t objects (libinih).
+ *
+ * [database] url, password_file      → database.*
+ * [kafka]    any librdkafka property → kafka.*
+ * [log]      level, format           → log.*
+ * [prune]    inbox.retention, ...     (keys as in the reference)
+ * [relay]    enabled, and relay.* keys without the prefix
+ * [metrics]  listen
+ * [consumer.NAME] consumer keys; name = NAME
+ */
+#include "config.h"
+
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct load {
+        kb_config_t *cfg;
+        char *err;
+        size_t errsz;
+        const char *path;
+        int line;
+        bool failed;
+        /* Settings seen before the consumer sections are copied later:
+         * collect every (key, value) of shared sections in order. */
+        struct kvs {
+                char *k, *v;
+        } shared[256];
+        int nshared;
+        struct ckv {
+                int consumer;
+                char *k, *v;
+        } ckv[1024];
+        int nckv;
+        struct kvs relay[64];
+        int nrelay;
+} load_t;
+
+/* Expand ${VAR} from the environment. */
+static char *
+expand(const char *v)
+{
+        size_t cap = strlen(v) + 1, len = 0;
+        char *o = malloc(cap);
+        if (!o)
+                return NULL;
+        for (const char *p = v; *p;) {
+                const char *add = p;
+                size_t n = 1;
+                char name[128];
+                if (p[0] == '$' && p[1] == '{') {
+                        const char *e = strchr(p + 2, '}');
+                        if (e && (size_t)(e - p - 2) < sizeof(name)) {
+                                memcpy(name, p + 2, (size_t)(e - p - 2));
+                                name[e - p - 2] = '\0';
+                                const char *val = getenv(name);
+                                add = val ? val : "";
+                                n = strlen(add);
+                                p = e + 1;
+                                goto append;
+                        }
+                }
+                p++;
+        append:
+                if (len + n + 1 > cap) {
+                        while (len + n + 1 > cap)
+                                cap *= 2;
+                        char *q = realloc(o, cap);
+                        if (!q) {
+                                free(o);
+                                return NULL;
+                        }
+                        o = q;
+                }
+                memcpy(o + len, add, n);
+                len += n;
+        }
+        o[len] = '\0';
+        return o;
+}
+
+static int
+find_consumer(kb_config_t *cfg, const char *name)
+{
+        for (int i = 0; i < cfg->nconsumers; i++)
+                if (!strcmp(cfg->consumers[i].name, name))
+                        return i;
+        return -1;
+}
+
+static int
+on_kv(void *user, const char *section, const char *name, const char *value)
+{
+        /* Debian's libinih reports no line numbers to handlers: errors
+         * name the section and key instead. */
+        char lineno_buf[200];
+        snprintf(lineno_buf, sizeof(lineno_buf), "[%s] %s", section, name);
+        const char *lineno = lineno_buf;
+        load_t *L = user;
+        kb_config_t *cfg = L->cfg;
+        if (L->failed)
+                return 0;
+        char key[256];
+        char *v = expand(value ? value : "");
+        if (!v)
+                return 0;
+        if (!strcmp(section, "database") || !strcmp(section, "log")) {
+                snprintf(key, sizeof(key), "%s.%s", section, name);
+        } else if (!strcmp(section, "kafka")) {
+                snprintf(key, sizeof(key), "kafka.%s", name);
+        } else if (!strcmp(section, "prune")) {
+                snprintf(key, sizeof(key), "%s", name);
+        } else if (!strcmp(section, "metrics")) {
+                if (strcmp(name, "listen")) {
+                        snprintf(L->err, L->errsz,
+                                 "%s: %s: [metrics] has no such key",
+                                 L->path, lineno);
+                        L->failed = true;
+                        free(v);
+                        return 0;
+                }
+                free(cfg->metrics_listen);
+                cfg->metrics_listen = v;
+                return 1;
+        } else if (!strcmp(section, "relay")) {
+                if (!strcmp(name, "enabled")) {
+                        cfg->relay_enabled = !strcmp(v, "true") ||
+                                             !strcmp(v, "1") ||
+                                             !strcmp(v, "yes");
+                        free(v);
+                        return 1;
+                }
+                if (L->nrelay == 64)
+                        goto toomany;
+                snprintf(key, sizeof(key), "%s%s",
+                         strcmp(name, "name") ? "relay." : "", name);
+                L->relay[L->nrelay].k = strdup(key);
+                L->relay[L->nrelay++].v = v;
+                return 1;
+        } else if (!strncmp(section, "consumer.", 9) && section[9]) {
+                int c = find_consumer(cfg, section + 9);
+                if (c < 0) {
+                        if (cfg->nconsumers == KB_MAX_CONSUMERS)
+                                goto toomany;
+                        c = cfg->nconsumers++;
+                        cfg->consumers[c].name = strdup(section + 9);
+                }
+                if (L->nckv == 1024)
+                        goto toomany;
+                L->ckv[L->nckv].consumer = c;
+                L->ckv[L->nckv].k = strdup(name);
+                L->ckv[L->nckv++].v = v;
+                return 1;
+        } else {
+                snprintf(L->err, L->errsz, "%s: %s: unknown section",
+                         L->path, lineno);
+                L->failed = true;
+                free(v);
+                return 0;
+        }
+        if (L->nshared == 256)
+                goto toomany;
+        /* Validate now for a precise line number. */
+        char e[300];
+        if (kinbox_conf_set(cfg->base, key, v, e, sizeof(e))) {
+                snprintf(L->err, L->errsz, "%s: %s", L->path, e);
+                L->failed = true;
+                free(v);
+                return 0;
+        }
+        free(v);
+        return 1;
+toomany:
+        snprintf(L->err, L->errsz, "%s: %s: too many settings", L->path,
+                 lineno);
+        L->failed = true;
+        free(v);
+        return 0;
+}
+
+int
+kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
+{
+        memset(cfg, 0, sizeof(*cfg));
+        cfg->base = kinbox_conf_new();
+        load_t *L = calloc(1, sizeof(*L));
+        if (!cfg->base || !L) {
+                free(L);
+                snprintf(errstr, sz, "out of memory");
+                return -1;
+        }
+        L->cfg = cfg;
+        L->err = errstr;
+        L->errsz = sz;
+        L->path = path;
+        FILE *fp = fopen(path, "r");
+        int rc = -1;
+        if (!fp) {
+                snprintf(errstr, sz, "%s: cannot open configuration file",
+                         path);
+                goto out;
+        }
+        int line = ini_parse_file(fp, on_kv, L);
+        fclose(fp);
+        if (L->failed)
+                goto out;
+        if (line) {
+                snprintf(errstr, sz, "%s:%d: syntax error", path, line);
+                goto out;
+        }
+        for (int i = 0; i < cfg->nconsumers; i++) {
+                kinbox_conf_t *c = kinbox_conf_dup(cfg->base);
+                cfg->consumers[i].conf = c;
+                char e[300];
+                if (!c || kinbox_conf_set(c, "name", cfg->consumers[i].name, e,
+                                          sizeof(e))) {
+                        snprintf(errstr, sz, "consumer.%s: bad name",
+                                 cfg->consumers[i].name);
+                        goto out;
+                }
+        }
+        for (int i = 0; i < L->nckv; i++) {
+                kinbox_conf_t *c = cfg->consumers[L->ckv[i].consumer].conf;
+                char e[300];
+                if (kinbox_conf_set(c, L->ckv[i].k, L->ckv[i].v, e,
+                                    sizeof(e))) {
+                        snprintf(errstr, sz, "%s: [consumer.%s] %s", path,
+                                 cfg->consumers[L->ckv[i].consumer].name, e);
+                        goto out;
+                }
+        }
+        cfg->relay = kinbox_conf_dup(cfg->base);
+        for (int i = 0; cfg->relay && i < L->nrelay; i++) {
+                char e[300];
+                if (kinbox_conf_set(cfg->relay, L->relay[i].k, L->relay[i].v,
+                                    e, sizeof(e))) {
+                        snprintf(errstr, sz, "%s: [relay] %s", path, e);
+                        goto out;
+                }
+        }
+        rc = 0;
+out:
+        for (int i = 0; i < L->nckv; i++) {
+                free(L->ckv[i].k);
+                free(L->ckv[i].v);
+        }
+        for (int i = 0; i < L->nrelay; i++) {
+                free(L->relay[i].k);
+                free(L->relay[i].v);
+        }
+        free(L);
+        if (rc)
+                kb_config_free(cfg);
+        return rc;
+}
+
+void
+kb_config_free(kb_config_t *cfg)
+{
+        kinbox_conf_destroy(cfg->base);
+        kinbox_conf_destroy(cfg->relay);
+        for (int i = 0; i < cfg->nconsumers; i++) {
+                free(cfg->consumers[i].name);
+                kinbox_conf_destroy(cfg->consumers[i].conf);
+        }
+        free(cfg->metrics_listen);
+        memset(cfg, 0, sizeof(*cfg));
+}

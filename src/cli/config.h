@@ -1,0 +1,33 @@
+/*
+ * ini.h -- the `kinbox` command's configuration file model.
+ */
+#ifndef KINBOX_CLI_CONFIG_H
+#define KINBOX_CLI_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <kinbox/kinbox.h>
+
+#define KB_MAX_CONSUMERS 32
+
+typedef struct kb_config {
+        /* Shared settings: every consumer/relay conf starts as a copy. */
+        kinbox_conf_t *base;
+        struct {
+                char *name;
+                kinbox_conf_t *conf;
+        } consumers[KB_MAX_CONSUMERS];
+        int nconsumers;
+        bool relay_enabled;
+        kinbox_conf_t *relay; /* base + [relay] */
+        char *metrics_listen;
+} kb_config_t;
+
+/* Load path; ${VAR} in values expands from the environment. Returns 0, or
+ * -1 with "file:line: what" in errstr. */
+int kb_config_load(const char *path, kb_config_t *cfg, char *errstr,
+                   size_t errstr_size);
+void kb_config_free(kb_config_t *cfg);
+
+#endif

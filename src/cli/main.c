@@ -1,0 +1,395 @@
+/*
+ * main.c -- the `kinbox` command.
+ *
+ * Exit status: 0 success; 1 runtime failure; 2 usage or configuration
+ * error; 3 database unreachable.
+ */
+#include <dlfcn.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kinbox/kinbox.h>
+
+#include "../../handlers/points/points.h"
+#include "config.h"
+
+#define EX_RUNTIME 1
+#define EX_USAGE 2
+#define EX_DB 3
+
+static const kinbox_module_t *const builtins[] = {
+    &kinbox_points_module,
+    &kinbox_points_single_module,
+};
+
+static void
+usage(FILE *fp)
+{
+        fprintf(fp,
+                "usage: kinbox COMMAND [options]\n"
+                "\n"
+                "Commands:\n"
+                "  run -c FILE        run the configured consumers (and the "
+                "relay when [relay] enabled = true)\n"
+                "                     until SIGTERM/SIGINT\n"
+                "  migrate -c FILE    apply kinbox's schema and the configured "
+                "handlers' schemas\n"
+                "                     (versioned, idempotent)\n"
+                "  config-reference   print the configuration reference "
+                "(Markdown)\n"
+                "  version            print the version\n"
+                "  help [COMMAND]     this text, or a command's help\n"
+                "\n"
+                "Exit status: 0 success, 1 runtime failure, 2 usage or "
+                "configuration error,\n"
+                "3 database unreachable.\n");
+}
+
+static void
+usage_cmd(const char *cmd, FILE *fp)
+{
+        if (!strcmp(cmd, "run"))
+                fprintf(fp,
+                        "usage: kinbox run -c FILE\n\n"
+                        "Runs every [consumer.NAME] section of FILE in one "
+                        "process, each a member of its\n"
+                        "own consumer group with its own handler, and stops "
+                        "cleanly on SIGTERM/SIGINT:\n"
+                        "batches in flight finish, offsets are committed, "
+                        "the groups are left.\n\n"
+                        "  -c, --config FILE  configuration file (INI)\n"
+                        "  -h, --help         this text\n");
+        else if (!strcmp(cmd, "migrate"))
+                fprintf(fp,
+                        "usage: kinbox migrate -c FILE\n\n"
+                        "Applies kinbox's schema (inbox, offsets, dead "
+                        "letters, outbox) and the schema of\n"
+                        "each configured handler to [database] url. Applied "
+                        "versions are recorded in\n"
+                        "kinbox_schema_migrations; running it again is "
+                        "harmless.\n\n"
+                        "  -c, --config FILE  configuration file (INI)\n"
+                        "  -h, --help         this text\n");
+        else
+                usage(fp);
+}
+
+static const kinbox_module_t *
+find_module(const kinbox_conf_t *conf, char *err, size_t sz)
+{
+        const char *name = kinbox_conf_get(conf, "handler");
+        if (!name) {
+                snprintf(err, sz, "consumer.%s: no handler configured",
+                         kinbox_conf_get(conf, "name"));
+                return NULL;
+        }
+        for (size_t i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++)
+                if (!strcmp(builtins[i]->name, name))
+                        return builtins[i];
+        const char *dir = kinbox_conf_get(conf, "handler.path");
+        if (!dir) {
+                snprintf(err, sz,
+                         "handler \"%s\" is not built in and handler.path is "
+                         "not set",
+                         name);
+                return NULL;
+        }
+        char path[512];
+        snprintf(path, sizeof(path), "%.400s/%.100s.so", dir, name);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+                snprintf(err, sz, "handler \"%s\": cannot load %s: %s", name,
+                         path, dlerror());
+                return NULL;
+        }
+        const kinbox_module_t *m = dlsym(h, "kinbox_module");
+        if (!m) {
+                snprintf(err, sz,
+                         "handler \"%s\": %s exports no kinbox_module symbol",
+                         name, path);
+                return NULL;
+        }
+        if (m->abi_version != KINBOX_MODULE_ABI_VERSION) {
+                snprintf(err, sz,
+                         "handler \"%s\": %s has module ABI version %d, this "
+                         "kinbox needs %d",
+                         name, path, m->abi_version,
+                         KINBOX_MODULE_ABI_VERSION);
+                return NULL;
+        }
+        if (!m->handle && !m->handle_batch) {
+                snprintf(err, sz, "handler \"%s\": %s has no handle function",
+                         name, path);
+                return NULL;
+        }
+        return m;
+}
+
+static const char *
+config_arg(int argc, char **argv, const char *cmd)
+{
+        static const struct option opts[] = {
+            {"config", required_argument, NULL, 'c'},
+            {"help", no_argument, NULL, 'h'},
+            {NULL, 0, NULL, 0}};
+        const char *path = NULL;
+        int ch;
+        optind = 1;
+        while ((ch = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+                switch (ch) {
+                case 'c':
+                        path = optarg;
+                        break;
+                case 'h':
+                        usage_cmd(cmd, stdout);
+                        exit(0);
+                default:
+                        usage_cmd(cmd, stderr);
+                        exit(EX_USAGE);
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "kinbox %s: unexpected argument \"%s\"\n", cmd,
+                        argv[optind]);
+                exit(EX_USAGE);
+        }
+        if (!path) {
+                fprintf(stderr, "kinbox %s: -c FILE is required\n", cmd);
+                exit(EX_USAGE);
+        }
+        return path;
+}
+
+static int
+exit_for(kinbox_err_t err)
+{
+        switch (err) {
+        case KINBOX_OK:
+                return 0;
+        case KINBOX_ERR_DB_CONN:
+                return EX_DB;
+        case KINBOX_ERR_CONFIG:
+        case KINBOX_ERR_INVALID:
+        case KINBOX_ERR_UNKNOWN_KEY:
+        case KINBOX_ERR_ABI:
+                return EX_USAGE;
+        default:
+                return EX_RUNTIME;
+        }
+}
+
+static int
+cmd_migrate(int argc, char **argv)
+{
+        const char *path = config_arg(argc, argv, "migrate");
+        kb_config_t cfg;
+        char err[2048];
+        if (kb_config_load(path, &cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox migrate: %s\n", err);
+                return EX_USAGE;
+        }
+        kinbox_err_t rc = kinbox_migrate(cfg.base, err, sizeof(err));
+        if (rc) {
+                fprintf(stderr, "kinbox migrate: %s\n", err);
+                kb_config_free(&cfg);
+                return exit_for(rc);
+        }
+        printf("kinbox schema: up to date\n");
+        for (int i = 0; i < cfg.nconsumers; i++) {
+                const kinbox_module_t *m =
+                    find_module(cfg.consumers[i].conf, err, sizeof(err));
+                if (!m) {
+                        fprintf(stderr, "kinbox migrate: %s\n", err);
+                        kb_config_free(&cfg);
+                        return EX_USAGE;
+                }
+                rc = kinbox_migrate_module(cfg.consumers[i].conf, m, err,
+                                           sizeof(err));
+                if (rc) {
+                        fprintf(stderr, "kinbox migrate: %s\n", err);
+                        kb_config_free(&cfg);
+                        return exit_for(rc);
+                }
+                printf("handler %s schema: up to date\n", m->name);
+        }
+        kb_config_free(&cfg);
+        return 0;
+}
+
+typedef struct runner {
+        kinbox_consumer_t *c;
+        const kinbox_module_t *mod;
+        void *opaque;
+        pthread_t thr;
+        kinbox_err_t rc;
+} runner_t;
+
+static runner_t *g_runners;
+static int g_nrunners;
+
+static void
+on_signal(int sig)
+{
+        (void)sig;
+        for (int i = 0; i < g_nrunners; i++)
+                kinbox_consumer_stop(g_runners[i].c);
+}
+
+static void *
+run_thread(void *arg)
+{
+        runner_t *r = arg;
+        r->rc = kinbox_consumer_run(r->c);
+        /* One consumer failing stops the process: the supervisor decides. */
+        if (r->rc)
+                on_signal(0);
+        return NULL;
+}
+
+static int
+cmd_run(int argc, char **argv)
+{
+        const char *path = config_arg(argc, argv, "run");
+        kb_config_t cfg;
+        char err[2048];
+        if (kb_config_load(path, &cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox run: %s\n", err);
+                return EX_USAGE;
+        }
+        if (!cfg.nconsumers) {
+                fprintf(stderr,
+                        "kinbox run: %s has no [consumer.NAME] section\n",
+                        path);
+                kb_config_free(&cfg);
+                return EX_USAGE;
+        }
+        runner_t *rs = calloc((size_t)cfg.nconsumers, sizeof(*rs));
+        int status = 0;
+        if (!rs) {
+                kb_config_free(&cfg);
+                return EX_RUNTIME;
+        }
+        int n = 0;
+        for (; n < cfg.nconsumers; n++) {
+                runner_t *r = &rs[n];
+                kinbox_conf_t *conf = cfg.consumers[n].conf;
+                r->mod = find_module(conf, err, sizeof(err));
+                if (!r->mod) {
+                        fprintf(stderr, "kinbox run: %s\n", err);
+                        status = EX_USAGE;
+                        break;
+                }
+                if (r->mod->init &&
+                    r->mod->init(conf, &r->opaque, err, sizeof(err))) {
+                        fprintf(stderr, "kinbox run: handler %s: %s\n",
+                                r->mod->name, err);
+                        status = EX_USAGE;
+                        break;
+                }
+                r->c = kinbox_consumer_new(conf, err, sizeof(err));
+                if (!r->c) {
+                        fprintf(stderr, "kinbox run: consumer.%s: %s\n",
+                                cfg.consumers[n].name, err);
+                        status = EX_USAGE;
+                        if (r->mod->fini)
+                                r->mod->fini(r->opaque);
+                        break;
+                }
+                cfg.consumers[n].conf = NULL; /* owned by the consumer */
+                if (r->mod->handle_batch)
+                        kinbox_consumer_set_batch_handler(
+                            r->c, r->mod->handle_batch, r->opaque);
+                else
+                        kinbox_consumer_set_handler(r->c, r->mod->handle,
+                                                    r->opaque);
+        }
+        if (!status) {
+                g_runners = rs;
+                g_nrunners = n;
+                struct sigaction sa;
+                memset(&sa, 0, sizeof(sa));
+                sa.sa_handler = on_signal;
+                sigaction(SIGTERM, &sa, NULL);
+                sigaction(SIGINT, &sa, NULL);
+                int started = 0;
+                for (; started < n; started++)
+                        if (pthread_create(&rs[started].thr, NULL, run_thread,
+                                           &rs[started])) {
+                                on_signal(0);
+                                status = EX_RUNTIME;
+                                break;
+                        }
+                for (int i = 0; i < started; i++) {
+                        pthread_join(rs[i].thr, NULL);
+                        if (rs[i].rc) {
+                                fprintf(stderr,
+                                        "kinbox run: consumer %s: %s: %s\n",
+                                        kinbox_consumer_name(rs[i].c),
+                                        kinbox_err_name(rs[i].rc),
+                                        kinbox_consumer_errstr(rs[i].c));
+                                if (!status)
+                                        status = exit_for(rs[i].rc);
+                        }
+                }
+                for (int i = 0; i < n; i++) {
+                        kinbox_consumer_stats_t st;
+                        kinbox_consumer_stats(rs[i].c, &st);
+                        fprintf(stderr,
+                                "kinbox run: %s: processed %llu, duplicates "
+                                "%llu, dead %llu, retried %llu, batches "
+                                "%llu\n",
+                                kinbox_consumer_name(rs[i].c),
+                                (unsigned long long)st.processed,
+                                (unsigned long long)st.duplicates,
+                                (unsigned long long)st.dead,
+                                (unsigned long long)st.retried,
+                                (unsigned long long)st.batches);
+                }
+        }
+        for (int i = 0; i < n; i++) {
+                kinbox_consumer_destroy(rs[i].c);
+                if (rs[i].mod && rs[i].mod->fini)
+                        rs[i].mod->fini(rs[i].opaque);
+        }
+        g_nrunners = 0;
+        free(rs);
+        kb_config_free(&cfg);
+        return status;
+}
+
+int
+main(int argc, char **argv)
+{
+        if (argc < 2) {
+                usage(stderr);
+                return EX_USAGE;
+        }
+        const char *cmd = argv[1];
+        if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") ||
+            !strcmp(cmd, "help")) {
+                if (argc > 2)
+                        usage_cmd(argv[2], stdout);
+                else
+                        usage(stdout);
+                return 0;
+        }
+        if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+                printf("kinbox %s\n", kinbox_version());
+                return 0;
+        }
+        if (!strcmp(cmd, "config-reference")) {
+                kinbox_conf_write_reference(stdout);
+                return 0;
+        }
+        if (!strcmp(cmd, "run"))
+                return cmd_run(argc - 1, argv + 1);
+        if (!strcmp(cmd, "migrate"))
+                return cmd_migrate(argc - 1, argv + 1);
+        fprintf(stderr, "kinbox: unknown command \"%s\"\n\n", cmd);
+        usage(stderr);
+        return EX_USAGE;
+}

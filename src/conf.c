@@ -1,0 +1,501 @@
+/*
+ * conf.c -- the property table, validation, and the generated reference.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { P_STR, P_INT, P_BOOL, P_ENUM, P_DURATION } ptype_t;
+
+typedef struct prop {
+        const char *key;
+        ptype_t type;
+        const char *def;
+        int64_t min, max;  /* P_INT; P_DURATION in ms */
+        const char *enums; /* P_ENUM: "a|b|c" */
+        const char *doc;
+} prop_t;
+
+#define MAXI INT64_C(0x7fffffffffffffff)
+/* clang-format off */
+static const prop_t props[] = {
+{"name", P_STR, "kinbox", 0, 0, NULL,
+ "Consumer (or relay) name. The inbox key is (name, message id), so two consumers with different names each apply a message once."},
+{"database.url", P_STR, NULL, 0, 0, NULL,
+ "Database to use: `postgresql://user@host:port/db` or `mysql://user@host:port/db`. Required."},
+{"database.password_file", P_STR, NULL, 0, 0, NULL,
+ "File whose first line is the database password (never logged). A password in the URL also works."},
+{"topics", P_STR, NULL, 0, 0, NULL,
+ "Comma-separated topics to consume. Required for a consumer."},
+{"group.id", P_STR, NULL, 0, 0, NULL,
+ "Kafka consumer group; defaults to `name`."},
+{"handler", P_STR, NULL, 0, 0, NULL,
+ "Handler name for `kinbox run`: a built-in (`points`, `ledger`) or a module found in `handler.path`."},
+{"handler.path", P_STR, NULL, 0, 0, NULL,
+ "Directory searched for handler modules (`<handler>.so`)."},
+{"message_id", P_STR, "header:message_id", 0, 0, NULL,
+ "Where the message id comes from: `header:NAME`, `key`, `json:/pointer` (RFC 6901, into the payload) or `coords` (topic/partition/offset)."},
+{"workers", P_INT, "1", 1, 64, NULL,
+ "Worker threads, each with its own database connection; partitions are spread over them."},
+{"batch.max", P_INT, "500", 1, 100000, NULL,
+ "Most messages in one transaction. 1 gives one transaction per message."},
+{"batch.wait.ms", P_INT, "10", 0, 60000, NULL,
+ "Longest wait for a batch to fill once its first message is there."},
+{"queue.max.messages", P_INT, "5000", 1, 10000000, NULL,
+ "Messages buffered per worker before its partitions are paused (bounds memory)."},
+{"retry.max", P_INT, "8", 0, 1000, NULL,
+ "Attempts for a message whose handler says RETRY before it is dead-lettered."},
+{"retry.backoff.base.ms", P_INT, "100", 1, 3600000, NULL,
+ "First retry backoff ceiling; doubles per attempt, full jitter."},
+{"retry.backoff.max.ms", P_INT, "30000", 1, 86400000, NULL,
+ "Largest retry backoff."},
+{"reconnect.backoff.max.ms", P_INT, "5000", 10, 600000, NULL,
+ "Largest wait between database reconnect attempts."},
+{"log.level", P_ENUM, "info", 0, 0, "error|warning|notice|info|debug",
+ "Most verbose level logged."},
+{"log.format", P_ENUM, "text", 0, 0, "text|json",
+ "Default logger format on stderr: one line per event."},
+{"kafka.redelivery.window", P_DURATION, "7d", 0, MAXI, NULL,
+ "How far back the broker can redeliver (topic retention) when the broker cannot be asked. The inbox retention must exceed it."},
+{"inbox.retention", P_DURATION, "14d", 60000, MAXI, NULL,
+ "Inbox rows older than this are pruned. Must exceed the redelivery window."},
+{"outbox.retention", P_DURATION, "7d", 60000, MAXI, NULL,
+ "Sent outbox rows older than this are pruned. Dead rows are kept."},
+{"prune.interval", P_DURATION, "10m", 1000, MAXI, NULL,
+ "How often the pruner runs."},
+{"prune.batch", P_INT, "1000", 1, 1000000, NULL,
+ "Rows deleted per pruning statement."},
+{"relay.batch.size", P_INT, "100", 1, 100000, NULL,
+ "Outbox rows claimed per relay round."},
+{"relay.lease.ms", P_INT, "30000", 100, 86400000, NULL,
+ "How long a claimed outbox row belongs to one relay before another may take it."},
+{"relay.poll.ms", P_INT, "500", 1, 3600000, NULL,
+ "Relay poll interval (the fallback to LISTEN/NOTIFY on PostgreSQL; the wake-up on MySQL)."},
+{"relay.backoff.base.ms", P_INT, "200", 1, 3600000, NULL,
+ "First publish retry backoff ceiling; doubles per attempt, full jitter."},
+{"relay.backoff.max.ms", P_INT, "60000", 1, 86400000, NULL,
+ "Largest publish retry backoff."},
+{"relay.max_attempts", P_INT, "10", 1, 1000000, NULL,
+ "Default attempts before an outbox row is dead (per row override: max_attempts)."},
+{"relay.action.timeout.ms", P_INT, "10000", 1, 86400000, NULL,
+ "Local action time limit; an overrun counts as RETRY. Must be shorter than relay.lease.ms."},
+{"relay.notify", P_BOOL, "true", 0, 0, NULL,
+ "Use PostgreSQL LISTEN/NOTIFY to wake the relay at once."},
+};
+/* clang-format on */
+#define NPROPS KINBOX__ARRAY_SIZE(props)
+
+typedef struct kv {
+        char *k, *v;
+} kv_t;
+
+struct kinbox_conf_s {
+        char *vals[NPROPS]; /* NULL = default */
+        kv_t *kafka;
+        size_t nkafka, capkafka;
+        kinbox_log_cb log_cb;
+        void *log_opaque;
+};
+
+static int
+prop_find(const char *key)
+{
+        for (size_t i = 0; i < NPROPS; i++)
+                if (!strcmp(props[i].key, key))
+                        return (int)i;
+        return -1;
+}
+
+kinbox_conf_t *
+kinbox_conf_new(void)
+{
+        return kinbox__calloc(1, sizeof(kinbox_conf_t));
+}
+
+void
+kinbox_conf_destroy(kinbox_conf_t *conf)
+{
+        if (!conf)
+                return;
+        for (size_t i = 0; i < NPROPS; i++)
+                free(conf->vals[i]);
+        for (size_t i = 0; i < conf->nkafka; i++) {
+                free(conf->kafka[i].k);
+                free(conf->kafka[i].v);
+        }
+        free(conf->kafka);
+        free(conf);
+}
+
+kinbox_conf_t *
+kinbox_conf_dup(const kinbox_conf_t *conf)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        if (!c)
+                return NULL;
+        c->log_cb = conf->log_cb;
+        c->log_opaque = conf->log_opaque;
+        for (size_t i = 0; i < NPROPS; i++)
+                if (conf->vals[i] &&
+                    !(c->vals[i] = kinbox__strdup(conf->vals[i])))
+                        goto oom;
+        if (conf->nkafka) {
+                c->kafka = kinbox__calloc(conf->nkafka, sizeof(kv_t));
+                if (!c->kafka)
+                        goto oom;
+                c->capkafka = conf->nkafka;
+                for (size_t i = 0; i < conf->nkafka; i++) {
+                        c->kafka[i].k = kinbox__strdup(conf->kafka[i].k);
+                        c->kafka[i].v = kinbox__strdup(conf->kafka[i].v);
+                        c->nkafka++;
+                        if (!c->kafka[i].k || !c->kafka[i].v)
+                                goto oom;
+                }
+        }
+        return c;
+oom:
+        kinbox_conf_destroy(c);
+        return NULL;
+}
+
+/* Parse "123", "250ms", "30s", "5m", "2h", "14d" into milliseconds. */
+static int
+parse_duration(const char *s, int64_t *out)
+{
+        char *end;
+        errno = 0;
+        long long n = strtoll(s, &end, 10);
+        if (errno || end == s || n < 0)
+                return -1;
+        int64_t mul;
+        if (!*end || !strcmp(end, "ms"))
+                mul = *end ? 1 : 1000; /* bare numbers are seconds */
+        else if (!strcmp(end, "s"))
+                mul = 1000;
+        else if (!strcmp(end, "m"))
+                mul = 60000;
+        else if (!strcmp(end, "h"))
+                mul = 3600000;
+        else if (!strcmp(end, "d"))
+                mul = 86400000;
+        else
+                return -1;
+        if (n > INT64_MAX / mul)
+                return -1;
+        *out = (int64_t)n * mul;
+        return 0;
+}
+
+static int
+parse_bool(const char *s, bool *out)
+{
+        if (!strcasecmp(s, "true") || !strcmp(s, "1") ||
+            !strcasecmp(s, "yes") || !strcasecmp(s, "on"))
+                *out = true;
+        else if (!strcasecmp(s, "false") || !strcmp(s, "0") ||
+                 !strcasecmp(s, "no") || !strcasecmp(s, "off"))
+                *out = false;
+        else
+                return -1;
+        return 0;
+}
+
+static int
+check_msgid(const char *v)
+{
+        if (!strcmp(v, "key") || !strcmp(v, "coords"))
+                return 0;
+        if (!strncmp(v, "header:", 7) && v[7])
+                return 0;
+        if (!strncmp(v, "json:", 5) && (v[5] == '/' || !v[5]))
+                return 0;
+        return -1;
+}
+
+static kinbox_err_t
+validate(const prop_t *p, const char *value, char *errstr, size_t sz)
+{
+        switch (p->type) {
+        case P_STR:
+                if (!strcmp(p->key, "message_id") && check_msgid(value)) {
+                        kinbox__errstr(errstr, sz,
+                                       "message_id: \"%s\" is not one of "
+                                       "header:NAME, key, json:/pointer, "
+                                       "coords",
+                                       value);
+                        return KINBOX_ERR_INVALID;
+                }
+                return KINBOX_OK;
+        case P_INT: {
+                char *end;
+                errno = 0;
+                long long n = strtoll(value, &end, 10);
+                if (errno || end == value || *end) {
+                        kinbox__errstr(errstr, sz,
+                                       "%s: \"%s\" is not an integer", p->key,
+                                       value);
+                        return KINBOX_ERR_INVALID;
+                }
+                if (n < p->min || n > p->max) {
+                        kinbox__errstr(errstr, sz,
+                                       "%s: %lld is out of range [%lld, %lld]",
+                                       p->key, n, (long long)p->min,
+                                       (long long)p->max);
+                        return KINBOX_ERR_INVALID;
+                }
+                return KINBOX_OK;
+        }
+        case P_BOOL: {
+                bool b;
+                if (parse_bool(value, &b)) {
+                        kinbox__errstr(errstr, sz,
+                                       "%s: \"%s\" is not a boolean "
+                                       "(true/false)",
+                                       p->key, value);
+                        return KINBOX_ERR_INVALID;
+                }
+                return KINBOX_OK;
+        }
+        case P_ENUM: {
+                size_t n = strlen(value);
+                for (const char *e = p->enums; *e;) {
+                        const char *bar = strchr(e, '|');
+                        size_t l = bar ? (size_t)(bar - e) : strlen(e);
+                        if (l == n && !strncmp(e, value, n))
+                                return KINBOX_OK;
+                        e += l + (bar ? 1 : 0);
+                }
+                kinbox__errstr(errstr, sz, "%s: \"%s\" is not one of %s",
+                               p->key, value, p->enums);
+                return KINBOX_ERR_INVALID;
+        }
+        case P_DURATION: {
+                int64_t ms;
+                if (parse_duration(value, &ms)) {
+                        kinbox__errstr(errstr, sz,
+                                       "%s: \"%s\" is not a duration "
+                                       "(e.g. 500ms, 30s, 5m, 2h, 14d)",
+                                       p->key, value);
+                        return KINBOX_ERR_INVALID;
+                }
+                if (ms < p->min || ms > p->max) {
+                        kinbox__errstr(errstr, sz,
+                                       "%s: \"%s\" is below the minimum of "
+                                       "%lld ms",
+                                       p->key, value, (long long)p->min);
+                        return KINBOX_ERR_INVALID;
+                }
+                return KINBOX_OK;
+        }
+        }
+        return KINBOX_ERR_INVALID;
+}
+
+kinbox_err_t
+kinbox_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
+                char *errstr, size_t errstr_size)
+{
+        if (!conf || !key || !value) {
+                kinbox__errstr(errstr, errstr_size,
+                               "kinbox_conf_set: NULL argument");
+                return KINBOX_ERR_INVALID;
+        }
+        if (!strncmp(key, "kafka.", 6) && strcmp(key, "kafka.redelivery.window")) {
+                const char *k = key + 6;
+                if (!*k) {
+                        kinbox__errstr(errstr, errstr_size,
+                                       "\"%s\": empty Kafka property", key);
+                        return KINBOX_ERR_UNKNOWN_KEY;
+                }
+                for (size_t i = 0; i < conf->nkafka; i++) {
+                        if (!strcmp(conf->kafka[i].k, k)) {
+                                char *v = kinbox__strdup(value);
+                                if (!v)
+                                        return KINBOX_ERR_NOMEM;
+                                free(conf->kafka[i].v);
+                                conf->kafka[i].v = v;
+                                return KINBOX_OK;
+                        }
+                }
+                if (conf->nkafka == conf->capkafka) {
+                        size_t cap = conf->capkafka ? conf->capkafka * 2 : 8;
+                        kv_t *n = realloc(conf->kafka, cap * sizeof(kv_t));
+                        if (!n)
+                                return KINBOX_ERR_NOMEM;
+                        conf->kafka = n;
+                        conf->capkafka = cap;
+                }
+                kv_t *e = &conf->kafka[conf->nkafka];
+                e->k = kinbox__strdup(k);
+                e->v = kinbox__strdup(value);
+                if (!e->k || !e->v) {
+                        free(e->k);
+                        free(e->v);
+                        return KINBOX_ERR_NOMEM;
+                }
+                conf->nkafka++;
+                return KINBOX_OK;
+        }
+        int i = prop_find(key);
+        if (i < 0) {
+                kinbox__errstr(errstr, errstr_size,
+                               "unknown configuration key \"%s\"", key);
+                return KINBOX_ERR_UNKNOWN_KEY;
+        }
+        kinbox_err_t err = validate(&props[i], value, errstr, errstr_size);
+        if (err)
+                return err;
+        char *v = kinbox__strdup(value);
+        if (!v)
+                return KINBOX_ERR_NOMEM;
+        free(conf->vals[i]);
+        conf->vals[i] = v;
+        return KINBOX_OK;
+}
+
+const char *
+kinbox_conf_get(const kinbox_conf_t *conf, const char *key)
+{
+        if (!conf || !key)
+                return NULL;
+        if (!strncmp(key, "kafka.", 6) && strcmp(key, "kafka.redelivery.window")) {
+                for (size_t i = 0; i < conf->nkafka; i++)
+                        if (!strcmp(conf->kafka[i].k, key + 6))
+                                return conf->kafka[i].v;
+                return NULL;
+        }
+        int i = prop_find(key);
+        if (i < 0)
+                return NULL;
+        if (conf->vals[i])
+                return conf->vals[i];
+        if (!strcmp(key, "group.id"))
+                return kinbox_conf_get(conf, "name");
+        return props[i].def;
+}
+
+void
+kinbox_conf_set_log_cb(kinbox_conf_t *conf, kinbox_log_cb cb, void *opaque)
+{
+        conf->log_cb = cb;
+        conf->log_opaque = opaque;
+}
+
+int64_t
+kinbox__conf_int(const kinbox_conf_t *conf, const char *key)
+{
+        int i = prop_find(key);
+        const char *v = kinbox_conf_get(conf, key);
+        if (i < 0 || !v)
+                return 0;
+        if (props[i].type == P_BOOL) {
+                bool b = false;
+                parse_bool(v, &b);
+                return b;
+        }
+        if (props[i].type == P_DURATION) {
+                int64_t ms = 0;
+                parse_duration(v, &ms);
+                return ms;
+        }
+        return strtoll(v, NULL, 10);
+}
+
+void
+kinbox__conf_kafka_each(const kinbox_conf_t *conf,
+                        void (*fn)(const char *k, const char *v, void *arg),
+                        void *arg)
+{
+        for (size_t i = 0; i < conf->nkafka; i++)
+                fn(conf->kafka[i].k, conf->kafka[i].v, arg);
+}
+
+void
+kinbox__conf_logger(const kinbox_conf_t *conf, kinbox__log_t *out)
+{
+        static const struct {
+                const char *n;
+                int l;
+        } lv[] = {{"error", KINBOX_LOG_ERR},
+                  {"warning", KINBOX_LOG_WARNING},
+                  {"notice", KINBOX_LOG_NOTICE},
+                  {"info", KINBOX_LOG_INFO},
+                  {"debug", KINBOX_LOG_DEBUG}};
+        const char *l = kinbox_conf_get(conf, "log.level");
+        out->level = KINBOX_LOG_INFO;
+        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(lv); i++)
+                if (!strcmp(l, lv[i].n))
+                        out->level = lv[i].l;
+        out->json = !strcmp(kinbox_conf_get(conf, "log.format"), "json");
+        out->cb = conf->log_cb;
+        out->opaque = conf->log_opaque;
+}
+
+int
+kinbox__conf_password(const kinbox_conf_t *conf, char **out, char *errstr,
+                      size_t errstr_size)
+{
+        *out = NULL;
+        const char *path = kinbox_conf_get(conf, "database.password_file");
+        if (!path)
+                return 0;
+        FILE *fp = fopen(path, "r");
+        if (!fp) {
+                kinbox__errstr(errstr, errstr_size,
+                               "database.password_file: cannot open %s: %s",
+                               path, strerror(errno));
+                return -1;
+        }
+        char line[1024];
+        if (!fgets(line, sizeof(line), fp))
+                line[0] = '\0';
+        fclose(fp);
+        line[strcspn(line, "\r\n")] = '\0';
+        *out = kinbox__strdup(line);
+        return *out ? 0 : -1;
+}
+
+static const char *
+type_name(ptype_t t)
+{
+        switch (t) {
+        case P_STR:
+                return "string";
+        case P_INT:
+                return "integer";
+        case P_BOOL:
+                return "boolean";
+        case P_ENUM:
+                return "enum";
+        case P_DURATION:
+                return "duration";
+        }
+        return "?";
+}
+
+void
+kinbox_conf_write_reference(void *fpv)
+{
+        FILE *fp = fpv;
+        fprintf(fp, "| key | type | default | range | description |\n"
+                    "|---|---|---|---|---|\n");
+        for (size_t i = 0; i < NPROPS; i++) {
+                const prop_t *p = &props[i];
+                char range[64] = "";
+                if (p->type == P_INT)
+                        snprintf(range, sizeof(range), "%lld..%lld",
+                                 (long long)p->min, (long long)p->max);
+                else if (p->type == P_ENUM)
+                        snprintf(range, sizeof(range), "%s", p->enums);
+                fprintf(fp, "| `%s` | %s | %s | %s | %s |\n", p->key,
+                        type_name(p->type), p->def ? p->def : "—", range,
+                        p->doc);
+        }
+        fprintf(fp, "| `kafka.*` | string | — | | Passed to librdkafka "
+                    "unchanged without the `kafka.` prefix (see librdkafka's "
+                    "CONFIGURATION.md). |\n");
+}

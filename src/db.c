@@ -1,0 +1,295 @@
+/*
+ * db.c -- backend-neutral parts of the database layer: URLs, rows, errors.
+ */
+#include "db.h"
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void
+kinbox__dburl_free(kinbox__dburl_t *u)
+{
+        free(u->user);
+        free(u->password);
+        free(u->host);
+        free(u->dbname);
+        free(u->params);
+        memset(u, 0, sizeof(*u));
+}
+
+/* Decode %XX escapes in place-copied substring. */
+static char *
+pct_dup(const char *s, size_t n)
+{
+        char *o = malloc(n + 1), *q = o;
+        if (!o)
+                return NULL;
+        for (size_t i = 0; i < n; i++) {
+                if (s[i] == '%' && i + 2 < n) {
+                        char hex[3] = {s[i + 1], s[i + 2], 0};
+                        char *end;
+                        long v = strtol(hex, &end, 16);
+                        if (end == hex + 2) {
+                                *q++ = (char)v;
+                                i += 2;
+                                continue;
+                        }
+                }
+                *q++ = s[i];
+        }
+        *q = '\0';
+        return o;
+}
+
+int
+kinbox__dburl_parse(const char *url, kinbox__dburl_t *u, char *errstr,
+                    size_t sz)
+{
+        memset(u, 0, sizeof(*u));
+        const char *p;
+        if (!url || !*url) {
+                kinbox__errstr(errstr, sz, "database.url is not set");
+                return -1;
+        }
+        if (!strncmp(url, "postgresql://", 13)) {
+                u->backend = KINBOX_BACKEND_POSTGRESQL;
+                p = url + 13;
+        } else if (!strncmp(url, "postgres://", 11)) {
+                u->backend = KINBOX_BACKEND_POSTGRESQL;
+                p = url + 11;
+        } else if (!strncmp(url, "mysql://", 8)) {
+                u->backend = KINBOX_BACKEND_MYSQL;
+                p = url + 8;
+        } else {
+                kinbox__errstr(errstr, sz,
+                               "database.url: unsupported scheme in \"%.*s\" "
+                               "(use postgresql:// or mysql://)",
+                               (int)strcspn(url, ":"), url);
+                return -1;
+        }
+        const char *slash = strchr(p, '/');
+        const char *auth_end = slash ? slash : p + strlen(p);
+        const char *at = NULL;
+        for (const char *q = p; q < auth_end; q++)
+                if (*q == '@')
+                        at = q;
+        if (at) {
+                const char *colon = memchr(p, ':', (size_t)(at - p));
+                if (colon) {
+                        u->user = pct_dup(p, (size_t)(colon - p));
+                        u->password =
+                            pct_dup(colon + 1, (size_t)(at - colon - 1));
+                } else {
+                        u->user = pct_dup(p, (size_t)(at - p));
+                }
+                p = at + 1;
+        }
+        const char *hostend = auth_end;
+        const char *colon = NULL;
+        if (*p == '[') {
+                const char *rb = memchr(p, ']', (size_t)(hostend - p));
+                if (!rb)
+                        goto bad;
+                u->host = kinbox__strndup(p + 1, (size_t)(rb - p - 1));
+                if (rb + 1 < hostend && rb[1] == ':')
+                        colon = rb + 1;
+        } else {
+                colon = memchr(p, ':', (size_t)(hostend - p));
+                size_t hl = (size_t)((colon ? colon : hostend) - p);
+                if (hl)
+                        u->host = kinbox__strndup(p, hl);
+        }
+        if (colon) {
+                char *end;
+                long port = strtol(colon + 1, &end, 10);
+                if (end != hostend || port <= 0 || port > 65535)
+                        goto bad;
+                u->port = (int)port;
+        }
+        if (slash) {
+                const char *q = strchr(slash + 1, '?');
+                size_t dl = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
+                if (dl)
+                        u->dbname = pct_dup(slash + 1, dl);
+                if (q)
+                        u->params = kinbox__strdup(q + 1);
+        }
+        return 0;
+bad:
+        kinbox__dburl_free(u);
+        kinbox__errstr(errstr, sz, "database.url: cannot parse host/port");
+        return -1;
+}
+
+kinbox__db_t *
+kinbox__db_new(const char *url, const char *password, char *errstr,
+               size_t errstr_size)
+{
+        kinbox__dburl_t u;
+        if (kinbox__dburl_parse(url, &u, errstr, errstr_size))
+                return NULL;
+        kinbox__db_t *db = kinbox__calloc(1, sizeof(*db));
+        if (!db) {
+                kinbox__dburl_free(&u);
+                return NULL;
+        }
+        db->backend = u.backend;
+        db->ops = u.backend == KINBOX_BACKEND_MYSQL ? &kinbox__mysql_ops
+                                                    : &kinbox__pg_ops;
+        db->url = kinbox__strdup(url);
+        db->password = kinbox__strdup(password);
+        db->err.tag = -1;
+        kinbox__dburl_free(&u);
+        return db;
+}
+
+void
+kinbox__db_destroy(kinbox__db_t *db)
+{
+        if (!db)
+                return;
+        if (db->native)
+                db->ops->disconnect(db);
+        free(db->url);
+        free(db->password);
+        free(db);
+}
+
+int
+kinbox__db_connect(kinbox__db_t *db)
+{
+        return db->ops->connect(db);
+}
+
+int
+kinbox__db_query(kinbox__db_t *db, const char *sql, int n,
+                 const kinbox__param_t *p, struct kinbox_rows_s **out)
+{
+        if (out)
+                *out = NULL;
+        if (!db->native) {
+                int rc = db->ops->connect(db);
+                if (rc)
+                        return rc;
+        }
+        return db->ops->query(db, sql, n, p, -1, out);
+}
+
+int
+kinbox__db_queryv(kinbox__db_t *db, const char *sql, int n,
+                  const char *const *vals, struct kinbox_rows_s **out)
+{
+        kinbox__param_t ps[32];
+        if (n > (int)KINBOX__ARRAY_SIZE(ps)) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, -1,
+                                  "too many parameters (%d)", n);
+                return KINBOX_ERR_INVALID;
+        }
+        for (int i = 0; i < n; i++)
+                ps[i] = (kinbox__param_t){vals[i], 0, 0};
+        return kinbox__db_query(db, sql, n, ps, out);
+}
+
+void
+kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate,
+                  int vendor, int tag, const char *fmt, ...)
+{
+        db->err.code = code;
+        snprintf(db->err.sqlstate, sizeof(db->err.sqlstate), "%s",
+                 sqlstate ? sqlstate : "");
+        db->err.vendor = vendor;
+        db->err.tag = tag;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(db->err.msg, sizeof(db->err.msg), fmt, ap);
+        va_end(ap);
+        for (char *c = db->err.msg; *c; c++)
+                if (*c == '\n' || *c == '\r')
+                        *c = ' ';
+}
+
+struct kinbox_rows_s *
+kinbox__rows_new(size_t nrows, int ncols)
+{
+        struct kinbox_rows_s *r = kinbox__calloc(1, sizeof(*r));
+        if (!r)
+                return NULL;
+        r->nrows = nrows;
+        r->ncols = ncols;
+        size_t cells = nrows * (size_t)(ncols > 0 ? ncols : 0);
+        r->values = kinbox__calloc(cells ? cells : 1, sizeof(char *));
+        r->lens = kinbox__calloc(cells ? cells : 1, sizeof(size_t));
+        r->names = kinbox__calloc(ncols > 0 ? (size_t)ncols : 1,
+                                  sizeof(char *));
+        if (!r->values || !r->lens || !r->names) {
+                kinbox_rows_destroy(r);
+                return NULL;
+        }
+        return r;
+}
+
+int
+kinbox__rows_set(struct kinbox_rows_s *r, size_t row, int col, const char *v,
+                 size_t len)
+{
+        size_t i = row * (size_t)r->ncols + (size_t)col;
+        if (!v)
+                return 0;
+        r->values[i] = kinbox__strndup(v, len);
+        r->lens[i] = len;
+        return r->values[i] ? 0 : -1;
+}
+
+int
+kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n)
+{
+        r->names[col] = kinbox__strdup(n);
+        return r->names[col] ? 0 : -1;
+}
+
+size_t
+kinbox_rows_count(const kinbox_rows_t *rows)
+{
+        return rows ? rows->nrows : 0;
+}
+
+int
+kinbox_rows_columns(const kinbox_rows_t *rows)
+{
+        return rows ? rows->ncols : 0;
+}
+
+const char *
+kinbox_rows_value(const kinbox_rows_t *rows, size_t row, int col,
+                  size_t *sizep)
+{
+        if (sizep)
+                *sizep = 0;
+        if (!rows || row >= rows->nrows || col < 0 || col >= rows->ncols)
+                return NULL;
+        size_t i = row * (size_t)rows->ncols + (size_t)col;
+        if (sizep)
+                *sizep = rows->lens[i];
+        return rows->values[i];
+}
+
+void
+kinbox_rows_destroy(kinbox_rows_t *rows)
+{
+        if (!rows)
+                return;
+        size_t cells = rows->nrows * (size_t)(rows->ncols > 0 ? rows->ncols : 0);
+        if (rows->values)
+                for (size_t i = 0; i < cells; i++)
+                        free(rows->values[i]);
+        if (rows->names)
+                for (int i = 0; i < rows->ncols; i++)
+                        free(rows->names[i]);
+        free(rows->values);
+        free(rows->lens);
+        free(rows->names);
+        free(rows);
+}

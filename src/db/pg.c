@@ -1,0 +1,681 @@
+/*
+ * pg.c -- the PostgreSQL backend (libpq).
+ *
+ * The connection lives in pipeline mode. Statements queued by exec() are
+ * sent at once and their results are read only when somebody needs them:
+ * query() (a row is wanted), flush(), commit(). Each queued command is
+ * remembered in a FIFO with the tag of the message that queued it, so the
+ * first failure found while reading results is pinned on its message.
+ * Statements are prepared once per connection (a small cache keyed by SQL
+ * text) because parse/plan is most of the server's cost per statement.
+ */
+#include "../db.h"
+#include "../internal.h"
+
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum pkind { K_INTERNAL, K_PREPARE, K_EXEC, K_QUERY, K_COMMIT, K_SYNC };
+
+typedef struct pend {
+        enum pkind kind;
+        int tag;
+        int stmt; /* K_PREPARE: cache index */
+} pend_t;
+
+typedef struct stmt {
+        char *sql;
+        char name[24];
+        bool prepared; /* Parse sent (and not known to have failed) */
+} stmt_t;
+
+typedef struct pg {
+        PGconn *conn;
+        pend_t *q;
+        size_t qhead, qlen, qcap;
+        stmt_t *stmts;
+        size_t nstmts, capstmts;
+        unsigned long next_name;
+        bool pipeline;
+        PGresult *want; /* K_QUERY result kept for the caller */
+} pg_t;
+
+#define PG(db) ((pg_t *)(db)->impl)
+#define FLUSH_EVERY 256 /* read results before socket buffers fill */
+
+static int
+classify(PGconn *conn, const char *state)
+{
+        if (!conn || PQstatus(conn) == CONNECTION_BAD)
+                return KINBOX_ERR_DB_CONN;
+        if (!state || !*state)
+                return KINBOX_ERR_DB;
+        if (!strcmp(state, "23505"))
+                return KINBOX_ERR_DUPLICATE;
+        if (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
+            !strcmp(state, "55P03") || !strncmp(state, "53", 2))
+                return KINBOX_ERR_TRANSIENT;
+        if (!strncmp(state, "08", 2) || !strcmp(state, "57P01") ||
+            !strcmp(state, "57P02") || !strcmp(state, "57P03"))
+                return KINBOX_ERR_DB_CONN;
+        return KINBOX_ERR_DB;
+}
+
+static int
+fail_conn(kinbox__db_t *db, int tag, const char *what)
+{
+        pg_t *pg = PG(db);
+        const char *m = pg && pg->conn ? PQerrorMessage(pg->conn) : "";
+        kinbox__db_seterr(db, KINBOX_ERR_DB_CONN, "08006", 0, tag,
+                          "PostgreSQL connection lost during %s: %s", what,
+                          m && *m ? m : "no response");
+        return KINBOX_ERR_DB_CONN;
+}
+
+static int
+fail_res(kinbox__db_t *db, PGresult *res, int tag)
+{
+        pg_t *pg = PG(db);
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+        const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+        int code = classify(pg->conn, state);
+        kinbox__db_seterr(db, code, state, 0, tag, "SQLSTATE %s: %s%s%s",
+                          state ? state : "?????",
+                          msg ? msg : PQresultErrorMessage(res),
+                          detail ? " — " : "", detail ? detail : "");
+        return code;
+}
+
+static void
+notice_cb(void *arg, const char *message)
+{
+        kinbox__db_t *db = arg;
+        if (db->log)
+                db->log(db->log_ctx, KINBOX_LOG_NOTICE, "postgresql: %s",
+                        message);
+}
+
+static void
+reset_state(pg_t *pg)
+{
+        pg->qhead = pg->qlen = 0;
+        pg->pipeline = false;
+        if (pg->want) {
+                PQclear(pg->want);
+                pg->want = NULL;
+        }
+        for (size_t i = 0; i < pg->nstmts; i++)
+                free(pg->stmts[i].sql);
+        pg->nstmts = 0;
+}
+
+static void
+pg_disconnect(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        if (!pg)
+                return;
+        if (pg->conn)
+                PQfinish(pg->conn);
+        pg->conn = NULL;
+        db->native = NULL;
+        db->in_tx = false;
+        reset_state(pg);
+}
+
+static int
+pg_connect(kinbox__db_t *db)
+{
+        if (!db->impl && !(db->impl = kinbox__calloc(1, sizeof(pg_t))))
+                return KINBOX_ERR_NOMEM;
+        pg_disconnect(db);
+        pg_t *pg = PG(db);
+        const char *keys[8], *vals[8];
+        int n = 0;
+        keys[n] = "dbname";
+        vals[n++] = db->url;
+        if (db->password) {
+                keys[n] = "password";
+                vals[n++] = db->password;
+        }
+        /* Notice a dead server within seconds rather than minutes. */
+        keys[n] = "connect_timeout";
+        vals[n++] = "10";
+        keys[n] = "keepalives_idle";
+        vals[n++] = "10";
+        keys[n] = "keepalives_interval";
+        vals[n++] = "3";
+        keys[n] = "keepalives_count";
+        vals[n++] = "3";
+        keys[n] = "application_name";
+        vals[n++] = "kinbox";
+        keys[n] = NULL;
+        vals[n] = NULL;
+        pg->conn = PQconnectdbParams(keys, vals, 1);
+        if (!pg->conn || PQstatus(pg->conn) != CONNECTION_OK) {
+                char m[400];
+                snprintf(m, sizeof(m), "%s",
+                         pg->conn ? PQerrorMessage(pg->conn) : "out of memory");
+                if (pg->conn)
+                        PQfinish(pg->conn);
+                pg->conn = NULL;
+                kinbox__db_seterr(db, KINBOX_ERR_DB_CONN, "08001", 0, -1,
+                                  "cannot connect to PostgreSQL: %s", m);
+                return KINBOX_ERR_DB_CONN;
+        }
+        PQsetNoticeProcessor(pg->conn, notice_cb, db);
+        db->native = pg->conn;
+        return KINBOX_OK;
+}
+
+static int
+qpush(kinbox__db_t *db, enum pkind kind, int tag, int stmt)
+{
+        pg_t *pg = PG(db);
+        if (pg->qhead + pg->qlen == pg->qcap) {
+                if (pg->qhead) {
+                        memmove(pg->q, pg->q + pg->qhead,
+                                pg->qlen * sizeof(pend_t));
+                        pg->qhead = 0;
+                } else {
+                        size_t cap = pg->qcap ? pg->qcap * 2 : 64;
+                        pend_t *q = realloc(pg->q, cap * sizeof(pend_t));
+                        if (!q)
+                                return KINBOX_ERR_NOMEM;
+                        pg->q = q;
+                        pg->qcap = cap;
+                }
+        }
+        pg->q[pg->qhead + pg->qlen++] = (pend_t){kind, tag, stmt};
+        return KINBOX_OK;
+}
+
+static int
+ensure_pipeline(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        if (!pg || !pg->conn)
+                return fail_conn(db, -1, "send");
+        if (!pg->pipeline) {
+                if (!PQenterPipelineMode(pg->conn))
+                        return fail_conn(db, -1, "pipeline setup");
+                pg->pipeline = true;
+        }
+        return KINBOX_OK;
+}
+
+/*
+ * Read results for every queued command. The first failure is recorded in
+ * db->err and returned; later commands report PIPELINE_ABORTED and are
+ * skipped. A K_QUERY result is kept in pg->want.
+ */
+static int
+drain(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        int rc = KINBOX_OK;
+        bool commit_sent = false;
+        if (PQflush(pg->conn) < 0)
+                goto lost;
+        while (pg->qlen) {
+                pend_t p = pg->q[pg->qhead];
+                if (p.kind == K_COMMIT)
+                        commit_sent = true;
+                PGresult *res = PQgetResult(pg->conn);
+                if (!res)
+                        goto lost;
+                ExecStatusType st = PQresultStatus(res);
+                if (p.kind == K_SYNC) {
+                        if (st != PGRES_PIPELINE_SYNC) {
+                                PQclear(res);
+                                goto lost;
+                        }
+                        PQclear(res);
+                        pg->qhead++;
+                        pg->qlen--;
+                        continue;
+                }
+                bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+                if (!ok && st != PGRES_PIPELINE_ABORTED && rc == KINBOX_OK)
+                        rc = fail_res(db, res, p.tag);
+                if (!ok && p.kind == K_PREPARE)
+                        pg->stmts[p.stmt].prepared = false;
+                if (ok && p.kind == K_QUERY && rc == KINBOX_OK) {
+                        if (pg->want)
+                                PQclear(pg->want);
+                        pg->want = res;
+                } else {
+                        PQclear(res);
+                }
+                /* Each non-sync command ends with a NULL result. */
+                res = PQgetResult(pg->conn);
+                if (res) {
+                        PQclear(res);
+                        goto lost;
+                }
+                pg->qhead++;
+                pg->qlen--;
+        }
+        pg->qhead = 0;
+        if (rc == KINBOX_ERR_DB_CONN)
+                goto lost_keep;
+        return rc;
+lost:
+        if (rc == KINBOX_OK || rc == KINBOX_ERR_DB_CONN) {
+                if (commit_sent || (pg->qlen && pg->q[pg->qhead].kind == K_COMMIT))
+                        kinbox__db_seterr(db, KINBOX_ERR_COMMIT_UNKNOWN,
+                                          "08006", 0, -1,
+                                          "PostgreSQL connection lost during "
+                                          "COMMIT: outcome unknown");
+                else
+                        fail_conn(db, pg->qlen ? pg->q[pg->qhead].tag : -1,
+                                  "a batch");
+                rc = db->err.code;
+        }
+lost_keep:
+        pg_disconnect(db);
+        return rc;
+}
+
+static int
+send_plain(kinbox__db_t *db, const char *sql, enum pkind kind)
+{
+        int rc = ensure_pipeline(db);
+        if (rc)
+                return rc;
+        if (!PQsendQueryParams(PG(db)->conn, sql, 0, NULL, NULL, NULL, NULL,
+                               0))
+                return fail_conn(db, -1, sql);
+        return qpush(db, kind, -1, -1);
+}
+
+static int
+pg_begin(kinbox__db_t *db)
+{
+        int rc = send_plain(db, "BEGIN ISOLATION LEVEL READ COMMITTED",
+                            K_INTERNAL);
+        if (!rc)
+                db->in_tx = true;
+        return rc;
+}
+
+static int
+stmt_lookup(kinbox__db_t *db, const char *sql, int n)
+{
+        pg_t *pg = PG(db);
+        for (size_t i = 0; i < pg->nstmts; i++)
+                if (!strcmp(pg->stmts[i].sql, sql)) {
+                        if (!pg->stmts[i].prepared)
+                                goto prepare_i;
+                        return (int)i;
+                prepare_i:
+                        snprintf(pg->stmts[i].name, sizeof(pg->stmts[i].name),
+                                 "kb%lu", pg->next_name++);
+                        if (!PQsendPrepare(pg->conn, pg->stmts[i].name, sql, n,
+                                           NULL))
+                                return -1;
+                        pg->stmts[i].prepared = true;
+                        if (qpush(db, K_PREPARE, -1, (int)i))
+                                return -1;
+                        return (int)i;
+                }
+        if (pg->nstmts == pg->capstmts) {
+                size_t cap = pg->capstmts ? pg->capstmts * 2 : 16;
+                stmt_t *s = realloc(pg->stmts, cap * sizeof(stmt_t));
+                if (!s)
+                        return -1;
+                pg->stmts = s;
+                pg->capstmts = cap;
+        }
+        stmt_t *s = &pg->stmts[pg->nstmts];
+        if (!(s->sql = kinbox__strdup(sql)))
+                return -1;
+        s->prepared = false;
+        pg->nstmts++;
+        return stmt_lookup(db, sql, n);
+}
+
+static int
+send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+          int tag, enum pkind kind)
+{
+        int rc = ensure_pipeline(db);
+        if (rc)
+                return rc;
+        pg_t *pg = PG(db);
+        if (n < 0 || n > 65535) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, tag,
+                                  "bad parameter count %d", n);
+                return KINBOX_ERR_INVALID;
+        }
+        int si = stmt_lookup(db, sql, n);
+        if (si < 0)
+                return fail_conn(db, tag, "prepare");
+        const char *vs[64];
+        int ls[64], fs[64];
+        const char **vals = vs;
+        int *lens = ls, *fmts = fs;
+        if (n > 64) {
+                vals = calloc((size_t)n, sizeof(*vals));
+                lens = calloc((size_t)n, sizeof(*lens));
+                fmts = calloc((size_t)n, sizeof(*fmts));
+                if (!vals || !lens || !fmts) {
+                        rc = KINBOX_ERR_NOMEM;
+                        goto out;
+                }
+        }
+        for (int i = 0; i < n; i++) {
+                vals[i] = p[i].v;
+                lens[i] = p[i].binary ? (int)p[i].len : 0;
+                fmts[i] = p[i].binary ? 1 : 0;
+        }
+        if (!PQsendQueryPrepared(pg->conn, pg->stmts[si].name, n, vals, lens,
+                                 fmts, 0)) {
+                rc = fail_conn(db, tag, "send");
+                goto out;
+        }
+        rc = qpush(db, kind, tag, -1);
+out:
+        if (vals != vs) {
+                free(vals);
+                free(lens);
+                free(fmts);
+        }
+        return rc;
+}
+
+static int
+pg_flush(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        if (!pg || !pg->conn)
+                return fail_conn(db, -1, "flush");
+        if (!pg->qlen)
+                return KINBOX_OK;
+        if (!PQsendFlushRequest(pg->conn))
+                return fail_conn(db, -1, "flush");
+        return drain(db);
+}
+
+static int
+pg_exec(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+        int tag)
+{
+        int rc = send_stmt(db, sql, n, p, tag, K_EXEC);
+        if (rc)
+                return rc;
+        if (PG(db)->qlen >= FLUSH_EVERY)
+                return pg_flush(db);
+        return KINBOX_OK;
+}
+
+static int
+to_rows(PGresult *res, struct kinbox_rows_s **out)
+{
+        int nr = PQntuples(res), nc = PQnfields(res);
+        struct kinbox_rows_s *r = kinbox__rows_new((size_t)nr, nc);
+        if (!r)
+                return KINBOX_ERR_NOMEM;
+        for (int c = 0; c < nc; c++)
+                if (kinbox__rows_set_name(r, c, PQfname(res, c)))
+                        goto oom;
+        for (int i = 0; i < nr; i++)
+                for (int c = 0; c < nc; c++) {
+                        if (PQgetisnull(res, i, c))
+                                continue;
+                        const char *v = PQgetvalue(res, i, c);
+                        size_t len = (size_t)PQgetlength(res, i, c);
+                        if (PQftype(res, c) == 17 /* bytea */) {
+                                size_t bl;
+                                unsigned char *b = PQunescapeBytea(
+                                    (const unsigned char *)v, &bl);
+                                if (!b)
+                                        goto oom;
+                                int e = kinbox__rows_set(r, (size_t)i, c,
+                                                         (const char *)b, bl);
+                                PQfreemem(b);
+                                if (e)
+                                        goto oom;
+                        } else if (kinbox__rows_set(r, (size_t)i, c, v, len)) {
+                                goto oom;
+                        }
+                }
+        *out = r;
+        return KINBOX_OK;
+oom:
+        kinbox_rows_destroy(r);
+        return KINBOX_ERR_NOMEM;
+}
+
+static int
+pg_query(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+         int tag, struct kinbox_rows_s **out)
+{
+        pg_t *pg = PG(db);
+        if (out)
+                *out = NULL;
+        int rc = send_stmt(db, sql, n, p, tag, K_QUERY);
+        if (rc)
+                return rc;
+        /* Outside a transaction every query is its own implicit one. */
+        if (!db->in_tx) {
+                if (!PQpipelineSync(pg->conn))
+                        return fail_conn(db, tag, "sync");
+                rc = qpush(db, K_SYNC, -1, -1);
+                if (!rc)
+                        rc = drain(db);
+        } else {
+                rc = pg_flush(db);
+        }
+        if (!rc && out && pg->want)
+                rc = to_rows(pg->want, out);
+        if (pg->want) {
+                PQclear(pg->want);
+                pg->want = NULL;
+        }
+        return rc;
+}
+
+static int
+pg_commit(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        int rc = send_plain(db, "COMMIT", K_COMMIT);
+        if (rc)
+                return rc == KINBOX_ERR_DB_CONN && db->in_tx
+                           ? KINBOX_ERR_DB_CONN
+                           : rc;
+        if (!PQpipelineSync(pg->conn))
+                return fail_conn(db, -1, "COMMIT");
+        if ((rc = qpush(db, K_SYNC, -1, -1)))
+                return rc;
+        rc = drain(db);
+        if (rc == KINBOX_OK) {
+                db->in_tx = false;
+                return KINBOX_OK;
+        }
+        /* An earlier failure left the transaction aborted: clear it. */
+        if (pg->conn)
+                db->ops->rollback(db);
+        return rc;
+}
+
+static void
+pg_rollback(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        db->in_tx = false;
+        if (!pg || !pg->conn)
+                return;
+        kinbox__dberr_t keep = db->err;
+        /* End whatever segment is open, then roll back in a fresh one. */
+        if (pg->pipeline) {
+                if (!PQpipelineSync(pg->conn) || qpush(db, K_SYNC, -1, -1) ||
+                    (drain(db) == KINBOX_ERR_DB_CONN))
+                        goto out;
+        }
+        if (send_plain(db, "ROLLBACK", K_INTERNAL) == KINBOX_OK &&
+            PQpipelineSync(pg->conn) && !qpush(db, K_SYNC, -1, -1))
+                (void)drain(db);
+out:
+        db->err = keep;
+}
+
+static int
+leave_pipeline(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        if (!pg || !pg->conn)
+                return fail_conn(db, -1, "native access");
+        int rc = pg_flush(db);
+        if (rc)
+                return rc;
+        if (pg->pipeline) {
+                if (!PQexitPipelineMode(pg->conn))
+                        return fail_conn(db, -1, "leaving pipeline mode");
+                pg->pipeline = false;
+        }
+        return KINBOX_OK;
+}
+
+static void *
+pg_native(kinbox__db_t *db)
+{
+        if (leave_pipeline(db))
+                return NULL;
+        return PG(db)->conn;
+}
+
+static int
+pg_script(kinbox__db_t *db, const char *sql)
+{
+        int rc = leave_pipeline(db);
+        if (rc)
+                return rc;
+        pg_t *pg = PG(db);
+        PGresult *res = PQexec(pg->conn, sql);
+        if (!res)
+                return fail_conn(db, -1, "script");
+        ExecStatusType st = PQresultStatus(res);
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+                rc = fail_res(db, res, -1);
+        PQclear(res);
+        if (rc == KINBOX_ERR_DB_CONN)
+                pg_disconnect(db);
+        return rc;
+}
+
+/* Append s as a quoted element of a PostgreSQL array literal. */
+static void
+arr_elem(kinbox__buf_t *b, const char *s, bool first)
+{
+        if (!first)
+                kinbox__buf_add(b, ",", 1);
+        kinbox__buf_add(b, "\"", 1);
+        for (; *s; s++) {
+                if (*s == '"' || *s == '\\')
+                        kinbox__buf_add(b, "\\", 1);
+                kinbox__buf_add(b, s, 1);
+        }
+        kinbox__buf_add(b, "\"", 1);
+}
+
+static int
+pg_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
+                const kinbox__inbox_row_t *rows, bool *is_new)
+{
+        static const char sql[] =
+            "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
+            "kafka_partition, kafka_offset) "
+            "SELECT $1, u.id, u.topic, u.part, u.off FROM "
+            "unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) "
+            "AS u(id, topic, part, off) "
+            "ON CONFLICT DO NOTHING RETURNING message_id";
+        kinbox__buf_t ids, topics, parts, offs;
+        kinbox__buf_init(&ids);
+        kinbox__buf_init(&topics);
+        kinbox__buf_init(&parts);
+        kinbox__buf_init(&offs);
+        kinbox__buf_add(&ids, "{", 1);
+        kinbox__buf_add(&topics, "{", 1);
+        kinbox__buf_add(&parts, "{", 1);
+        kinbox__buf_add(&offs, "{", 1);
+        for (size_t i = 0; i < n; i++) {
+                arr_elem(&ids, rows[i].id, i == 0);
+                arr_elem(&topics, rows[i].topic, i == 0);
+                kinbox__buf_printf(&parts, "%s%d", i ? "," : "",
+                                   (int)rows[i].partition);
+                kinbox__buf_printf(&offs, "%s%lld", i ? "," : "",
+                                   (long long)rows[i].offset);
+                is_new[i] = false;
+        }
+        kinbox__buf_add(&ids, "}", 1);
+        kinbox__buf_add(&topics, "}", 1);
+        kinbox__buf_add(&parts, "}", 1);
+        kinbox__buf_add(&offs, "}", 1);
+        int rc = KINBOX_ERR_NOMEM;
+        struct kinbox_rows_s *r = NULL;
+        if (ids.oom || topics.oom || parts.oom || offs.oom)
+                goto out;
+        kinbox__param_t p[5] = {{consumer, 0, 0},
+                                {ids.p, 0, 0},
+                                {topics.p, 0, 0},
+                                {parts.p, 0, 0},
+                                {offs.p, 0, 0}};
+        rc = pg_query(db, sql, 5, p, -1, &r);
+        if (rc)
+                goto out;
+        /* The first occurrence of each returned id is the new one. */
+        for (size_t j = 0; j < r->nrows; j++) {
+                const char *id = r->values[j * (size_t)r->ncols];
+                for (size_t i = 0; i < n; i++)
+                        if (!is_new[i] && !strcmp(rows[i].id, id)) {
+                                is_new[i] = true;
+                                break;
+                        }
+        }
+out:
+        kinbox_rows_destroy(r);
+        kinbox__buf_free(&ids);
+        kinbox__buf_free(&topics);
+        kinbox__buf_free(&parts);
+        kinbox__buf_free(&offs);
+        return rc;
+}
+
+static const struct kinbox__sql pg_sql = {
+    .offsets_upsert =
+        "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
+        "next_offset, updated_at) VALUES ($1, $2, $3, $4, now()) "
+        "ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE SET "
+        "next_offset = GREATEST(kinbox_offsets.next_offset, "
+        "EXCLUDED.next_offset), updated_at = now()",
+    .dead_letter_insert =
+        "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
+        "kafka_partition, kafka_offset, msg_key, headers, payload, error, "
+        "attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    .outbox_append = NULL,
+    .try_lock = "SELECT pg_try_advisory_lock(hashtext($1))",
+    .unlock = "SELECT pg_advisory_unlock(hashtext($1))",
+    .now = "now()",
+};
+
+const struct kinbox__db_ops kinbox__pg_ops = {
+    .name = "postgresql",
+    .backend = KINBOX_BACKEND_POSTGRESQL,
+    .connect = pg_connect,
+    .disconnect = pg_disconnect,
+    .begin = pg_begin,
+    .exec = pg_exec,
+    .query = pg_query,
+    .flush = pg_flush,
+    .commit = pg_commit,
+    .rollback = pg_rollback,
+    .native = pg_native,
+    .script = pg_script,
+    .inbox_insert = pg_inbox_insert,
+    .sql = &pg_sql,
+};

@@ -1,0 +1,379 @@
+/*
+ * util.c -- memory, time, backoff, buffers, logging, fault points.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const err_names[] = {
+#define KB_NAME_(name, val, s) "KINBOX_ERR_" #name,
+    KINBOX_ERRNO_MAP(KB_NAME_)
+#undef KB_NAME_
+};
+static const char *const err_strs[] = {
+#define KB_STR_(name, val, s) s,
+    KINBOX_ERRNO_MAP(KB_STR_)
+#undef KB_STR_
+};
+
+/* Values run 0, -1, -2, ... without gaps: index = -value. */
+const char *
+kinbox_err_name(kinbox_err_t err)
+{
+        int i = -(int)err;
+        if (i < 0 || (size_t)i >= KINBOX__ARRAY_SIZE(err_names))
+                return "KINBOX_ERR_?";
+        return err_names[i];
+}
+
+const char *
+kinbox_strerror(kinbox_err_t err)
+{
+        int i = -(int)err;
+        if (i < 0 || (size_t)i >= KINBOX__ARRAY_SIZE(err_strs))
+                return "unknown error";
+        return err_strs[i];
+}
+
+#define KB_STR2(x) #x
+#define KB_STR(x) KB_STR2(x)
+const char *
+kinbox_version(void)
+{
+        return KB_STR(KINBOX_VERSION_MAJOR) "." KB_STR(
+            KINBOX_VERSION_MINOR) "." KB_STR(KINBOX_VERSION_PATCH);
+}
+
+int
+kinbox_version_num(void)
+{
+        return KINBOX_VERSION_NUM;
+}
+
+void *
+kinbox__calloc(size_t n, size_t size)
+{
+        return calloc(n ? n : 1, size ? size : 1);
+}
+
+char *
+kinbox__strdup(const char *s)
+{
+        return s ? strdup(s) : NULL;
+}
+
+char *
+kinbox__strndup(const char *s, size_t n)
+{
+        char *p = malloc(n + 1);
+        if (!p)
+                return NULL;
+        memcpy(p, s, n);
+        p[n] = '\0';
+        return p;
+}
+
+void *
+kinbox__memdup(const void *p, size_t n)
+{
+        void *q = malloc(n ? n : 1);
+        if (q && n)
+                memcpy(q, p, n);
+        return q;
+}
+
+int64_t
+kinbox__now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t
+kinbox__wall_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+kinbox__sleep_ms(int64_t ms)
+{
+        struct timespec ts = {.tv_sec = ms / 1000,
+                              .tv_nsec = (long)(ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+                ;
+}
+
+/* xorshift64* seeded per thread: jitter only, not security. */
+static uint64_t
+rand64(void)
+{
+        static _Thread_local uint64_t s;
+        if (!s) {
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^
+                    (uint64_t)(uintptr_t)&s;
+                if (!s)
+                        s = 88172645463325252ULL;
+        }
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        return s * 2685821657736338717ULL;
+}
+
+int64_t
+kinbox__backoff_ms(int attempt, int64_t base_ms, int64_t cap_ms)
+{
+        int64_t ceil = base_ms > 0 ? base_ms : 1;
+        for (int i = 0; i < attempt && ceil < cap_ms; i++)
+                ceil *= 2;
+        if (ceil > cap_ms)
+                ceil = cap_ms;
+        if (ceil <= 0)
+                return 0;
+        return 1 + (int64_t)(rand64() % (uint64_t)ceil);
+}
+
+void
+kinbox__buf_init(kinbox__buf_t *b)
+{
+        memset(b, 0, sizeof(*b));
+}
+
+void
+kinbox__buf_free(kinbox__buf_t *b)
+{
+        free(b->p);
+        kinbox__buf_init(b);
+}
+
+void
+kinbox__buf_reset(kinbox__buf_t *b)
+{
+        b->len = 0;
+        if (b->p)
+                b->p[0] = '\0';
+}
+
+static bool
+buf_grow(kinbox__buf_t *b, size_t extra)
+{
+        if (b->oom)
+                return false;
+        if (b->len + extra + 1 <= b->cap)
+                return true;
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + extra + 1)
+                cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+                b->oom = true;
+                return false;
+        }
+        b->p = p;
+        b->cap = cap;
+        return true;
+}
+
+void
+kinbox__buf_add(kinbox__buf_t *b, const void *p, size_t n)
+{
+        if (!buf_grow(b, n))
+                return;
+        if (n)
+                memcpy(b->p + b->len, p, n);
+        b->len += n;
+        b->p[b->len] = '\0';
+}
+
+void
+kinbox__buf_adds(kinbox__buf_t *b, const char *s)
+{
+        kinbox__buf_add(b, s, strlen(s));
+}
+
+void
+kinbox__buf_printf(kinbox__buf_t *b, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        va_list ap2;
+        va_copy(ap2, ap);
+        int n = vsnprintf(NULL, 0, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && buf_grow(b, (size_t)n)) {
+                vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap2);
+                b->len += (size_t)n;
+        }
+        va_end(ap2);
+}
+
+/* Length of a valid UTF-8 sequence at s (1..4), 0 if invalid. */
+static size_t
+utf8_len(const unsigned char *s, size_t n)
+{
+        if (s[0] < 0x80)
+                return 1;
+        size_t need;
+        if ((s[0] & 0xE0) == 0xC0 && s[0] >= 0xC2)
+                need = 2;
+        else if ((s[0] & 0xF0) == 0xE0)
+                need = 3;
+        else if ((s[0] & 0xF8) == 0xF0 && s[0] <= 0xF4)
+                need = 4;
+        else
+                return 0;
+        if (n < need)
+                return 0;
+        for (size_t i = 1; i < need; i++)
+                if ((s[i] & 0xC0) != 0x80)
+                        return 0;
+        return need;
+}
+
+void
+kinbox__buf_json_str(kinbox__buf_t *b, const char *s, size_t n)
+{
+        const unsigned char *u = (const unsigned char *)s;
+        kinbox__buf_add(b, "\"", 1);
+        for (size_t i = 0; i < n;) {
+                unsigned char c = u[i];
+                if (c == '"' || c == '\\') {
+                        char e[2] = {'\\', (char)c};
+                        kinbox__buf_add(b, e, 2);
+                        i++;
+                } else if (c < 0x20 || c == 0x7f) {
+                        kinbox__buf_printf(b, "\\u%04x", c);
+                        i++;
+                } else {
+                        size_t l = utf8_len(u + i, n - i);
+                        if (!l) {
+                                kinbox__buf_printf(b, "\\u%04x", c);
+                                i++;
+                        } else {
+                                kinbox__buf_add(b, u + i, l);
+                                i += l;
+                        }
+                }
+        }
+        kinbox__buf_add(b, "\"", 1);
+}
+
+void
+kinbox__errstr(char *errstr, size_t size, const char *fmt, ...)
+{
+        if (!errstr || !size)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(errstr, size, fmt, ap);
+        va_end(ap);
+}
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *
+level_name(int level)
+{
+        switch (level) {
+        case KINBOX_LOG_ERR:
+                return "error";
+        case KINBOX_LOG_WARNING:
+                return "warning";
+        case KINBOX_LOG_NOTICE:
+                return "notice";
+        case KINBOX_LOG_INFO:
+                return "info";
+        default:
+                return level < KINBOX_LOG_ERR ? "critical" : "debug";
+        }
+}
+
+void
+kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
+             const char *fmt, va_list ap)
+{
+        if (lg && level > lg->level)
+                return;
+        char msg[1024];
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        /* One event, one line. */
+        for (char *p = msg; *p; p++)
+                if (*p == '\n' || *p == '\r')
+                        *p = ' ';
+        if (lg && lg->cb) {
+                lg->cb(level, facility, msg, lg->opaque);
+                return;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        char when[96];
+        snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                 tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+        pthread_mutex_lock(&log_lock);
+        if (lg && lg->json) {
+                kinbox__buf_t b;
+                kinbox__buf_init(&b);
+                kinbox__buf_printf(&b, "{\"ts\":\"%s\",\"level\":\"%s\","
+                                       "\"facility\":",
+                                   when, level_name(level));
+                kinbox__buf_json_str(&b, facility, strlen(facility));
+                kinbox__buf_adds(&b, ",\"msg\":");
+                kinbox__buf_json_str(&b, msg, strlen(msg));
+                kinbox__buf_adds(&b, "}\n");
+                if (b.p)
+                        fputs(b.p, stderr);
+                kinbox__buf_free(&b);
+        } else {
+                fprintf(stderr, "%s %s %s: %s\n", when, level_name(level),
+                        facility, msg);
+        }
+        pthread_mutex_unlock(&log_lock);
+}
+
+void
+kinbox__log(const kinbox__log_t *lg, int level, const char *facility,
+            const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        kinbox__vlog(lg, level, facility, fmt, ap);
+        va_end(ap);
+}
+
+/*
+ * KINBOX_FAULT=point[:skip] fires `point` after `skip` earlier hits (default
+ * 0). Used by the crash-window tests; inert unless the variable is set.
+ */
+bool
+kinbox__fault(const char *point)
+{
+        static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+        static long hits;
+        const char *spec = getenv("KINBOX_FAULT");
+        if (!spec || !*spec)
+                return false;
+        size_t n = strlen(point);
+        if (strncmp(spec, point, n) != 0 || (spec[n] && spec[n] != ':'))
+                return false;
+        long skip = 0;
+        if (spec[n] == ':')
+                skip = strtol(spec + n + 1, NULL, 10);
+        pthread_mutex_lock(&lock);
+        bool fire = hits++ >= skip;
+        pthread_mutex_unlock(&lock);
+        return fire;
+}
