@@ -151,8 +151,9 @@ kinbox__db_destroy(kinbox__db_t *db)
 {
         if (!db)
                 return;
-        if (db->native)
-                db->ops->disconnect(db);
+        db->ops->disconnect(db);
+        if (db->ops->release)
+                db->ops->release(db);
         free(db->url);
         free(db->password);
         free(db);

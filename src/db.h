@@ -86,6 +86,8 @@ struct kinbox__db_ops {
         /* (Re)connect; closes an old connection first. */
         int (*connect)(kinbox__db_t *db);
         void (*disconnect)(kinbox__db_t *db);
+        /* Free backend state after disconnect (may be NULL). */
+        void (*release)(kinbox__db_t *db);
         /* BEGIN, READ COMMITTED. May be deferred. */
         int (*begin)(kinbox__db_t *db);
         int (*exec)(kinbox__db_t *db, const char *sql, int n,

@@ -126,6 +126,18 @@ pg_disconnect(kinbox__db_t *db)
         reset_state(pg);
 }
 
+static void
+pg_release(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        if (!pg)
+                return;
+        free(pg->q);
+        free(pg->stmts);
+        free(pg);
+        db->impl = NULL;
+}
+
 static int
 pg_connect(kinbox__db_t *db)
 {
@@ -668,6 +680,7 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .backend = KINBOX_BACKEND_POSTGRESQL,
     .connect = pg_connect,
     .disconnect = pg_disconnect,
+    .release = pg_release,
     .begin = pg_begin,
     .exec = pg_exec,
     .query = pg_query,

@@ -1,0 +1,316 @@
+/*
+ * consumer_test.c -- the inbox consumer end to end, on both backends:
+ * real PostgreSQL / MariaDB, real librdkafka against the dev broker.
+ */
+#include "harness.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../handlers/points/points.h"
+
+#define SQL_POINTS_SUM "SELECT COALESCE(SUM(points), 0) FROM user_account"
+#define SQL_FLOWS "SELECT COUNT(*) FROM user_points_flow"
+
+/* Produce n grants over the topic (key = user) with message ids m-<i>;
+ * returns the expected total points. dup_every > 0 re-sends every
+ * dup_every-th message with the same id (at another offset). */
+static long long
+produce_grants(const char *topic, int from, int n, int dup_every,
+               int *dups_out)
+{
+        kt_producer_t *p = kt_producer_new();
+        long long total = 0;
+        int dups = 0;
+        char key[32], payload[160], id[32];
+        for (int i = from; i < from + n; i++) {
+                int user = i % 97 + 1, pts = i % 13 + 1;
+                snprintf(key, sizeof(key), "u%d", user);
+                snprintf(id, sizeof(id), "m-%d", i);
+                snprintf(payload, sizeof(payload),
+                         "{\"order_id\":\"o-%d\",\"user_id\":%d,"
+                         "\"grant_points\":%d}",
+                         i, user, pts);
+                kt_produce(p, topic, -1, key, payload, id);
+                total += pts;
+                if (dup_every && i % dup_every == 0) {
+                        /* Same id and order, other partition and offset. */
+                        snprintf(key, sizeof(key), "dup-%d", i);
+                        kt_produce(p, topic, -1, key, payload, id);
+                        dups++;
+                }
+        }
+        kt_producer_flush_destroy(p);
+        if (dups_out)
+                *dups_out = dups;
+        return total;
+}
+
+static void
+assert_points(const char *url, long long total, long long flows)
+{
+        cr_assert(eq(i64, kt_qint(url, SQL_POINTS_SUM), total));
+        cr_assert(eq(i64, kt_qint(url, SQL_FLOWS), flows));
+        /* Every user's balance equals the sum of its flow rows. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM user_account a WHERE "
+                                  "points <> (SELECT COALESCE(SUM("
+                                  "points_delta), 0) FROM user_points_flow f "
+                                  "WHERE f.user_id = a.user_id)"),
+                     0));
+}
+
+/* ---- 1. 10,000 messages, 6 partitions, 20 % re-sent duplicates ---- */
+
+KT_BACKENDS_PARAMS(consumer, exactly_once_with_duplicates)
+ParameterizedTest(int *backend, consumer, exactly_once_with_duplicates,
+                  .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("t1");
+        char *group = kt_unique("g1");
+        kt_topic(topic, 6);
+        int dups;
+        long long total = produce_grants(topic, 0, 10000, 5, &dups);
+        cr_assert(eq(int, dups, 2000));
+        kinbox_conf_t *c = kt_conf(url, "points", group, topic);
+        kt_set(c, "workers", "2");
+        kt_run_t *r = kt_run_start(c, NULL, kinbox_points_module.handle_batch,
+                                   NULL);
+        long long got = kt_wait_qint(
+            url, "SELECT COUNT(*) FROM kinbox_inbox", 10000, 120);
+        cr_assert(eq(i64, got, 10000));
+        /* Let the duplicates after the last new id drain too. */
+        long long high = kt_high_sum(topic, 6);
+        cr_assert(eq(i64, high, 12000));
+        kt_wait_qint(url,
+                     "SELECT SUM(next_offset) FROM kinbox_offsets", high, 60);
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(r), &st);
+        kt_run_stop(r);
+        assert_points(url, total, 10000);
+        cr_assert(eq(u64, st.processed, 10000));
+        cr_assert(eq(u64, st.duplicates, 2000));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+        /* Offsets: the DB watermark and Kafka's committed offsets are at
+         * the end of every partition. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets"), high));
+        cr_assert(eq(i64, kt_committed_sum(group, topic, 6), high));
+}
+
+/* Per-message mode: batch.max = 1, one transaction per message. */
+KT_BACKENDS_PARAMS(consumer, per_message_mode)
+ParameterizedTest(int *backend, consumer, per_message_mode,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("t1b");
+        char *group = kt_unique("g1b");
+        kt_topic(topic, 3);
+        int dups;
+        long long total = produce_grants(topic, 0, 600, 4, &dups);
+        kinbox_conf_t *c = kt_conf(url, "points", group, topic);
+        kt_set(c, "batch.max", "1");
+        kt_run_t *r = kt_run_start(c, kinbox_points_module.handle, NULL, NULL);
+        long long high = kt_high_sum(topic, 3);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets",
+                     high, 90);
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(r), &st);
+        kt_run_stop(r);
+        assert_points(url, total, 600);
+        cr_assert(eq(u64, st.duplicates, (uint64_t)dups));
+        /* One transaction per message (duplicates included). */
+        cr_assert(eq(u64, st.batches, 600 + (uint64_t)dups));
+}
+
+/* ---- 3. RETRY, REJECT, dead letters, missing ids ---- */
+
+static kinbox_result_t
+script_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        (void)opaque;
+        size_t n;
+        const char *p = kinbox_msg_payload(m, &n);
+        char body[64];
+        snprintf(body, sizeof(body), "%.*s", (int)n, p ? p : "");
+        int k;
+        if (sscanf(body, "retry:%d", &k) == 1 && kinbox_msg_attempt(m) <= k) {
+                kinbox_tx_set_error(tx, "transient (attempt %d)",
+                                    kinbox_msg_attempt(m));
+                return KINBOX_RESULT_RETRY;
+        }
+        if (!strcmp(body, "always-retry")) {
+                kinbox_tx_set_error(tx, "still failing");
+                return KINBOX_RESULT_RETRY;
+        }
+        const char *v[2] = {kinbox_msg_id(m), body};
+        /* The effect is written before the verdict: REJECT must undo it. */
+        if (kinbox_tx_exec(tx,
+                           "INSERT INTO kt_effect (message_id, body) VALUES "
+                           "($1, $2)",
+                           2, v))
+                return KINBOX_RESULT_RETRY;
+        if (!strcmp(body, "reject")) {
+                kinbox_tx_set_error(tx, "rejected by the test");
+                return KINBOX_RESULT_REJECT;
+        }
+        return KINBOX_RESULT_OK;
+}
+
+KT_BACKENDS_PARAMS(consumer, retry_reject_dead_letters)
+ParameterizedTest(int *backend, consumer, retry_reject_dead_letters,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "CREATE TABLE kt_effect (message_id VARCHAR(255) "
+                     "PRIMARY KEY, body VARCHAR(64))");
+        char *topic = kt_unique("t3");
+        char *group = kt_unique("g3");
+        kt_topic(topic, 1);
+        kt_producer_t *p = kt_producer_new();
+        kt_produce(p, topic, 0, NULL, "ok", "a");
+        kt_produce(p, topic, 0, NULL, "retry:2", "b");
+        kt_produce(p, topic, 0, NULL, "ok", "c");
+        kt_produce(p, topic, 0, NULL, "always-retry", "d");
+        kt_produce(p, topic, 0, NULL, "reject", "e");
+        kt_produce(p, topic, 0, NULL, "no id here", NULL);
+        kt_produce(p, topic, 0, NULL, "ok", "f");
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *c = kt_conf(url, "script", group, topic);
+        kt_set(c, "retry.max", "3");
+        kt_set(c, "retry.backoff.base.ms", "20");
+        kt_set(c, "retry.backoff.max.ms", "100");
+        kt_run_t *r = kt_run_start(c, script_handler, NULL, NULL);
+        long long got = kt_wait_qint(
+            url, "SELECT SUM(next_offset) FROM kinbox_offsets", 7, 60);
+        cr_assert(eq(i64, got, 7));
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(r), &st);
+        kt_run_stop(r);
+        /* Effects: a, b (after two retries), c, f; not d, e, or no-id. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_effect"), 4));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kt_effect WHERE "
+                                  "message_id IN ('a','b','c','f')"),
+                     4));
+        /* Dead letters: d (retry.max), e (REJECT), the id-less one. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 3));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 'd' AND attempts = 3 "
+                                  "AND error LIKE 'gave up after 3 attempts%'"),
+                     1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 'e' AND error = "
+                                  "'rejected by the test' AND payload = "
+                                  "'reject' AND kafka_offset = 4"),
+                     1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id IS NULL AND error = "
+                                  "'no header \"message_id\"' AND payload = "
+                                  "'no id here'"),
+                     1));
+        cr_assert(eq(u64, st.processed, 4));
+        cr_assert(eq(u64, st.dead, 3));
+        /* Offsets moved past all of them. */
+        cr_assert(eq(i64, kt_committed_sum(group, topic, 1), 7));
+}
+
+/* Malformed JSON and ill-typed fields: dead letters with the bytes. */
+KT_BACKENDS_PARAMS(consumer, malformed_payloads)
+ParameterizedTest(int *backend, consumer, malformed_payloads,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("t3b");
+        char *group = kt_unique("g3b");
+        kt_topic(topic, 2);
+        kt_producer_t *p = kt_producer_new();
+        kt_produce(p, topic, 0, NULL, "{\"order_id\":\"o-1\",\"user_id\":7,"
+                                      "\"grant_points\":5}", "p1");
+        kt_produce(p, topic, 0, NULL, "{not json", "p2");
+        kt_produce(p, topic, 1, NULL, "{\"order_id\":\"o-3\",\"user_id\":\"x\","
+                                      "\"grant_points\":5}", "p3");
+        kt_produce(p, topic, 1, NULL, "{\"order_id\":\"o-4\",\"user_id\":7,"
+                                      "\"grant_points\":6}", "p4");
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *c = kt_conf(url, "points", group, topic);
+        kt_run_t *r = kt_run_start(c, NULL, kinbox_points_module.handle_batch,
+                                   NULL);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 4,
+                     60);
+        kt_run_stop(r);
+        assert_points(url, 11, 2);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 'p2' AND payload = "
+                                  "'{not json' AND error LIKE 'payload is "
+                                  "not valid JSON%'"),
+                     1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 'p3' AND error LIKE "
+                                  "'field user_id:%'"),
+                     1));
+}
+
+/* ---- 6. per-partition order, two workers ---- */
+
+typedef struct order_check {
+        pthread_mutex_t lock;
+        long long last[8];
+        int violations;
+        int seen;
+} order_check_t;
+
+static kinbox_result_t
+order_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        order_check_t *oc = opaque;
+        int32_t part = kinbox_msg_partition(m);
+        pthread_mutex_lock(&oc->lock);
+        if (kinbox_msg_offset(m) <= oc->last[part] &&
+            kinbox_msg_attempt(m) == 1)
+                oc->violations++;
+        oc->last[part] = kinbox_msg_offset(m);
+        oc->seen++;
+        pthread_mutex_unlock(&oc->lock);
+        /* Some messages fail once: order must hold across retries. */
+        if (kinbox_msg_offset(m) % 50 == 7 && kinbox_msg_attempt(m) == 1) {
+                kinbox_tx_set_error(tx, "planned retry");
+                return KINBOX_RESULT_RETRY;
+        }
+        return kinbox_points_module.handle(tx, m, NULL);
+}
+
+KT_BACKENDS_PARAMS(consumer, per_partition_order)
+ParameterizedTest(int *backend, consumer, per_partition_order,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("t6");
+        char *group = kt_unique("g6");
+        kt_topic(topic, 8);
+        long long total = produce_grants(topic, 0, 2000, 0, NULL);
+        order_check_t oc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+        for (int i = 0; i < 8; i++)
+                oc.last[i] = -1;
+        kinbox_conf_t *c = kt_conf(url, "order", group, topic);
+        kt_set(c, "workers", "2");
+        kt_set(c, "batch.max", "64");
+        kt_set(c, "retry.backoff.base.ms", "5");
+        kt_set(c, "retry.backoff.max.ms", "20");
+        kt_run_t *r = kt_run_start(c, order_handler, NULL, &oc);
+        kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 2000, 90);
+        kt_run_stop(r);
+        assert_points(url, total, 2000);
+        cr_assert(eq(int, oc.violations, 0));
+        cr_assert(gt(int, oc.seen, 2000)); /* retries and re-runs happened */
+}

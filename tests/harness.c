@@ -1,0 +1,426 @@
+/*
+ * harness.c -- shared test helpers (real PostgreSQL, MariaDB, dev broker).
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <librdkafka/rdkafka.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../handlers/points/points.h"
+#include "db.h"
+
+const char *
+kt_env(const char *name)
+{
+        const char *v = getenv(name);
+        if (!v || !*v)
+                cr_fatal("%s is not set: start the services with "
+                         "`scripts/services start` and source "
+                         "$KINBOX_RUN_DIR/services.env (scripts/test does)",
+                         name);
+        return v;
+}
+
+const char *
+kt_backend(int idx)
+{
+        return idx == 1 ? "mysql" : "postgresql";
+}
+
+char *
+kt_unique(const char *prefix)
+{
+        static int seq;
+        char b[128];
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(b, sizeof(b), "%s_%d_%ld_%d", prefix, (int)getpid(),
+                 (long)(ts.tv_nsec / 1000) % 1000000, ++seq);
+        return strdup(b);
+}
+
+static kinbox__db_t *
+kt_db(const char *url)
+{
+        char e[512];
+        kinbox__db_t *db = kinbox__db_new(url, NULL, e, sizeof(e));
+        cr_assert(db != NULL, "bad url %s: %s", url, e);
+        int rc = kinbox__db_connect(db);
+        cr_assert(rc == 0, "cannot connect to %s: %s", url, db->err.msg);
+        return db;
+}
+
+void
+kt_exec(const char *url, const char *sql)
+{
+        kinbox__db_t *db = kt_db(url);
+        int rc = db->ops->script(db, sql);
+        cr_assert(rc == 0, "%s: %s", sql, db->err.msg);
+        kinbox__db_destroy(db);
+}
+
+long long
+kt_qint(const char *url, const char *sql)
+{
+        kinbox__db_t *db = kt_db(url);
+        kinbox_rows_t *r = NULL;
+        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        cr_assert(rc == 0, "%s: %s", sql, db->err.msg);
+        const char *v = kinbox_rows_value(r, 0, 0, NULL);
+        long long n = v ? strtoll(v, NULL, 10) : 0;
+        kinbox_rows_destroy(r);
+        kinbox__db_destroy(db);
+        return n;
+}
+
+long long
+kt_wait_qint(const char *url, const char *sql, long long want, int timeout_s)
+{
+        long long v = -1;
+        for (int i = 0; i < timeout_s * 10; i++) {
+                v = kt_qint(url, sql);
+                if (v == want)
+                        return v;
+                usleep(100000);
+        }
+        return v;
+}
+
+/* Replace the database name of url with db. */
+static char *
+url_with_db(const char *url, const char *db)
+{
+        const char *scheme_end = strstr(url, "://");
+        const char *slash = strchr(scheme_end + 3, '/');
+        size_t base = slash ? (size_t)(slash - url) : strlen(url);
+        const char *q = slash ? strchr(slash, '?') : NULL;
+        char *o = malloc(base + strlen(db) + (q ? strlen(q) : 0) + 2);
+        memcpy(o, url, base);
+        sprintf(o + base, "/%s%s", db, q ? q : "");
+        return o;
+}
+
+char *
+kt_fresh_db(const char *backend)
+{
+        bool my = !strcmp(backend, "mysql");
+        const char *url = kt_env(my ? "KINBOX_MYSQL_URL" : "KINBOX_PG_URL");
+        char *name = kt_unique("kt");
+        char sql[256];
+        snprintf(sql, sizeof(sql), "CREATE DATABASE %s", name);
+        kt_exec(url, sql);
+        char *u = url_with_db(url, name);
+        free(name);
+        kinbox_conf_t *c = kinbox_conf_new();
+        kt_set(c, "database.url", u);
+        char e[1024];
+        kinbox_err_t rc = kinbox_migrate(c, e, sizeof(e));
+        cr_assert(rc == KINBOX_OK, "migrate %s: %s", u, e);
+        rc = kinbox_migrate_module(c, &kinbox_points_module, e, sizeof(e));
+        cr_assert(rc == KINBOX_OK, "migrate points %s: %s", u, e);
+        kinbox_conf_destroy(c);
+        return u;
+}
+
+char *
+kt_broker(const char *fmt, ...)
+{
+        const char *path = kt_env("KINBOX_DEVBROKER_CONTROL");
+        char cmd[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+        va_end(ap);
+        strcat(cmd, "\n");
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&sa,
+                                     sizeof(sa)) == 0,
+                  "dev broker control socket %s: %s", path, strerror(errno));
+        cr_assert(write(fd, cmd, strlen(cmd)) == (ssize_t)strlen(cmd));
+        char reply[1024];
+        size_t n = 0;
+        while (n < sizeof(reply) - 1) {
+                ssize_t r = read(fd, reply + n, sizeof(reply) - 1 - n);
+                if (r <= 0)
+                        break;
+                n += (size_t)r;
+                if (memchr(reply, '\n', n))
+                        break;
+        }
+        close(fd);
+        reply[n] = '\0';
+        reply[strcspn(reply, "\n")] = '\0';
+        cr_assert(strncmp(reply, "ok", 2) == 0, "dev broker: %s -> %s", cmd,
+                  reply);
+        return strdup(reply);
+}
+
+void
+kt_topic(const char *topic, int partitions)
+{
+        free(kt_broker("topic %s %d", topic, partitions));
+}
+
+struct kt_producer {
+        rd_kafka_t *rk;
+};
+
+kt_producer_t *
+kt_producer_new(void)
+{
+        char e[256];
+        rd_kafka_conf_t *c = rd_kafka_conf_new();
+        rd_kafka_conf_set(c, "bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"),
+                          e, sizeof(e));
+        rd_kafka_conf_set(c, "enable.idempotence", "true", e, sizeof(e));
+        rd_kafka_conf_set(c, "linger.ms", "5", e, sizeof(e));
+        kt_producer_t *p = calloc(1, sizeof(*p));
+        p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, e, sizeof(e));
+        cr_assert(p->rk != NULL, "producer: %s", e);
+        return p;
+}
+
+void
+kt_produce(kt_producer_t *p, const char *topic, int32_t partition,
+           const char *key, const char *payload, const char *msgid)
+{
+        rd_kafka_headers_t *h = rd_kafka_headers_new(1);
+        if (msgid)
+                rd_kafka_header_add(h, "message_id", -1, msgid, -1);
+        for (;;) {
+                rd_kafka_resp_err_t e = rd_kafka_producev(
+                    p->rk, RD_KAFKA_V_TOPIC(topic),
+                    RD_KAFKA_V_PARTITION(partition < 0 ? RD_KAFKA_PARTITION_UA
+                                                       : partition),
+                    RD_KAFKA_V_KEY(key, key ? strlen(key) : 0),
+                    RD_KAFKA_V_VALUE((void *)payload,
+                                     payload ? strlen(payload) : 0),
+                    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                    RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
+                if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                        rd_kafka_poll(p->rk, 50);
+                        continue;
+                }
+                cr_assert(e == 0, "produce: %s", rd_kafka_err2str(e));
+                break;
+        }
+        rd_kafka_poll(p->rk, 0);
+}
+
+void
+kt_producer_flush_destroy(kt_producer_t *p)
+{
+        rd_kafka_resp_err_t e = rd_kafka_flush(p->rk, 30000);
+        cr_assert(e == 0, "flush: %s", rd_kafka_err2str(e));
+        rd_kafka_destroy(p->rk);
+        free(p);
+}
+
+void
+kt_set(kinbox_conf_t *c, const char *k, const char *v)
+{
+        char e[512];
+        kinbox_err_t rc = kinbox_conf_set(c, k, v, e, sizeof(e));
+        cr_assert(rc == KINBOX_OK, "conf %s=%s: %s", k, v, e);
+}
+
+kinbox_conf_t *
+kt_conf(const char *url, const char *name, const char *group,
+        const char *topics)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        kt_set(c, "database.url", url);
+        kt_set(c, "name", name);
+        kt_set(c, "group.id", group);
+        kt_set(c, "topics", topics);
+        kt_set(c, "kafka.bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"));
+        kt_set(c, "kafka.session.timeout.ms", "6000");
+        kt_set(c, "kafka.heartbeat.interval.ms", "500");
+        kt_set(c, "log.level", getenv("KT_DEBUG") ? "debug" : "notice");
+        return c;
+}
+
+struct kt_run {
+        kinbox_consumer_t *c;
+        pthread_t thr;
+        kinbox_err_t rc;
+};
+
+static void *
+kt_run_main(void *arg)
+{
+        kt_run_t *r = arg;
+        r->rc = kinbox_consumer_run(r->c);
+        return NULL;
+}
+
+kt_run_t *
+kt_run_start(kinbox_conf_t *conf, kinbox_handler_fn fn,
+             kinbox_batch_handler_fn bfn, void *opaque)
+{
+        char e[512];
+        kt_run_t *r = calloc(1, sizeof(*r));
+        r->c = kinbox_consumer_new(conf, e, sizeof(e));
+        cr_assert(r->c != NULL, "consumer: %s", e);
+        if (bfn)
+                kinbox_consumer_set_batch_handler(r->c, bfn, opaque);
+        else
+                kinbox_consumer_set_handler(r->c, fn, opaque);
+        pthread_create(&r->thr, NULL, kt_run_main, r);
+        return r;
+}
+
+kinbox_consumer_t *
+kt_run_consumer(kt_run_t *r)
+{
+        return r->c;
+}
+
+void
+kt_run_stop(kt_run_t *r)
+{
+        kinbox_consumer_stop(r->c);
+        pthread_join(r->thr, NULL);
+        cr_assert(r->rc == KINBOX_OK, "consumer run: %s: %s",
+                  kinbox_err_name(r->rc), kinbox_consumer_errstr(r->c));
+        kinbox_consumer_destroy(r->c);
+        free(r);
+}
+
+char *
+kt_write_ini(const char *url, const char *fmt, ...)
+{
+        char *path = kt_unique("/tmp/kt_ini");
+        char *p2 = malloc(strlen(path) + 5);
+        sprintf(p2, "%s.ini", path);
+        free(path);
+        FILE *fp = fopen(p2, "w");
+        cr_assert(fp != NULL);
+        fprintf(fp,
+                "[database]\nurl = %s\n[kafka]\nbootstrap.servers = %s\n"
+                "session.timeout.ms = 6000\nheartbeat.interval.ms = 500\n"
+                "[log]\nlevel = info\n",
+                url, kt_env("KINBOX_BOOTSTRAP"));
+        va_list ap;
+        va_start(ap, fmt);
+        vfprintf(fp, fmt, ap);
+        va_end(ap);
+        fclose(fp);
+        return p2;
+}
+
+pid_t
+kt_spawn_kinbox(const char *ini, const char *env1, const char *log_path)
+{
+        const char *bin = kt_env("KINBOX_BIN");
+        pid_t pid = fork();
+        cr_assert(pid >= 0);
+        if (pid == 0) {
+                int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+                if (fd >= 0) {
+                        dup2(fd, 2);
+                        dup2(fd, 1);
+                }
+                if (env1)
+                        putenv((char *)env1);
+                execl(bin, bin, "run", "-c", ini, (char *)NULL);
+                _exit(127);
+        }
+        return pid;
+}
+
+int
+kt_wait(pid_t pid, int timeout_s)
+{
+        for (int i = 0; i < timeout_s * 20; i++) {
+                int st;
+                pid_t r = waitpid(pid, &st, WNOHANG);
+                if (r == pid)
+                        return WIFEXITED(st) ? WEXITSTATUS(st)
+                                             : -WTERMSIG(st);
+                usleep(50000);
+        }
+        kill(pid, SIGKILL);
+        int st;
+        waitpid(pid, &st, 0);
+        cr_fail("process %d did not exit within %d s", (int)pid, timeout_s);
+        return -1;
+}
+
+static rd_kafka_t *
+group_handle(const char *group)
+{
+        char e[256];
+        rd_kafka_conf_t *c = rd_kafka_conf_new();
+        rd_kafka_conf_set(c, "bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"),
+                          e, sizeof(e));
+        rd_kafka_conf_set(c, "group.id", group, e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, e, sizeof(e));
+        cr_assert(rk != NULL, "%s", e);
+        return rk;
+}
+
+long long
+kt_committed_sum(const char *group, const char *topic, int partitions)
+{
+        rd_kafka_t *rk = group_handle(group);
+        rd_kafka_topic_partition_list_t *l =
+            rd_kafka_topic_partition_list_new(partitions);
+        for (int i = 0; i < partitions; i++)
+                rd_kafka_topic_partition_list_add(l, topic, i);
+        rd_kafka_resp_err_t e = rd_kafka_committed(rk, l, 10000);
+        cr_assert(e == 0, "committed: %s", rd_kafka_err2str(e));
+        long long sum = 0;
+        for (int i = 0; i < l->cnt; i++)
+                if (l->elems[i].offset > 0)
+                        sum += l->elems[i].offset;
+        rd_kafka_topic_partition_list_destroy(l);
+        rd_kafka_destroy(rk);
+        return sum;
+}
+
+long long
+kt_high_sum(const char *topic, int partitions)
+{
+        rd_kafka_t *rk = group_handle("kt-watermarks");
+        long long sum = 0;
+        for (int i = 0; i < partitions; i++) {
+                int64_t lo, hi;
+                rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(
+                    rk, topic, i, &lo, &hi, 10000);
+                cr_assert(e == 0, "watermarks: %s", rd_kafka_err2str(e));
+                sum += hi;
+        }
+        rd_kafka_destroy(rk);
+        return sum;
+}
+
+char *
+kt_slurp(const char *path)
+{
+        FILE *fp = fopen(path, "r");
+        if (!fp)
+                return NULL;
+        fseek(fp, 0, SEEK_END);
+        long n = ftell(fp);
+        fseek(fp, 0, SEEK_SET);
+        char *b = malloc((size_t)n + 1);
+        size_t r = fread(b, 1, (size_t)n, fp);
+        b[r] = '\0';
+        fclose(fp);
+        return b;
+}

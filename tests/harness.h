@@ -1,0 +1,96 @@
+/*
+ * harness.h -- shared test helpers: real services only.
+ *
+ * Every integration test reads the services started by scripts/services
+ * from the environment (KINBOX_PG_URL, KINBOX_MYSQL_URL, KINBOX_BOOTSTRAP,
+ * KINBOX_DEVBROKER_CONTROL) and FAILS when one is missing or unreachable.
+ */
+#ifndef KINBOX_TEST_HARNESS_H
+#define KINBOX_TEST_HARNESS_H
+
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <criterion/parameterized.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <kinbox/kinbox.h>
+
+/* The two backends every integration test runs on. Criterion re-executes
+ * the test binary for each test, so parameters are plain integers:
+ * 0 = PostgreSQL, 1 = MySQL (see kt_backend()). */
+#define KT_BACKENDS_PARAMS(suite, name)                                        \
+        ParameterizedTestParameters(suite, name)                               \
+        {                                                                      \
+                static int b[] = {0, 1};                                       \
+                return cr_make_param_array(int, b, 2);                         \
+        }
+
+/* "postgresql" or "mysql" for a backend parameter. */
+const char *kt_backend(int idx);
+
+/* getenv or fail the test naming the variable. */
+const char *kt_env(const char *name);
+
+/* A fresh, migrated database (kinbox schema + points handler schema) on
+ * the backend; returns its URL (static storage per call site is not
+ * needed: the string is malloc'ed and lives until exit). */
+char *kt_fresh_db(const char *backend);
+
+/* A unique name with a prefix ("t-1234-5"). */
+char *kt_unique(const char *prefix);
+
+/* Create a topic on the dev broker. */
+void kt_topic(const char *topic, int partitions);
+/* Send one control command to the dev broker; returns its reply line. */
+char *kt_broker(const char *fmt, ...);
+
+/* Producer. msgid may be NULL (no header). partition -1 = by key. */
+typedef struct kt_producer kt_producer_t;
+kt_producer_t *kt_producer_new(void);
+void kt_produce(kt_producer_t *p, const char *topic, int32_t partition,
+                const char *key, const char *payload, const char *msgid);
+void kt_producer_flush_destroy(kt_producer_t *p);
+
+/* A consumer configuration on url for topics. */
+kinbox_conf_t *kt_conf(const char *url, const char *name, const char *group,
+                       const char *topics);
+void kt_set(kinbox_conf_t *c, const char *k, const char *v);
+
+/* A consumer running in a thread. */
+typedef struct kt_run kt_run_t;
+kt_run_t *kt_run_start(kinbox_conf_t *conf, kinbox_handler_fn fn,
+                       kinbox_batch_handler_fn bfn, void *opaque);
+kinbox_consumer_t *kt_run_consumer(kt_run_t *r);
+/* Stop, join, assert it returned KINBOX_OK, destroy. */
+void kt_run_stop(kt_run_t *r);
+
+/* `kinbox run -c FILE` as a child process with extra environment
+ * ("NAME=value" or NULL). stderr goes to log_path. */
+pid_t kt_spawn_kinbox(const char *ini_path, const char *env1,
+                      const char *log_path);
+/* Wait for pid; returns its exit status or -signal. */
+int kt_wait(pid_t pid, int timeout_s);
+/* Write an INI file for `kinbox run`; returns its path. */
+char *kt_write_ini(const char *url, const char *sections_fmt, ...);
+
+/* Single-value queries (fail the test on error). */
+long long kt_qint(const char *url, const char *sql);
+/* Run a statement (fail the test on error). */
+void kt_exec(const char *url, const char *sql);
+
+/* Poll until kt_qint(url, sql) == want or timeout; returns last value. */
+long long kt_wait_qint(const char *url, const char *sql, long long want,
+                       int timeout_s);
+
+/* The group's committed offset sum over topic's partitions. */
+long long kt_committed_sum(const char *group, const char *topic,
+                           int partitions);
+/* Sum of high watermarks of topic (messages produced). */
+long long kt_high_sum(const char *topic, int partitions);
+
+/* Read a whole file (malloc'ed, NUL-terminated) or NULL. */
+char *kt_slurp(const char *path);
+
+#endif
