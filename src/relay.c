@@ -1215,6 +1215,21 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
         int64_t dl = t0 + r->msg_timeout_ms + MARGIN_MS;
         while (!all_reported(v, n) && kinbox__now_ms() < dl)
                 rd_kafka_flush(r->rk, 100);
+        /* Reports are written into v: none may arrive after v is freed.
+         * Past the deadline (librdkafka checks message timeouts only about
+         * once a second), purge what is left: purged messages are reported
+         * at once and are retried like any failure. */
+        for (int k = 0; !all_reported(v, n); k++) {
+                if (k == 0 || k % 50 == 0) {
+                        if (k)
+                                rlog(r, KINBOX_LOG_WARNING,
+                                     "waiting for delivery reports");
+                        rd_kafka_purge(r->rk, RD_KAFKA_PURGE_F_QUEUE |
+                                                  RD_KAFKA_PURGE_F_INFLIGHT |
+                                                  RD_KAFKA_PURGE_F_NON_BLOCKING);
+                }
+                rd_kafka_flush(r->rk, 100);
+        }
         for (size_t i = 0; i < n; i++) {
                 if (!v[i].produced)
                         continue;

@@ -168,7 +168,7 @@ relay_conf(const char *url, const char *bootstrap)
         cset(c, "relay.poll.ms", "100");
         cset(c, "relay.backoff.base.ms", "50");
         cset(c, "relay.backoff.max.ms", "300");
-        cset(c, "relay.action.timeout.ms", "2000");
+        cset(c, "relay.action.timeout.ms", "1000");
         cset(c, "kafka.message.timeout.ms", "2000");
         return c;
 }
