@@ -16,53 +16,14 @@
 #define SQL_POINTS_SUM "SELECT COALESCE(SUM(points), 0) FROM user_account"
 #define SQL_FLOWS "SELECT COUNT(*) FROM user_points_flow"
 
-/* Produce n grants over the topic (key = user) with message ids m-<i>;
- * returns the expected total points. dup_every > 0 re-sends every
- * dup_every-th message with the same id (at another offset). */
 static long long
 produce_grants(const char *topic, int from, int n, int dup_every,
                int *dups_out)
 {
-        kt_producer_t *p = kt_producer_new();
-        long long total = 0;
-        int dups = 0;
-        char key[32], payload[160], id[32];
-        for (int i = from; i < from + n; i++) {
-                int user = i % 97 + 1, pts = i % 13 + 1;
-                snprintf(key, sizeof(key), "u%d", user);
-                snprintf(id, sizeof(id), "m-%d", i);
-                snprintf(payload, sizeof(payload),
-                         "{\"order_id\":\"o-%d\",\"user_id\":%d,"
-                         "\"grant_points\":%d}",
-                         i, user, pts);
-                kt_produce(p, topic, -1, key, payload, id);
-                total += pts;
-                if (dup_every && i % dup_every == 0) {
-                        /* Same id and order, other partition and offset. */
-                        snprintf(key, sizeof(key), "dup-%d", i);
-                        kt_produce(p, topic, -1, key, payload, id);
-                        dups++;
-                }
-        }
-        kt_producer_flush_destroy(p);
-        if (dups_out)
-                *dups_out = dups;
-        return total;
+        return kt_produce_grants(topic, from, n, dup_every, "o", 0, dups_out);
 }
 
-static void
-assert_points(const char *url, long long total, long long flows)
-{
-        cr_assert(eq(i64, kt_qint(url, SQL_POINTS_SUM), total));
-        cr_assert(eq(i64, kt_qint(url, SQL_FLOWS), flows));
-        /* Every user's balance equals the sum of its flow rows. */
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM user_account a WHERE "
-                                  "points <> (SELECT COALESCE(SUM("
-                                  "points_delta), 0) FROM user_points_flow f "
-                                  "WHERE f.user_id = a.user_id)"),
-                     0));
-}
+#define assert_points kt_assert_points
 
 /* ---- 1. 10,000 messages, 6 partitions, 20 % re-sent duplicates ---- */
 

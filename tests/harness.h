@@ -38,12 +38,14 @@ const char *kt_env(const char *name);
  * needed: the string is malloc'ed and lives until exit). */
 char *kt_fresh_db(const char *backend);
 
-/* A unique name with a prefix ("t-1234-5"). */
+/* A unique name with a prefix. Strings returned by kt_* functions are
+ * owned by the harness and freed at exit. */
 char *kt_unique(const char *prefix);
 
 /* Create a topic on the dev broker. */
 void kt_topic(const char *topic, int partitions);
-/* Send one control command to the dev broker; returns its reply line. */
+/* Send one control command to the dev broker; returns its reply line
+ * (owned by the harness). */
 char *kt_broker(const char *fmt, ...);
 
 /* Producer. msgid may be NULL (no header). partition -1 = by key. */
@@ -52,6 +54,18 @@ kt_producer_t *kt_producer_new(void);
 void kt_produce(kt_producer_t *p, const char *topic, int32_t partition,
                 const char *key, const char *payload, const char *msgid);
 void kt_producer_flush_destroy(kt_producer_t *p);
+
+/* Produce n points grants (ids m-<i>, orders <order_prefix>-<i>, users
+ * user_base+1..user_base+97, key = user) to topic; returns the expected
+ * total. dup_every > 0 re-sends every dup_every-th message with the same
+ * id at another offset (count in *dups_out, may be NULL). */
+long long kt_produce_grants(const char *topic, int from, int n, int dup_every,
+                            const char *order_prefix, int user_base,
+                            int *dups_out);
+
+/* Assert user_account/user_points_flow: total points and flow rows, and
+ * every balance equal to the sum of its flows. */
+void kt_assert_points(const char *url, long long total, long long flows);
 
 /* A consumer configuration on url for topics. */
 kinbox_conf_t *kt_conf(const char *url, const char *name, const char *group,
