@@ -1163,3 +1163,111 @@ ParameterizedTest(int *bidx, outbox_order, backends,
         free(topic);
         free(url);
 }
+
+/* ------------------------------------------------------------ hop by hop */
+
+typedef struct hopctx {
+        const char *out_topic;
+        atomic_int calls, dup_seen, bad;
+} hopctx_t;
+
+/* Each input message emits its next event in the consumer's transaction:
+ * pipelined (no id wanted) for most, with an id (one round trip, and a
+ * duplicate reported) for every 10th. */
+static kinbox_result_t
+hop_handler(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        hopctx_t *x = opaque;
+        atomic_fetch_add(&x->calls, 1);
+        char idem[300];
+        snprintf(idem, sizeof(idem), "next-%s", kinbox_msg_id(msg));
+        size_t n = 0;
+        const void *p = kinbox_msg_payload(msg, &n);
+        kinbox_outbox_msg_t m = {.destination = x->out_topic,
+                                 .idem_key = idem,
+                                 .aggregate_id = "hop",
+                                 .payload = p,
+                                 .payload_size = n};
+        int seq = atoi(p ? (const char *)p : "0");
+        if (seq % 10 == 0) {
+                int64_t id = 0, id2 = 0;
+                kinbox_err_t rc = kinbox_outbox_append(tx, &m, &id);
+                if (rc != KINBOX_OK || id <= 0)
+                        atomic_fetch_add(&x->bad, 1);
+                rc = kinbox_outbox_append(tx, &m, &id2);
+                if (rc == KINBOX_ERR_DUPLICATE && id2 == id)
+                        atomic_fetch_add(&x->dup_seen, 1);
+                else
+                        atomic_fetch_add(&x->bad, 1);
+        } else {
+                if (kinbox_outbox_append(tx, &m, NULL) != KINBOX_OK)
+                        atomic_fetch_add(&x->bad, 1);
+                /* A queued duplicate is a no-op, not an error. */
+                if (kinbox_outbox_append(tx, &m, NULL) != KINBOX_OK)
+                        atomic_fetch_add(&x->bad, 1);
+        }
+        return KINBOX_RESULT_OK;
+}
+
+/*
+ * kinbox_outbox_append inside a handler transaction: the next event
+ * commits with the inbox row; redelivered input adds nothing; the relay
+ * publishes every event once, in order.
+ */
+KT_BACKENDS_PARAMS(outbox_hop, backends)
+ParameterizedTest(int *bidx, outbox_hop, backends, .timeout = 180)
+{
+        const char *backend = kt_backend(*bidx);
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(backend);
+        char *in = kt_unique("obx_hop_in");
+        char *out = kt_unique("obx_hop_out");
+        char *group = kt_unique("obx_hop_g");
+        kt_topic(in, 1);
+        kt_topic(out, 1);
+        const int N = 50;
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < N; i++) {
+                char id[32], pay[16];
+                snprintf(id, sizeof(id), "in-%d", i);
+                snprintf(pay, sizeof(pay), "%d", i);
+                kt_produce(p, in, 0, "k", pay, id);
+                if (i % 7 == 0) /* redelivered duplicates */
+                        kt_produce(p, in, 0, "k", pay, id);
+        }
+        kt_producer_flush_destroy(p);
+
+        hopctx_t x;
+        memset(&x, 0, sizeof(x));
+        x.out_topic = out;
+        kinbox_conf_t *cc = kt_conf(url, "hop", group, in);
+        kt_run_t *run = kt_run_start(cc, hop_handler, NULL, &x);
+        bool ok = wait_q(url, N, 60, "SELECT count(*) FROM kinbox_outbox");
+        kt_run_stop(run);
+        cr_assert(ok, "outbox rows: %lld",
+                  q(url, "SELECT count(*) FROM kinbox_outbox"));
+        cr_assert(eq(int, atomic_load(&x.bad), 0));
+        cr_assert(atomic_load(&x.dup_seen) >= N / 10);
+
+        kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
+        trelay_t tr;
+        relay_start(&tr, r);
+        ok = wait_q(url, N, 30,
+                    "SELECT count(*) FROM kinbox_outbox WHERE "
+                    "status = 'sent'");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(ok);
+
+        tmsgs_t got;
+        consume(bootstrap, out, (size_t)N, 30, 1000, &got);
+        cr_assert(eq(sz, got.n, (size_t)N));
+        for (size_t i = 0; i < got.n; i++)
+                cr_assert(eq(int, atoi(got.v[i].value), (int)i),
+                          "order broken at %zu", i);
+        msgs_free(&got);
+        free(in);
+        free(out);
+        free(group);
+        free(url);
+}
