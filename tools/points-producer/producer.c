@@ -1,0 +1,157 @@
+/*
+ * kinbox-points-producer -- produce points-grant events for demos and
+ * benchmarks, with re-sent duplicates mixed in, and write the balances a
+ * correct consumer must end with.
+ *
+ * usage: kinbox-points-producer -b BOOTSTRAP -t TOPIC -n COUNT
+ *            [-d DUP_PERCENT] [-u USERS] [-s START] [-e EXPECTED_FILE]
+ *            [-B BAD_COUNT]
+ *
+ * Message i has header message_id = m-<i>, key = user, payload
+ * {"order_id":"o-<i>","user_id":U,"grant_points":P}. DUP_PERCENT % of the
+ * messages are sent a second time with the same id (another key, so
+ * another partition and offset). BAD_COUNT malformed messages are added
+ * (they must end in the dead-letter table). EXPECTED_FILE gets one
+ * "user_id points" line per user, sorted by user id as text.
+ */
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void
+produce(rd_kafka_t *rk, const char *topic, const char *key,
+        const char *payload, const char *id)
+{
+        rd_kafka_headers_t *h = rd_kafka_headers_new(1);
+        if (id)
+                rd_kafka_header_add(h, "message_id", -1, id, -1);
+        for (;;) {
+                rd_kafka_resp_err_t e = rd_kafka_producev(
+                    rk, RD_KAFKA_V_TOPIC(topic),
+                    RD_KAFKA_V_KEY(key, strlen(key)),
+                    RD_KAFKA_V_VALUE((void *)payload, strlen(payload)),
+                    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                    RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
+                if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                        rd_kafka_poll(rk, 20);
+                        continue;
+                }
+                if (e) {
+                        fprintf(stderr, "produce: %s\n", rd_kafka_err2str(e));
+                        exit(1);
+                }
+                break;
+        }
+        rd_kafka_poll(rk, 0);
+}
+
+static int delivery_errors;
+
+static void
+dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+        (void)rk;
+        (void)opaque;
+        if (m->err)
+                delivery_errors++;
+}
+
+int
+main(int argc, char **argv)
+{
+        const char *bootstrap = NULL, *topic = NULL, *expected = NULL;
+        long n = 0, dup = 0, users = 100, start = 0, bad = 0;
+        int ch;
+        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:h")) != -1) {
+                switch (ch) {
+                case 'b': bootstrap = optarg; break;
+                case 't': topic = optarg; break;
+                case 'n': n = strtol(optarg, NULL, 10); break;
+                case 'd': dup = strtol(optarg, NULL, 10); break;
+                case 'u': users = strtol(optarg, NULL, 10); break;
+                case 's': start = strtol(optarg, NULL, 10); break;
+                case 'e': expected = optarg; break;
+                case 'B': bad = strtol(optarg, NULL, 10); break;
+                default:
+                        fprintf(stderr,
+                                "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT "
+                                "[-d DUP_PERCENT] [-u USERS] [-s START] "
+                                "[-e EXPECTED_FILE] [-B BAD_COUNT]\n",
+                                argv[0]);
+                        return ch == 'h' ? 0 : 2;
+                }
+        }
+        if (!bootstrap || !topic || n <= 0 || users <= 0 || dup < 0 ||
+            dup > 100) {
+                fprintf(stderr, "%s: -b, -t and -n are required (see -h)\n",
+                        argv[0]);
+                return 2;
+        }
+        char err[256];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "enable.idempotence", "true", err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "linger.ms", "10", err, sizeof(err))) {
+                fprintf(stderr, "%s\n", err);
+                return 2;
+        }
+        rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err,
+                                      sizeof(err));
+        if (!rk) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+        }
+        long long *bal = calloc((size_t)users + 1, sizeof(*bal));
+        char key[32], id[32], payload[200];
+        long dups = 0;
+        for (long i = start; i < start + n; i++) {
+                long user = i % users + 1, pts = i % 13 + 1;
+                snprintf(key, sizeof(key), "u%ld", user);
+                snprintf(id, sizeof(id), "m-%ld", i);
+                snprintf(payload, sizeof(payload),
+                         "{\"order_id\":\"o-%ld\",\"user_id\":%ld,"
+                         "\"grant_points\":%ld}",
+                         i, user, pts);
+                produce(rk, topic, key, payload, id);
+                bal[user] += pts;
+                if (dup && (i * 7919) % 100 < dup) {
+                        snprintf(key, sizeof(key), "resend-%ld", i);
+                        produce(rk, topic, key, payload, id);
+                        dups++;
+                }
+        }
+        for (long i = 0; i < bad; i++) {
+                snprintf(id, sizeof(id), "bad-%ld", start + i);
+                produce(rk, topic, "bad",
+                        i % 2 ? "{\"order_id\":\"x\",\"user_id\":\"seven\"}"
+                              : "this is not JSON",
+                        id);
+        }
+        if (rd_kafka_flush(rk, 60000) || delivery_errors) {
+                fprintf(stderr, "delivery failed (%d errors)\n",
+                        delivery_errors);
+                return 1;
+        }
+        rd_kafka_destroy(rk);
+        if (expected) {
+                FILE *fp = fopen(expected, "w");
+                if (!fp) {
+                        perror(expected);
+                        return 1;
+                }
+                for (long u = 1; u <= users; u++)
+                        if (bal[u])
+                                fprintf(fp, "%ld %lld\n", u, bal[u]);
+                fclose(fp);
+        }
+        free(bal);
+        printf("produced %ld events, %ld re-sent duplicates, %ld malformed "
+               "to %s\n",
+               n, dups, bad, topic);
+        return 0;
+}
