@@ -85,6 +85,8 @@ static const prop_t props[] = {
  "Local action time limit; an overrun counts as RETRY. Must be shorter than relay.lease.ms."},
 {"relay.notify", P_BOOL, "true", 0, 0, NULL,
  "Use PostgreSQL LISTEN/NOTIFY to wake the relay at once."},
+{"relay.modules", P_STR, NULL, 0, 0, NULL,
+ "Comma-separated handler modules whose local actions the relay of `kinbox run` registers (`[relay] modules = ...`)."},
 };
 /* clang-format on */
 #define NPROPS KINBOX__ARRAY_SIZE(props)

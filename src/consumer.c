@@ -1471,7 +1471,9 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
         m->rkm = rkm;
         m->part = p;
         char why[300];
-        m->id = kinbox__msgid_extract(c->msgid_spec, rkm, why, sizeof(why));
+        kinbox__msgview_t view;
+        kinbox__msgview_of(rkm, &view);
+        m->id = kinbox__msgid_extract(c->msgid_spec, &view, why, sizeof(why));
         if (!m->id)
                 msg_set_reason(m, why);
         worker_t *w = p->w;

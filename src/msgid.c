@@ -130,43 +130,56 @@ kinbox__json_pointer(const char *json, size_t len, const char *ptr,
         return out;
 }
 
+void
+kinbox__msgview_of(const rd_kafka_message_t *rkm, kinbox__msgview_t *v)
+{
+        rd_kafka_headers_t *h = NULL;
+        v->topic = rd_kafka_topic_name(rkm->rkt);
+        v->partition = rkm->partition;
+        v->offset = rkm->offset;
+        v->key = rkm->key;
+        v->key_len = rkm->key_len;
+        v->payload = rkm->payload;
+        v->len = rkm->len;
+        /* rd_kafka_message_headers takes a non-const message. */
+        if (rd_kafka_message_headers((rd_kafka_message_t *)rkm, &h))
+                h = NULL;
+        v->headers = h;
+}
+
 char *
-kinbox__msgid_extract(const char *spec, const rd_kafka_message_t *rkm,
+kinbox__msgid_extract(const char *spec, const kinbox__msgview_t *m,
                       char *why, size_t wsz)
 {
         if (!strncmp(spec, "header:", 7)) {
-                rd_kafka_headers_t *hdrs = NULL;
                 const void *v = NULL;
                 size_t n = 0;
-                /* rd_kafka_message_headers takes a non-const message. */
-                if (rd_kafka_message_headers((rd_kafka_message_t *)rkm,
-                                             &hdrs) ||
-                    rd_kafka_header_get_last(hdrs, spec + 7, &v, &n)) {
+                if (!m->headers ||
+                    rd_kafka_header_get_last(m->headers, spec + 7, &v, &n)) {
                         kinbox__errstr(why, wsz, "no header \"%s\"", spec + 7);
                         return NULL;
                 }
                 return check_id(v, n, spec, why, wsz);
         }
         if (!strcmp(spec, "key")) {
-                if (!rkm->key) {
+                if (!m->key) {
                         kinbox__errstr(why, wsz, "message has no key");
                         return NULL;
                 }
-                return check_id(rkm->key, rkm->key_len, "key", why, wsz);
+                return check_id(m->key, m->key_len, "key", why, wsz);
         }
         if (!strncmp(spec, "json:", 5)) {
-                if (!rkm->payload) {
+                if (!m->payload) {
                         kinbox__errstr(why, wsz, "message has no payload");
                         return NULL;
                 }
-                return kinbox__json_pointer(rkm->payload, rkm->len, spec + 5,
-                                            why, wsz);
+                return kinbox__json_pointer(m->payload, m->len, spec + 5, why,
+                                            wsz);
         }
         if (!strcmp(spec, "coords")) {
                 char b[400];
-                snprintf(b, sizeof(b), "%s/%" PRId32 "/%" PRId64,
-                         rd_kafka_topic_name(rkm->rkt), rkm->partition,
-                         rkm->offset);
+                snprintf(b, sizeof(b), "%s/%" PRId32 "/%" PRId64, m->topic,
+                         m->partition, m->offset);
                 return check_id(b, strlen(b), "coords", why, wsz);
         }
         kinbox__errstr(why, wsz, "unknown message_id source \"%s\"", spec);

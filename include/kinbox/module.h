@@ -13,11 +13,18 @@
 #include "export.h"
 #include "conf.h"
 #include "handler.h"
+#include "outbox.h"
 
 KINBOX_BEGIN_DECLS
 
 /** Bumped whenever ::kinbox_module_t changes shape. */
 #define KINBOX_MODULE_ABI_VERSION 1
+
+/** A local action a module provides to the relay (`action:NAME` rows). */
+typedef struct kinbox_module_action {
+        const char *name;   /**< NAME of `action:NAME` */
+        kinbox_action_fn fn; /**< called with opaque = NULL */
+} kinbox_module_action_t;
 
 /** The versioned descriptor of a handler module. */
 typedef struct kinbox_module {
@@ -42,6 +49,10 @@ typedef struct kinbox_module {
         kinbox_batch_handler_fn handle_batch;
         /** Called after the consumer stopped. May be NULL. */
         void (*fini)(void *opaque);
+        /** Local actions, terminated by {NULL, NULL}; may be NULL. The
+         *  relay of `kinbox run` registers those of the modules listed in
+         *  `relay.modules`. */
+        const kinbox_module_action_t *actions;
 } kinbox_module_t;
 
 KINBOX_END_DECLS

@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,14 +80,9 @@ usage_cmd(const char *cmd, FILE *fp)
 }
 
 static const kinbox_module_t *
-find_module(const kinbox_conf_t *conf, char *err, size_t sz)
+find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
+                  size_t sz)
 {
-        const char *name = kinbox_conf_get(conf, "handler");
-        if (!name) {
-                snprintf(err, sz, "consumer.%s: no handler configured",
-                         kinbox_conf_get(conf, "name"));
-                return NULL;
-        }
         for (size_t i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++)
                 if (!strcmp(builtins[i]->name, name))
                         return builtins[i];
@@ -121,9 +117,28 @@ find_module(const kinbox_conf_t *conf, char *err, size_t sz)
                          KINBOX_MODULE_ABI_VERSION);
                 return NULL;
         }
-        if (!m->handle && !m->handle_batch) {
-                snprintf(err, sz, "handler \"%s\": %s has no handle function",
-                         name, path);
+        if (strcmp(m->name ? m->name : "", name)) {
+                snprintf(err, sz,
+                         "handler \"%s\": %s describes itself as \"%s\"",
+                         name, path, m->name ? m->name : "");
+                return NULL;
+        }
+        return m;
+}
+
+static const kinbox_module_t *
+find_module(const kinbox_conf_t *conf, char *err, size_t sz)
+{
+        const char *name = kinbox_conf_get(conf, "handler");
+        if (!name) {
+                snprintf(err, sz, "consumer.%s: no handler configured",
+                         kinbox_conf_get(conf, "name"));
+                return NULL;
+        }
+        const kinbox_module_t *m = find_module_named(conf, name, err, sz);
+        if (m && !m->handle && !m->handle_batch) {
+                snprintf(err, sz, "handler \"%s\" has no handle function",
+                         name);
                 return NULL;
         }
         return m;
@@ -230,6 +245,7 @@ typedef struct runner {
 
 static runner_t *g_runners;
 static int g_nrunners;
+static kinbox_relay_t *g_relay;
 
 static void
 on_signal(int sig)
@@ -237,6 +253,62 @@ on_signal(int sig)
         (void)sig;
         for (int i = 0; i < g_nrunners; i++)
                 kinbox_consumer_stop(g_runners[i].c);
+        if (g_relay)
+                kinbox_relay_stop(g_relay);
+}
+
+static kinbox_err_t g_relay_rc;
+
+static void *
+relay_thread(void *arg)
+{
+        g_relay_rc = kinbox_relay_run(arg);
+        if (g_relay_rc)
+                on_signal(0);
+        return NULL;
+}
+
+/* The relay of `kinbox run`: base settings + [relay], actions of the
+ * modules named in relay.modules. */
+static kinbox_relay_t *
+relay_create(kb_config_t *cfg, char *err, size_t sz)
+{
+        const char *mods = kinbox_conf_get(cfg->relay, "relay.modules");
+        char list[512];
+        snprintf(list, sizeof(list), "%s", mods ? mods : "");
+        const kinbox_module_t *found[16];
+        int nfound = 0;
+        for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
+             tok = strtok_r(NULL, ", ", &save)) {
+                const kinbox_module_t *m =
+                    find_module_named(cfg->relay, tok, err, sz);
+                if (!m)
+                        return NULL;
+                if (nfound < 16)
+                        found[nfound++] = m;
+        }
+        kinbox_conf_t *rc = kinbox_conf_dup(cfg->relay);
+        if (!rc) {
+                snprintf(err, sz, "out of memory");
+                return NULL;
+        }
+        kinbox_relay_t *r = kinbox_relay_new(rc, err, sz);
+        if (!r) {
+                kinbox_conf_destroy(rc);
+                return NULL;
+        }
+        for (int i = 0; i < nfound; i++)
+                for (const kinbox_module_action_t *a = found[i]->actions;
+                     a && a->name; a++)
+                        if (kinbox_relay_register_action(r, a->name, a->fn,
+                                                         NULL)) {
+                                snprintf(err, sz,
+                                         "relay: cannot register action %s",
+                                         a->name);
+                                kinbox_relay_destroy(r);
+                                return NULL;
+                        }
+        return r;
 }
 
 static void *
@@ -260,14 +332,15 @@ cmd_run(int argc, char **argv)
                 fprintf(stderr, "kinbox run: %s\n", err);
                 return EX_USAGE;
         }
-        if (!cfg.nconsumers) {
+        if (!cfg.nconsumers && !cfg.relay_enabled) {
                 fprintf(stderr,
-                        "kinbox run: %s has no [consumer.NAME] section\n",
+                        "kinbox run: %s has no [consumer.NAME] section and "
+                        "no enabled [relay]\n",
                         path);
                 kb_config_free(&cfg);
                 return EX_USAGE;
         }
-        runner_t *rs = calloc((size_t)cfg.nconsumers, sizeof(*rs));
+        runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
         int status = 0;
         if (!rs) {
                 kb_config_free(&cfg);
@@ -307,16 +380,34 @@ cmd_run(int argc, char **argv)
                         kinbox_consumer_set_handler(r->c, r->mod->handle,
                                                     r->opaque);
         }
+        kinbox_relay_t *relay = NULL;
+        pthread_t relay_thr;
+        if (!status && cfg.relay_enabled) {
+                relay = relay_create(&cfg, err, sizeof(err));
+                if (!relay) {
+                        fprintf(stderr, "kinbox run: [relay]: %s\n", err);
+                        status = EX_USAGE;
+                }
+        }
         if (!status) {
                 g_runners = rs;
                 g_nrunners = n;
+                g_relay = relay;
                 struct sigaction sa;
                 memset(&sa, 0, sizeof(sa));
                 sa.sa_handler = on_signal;
                 sigaction(SIGTERM, &sa, NULL);
                 sigaction(SIGINT, &sa, NULL);
+                bool relay_started = false;
+                if (relay) {
+                        if (pthread_create(&relay_thr, NULL, relay_thread,
+                                           relay))
+                                status = EX_RUNTIME;
+                        else
+                                relay_started = true;
+                }
                 int started = 0;
-                for (; started < n; started++)
+                for (; started < n && !status; started++)
                         if (pthread_create(&rs[started].thr, NULL, run_thread,
                                            &rs[started])) {
                                 on_signal(0);
@@ -334,6 +425,27 @@ cmd_run(int argc, char **argv)
                                 if (!status)
                                         status = exit_for(rs[i].rc);
                         }
+                }
+                if (relay_started) {
+                        pthread_join(relay_thr, NULL);
+                        kinbox_relay_stats_t rst;
+                        kinbox_relay_stats(relay, &rst);
+                        if (g_relay_rc) {
+                                fprintf(stderr, "kinbox run: relay: %s: %s\n",
+                                        kinbox_err_name(g_relay_rc),
+                                        kinbox_relay_errstr(relay));
+                                if (!status)
+                                        status = exit_for(g_relay_rc);
+                        }
+                        fprintf(stderr,
+                                "kinbox run: relay: published %llu, actions "
+                                "%llu, retried %llu, dead %llu, conflicts "
+                                "%llu\n",
+                                (unsigned long long)rst.published,
+                                (unsigned long long)rst.actions_ok,
+                                (unsigned long long)rst.retried,
+                                (unsigned long long)rst.dead,
+                                (unsigned long long)rst.conflicts);
                 }
                 for (int i = 0; i < n; i++) {
                         kinbox_consumer_stats_t st;
@@ -356,6 +468,8 @@ cmd_run(int argc, char **argv)
                         rs[i].mod->fini(rs[i].opaque);
         }
         g_nrunners = 0;
+        g_relay = NULL;
+        kinbox_relay_destroy(relay);
         free(rs);
         kb_config_free(&cfg);
         return status;

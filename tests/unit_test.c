@@ -1,0 +1,268 @@
+/*
+ * unit_test.c -- pure functions: configuration, message ids, URLs,
+ * backoff, errors, JSON escaping. No services needed.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <librdkafka/rdkafka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kinbox/kinbox.h>
+
+#include "db.h"
+#include "internal.h"
+#include "msgid.h"
+
+Test(conf, defaults_and_set)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        cr_assert(eq(str, (char *)kinbox_conf_get(c, "batch.max"), "500"));
+        cr_assert(eq(str, (char *)kinbox_conf_get(c, "message_id"),
+                     "header:message_id"));
+        cr_assert(eq(int, kinbox_conf_set(c, "batch.max", "64", e, sizeof(e)),
+                     KINBOX_OK));
+        cr_assert(eq(i64, kinbox__conf_int(c, "batch.max"), 64));
+        /* group.id defaults to the name */
+        kinbox_conf_set(c, "name", "points", e, sizeof(e));
+        cr_assert(eq(str, (char *)kinbox_conf_get(c, "group.id"), "points"));
+        kinbox_conf_t *d = kinbox_conf_dup(c);
+        kinbox_conf_set(c, "batch.max", "7", e, sizeof(e));
+        cr_assert(eq(str, (char *)kinbox_conf_get(d, "batch.max"), "64"));
+        kinbox_conf_destroy(d);
+        kinbox_conf_destroy(c);
+        kinbox_conf_destroy(NULL);
+}
+
+Test(conf, errors_name_the_key)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        cr_assert(eq(int, kinbox_conf_set(c, "batch.maxx", "1", e, sizeof(e)),
+                     KINBOX_ERR_UNKNOWN_KEY));
+        cr_assert(strstr(e, "batch.maxx") != NULL);
+        cr_assert(eq(int, kinbox_conf_set(c, "batch.max", "0", e, sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        cr_assert(strstr(e, "batch.max") != NULL && strstr(e, "range"));
+        cr_assert(eq(int, kinbox_conf_set(c, "workers", "two", e, sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        cr_assert(eq(int, kinbox_conf_set(c, "message_id", "body", e,
+                                          sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        cr_assert(eq(int, kinbox_conf_set(c, "log.format", "xml", e,
+                                          sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        cr_assert(eq(int, kinbox_conf_set(c, "inbox.retention", "2 weeks", e,
+                                          sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        /* the old value is kept */
+        cr_assert(eq(str, (char *)kinbox_conf_get(c, "batch.max"), "500"));
+        kinbox_conf_destroy(c);
+}
+
+Test(conf, durations_and_kafka_passthrough)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        kinbox_conf_set(c, "inbox.retention", "14d", e, sizeof(e));
+        cr_assert(eq(i64, kinbox__conf_int(c, "inbox.retention"),
+                     14LL * 86400 * 1000));
+        kinbox_conf_set(c, "prune.interval", "1500ms", e, sizeof(e));
+        cr_assert(eq(i64, kinbox__conf_int(c, "prune.interval"), 1500));
+        kinbox_conf_set(c, "prune.interval", "90", e, sizeof(e));
+        cr_assert(eq(i64, kinbox__conf_int(c, "prune.interval"), 90000));
+        cr_assert(eq(int, kinbox_conf_set(c, "prune.interval", "250ms", e,
+                                          sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        cr_assert(eq(int, kinbox_conf_set(c, "kafka.fetch.wait.max.ms", "5",
+                                          e, sizeof(e)),
+                     KINBOX_OK));
+        cr_assert(eq(str, (char *)kinbox_conf_get(c, "kafka.fetch.wait.max.ms"),
+                     "5"));
+        cr_assert(kinbox_conf_get(c, "kafka.nope") == NULL);
+        kinbox_conf_destroy(c);
+}
+
+Test(conf, kafka_property_refused_by_librdkafka)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        kinbox_conf_set(c, "database.url", "postgresql://x@127.0.0.1/x", e,
+                        sizeof(e));
+        kinbox_conf_set(c, "topics", "t", e, sizeof(e));
+        kinbox_conf_set(c, "kafka.bootstrap.servers", "127.0.0.1:1", e,
+                        sizeof(e));
+        kinbox_conf_set(c, "kafka.no.such.property", "1", e, sizeof(e));
+        kinbox_consumer_t *k = kinbox_consumer_new(c, e, sizeof(e));
+        cr_assert(k == NULL);
+        cr_assert(strstr(e, "kafka.no.such.property") != NULL, "%s", e);
+        kinbox_conf_destroy(c); /* still ours on failure */
+}
+
+Test(conf, consumer_requires_topics_and_url)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        kinbox_consumer_t *k = kinbox_consumer_new(c, e, sizeof(e));
+        cr_assert(k == NULL);
+        cr_assert(strstr(e, "database.url") != NULL, "%s", e);
+        kinbox_conf_set(c, "database.url", "oracle://x", e, sizeof(e));
+        k = kinbox_consumer_new(c, e, sizeof(e));
+        cr_assert(k == NULL);
+        cr_assert(strstr(e, "unsupported scheme") != NULL, "%s", e);
+        kinbox_conf_destroy(c);
+}
+
+Test(dburl, parse)
+{
+        kinbox__dburl_t u;
+        char e[256];
+        cr_assert(eq(int, kinbox__dburl_parse(
+                              "mysql://app:s%40cret@db.local:3307/shop", &u,
+                              e, sizeof(e)),
+                     0));
+        cr_assert(eq(int, u.backend, KINBOX_BACKEND_MYSQL));
+        cr_assert(eq(str, u.user, "app"));
+        cr_assert(eq(str, u.password, "s@cret"));
+        cr_assert(eq(str, u.host, "db.local"));
+        cr_assert(eq(int, u.port, 3307));
+        cr_assert(eq(str, u.dbname, "shop"));
+        kinbox__dburl_free(&u);
+        cr_assert(eq(int, kinbox__dburl_parse("postgresql://[::1]:5433/a?sslmode=disable",
+                                              &u, e, sizeof(e)),
+                     0));
+        cr_assert(eq(str, u.host, "::1"));
+        cr_assert(eq(int, u.port, 5433));
+        cr_assert(eq(str, u.params, "sslmode=disable"));
+        kinbox__dburl_free(&u);
+        cr_assert(eq(int, kinbox__dburl_parse("mysql://h:99999/x", &u, e,
+                                              sizeof(e)),
+                     -1));
+}
+
+/* A message view with a real librdkafka header list. */
+static kinbox__msgview_t *
+view(const char *payload, const char *key, const char *hname,
+     const char *hval, size_t hlen)
+{
+        kinbox__msgview_t *m = calloc(1, sizeof(*m));
+        m->topic = "orders";
+        m->partition = 3;
+        m->offset = 42;
+        m->payload = payload;
+        m->len = payload ? strlen(payload) : 0;
+        m->key = key;
+        m->key_len = key ? strlen(key) : 0;
+        if (hname) {
+                rd_kafka_headers_t *h = rd_kafka_headers_new(1);
+                rd_kafka_header_add(h, hname, -1, hval, (ssize_t)hlen);
+                m->headers = h;
+        }
+        return m;
+}
+
+static void
+free_msg(kinbox__msgview_t *m)
+{
+        if (m->headers)
+                rd_kafka_headers_destroy((rd_kafka_headers_t *)m->headers);
+        free(m);
+}
+
+Test(msgid, sources)
+{
+        char why[256];
+        kinbox__msgview_t *m =
+            view("{\"a\":{\"id\":\"x-1\",\"n\":7},\"b/c\":\"s\"}", "k-9",
+                     "message_id", "h-5", 3);
+        char *id = kinbox__msgid_extract("header:message_id", m, why,
+                                         sizeof(why));
+        cr_assert(eq(str, id, "h-5"));
+        free(id);
+        id = kinbox__msgid_extract("key", m, why, sizeof(why));
+        cr_assert(eq(str, id, "k-9"));
+        free(id);
+        id = kinbox__msgid_extract("json:/a/id", m, why, sizeof(why));
+        cr_assert(eq(str, id, "x-1"));
+        free(id);
+        id = kinbox__msgid_extract("json:/a/n", m, why, sizeof(why));
+        cr_assert(eq(str, id, "7"));
+        free(id);
+        id = kinbox__msgid_extract("json:/b~1c", m, why, sizeof(why));
+        cr_assert(eq(str, id, "s"));
+        free(id);
+        id = kinbox__msgid_extract("coords", m, why, sizeof(why));
+        cr_assert(eq(str, id, "orders/3/42"));
+        free(id);
+        id = kinbox__msgid_extract("json:/a/missing", m, why, sizeof(why));
+        cr_assert(id == NULL);
+        cr_assert(strstr(why, "/a/missing") != NULL);
+        id = kinbox__msgid_extract("header:other", m, why, sizeof(why));
+        cr_assert(id == NULL);
+        cr_assert(eq(str, why, "no header \"other\""));
+        free_msg(m);
+}
+
+Test(msgid, bad_ids_are_refused)
+{
+        char why[256];
+        char big[300];
+        memset(big, 'x', sizeof(big) - 1);
+        big[sizeof(big) - 1] = '\0';
+        kinbox__msgview_t *m = view("not json", NULL, "message_id", big,
+                                         strlen(big));
+        cr_assert(kinbox__msgid_extract("header:message_id", m, why,
+                                        sizeof(why)) == NULL);
+        cr_assert(strstr(why, "longer than 255") != NULL, "%s", why);
+        cr_assert(kinbox__msgid_extract("key", m, why, sizeof(why)) == NULL);
+        cr_assert(eq(str, why, "message has no key"));
+        cr_assert(kinbox__msgid_extract("json:/id", m, why, sizeof(why)) ==
+                  NULL);
+        cr_assert(strstr(why, "not valid JSON") != NULL);
+        free_msg(m);
+        m = view("{}", NULL, "message_id", "a\xff", 2);
+        cr_assert(kinbox__msgid_extract("header:message_id", m, why,
+                                        sizeof(why)) == NULL);
+        cr_assert(strstr(why, "UTF-8") != NULL);
+        free_msg(m);
+        m = view("{}", NULL, "message_id", "", 0);
+        cr_assert(kinbox__msgid_extract("header:message_id", m, why,
+                                        sizeof(why)) == NULL);
+        cr_assert(strstr(why, "empty") != NULL);
+        free_msg(m);
+}
+
+Test(util, backoff_full_jitter_bounds)
+{
+        for (int attempt = 0; attempt < 20; attempt++)
+                for (int i = 0; i < 200; i++) {
+                        int64_t d = kinbox__backoff_ms(attempt, 100, 5000);
+                        int64_t ceil = 100LL << (attempt < 10 ? attempt : 10);
+                        if (ceil > 5000)
+                                ceil = 5000;
+                        cr_assert(ge(i64, d, 1));
+                        cr_assert(le(i64, d, ceil));
+                }
+}
+
+Test(util, errors_have_names)
+{
+        cr_assert(eq(str, (char *)kinbox_err_name(KINBOX_ERR_DUPLICATE),
+                     "KINBOX_ERR_DUPLICATE"));
+        cr_assert(eq(str, (char *)kinbox_err_name(KINBOX_OK), "KINBOX_ERR_OK"));
+        cr_assert(eq(str, (char *)kinbox_err_name((kinbox_err_t)-999),
+                     "KINBOX_ERR_?"));
+        cr_assert(eq(str, (char *)kinbox_strerror(KINBOX_ERR_COMMIT_UNKNOWN),
+                     "commit outcome unknown"));
+        cr_assert(eq(str, (char *)kinbox_version(), "0.1.0"));
+}
+
+Test(util, json_escaping)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_json_str(&b, "a\"b\\c\n\x01\xff\xc3\xa9", 10);
+        cr_assert(eq(str, b.p, "\"a\\\"b\\\\c\\u000a\\u0001\\u00ff\xc3\xa9\""));
+        kinbox__buf_free(&b);
+}
