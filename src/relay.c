@@ -31,6 +31,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1247,6 +1248,13 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
                         set_err(v[i].err, e);
                         v[i].out = OUT_RETRY;
                 }
+        }
+
+        /* Crash window for the tests: published, not yet marked sent. */
+        if (kinbox__fault("relay_after_publish")) {
+                rlog(r, KINBOX_LOG_WARNING,
+                     "fault relay_after_publish: SIGKILL before the marks");
+                raise(SIGKILL);
         }
 
         uint64_t conflicts = 0, sconf = 0, published = 0, actions_ok = 0,
