@@ -714,20 +714,30 @@ queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
 static int
 queue_watermarks(kinbox_consumer_t *c, worker_t *w)
 {
-        for (size_t i = 0; i < w->nmsgs; i++) {
+        /* Walk backwards: the first message seen of a partition is its last
+         * committed one. A batch spans few partitions; a short list does. */
+        part_t *seen[64];
+        size_t nseen = 0;
+        for (size_t i = w->nmsgs; i-- > 0;) {
                 kinbox_msg_t *m = w->msgs[i];
                 if (m->state == M_CUT)
                         continue;
-                /* Only the last committed message of its partition. */
-                bool last = true;
-                for (size_t j = i + 1; j < w->nmsgs; j++)
-                        if (w->msgs[j]->part == m->part &&
-                            w->msgs[j]->state != M_CUT) {
-                                last = false;
-                                break;
-                        }
-                if (!last)
+                bool dup = false;
+                for (size_t k = 0; k < nseen && !dup; k++)
+                        dup = seen[k] == m->part;
+                if (dup)
                         continue;
+                if (nseen < KINBOX__ARRAY_SIZE(seen)) {
+                        seen[nseen++] = m->part;
+                } else {
+                        /* Very many partitions: fall back to a scan. */
+                        bool later = false;
+                        for (size_t j = i + 1; j < w->nmsgs && !later; j++)
+                                later = w->msgs[j]->part == m->part &&
+                                        w->msgs[j]->state != M_CUT;
+                        if (later)
+                                continue;
+                }
                 char part[16], off[24];
                 snprintf(part, sizeof(part), "%" PRId32, m->rkm->partition);
                 snprintf(off, sizeof(off), "%" PRId64, m->rkm->offset + 1);
