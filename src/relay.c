@@ -856,6 +856,8 @@ static const char pg_claim_sql[] =
     " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
     "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
     "  AND p.status = 'pending' AND p.id < o.id))"
+    " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+    "  WHERE z.destination = o.destination)"
     " ORDER BY o.id LIMIT $1::integer"
     " FOR UPDATE OF o SKIP LOCKED)"
     " UPDATE kinbox_outbox t SET"
@@ -874,6 +876,8 @@ static const char my_candidates_fmt[] =
     " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
     "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
     "  AND p.status = 'pending' AND p.id < o.id))"
+    " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+    "  WHERE z.destination = o.destination)"
     " ORDER BY o.id LIMIT %" PRId64;
 
 #define CLAIM_COLS                                                             \
