@@ -275,3 +275,50 @@ ParameterizedTest(int *backend, consumer, per_partition_order,
         cr_assert(eq(int, oc.violations, 0));
         cr_assert(gt(int, oc.seen, 2000)); /* retries and re-runs happened */
 }
+
+/* ---- rebalancing with the cooperative-sticky assignor ---- */
+
+KT_BACKENDS_PARAMS(consumer, cooperative_rebalance)
+ParameterizedTest(int *backend, consumer, cooperative_rebalance,
+                  .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("tco");
+        char *group = kt_unique("gco");
+        kt_topic(topic, 6);
+        kinbox_conf_t *c1 = kt_conf(url, "points", group, topic);
+        kt_set(c1, "kafka.partition.assignment.strategy", "cooperative-sticky");
+        kt_set(c1, "batch.max", "50");
+        kinbox_conf_t *c2 = kinbox_conf_dup(c1);
+        kt_run_t *a = kt_run_start(c1, NULL,
+                                   kinbox_points_module.handle_batch, NULL);
+        long long total = produce_grants(topic, 0, 1500, 10, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
+                                       1500, 60),
+                     1500));
+        /* A second member joins: partitions move incrementally. */
+        kt_run_t *b = kt_run_start(c2, NULL,
+                                   kinbox_points_module.handle_batch, NULL);
+        for (int round = 0; round < 3; round++) {
+                total += produce_grants(topic, 1500 + round * 500, 500, 10,
+                                        NULL);
+                sleep(2);
+        }
+        /* The first leaves cleanly mid-stream: its partitions move back. */
+        kt_run_stop(a);
+        total += produce_grants(topic, 3000, 1000, 10, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
+                                       4000, 90),
+                     4000));
+        long long high = kt_high_sum(topic, 6);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
+                                            "kinbox_offsets",
+                                       high, 60),
+                     high));
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(b), &st);
+        kt_run_stop(b);
+        assert_points(url, total, 4000);
+        cr_assert(gt(u64, st.processed, 0));
+        cr_assert(eq(i64, kt_committed_sum(group, topic, 6), high));
+}
