@@ -23,7 +23,10 @@ KINBOX_BEGIN_DECLS
 /** A local action a module provides to the relay (`action:NAME` rows). */
 typedef struct kinbox_module_action {
         const char *name;   /**< NAME of `action:NAME` */
-        kinbox_action_fn fn; /**< called with opaque = NULL */
+        /** Called by the relay of `kinbox run` with opaque = the relay's
+         *  configuration (`const kinbox_conf_t *`, read-only, valid while
+         *  the relay runs: `database.url` etc.). */
+        kinbox_action_fn fn;
 } kinbox_module_action_t;
 
 /** The versioned descriptor of a handler module. */

@@ -15,6 +15,8 @@
 
 #include <kinbox/kinbox.h>
 
+#include "../../handlers/deposit/deposit.h"
+#include "../../handlers/ledger/ledger.h"
 #include "../../handlers/points/points.h"
 #include "config.h"
 
@@ -25,6 +27,8 @@
 static const kinbox_module_t *const builtins[] = {
     &kinbox_points_module,
     &kinbox_points_single_module,
+    &kinbox_ledger_module,
+    &kinbox_deposit_module,
 };
 
 static void
@@ -231,6 +235,28 @@ cmd_migrate(int argc, char **argv)
                 }
                 printf("handler %s schema: up to date\n", m->name);
         }
+        /* Modules named in [relay] modules (their actions' tables). */
+        const char *mods =
+            cfg.relay ? kinbox_conf_get(cfg.relay, "relay.modules") : NULL;
+        char list[512];
+        snprintf(list, sizeof(list), "%s", mods ? mods : "");
+        for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
+             tok = strtok_r(NULL, ", ", &save)) {
+                const kinbox_module_t *m =
+                    find_module_named(cfg.relay, tok, err, sizeof(err));
+                if (!m) {
+                        fprintf(stderr, "kinbox migrate: [relay]: %s\n", err);
+                        kb_config_free(&cfg);
+                        return EX_USAGE;
+                }
+                rc = kinbox_migrate_module(cfg.relay, m, err, sizeof(err));
+                if (rc) {
+                        fprintf(stderr, "kinbox migrate: %s\n", err);
+                        kb_config_free(&cfg);
+                        return exit_for(rc);
+                }
+                printf("module %s schema: up to date\n", m->name);
+        }
         kb_config_free(&cfg);
         return 0;
 }
@@ -300,8 +326,10 @@ relay_create(kb_config_t *cfg, char *err, size_t sz)
         for (int i = 0; i < nfound; i++)
                 for (const kinbox_module_action_t *a = found[i]->actions;
                      a && a->name; a++)
-                        if (kinbox_relay_register_action(r, a->name, a->fn,
-                                                         NULL)) {
+                        /* Actions get the relay's configuration (for
+                         * database.url); cfg outlives the relay. */
+                        if (kinbox_relay_register_action(
+                                r, a->name, a->fn, (void *)cfg->relay)) {
                                 snprintf(err, sz,
                                          "relay: cannot register action %s",
                                          a->name);
