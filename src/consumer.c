@@ -19,6 +19,7 @@
  */
 #include "db.h"
 #include "internal.h"
+#include "metrics.h"
 #include "msgid.h"
 #include "tx.h"
 
@@ -44,6 +45,8 @@ struct kinbox_msg_s {
         int failures; /* RETRY results (and failed statements) so far */
         int state;    /* per batch run, see enum mstate */
         kinbox_msg_t *next;
+        /* Set instead of rkm/part for a replayed dead letter (replay.c). */
+        const kinbox__msg_parts_t *parts;
 };
 
 enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT };
@@ -90,6 +93,7 @@ struct kinbox_tx_s {
         int tag;            /* index of the running message, -2 batch */
         bool failed;        /* a statement of the current handler failed */
         char reason[512];   /* kinbox_tx_set_error() */
+        const char *consumer; /* when c is NULL (replay) */
 };
 
 struct kinbox_consumer_s {
@@ -123,18 +127,24 @@ struct kinbox_consumer_s {
 const char *
 kinbox_msg_topic(const kinbox_msg_t *m)
 {
+        if (m->parts)
+                return m->parts->topic;
         return m->part->topic;
 }
 
 int32_t
 kinbox_msg_partition(const kinbox_msg_t *m)
 {
+        if (m->parts)
+                return m->parts->partition;
         return m->rkm->partition;
 }
 
 int64_t
 kinbox_msg_offset(const kinbox_msg_t *m)
 {
+        if (m->parts)
+                return m->parts->offset;
         return m->rkm->offset;
 }
 
@@ -142,12 +152,19 @@ int64_t
 kinbox_msg_timestamp(const kinbox_msg_t *m)
 {
         rd_kafka_timestamp_type_t t;
+        if (m->parts)
+                return m->parts->timestamp;
         return rd_kafka_message_timestamp(m->rkm, &t);
 }
 
 const void *
 kinbox_msg_key(const kinbox_msg_t *m, size_t *sizep)
 {
+        if (m->parts) {
+                if (sizep)
+                        *sizep = m->parts->key_len;
+                return m->parts->key;
+        }
         if (sizep)
                 *sizep = m->rkm->key_len;
         return m->rkm->key;
@@ -156,6 +173,11 @@ kinbox_msg_key(const kinbox_msg_t *m, size_t *sizep)
 const void *
 kinbox_msg_payload(const kinbox_msg_t *m, size_t *sizep)
 {
+        if (m->parts) {
+                if (sizep)
+                        *sizep = m->parts->len;
+                return m->parts->payload;
+        }
         if (sizep)
                 *sizep = m->rkm->len;
         return m->rkm->payload;
@@ -177,6 +199,8 @@ size_t
 kinbox_msg_header_count(const kinbox_msg_t *m)
 {
         rd_kafka_headers_t *h = NULL;
+        if (m->parts)
+                return m->parts->nheaders;
         if (rd_kafka_message_headers(m->rkm, &h) || !h)
                 return 0;
         return rd_kafka_header_cnt(h);
@@ -186,6 +210,12 @@ kinbox_err_t
 kinbox_msg_header_at(const kinbox_msg_t *m, size_t idx, kinbox_header_t *hdr)
 {
         rd_kafka_headers_t *h = NULL;
+        if (m->parts) {
+                if (idx >= m->parts->nheaders)
+                        return KINBOX_ERR_NOT_FOUND;
+                *hdr = m->parts->headers[idx];
+                return KINBOX_OK;
+        }
         if (rd_kafka_message_headers(m->rkm, &h) || !h ||
             rd_kafka_header_get_all(h, idx, &hdr->name, &hdr->value,
                                     &hdr->size))
@@ -198,6 +228,16 @@ kinbox_msg_header(const kinbox_msg_t *m, const char *name,
                   const void **valuep, size_t *sizep)
 {
         rd_kafka_headers_t *h = NULL;
+        if (m->parts) {
+                /* The last header of that name wins, as in librdkafka. */
+                for (size_t i = m->parts->nheaders; i-- > 0;)
+                        if (!strcmp(m->parts->headers[i].name, name)) {
+                                *valuep = m->parts->headers[i].value;
+                                *sizep = m->parts->headers[i].size;
+                                return KINBOX_OK;
+                        }
+                return KINBOX_ERR_NOT_FOUND;
+        }
         if (rd_kafka_message_headers(m->rkm, &h) || !h ||
             rd_kafka_header_get_last(h, name, valuep, sizep))
                 return KINBOX_ERR_NOT_FOUND;
@@ -249,7 +289,114 @@ kinbox_tx_backend(const kinbox_tx_t *tx)
 const char *
 kinbox_tx_consumer(const kinbox_tx_t *tx)
 {
-        return tx->c->name;
+        return tx->c ? tx->c->name : tx->consumer;
+}
+
+/* ------------------------------------------------------------------ */
+/* stored messages and transactions outside a consumer (replay.c) */
+
+kinbox_msg_t *
+kinbox__msg_from_parts(const kinbox__msg_parts_t *parts)
+{
+        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
+        if (!m)
+                return NULL;
+        m->parts = parts;
+        m->id = kinbox__strdup(parts->id);
+        m->attempt = 1;
+        return m;
+}
+
+void
+kinbox__msg_destroy(kinbox_msg_t *m)
+{
+        if (!m)
+                return;
+        free(m->id);
+        free(m->reason);
+        free(m);
+}
+
+const char *
+kinbox__msg_reason(const kinbox_msg_t *m)
+{
+        return m->reason;
+}
+
+kinbox_tx_t *
+kinbox__tx_new(kinbox__db_t *db, const char *consumer)
+{
+        kinbox_tx_t *tx = kinbox__calloc(1, sizeof(*tx));
+        if (!tx)
+                return NULL;
+        tx->db = db;
+        tx->consumer = consumer;
+        return tx;
+}
+
+void
+kinbox__tx_destroy(kinbox_tx_t *tx)
+{
+        free(tx);
+}
+
+void
+kinbox__tx_reset(kinbox_tx_t *tx)
+{
+        tx->tag = 0;
+        tx->failed = false;
+        tx->reason[0] = '\0';
+}
+
+bool
+kinbox__tx_failed(const kinbox_tx_t *tx)
+{
+        return tx->failed;
+}
+
+const char *
+kinbox__tx_reason(const kinbox_tx_t *tx)
+{
+        return tx->reason;
+}
+
+/* Metrics: the consumer's counters as absolute values (they are
+ * cumulative since kinbox_consumer_new()). */
+static void
+metrics_stats(kinbox_consumer_t *c)
+{
+        static const char *const res[] = {"processed", "duplicate", "dead",
+                                          "retried"};
+        uint64_t v[4] = {atomic_load(&c->st_processed),
+                         atomic_load(&c->st_dup), atomic_load(&c->st_dead),
+                         atomic_load(&c->st_retried)};
+        char l[300];
+        for (int i = 0; i < 4; i++)
+                kinbox__m_set("kinbox_consumer_messages_total",
+                              kinbox__m_labels(l, sizeof(l), "consumer",
+                                               c->name, "result", res[i],
+                                               (char *)NULL),
+                              (double)v[i]);
+        kinbox__m_labels(l, sizeof(l), "consumer", c->name, (char *)NULL);
+        kinbox__m_set("kinbox_consumer_batches_total", l,
+                      (double)atomic_load(&c->st_batches));
+        kinbox__m_set("kinbox_consumer_rollbacks_total", l,
+                      (double)atomic_load(&c->st_rolled_back));
+}
+
+/* Metrics: partitions assigned now (after a rebalance callback). */
+static void
+metrics_assignment(kinbox_consumer_t *c, rd_kafka_t *rk)
+{
+        rd_kafka_topic_partition_list_t *l = NULL;
+        char lb[300];
+        if (rd_kafka_assignment(rk, &l) || !l)
+                return;
+        kinbox__m_set("kinbox_consumer_assigned_partitions",
+                      kinbox__m_labels(lb, sizeof(lb), "consumer", c->name,
+                                       (char *)NULL),
+                      l->cnt);
+        rd_kafka_topic_partition_list_destroy(l);
 }
 
 static kinbox_err_t
@@ -647,6 +794,25 @@ store_offsets(kinbox_consumer_t *c, worker_t *w)
                 if (m->rkm->offset + 1 > tp->offset)
                         tp->offset = m->rkm->offset + 1;
         }
+        for (int i = 0; i < l->cnt; i++) {
+                /* Lag from the cached high watermark (no broker call). */
+                int64_t lo = 0, hi = 0;
+                char lb[400], pn[16];
+                snprintf(pn, sizeof(pn), "%" PRId32, l->elems[i].partition);
+                if (!rd_kafka_get_watermark_offsets(
+                        c->rk, l->elems[i].topic, l->elems[i].partition, &lo,
+                        &hi) &&
+                    hi >= 0)
+                        kinbox__m_set(
+                            "kinbox_consumer_lag",
+                            kinbox__m_labels(lb, sizeof(lb), "consumer",
+                                             c->name, "topic",
+                                             l->elems[i].topic, "partition",
+                                             pn, (char *)NULL),
+                            (double)(hi > l->elems[i].offset
+                                         ? hi - l->elems[i].offset
+                                         : 0));
+        }
         if (l->cnt) {
                 rd_kafka_resp_err_t e = rd_kafka_offsets_store(c->rk, l);
                 if (e)
@@ -819,6 +985,10 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                         any = true;
         if (!any)
                 return RUN_DONE;
+        int64_t t_begin = kinbox__now_ms();
+        char mlab[300];
+        kinbox__m_labels(mlab, sizeof(mlab), "consumer", c->name,
+                         (char *)NULL);
         int rc = db->ops->begin(db);
         if (!rc && n)
                 rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
@@ -851,7 +1021,10 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                 tx->failed = false;
                 tx->reason[0] = '\0';
                 m->attempt++;
+                int64_t t_h = kinbox__now_ms();
                 kinbox_result_t r = c->handler(tx, m, c->opaque);
+                kinbox__m_observe("kinbox_handler_seconds", mlab,
+                                  (double)(kinbox__now_ms() - t_h) / 1000.0);
                 if (r == KINBOX_RESULT_OK && tx->failed) {
                         /* The handler ignored a failed statement. */
                         if (db->err.code == KINBOX_ERR_DB_CONN ||
@@ -900,9 +1073,12 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                 tx->tag = -2;
                 tx->failed = false;
                 tx->reason[0] = '\0';
+                int64_t t_h = kinbox__now_ms();
                 kinbox_result_t r = c->batch_handler(
                     tx, (const kinbox_msg_t *const *)run, nrun, w->results,
                     c->opaque);
+                kinbox__m_observe("kinbox_handler_seconds", mlab,
+                                  (double)(kinbox__now_ms() - t_h) / 1000.0);
                 bool single = false;
                 for (j = 0; j < nrun && r == KINBOX_RESULT_OK; j++)
                         if (w->results[j] != KINBOX_RESULT_OK) {
@@ -989,6 +1165,10 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         atomic_fetch_add(&c->st_dup, dups);
         atomic_fetch_add(&c->st_dead, dead);
         atomic_fetch_add(&c->st_batches, 1);
+        kinbox__m_observe("kinbox_consumer_batch_size", mlab,
+                          (double)(done + dups + dead));
+        kinbox__m_observe("kinbox_consumer_transaction_seconds", mlab,
+                          (double)(kinbox__now_ms() - t_begin) / 1000.0);
         return RUN_DONE;
 
 db_error:
@@ -1104,6 +1284,7 @@ process_batch(kinbox_consumer_t *c, worker_t *w)
                         down = 0;
                 }
                 enum run_rc r = run_once(c, w, &tx);
+                metrics_stats(c);
                 if (r == RUN_DONE)
                         break;
                 if (r == RUN_DB_DOWN) {
@@ -1437,6 +1618,7 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 } else {
                         rd_kafka_assign(rk, pl);
                 }
+                metrics_assignment(c, rk);
                 return;
         }
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
@@ -1461,6 +1643,7 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         } else {
                 rd_kafka_assign(rk, NULL);
         }
+        metrics_assignment(c, rk);
 }
 
 static void
@@ -1585,6 +1768,11 @@ kinbox_consumer_run(kinbox_consumer_t *c)
         if (atomic_exchange(&c->running, true))
                 return KINBOX_ERR_STATE;
         kinbox_err_t ret = KINBOX_OK;
+        char alab[300];
+        kinbox__m_set("kinbox_consumer_assigned_partitions",
+                      kinbox__m_labels(alab, sizeof(alab), "consumer",
+                                       c->name, (char *)NULL),
+                      -1);
         c->ctl = db_open(c, c->errstr, sizeof(c->errstr));
         if (!c->ctl) {
                 ret = KINBOX_ERR_CONFIG;

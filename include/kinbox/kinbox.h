@@ -16,6 +16,7 @@
 #include "consumer.h"
 #include "outbox.h"
 #include "module.h"
+#include "admin.h"
 
 KINBOX_BEGIN_DECLS
 

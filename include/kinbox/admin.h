@@ -1,0 +1,194 @@
+/**
+ * @file admin.h
+ * @brief Operations: retention (pruning and the start-up retention check),
+ *        dead-letter replay, an operator's database handle, metrics and the
+ *        health endpoints.
+ *
+ * These are the calls the `kinbox` command's `prune`, `status`, `dead`,
+ * `verify` and `run` (pruner thread, `[metrics] listen`) are built on.
+ */
+#ifndef KINBOX_ADMIN_H
+#define KINBOX_ADMIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "export.h"
+#include "error.h"
+#include "conf.h"
+#include "handler.h"
+
+KINBOX_BEGIN_DECLS
+
+/* ------------------------------------------------------------------------
+ * Retention
+ */
+
+/** What one pruning run deleted (or, dry, would delete). */
+typedef struct kinbox_prune_result {
+        uint64_t inbox_rows;  /**< inbox rows older than inbox.retention */
+        uint64_t outbox_rows; /**< sent outbox rows older than
+                                   outbox.retention */
+        int skipped;          /**< 1: another instance holds the pruning
+                                   lock, nothing was done */
+} kinbox_prune_result_t;
+
+/**
+ * @brief Delete inbox rows older than `inbox.retention` and sent outbox
+ *        rows older than `outbox.retention`, `prune.batch` rows per
+ *        statement with a short pause between statements.
+ *
+ * Only one instance prunes at a time: the run first takes a named lock
+ * (PostgreSQL advisory lock, MySQL `GET_LOCK`) on its own connection and
+ * returns with `skipped = 1` when another instance holds it. Dead outbox
+ * rows, canceled rows and dead letters are never deleted.
+ * @param conf    reads `database.*`, `inbox.retention`, `outbox.retention`,
+ *                `prune.batch`; not kept.
+ * @param dry_run non-zero: count what would go, delete nothing (the lock
+ *                is not taken).
+ * @param stop    optional flag checked between statements: non-zero stops
+ *                the run early (what was deleted stays deleted).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN; ::KINBOX_ERR_DB.
+ * @remark Thread-safe (own connection).
+ */
+KINBOX_API kinbox_err_t kinbox_prune(const kinbox_conf_t *conf, int dry_run,
+                                     const volatile int *stop,
+                                     kinbox_prune_result_t *out, char *errstr,
+                                     size_t errstr_size);
+
+/**
+ * @brief Check that `inbox.retention` exceeds the redelivery window of the
+ *        topics in @p conf's `topics`.
+ *
+ * The window is the largest `retention.ms` of those topics, asked of the
+ * broker (`kafka.*` settings) with the Admin API DescribeConfigs and a
+ * short timeout; where the broker cannot answer, `kafka.redelivery.window`.
+ * A topic with infinite retention (-1) cannot be covered by any inbox
+ * retention and fails the check.
+ * @param window_ms receives the window used (may be NULL).
+ * @param source    receives "broker" or "kafka.redelivery.window" (may be
+ *                  NULL; static string).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_CONFIG with both numbers in @p errstr
+ *          when the retention is too short.
+ */
+KINBOX_API kinbox_err_t kinbox_retention_check(const kinbox_conf_t *conf,
+                                               int64_t *window_ms,
+                                               const char **source,
+                                               char *errstr,
+                                               size_t errstr_size);
+
+/* ------------------------------------------------------------------------
+ * An operator's database handle
+ */
+
+/** A connection to kinbox's database for operators. Opaque; one thread at
+ *  a time. */
+typedef struct kinbox_admin_s kinbox_admin_t;
+
+/**
+ * @brief Create a handle from `database.url` / `database.password_file`
+ *        (read now, not kept). Connects lazily.
+ * @returns The handle, or NULL with @p errstr set (bad URL, unreadable
+ *          password file).
+ */
+KINBOX_API kinbox_admin_t *kinbox_admin_new(const kinbox_conf_t *conf,
+                                            char *errstr, size_t errstr_size);
+
+/** @brief Free the handle. NULL is a no-op. */
+KINBOX_API void kinbox_admin_destroy(kinbox_admin_t *adm);
+
+/** @brief Last error text, "" if none. Owned by @p adm. */
+KINBOX_API const char *kinbox_admin_errstr(const kinbox_admin_t *adm);
+
+/** @brief The backend of the configured URL. */
+KINBOX_API kinbox_backend_t kinbox_admin_backend(const kinbox_admin_t *adm);
+
+/**
+ * @brief Run one statement (autocommit) with `$1..$n` text parameters
+ *        (NULL = SQL NULL) on both backends.
+ * @param rowsp receives the rows (free with kinbox_rows_destroy()); may be
+ *              NULL.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
+ *          reconnects); ::KINBOX_ERR_DB.
+ */
+KINBOX_API kinbox_err_t kinbox_admin_query(kinbox_admin_t *adm,
+                                           const char *sql, int nparams,
+                                           const char *const *params,
+                                           kinbox_rows_t **rowsp);
+
+/**
+ * @brief Replay dead letter @p id: run the handler on its stored copy
+ *        (original topic, partition, offset, key, headers, payload) in one
+ *        transaction with its inbox row, exactly as if it arrived again.
+ *
+ * In that transaction: the dead letter is locked and must have status
+ * `dead`; the inbox row of its message id is removed when it is the dead
+ * letter's own (same coordinates) and inserted again; the handler runs;
+ * the dead letter becomes `replayed`; COMMIT. If the message id was
+ * applied by another delivery meanwhile (an inbox row at other
+ * coordinates), nothing runs: ::KINBOX_ERR_DUPLICATE.
+ * @param fn / bfn the consumer's handler (one of them; a batch handler
+ *                 gets a batch of one).
+ * @param resultp  receives the handler's result (may be NULL).
+ * @returns ::KINBOX_OK (committed); ::KINBOX_ERR_NOT_FOUND (no such id);
+ *          ::KINBOX_ERR_STATE (already replayed or discarded, or no
+ *          message id); ::KINBOX_ERR_DUPLICATE; ::KINBOX_ERR_INVALID when
+ *          the handler did not return OK (rolled back; reason in
+ *          kinbox_admin_errstr()); database errors.
+ */
+KINBOX_API kinbox_err_t kinbox_dead_replay(kinbox_admin_t *adm, int64_t id,
+                                           kinbox_handler_fn fn,
+                                           kinbox_batch_handler_fn bfn,
+                                           void *opaque,
+                                           kinbox_result_t *resultp);
+
+/* ------------------------------------------------------------------------
+ * Metrics and health endpoints
+ */
+
+/**
+ * @brief The process's metrics in Prometheus text format 0.0.4.
+ * @returns A malloc'ed NUL-terminated string (free() it), NULL when out of
+ *          memory. Thread-safe.
+ */
+KINBOX_API char *kinbox_metrics_render(void);
+
+/**
+ * @brief One series' value (a histogram's count), NaN when absent.
+ * @param labels exactly as rendered, e.g. `consumer="points"`; "" for none.
+ */
+KINBOX_API double kinbox_metrics_value(const char *family,
+                                       const char *labels);
+
+/** An HTTP endpoint serving /metrics, /healthz and /readyz. Opaque. */
+typedef struct kinbox_http_s kinbox_http_t;
+
+/** Readiness probe: return 0 when ready, else non-zero with the reason in
+ *  @p why. Runs on the HTTP thread. */
+typedef int (*kinbox_ready_fn)(char *why, size_t why_size, void *opaque);
+
+/** Called before /metrics is rendered, to refresh sampled gauges. Runs on
+ *  the HTTP thread. */
+typedef void (*kinbox_collect_fn)(void *opaque);
+
+/**
+ * @brief Listen on @p listen (`HOST:PORT`, `[V6]:PORT`; port 0 picks one,
+ *        see kinbox_http_port()) and serve `/metrics`, `/healthz` (200
+ *        while the process runs) and `/readyz` (200 when @p ready says so,
+ *        else 503 with the reason).
+ * @returns The server, or NULL with @p errstr set.
+ */
+KINBOX_API kinbox_http_t *kinbox_http_start(const char *listen,
+                                            kinbox_ready_fn ready,
+                                            kinbox_collect_fn collect,
+                                            void *opaque, char *errstr,
+                                            size_t errstr_size);
+
+/** @brief The port actually bound. */
+KINBOX_API int kinbox_http_port(const kinbox_http_t *h);
+
+/** @brief Stop serving and free. NULL is a no-op. */
+KINBOX_API void kinbox_http_stop(kinbox_http_t *h);
+
+KINBOX_END_DECLS
+
+#endif

@@ -1,0 +1,351 @@
+/*
+ * prune.c -- retention: batched deletes of old inbox rows and sent outbox
+ * rows under a single-instance lock, and the start-up check that the
+ * inbox outlives the broker's redelivery window.
+ *
+ * Why batches: one DELETE of a day's inbox rows holds its locks and its
+ * undo for as long as it runs and stalls replication; prune.batch rows per
+ * statement (autocommit), with a pause between, keeps every transaction
+ * short. The selection uses the processed_at / sent_at indexes.
+ */
+#include "db.h"
+#include "internal.h"
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* In outbox.c. */
+int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
+                            const kinbox__param_t *p, uint64_t *countp);
+
+#define PRUNE_LOCK "kinbox_prune"
+#define PRUNE_PAUSE_MS 20
+
+/* SQL for one table; "%lld" is the age in ms, "%lld" the batch. */
+typedef struct prune_sql {
+        const char *table;
+        const char *count_pg, *count_my;
+        const char *delete_pg, *delete_my;
+} prune_sql_t;
+
+static const prune_sql_t inbox_sql = {
+    "inbox",
+    "SELECT count(*) FROM kinbox_inbox WHERE processed_at < now() - "
+    "%" PRId64 " * interval '1 millisecond'",
+    "SELECT count(*) FROM kinbox_inbox WHERE processed_at < "
+    "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
+    "WITH d AS (DELETE FROM kinbox_inbox WHERE ctid IN (SELECT ctid FROM "
+    "kinbox_inbox WHERE processed_at < now() - %" PRId64
+    " * interval '1 millisecond' LIMIT %" PRId64 ") RETURNING 1) "
+    "SELECT count(*) FROM d",
+    "DELETE FROM kinbox_inbox WHERE processed_at < CURRENT_TIMESTAMP(6) - "
+    "INTERVAL %" PRId64 " MICROSECOND ORDER BY processed_at LIMIT %" PRId64,
+};
+
+/* Only sent rows: dead and canceled rows wait for an operator. */
+static const prune_sql_t outbox_sql = {
+    "outbox",
+    "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
+    "now() - %" PRId64 " * interval '1 millisecond'",
+    "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
+    "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
+    "WITH d AS (DELETE FROM kinbox_outbox WHERE id IN (SELECT id FROM "
+    "kinbox_outbox WHERE status = 'sent' AND sent_at < now() - %" PRId64
+    " * interval '1 millisecond' ORDER BY sent_at LIMIT %" PRId64
+    ") RETURNING 1) SELECT count(*) FROM d",
+    "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
+    "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND "
+    "ORDER BY sent_at LIMIT %" PRId64,
+};
+
+/* The formats are the constant tables above. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+static int
+prune_table(kinbox__db_t *db, const prune_sql_t *q, int64_t age_ms,
+            int64_t batch, bool dry, const volatile int *stop,
+            uint64_t *total)
+{
+        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
+        /* MySQL INTERVAL in microseconds keeps sub-second ages exact. */
+        int64_t age = pg ? age_ms : age_ms * 1000;
+        char sql[512];
+        *total = 0;
+        if (dry) {
+                snprintf(sql, sizeof(sql), pg ? q->count_pg : q->count_my,
+                         age);
+                struct kinbox_rows_s *rows = NULL;
+                int rc = kinbox__db_query(db, sql, 0, NULL, &rows);
+                if (!rc && rows && rows->nrows && rows->values[0])
+                        *total = strtoull(rows->values[0], NULL, 10);
+                kinbox_rows_destroy(rows);
+                return rc;
+        }
+        snprintf(sql, sizeof(sql), pg ? q->delete_pg : q->delete_my, age,
+                 batch);
+        char lab[64];
+        kinbox__m_labels(lab, sizeof(lab), "table", q->table, (char *)NULL);
+        for (;;) {
+                uint64_t n = 0;
+                int rc = kinbox__outbox_affected(db, sql, 0, NULL, &n);
+                if (rc)
+                        return rc;
+                *total += n;
+                kinbox__m_add("kinbox_pruned_rows_total", lab, (double)n);
+                if (n < (uint64_t)batch || (stop && *stop))
+                        return KINBOX_OK;
+                kinbox__sleep_ms(PRUNE_PAUSE_MS);
+        }
+}
+#pragma GCC diagnostic pop
+
+static bool
+lock_taken(struct kinbox_rows_s *rows)
+{
+        const char *v = rows && rows->nrows ? rows->values[0] : NULL;
+        return v && (!strcmp(v, "t") || !strcmp(v, "1"));
+}
+
+kinbox_err_t
+kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
+             kinbox_prune_result_t *out, char *errstr, size_t sz)
+{
+        kinbox_prune_result_t res = {0, 0, 0};
+        char lab[64];
+        if (out)
+                *out = res;
+        char *pw = NULL;
+        if (kinbox__conf_password(conf, &pw, errstr, sz))
+                return KINBOX_ERR_CONFIG;
+        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
+                                          pw, errstr, sz);
+        free(pw);
+        if (!db)
+                return KINBOX_ERR_CONFIG;
+        int rc = kinbox__db_connect(db);
+        bool locked = false;
+        if (rc)
+                goto fail;
+        if (!dry_run) {
+                const char *name = PRUNE_LOCK;
+                struct kinbox_rows_s *rows = NULL;
+                rc = kinbox__db_queryv(db, db->ops->sql->try_lock, 1, &name,
+                                       &rows);
+                locked = !rc && lock_taken(rows);
+                kinbox_rows_destroy(rows);
+                if (rc)
+                        goto fail;
+                if (!locked) {
+                        res.skipped = 1;
+                        kinbox__m_add("kinbox_prune_runs_total",
+                                      kinbox__m_labels(lab, sizeof(lab),
+                                                       "result", "skipped",
+                                                       (char *)NULL),
+                                      1);
+                        goto done;
+                }
+        }
+        int64_t batch = kinbox__conf_int(conf, "prune.batch");
+        rc = prune_table(db, &inbox_sql,
+                         kinbox__conf_int(conf, "inbox.retention"), batch,
+                         dry_run, stop, &res.inbox_rows);
+        if (!rc && !(stop && *stop))
+                rc = prune_table(db, &outbox_sql,
+                                 kinbox__conf_int(conf, "outbox.retention"),
+                                 batch, dry_run, stop, &res.outbox_rows);
+        if (rc)
+                goto fail;
+        if (!dry_run)
+                kinbox__m_add("kinbox_prune_runs_total",
+                              kinbox__m_labels(lab, sizeof(lab), "result",
+                                               "done", (char *)NULL),
+                              1);
+done:
+        if (locked) {
+                const char *name = PRUNE_LOCK;
+                kinbox__db_queryv(db, db->ops->sql->unlock, 1, &name, NULL);
+        }
+        kinbox__db_destroy(db);
+        if (out)
+                *out = res;
+        return KINBOX_OK;
+fail:
+        kinbox__errstr(errstr, sz, "prune: %s", db->err.msg);
+        if (!dry_run)
+                kinbox__m_add("kinbox_prune_runs_total",
+                              kinbox__m_labels(lab, sizeof(lab), "result",
+                                               "failed", (char *)NULL),
+                              1);
+        /* Closing the connection releases a session lock too. */
+        kinbox__db_destroy(db);
+        if (out)
+                *out = res;
+        return rc == KINBOX_ERR_DB_CONN ? KINBOX_ERR_DB_CONN : KINBOX_ERR_DB;
+}
+
+/* ------------------------------------------------------------------ */
+/* the redelivery window */
+
+#define DESCRIBE_TIMEOUT_MS 2000
+
+static void
+kafka_set(const char *k, const char *v, void *arg)
+{
+        char e[256];
+        /* Consumer-only or unknown properties do not matter here. */
+        if (strcmp(k, "redelivery.window"))
+                rd_kafka_conf_set(arg, k, v, e, sizeof(e));
+}
+
+/* Largest retention.ms of topics from the broker: 0 when it could not
+ * answer, -1 for an infinite retention. */
+static int64_t
+broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
+              size_t note_sz)
+{
+        rd_kafka_conf_t *kc = rd_kafka_conf_new();
+        char e[256];
+        kinbox__conf_kafka_each(conf, kafka_set, kc);
+        rd_kafka_conf_set(kc, "log_level", "0", e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, e, sizeof(e));
+        if (!rk) {
+                rd_kafka_conf_destroy(kc);
+                snprintf(note, note_sz, "%s", e);
+                return 0;
+        }
+        char list[1024];
+        snprintf(list, sizeof(list), "%s", topics);
+        rd_kafka_ConfigResource_t *res[64];
+        size_t n = 0;
+        for (char *save = NULL, *t = strtok_r(list, ", ", &save);
+             t && n < 64; t = strtok_r(NULL, ", ", &save))
+                res[n++] = rd_kafka_ConfigResource_new(
+                    RD_KAFKA_RESOURCE_TOPIC, t);
+        rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+        rd_kafka_AdminOptions_t *o =
+            rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
+        rd_kafka_AdminOptions_set_request_timeout(o, DESCRIBE_TIMEOUT_MS, e,
+                                                  sizeof(e));
+        rd_kafka_DescribeConfigs(rk, res, n, o, q);
+        int64_t window = 0;
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, DESCRIBE_TIMEOUT_MS + 500);
+        if (!ev) {
+                snprintf(note, note_sz, "no answer in %d ms",
+                         DESCRIBE_TIMEOUT_MS);
+        } else if (rd_kafka_event_error(ev)) {
+                snprintf(note, note_sz, "%s", rd_kafka_event_error_string(ev));
+        } else {
+                const rd_kafka_DescribeConfigs_result_t *r =
+                    rd_kafka_event_DescribeConfigs_result(ev);
+                size_t nr = 0;
+                const rd_kafka_ConfigResource_t **rr =
+                    r ? rd_kafka_DescribeConfigs_result_resources(r, &nr)
+                      : NULL;
+                bool all = nr == n;
+                for (size_t i = 0; i < nr && all; i++) {
+                        if (rd_kafka_ConfigResource_error(rr[i])) {
+                                snprintf(note, note_sz, "%s: %s",
+                                         rd_kafka_ConfigResource_name(rr[i]),
+                                         rd_kafka_ConfigResource_error_string(
+                                             rr[i]));
+                                all = false;
+                                break;
+                        }
+                        size_t ne = 0;
+                        const rd_kafka_ConfigEntry_t **ce =
+                            rd_kafka_ConfigResource_configs(rr[i], &ne);
+                        bool found = false;
+                        for (size_t j = 0; j < ne; j++) {
+                                if (strcmp(rd_kafka_ConfigEntry_name(ce[j]),
+                                           "retention.ms"))
+                                        continue;
+                                const char *v =
+                                    rd_kafka_ConfigEntry_value(ce[j]);
+                                int64_t ms = v ? strtoll(v, NULL, 10) : 0;
+                                found = v != NULL;
+                                if (ms < 0)
+                                        window = -1;
+                                else if (window >= 0 && ms > window)
+                                        window = ms;
+                        }
+                        if (!found)
+                                all = false;
+                }
+                if (!all && window >= 0)
+                        window = 0;
+                if (!all && !note[0])
+                        snprintf(note, note_sz, "retention.ms not reported");
+        }
+        if (ev)
+                rd_kafka_event_destroy(ev);
+        rd_kafka_AdminOptions_destroy(o);
+        rd_kafka_ConfigResource_destroy_array(res, n);
+        rd_kafka_queue_destroy(q);
+        rd_kafka_destroy(rk);
+        return window;
+}
+
+static void
+fmt_ms(char *b, size_t sz, int64_t ms)
+{
+        if (ms % 86400000 == 0)
+                snprintf(b, sz, "%" PRId64 "d", ms / 86400000);
+        else if (ms % 3600000 == 0)
+                snprintf(b, sz, "%" PRId64 "h", ms / 3600000);
+        else if (ms % 60000 == 0)
+                snprintf(b, sz, "%" PRId64 "m", ms / 60000);
+        else if (ms % 1000 == 0)
+                snprintf(b, sz, "%" PRId64 "s", ms / 1000);
+        else
+                snprintf(b, sz, "%" PRId64 "ms", ms);
+}
+
+kinbox_err_t
+kinbox_retention_check(const kinbox_conf_t *conf, int64_t *window_ms,
+                       const char **source, char *errstr, size_t sz)
+{
+        const char *topics = kinbox_conf_get(conf, "topics");
+        int64_t retention = kinbox__conf_int(conf, "inbox.retention");
+        int64_t window = 0;
+        const char *src = "broker";
+        char note[256] = "";
+        if (topics && *topics && kinbox_conf_get(conf, "kafka.bootstrap.servers"))
+                window = broker_window(conf, topics, note, sizeof(note));
+        if (window == 0) {
+                window = kinbox__conf_int(conf, "kafka.redelivery.window");
+                src = "kafka.redelivery.window";
+        }
+        if (window_ms)
+                *window_ms = window;
+        if (source)
+                *source = src;
+        char r[32], w[32];
+        fmt_ms(r, sizeof(r), retention);
+        if (window < 0) {
+                kinbox__errstr(errstr, sz,
+                               "inbox.retention (%s = %" PRId64
+                               " ms) cannot cover topics %s: the broker keeps "
+                               "them forever (retention.ms = -1)",
+                               r, retention, topics);
+                return KINBOX_ERR_CONFIG;
+        }
+        fmt_ms(w, sizeof(w), window);
+        if (retention <= window) {
+                kinbox__errstr(
+                    errstr, sz,
+                    "inbox.retention (%s = %" PRId64
+                    " ms) must exceed the redelivery window (%s = %" PRId64
+                    " ms, from %s%s%s%s): a message redelivered after its "
+                    "inbox row was pruned would be applied again",
+                    r, retention, w, window, src,
+                    note[0] ? "; the broker did not answer DescribeConfigs: "
+                            : "",
+                    note, "");
+                return KINBOX_ERR_CONFIG;
+        }
+        return KINBOX_OK;
+}
