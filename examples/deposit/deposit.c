@@ -13,10 +13,11 @@
  * appends `deposit.paid`, which the ledger consumer (handlers/ledger)
  * posts exactly once.
  *
- *   deposit URL create DEPOSIT_ID USER_ID AMOUNT [CURRENCY]
+ *   deposit URL create DEPOSIT_ID USER_ID AMOUNT [CURRENCY [TOPIC]]
  *   deposit URL show DEPOSIT_ID
  *
- * AMOUNT is in integer minor units (cents); CURRENCY defaults to EUR.
+ * AMOUNT is in integer minor units (cents); CURRENCY defaults to EUR;
+ * TOPIC (where `deposit.paid` goes once paid) defaults to deposit.paid.
  * URL: postgresql://user@host:port/db or mysql://user:pass@host:port/db.
  * Exit status: 0 created (or already there) / shown, 1 error, 2 usage,
  * 3 not found (show).
@@ -32,7 +33,7 @@
 
 static int
 create(sqlconn_t *c, const char *id, const char *user, const char *amount,
-       const char *currency)
+       const char *currency, const char *topic)
 {
         if (sqlconn_exec(c, c->pg ? "BEGIN" : "START TRANSACTION", 0, NULL) <
             0)
@@ -57,8 +58,9 @@ create(sqlconn_t *c, const char *id, const char *user, const char *amount,
         char payload[1024], idem[300];
         int n = snprintf(payload, sizeof(payload),
                          "{\"deposit_id\":\"%s\",\"user_id\":%s,"
-                         "\"amount\":%s,\"currency\":\"%s\"}",
-                         id, user, amount, currency);
+                         "\"amount\":%s,\"currency\":\"%s\","
+                         "\"paid_topic\":\"%s\"}",
+                         id, user, amount, currency, topic);
         snprintf(idem, sizeof(idem), "deposit-%s-pay", id);
         kinbox_outbox_msg_t m = {
             .destination = KINBOX_OUTBOX_ACTION_PREFIX DEPOSIT_PAY_ACTION,
@@ -125,7 +127,7 @@ static void
 usage(void)
 {
         fprintf(stderr, "usage: deposit URL create DEPOSIT_ID USER_ID AMOUNT "
-                        "[CURRENCY]\n"
+                        "[CURRENCY [TOPIC]]\n"
                         "       deposit URL show DEPOSIT_ID\n");
 }
 
@@ -137,9 +139,11 @@ main(int argc, char **argv)
                 return 2;
         }
         int is_create = !strcmp(argv[2], "create");
-        if (is_create && (argc < 6 || argc > 7 || !plain_id(argv[3]) ||
+        if (is_create && (argc < 6 || argc > 8 || !plain_id(argv[3]) ||
                           !positive(argv[4]) || !positive(argv[5]) ||
-                          (argc == 7 && strlen(argv[6]) != 3))) {
+                          (argc >= 7 && strlen(argv[6]) != 3) ||
+                          (argc == 8 && (!plain_id(argv[7]) ||
+                                         strlen(argv[7]) > 200)))) {
                 usage();
                 return 2;
         }
@@ -153,7 +157,8 @@ main(int argc, char **argv)
                 return 1;
         }
         int rc = is_create ? create(&c, argv[3], argv[4], argv[5],
-                                    argc == 7 ? argv[6] : "EUR")
+                                    argc >= 7 ? argv[6] : "EUR",
+                                    argc == 8 ? argv[7] : DEPOSIT_PAID_TOPIC)
                            : show(&c, argv[3]);
         sqlconn_close(&c);
         return rc;

@@ -19,7 +19,8 @@
  * On success, one local transaction: the deposit goes PAYMENT_PENDING →
  * PAYMENT_SUCCEEDED (conditional update) and `deposit.paid` is appended to
  * the outbox (idempotency key "deposit-<id>-paid"); the relay publishes it
- * and the ledger consumer (handlers/ledger) posts it.
+ * and the ledger consumer (handlers/ledger) posts it. The topic is the
+ * action payload's "paid_topic" (set by the service), else deposit.paid.
  *
  * Faults of the simulated channel, in percent of calls, from the
  * environment: DEPOSIT_CHANNEL_TIMEOUT_AFTER_PCT (default 20) and
@@ -207,7 +208,7 @@ lock_key(sqlconn_t *c, const char *key, int lock)
 /* PAYMENT_PENDING → PAYMENT_SUCCEEDED + deposit.paid, one transaction.
  * Returns 0 done (also when it was done before), -1 database error. */
 static int
-finish(sqlconn_t *c, const char *deposit_id, const char *user_id,
+finish(sqlconn_t *c, const char *topic, const char *deposit_id, const char *user_id,
        const char *amount, const char *currency, const char *order_id,
        char *err, size_t sz)
 {
@@ -235,7 +236,7 @@ finish(sqlconn_t *c, const char *deposit_id, const char *user_id,
                 snprintf(idem, sizeof(idem), "deposit-%s-paid", deposit_id);
                 kinbox_header_t hdr = {"event_type", DEPOSIT_PAID_TOPIC,
                                        strlen(DEPOSIT_PAID_TOPIC)};
-                kinbox_outbox_msg_t m = {.destination = DEPOSIT_PAID_TOPIC,
+                kinbox_outbox_msg_t m = {.destination = topic,
                                          .idem_key = idem,
                                          .aggregate_id = deposit_id,
                                          .payload = payload,
@@ -274,7 +275,13 @@ payment_initiate(kinbox_action_t *a, void *opaque)
         json_error_t jerr;
         json_t *root = p ? json_loadb(p, len, 0, &jerr) : NULL;
         json_t *jid = json_object_get(root, "deposit_id");
-        char deposit_id[256];
+        char deposit_id[256], topic[256];
+        json_t *jt = json_object_get(root, "paid_topic");
+        snprintf(topic, sizeof(topic), "%s",
+                 json_is_string(jt) && json_string_length(jt) &&
+                         json_string_length(jt) < sizeof(topic)
+                     ? json_string_value(jt)
+                     : DEPOSIT_PAID_TOPIC);
         if (!json_is_string(jid) || !json_string_length(jid) ||
             json_string_length(jid) > 200) {
                 json_decref(root);
@@ -339,8 +346,8 @@ payment_initiate(kinbox_action_t *a, void *opaque)
         }
         if (st != CH_OK)
                 goto dberr;
-        if (finish(c, deposit_id, dep[0], dep[1], dep[2], order_id, err,
-                   sizeof(err))) {
+        if (finish(c, topic, deposit_id, dep[0], dep[1], dep[2], order_id,
+                   err, sizeof(err))) {
                 kinbox_action_set_error(a, "deposit %s: %s", deposit_id, err);
                 healthy = 0;
                 goto out;

@@ -12,7 +12,10 @@
  * credits (a wallet's credit balance is therefore negative). Finally it
  * appends `ledger.applied` to the outbox in the same transaction
  * (idempotency key "deposit-<id>-applied", aggregate = the wallet account,
- * so a wallet's events keep their order).
+ * so a wallet's events keep their order). The topic follows the consumed
+ * one: "<prefix>deposit.paid" gives "<prefix>ledger.applied" (so isolated
+ * environments sharing a broker can use prefixed topics); any other topic
+ * name gives "ledger.applied".
  *
  * Exactly once: the inbox drops redeliveries of the same message id; the
  * posting's primary key (deposit_id) stops a re-produced event that carries
@@ -190,6 +193,19 @@ insert_posting(kinbox_tx_t *tx, const kinbox_msg_t *msg, const deposit_t *d,
         return 0;
 }
 
+/* The ledger.applied topic for a message of topic in (see above). */
+static void
+applied_topic(const char *in, char *out, size_t sz)
+{
+        static const char suffix[] = "deposit.paid";
+        size_t n = strlen(in), k = sizeof(suffix) - 1;
+        if (n >= k && !strcmp(in + n - k, suffix))
+                snprintf(out, sz, "%.*s%s", (int)(n - k), in,
+                         LEDGER_APPLIED_TOPIC);
+        else
+                snprintf(out, sz, "%s", LEDGER_APPLIED_TOPIC);
+}
+
 static kinbox_result_t
 ledger_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
 {
@@ -253,11 +269,12 @@ ledger_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
                 kinbox_tx_set_error(tx, "out of memory");
                 return KINBOX_RESULT_RETRY;
         }
-        char idem[256];
+        char idem[256], topic[256];
         snprintf(idem, sizeof(idem), "deposit-%s-applied", d.deposit_id);
+        applied_topic(kinbox_msg_topic(msg), topic, sizeof(topic));
         kinbox_header_t hdr = {"event_type", LEDGER_APPLIED_TOPIC,
                                strlen(LEDGER_APPLIED_TOPIC)};
-        kinbox_outbox_msg_t m = {.destination = LEDGER_APPLIED_TOPIC,
+        kinbox_outbox_msg_t m = {.destination = topic,
                                  .idem_key = idem,
                                  .aggregate_id = wallet,
                                  .payload = payload,
