@@ -1,0 +1,17 @@
+/* ktwrongabi -- a module built for another descriptor ABI: refused. */
+#include <kinbox/kinbox.h>
+
+static kinbox_result_t
+handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        (void)tx;
+        (void)msg;
+        (void)opaque;
+        return KINBOX_RESULT_OK;
+}
+
+KINBOX_API const kinbox_module_t kinbox_module = {
+    .abi_version = KINBOX_MODULE_ABI_VERSION + 998,
+    .name = "ktwrongabi",
+    .handle = handle,
+};
