@@ -9,6 +9,7 @@
  */
 #include "db.h"
 #include "internal.h"
+#include "metrics.h"
 #include "tx.h"
 
 #include <inttypes.h>
@@ -93,6 +94,73 @@ kinbox_admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
                 *rowsp = NULL;
         int rc = kinbox__db_queryv(adm->db, sql, nparams, params, rowsp);
         return rc ? fail(adm, rc) : KINBOX_OK;
+}
+
+static const char collect_pg[] =
+    "SELECT destination, count(*) FILTER (WHERE status = 'pending'),"
+    " COALESCE(extract(epoch FROM now() - min(created_at) FILTER"
+    " (WHERE status = 'pending')), 0),"
+    " count(*) FILTER (WHERE status = 'dead')"
+    " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
+    " GROUP BY destination";
+static const char collect_my[] =
+    "SELECT destination, SUM(status = 'pending'),"
+    " COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'pending'"
+    " THEN created_at END), CURRENT_TIMESTAMP(6)) / 1000000, 0),"
+    " SUM(status = 'dead')"
+    " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
+    " GROUP BY destination";
+
+kinbox_err_t
+kinbox_admin_collect_metrics(kinbox_admin_t *adm)
+{
+        kinbox_rows_t *rows = NULL;
+        bool pg = adm->db->backend == KINBOX_BACKEND_POSTGRESQL;
+        kinbox_err_t rc =
+            kinbox_admin_query(adm, pg ? collect_pg : collect_my, 0, NULL,
+                               &rows);
+        if (rc)
+                return rc;
+        /* Destinations that drained must read 0, not their last value. */
+        kinbox__m_drop("kinbox_outbox_pending", "");
+        kinbox__m_drop("kinbox_outbox_oldest_pending_seconds", "");
+        kinbox__m_drop("kinbox_outbox_dead", "");
+        for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
+                char l[600];
+                const char *d = kinbox_rows_value(rows, i, 0, NULL);
+                kinbox__m_labels(l, sizeof(l), "destination", d ? d : "",
+                                 (char *)NULL);
+                const char *v1 = kinbox_rows_value(rows, i, 1, NULL);
+                const char *v2 = kinbox_rows_value(rows, i, 2, NULL);
+                const char *v3 = kinbox_rows_value(rows, i, 3, NULL);
+                kinbox__m_set("kinbox_outbox_pending", l,
+                              v1 ? strtod(v1, NULL) : 0);
+                kinbox__m_set("kinbox_outbox_oldest_pending_seconds", l,
+                              v2 ? strtod(v2, NULL) : 0);
+                kinbox__m_set("kinbox_outbox_dead", l,
+                              v3 ? strtod(v3, NULL) : 0);
+        }
+        kinbox_rows_destroy(rows);
+        rows = NULL;
+        rc = kinbox_admin_query(adm,
+                                "SELECT consumer, count(*) FROM "
+                                "kinbox_dead_letter WHERE status = 'dead' "
+                                "GROUP BY consumer",
+                                0, NULL, &rows);
+        if (rc)
+                return rc;
+        kinbox__m_drop("kinbox_dead_letters", "");
+        for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
+                char l[300];
+                const char *cn = kinbox_rows_value(rows, i, 0, NULL);
+                const char *n = kinbox_rows_value(rows, i, 1, NULL);
+                kinbox__m_set("kinbox_dead_letters",
+                              kinbox__m_labels(l, sizeof(l), "consumer",
+                                               cn ? cn : "", (char *)NULL),
+                              n ? strtod(n, NULL) : 0);
+        }
+        kinbox_rows_destroy(rows);
+        return KINBOX_OK;
 }
 
 /* ------------------------------------------------------------------ */

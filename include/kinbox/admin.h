@@ -116,6 +116,14 @@ KINBOX_API kinbox_err_t kinbox_admin_query(kinbox_admin_t *adm,
                                            kinbox_rows_t **rowsp);
 
 /**
+ * @brief Refresh the sampled gauges of kinbox_metrics_render() from the
+ *        database: outbox pending / oldest pending age / dead per
+ *        destination, dead letters per consumer.
+ * @returns As kinbox_admin_query().
+ */
+KINBOX_API kinbox_err_t kinbox_admin_collect_metrics(kinbox_admin_t *adm);
+
+/**
  * @brief Replay dead letter @p id: run the handler on its stored copy
  *        (original topic, partition, offset, key, headers, payload) in one
  *        transaction with its inbox row, exactly as if it arrived again.

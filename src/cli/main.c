@@ -2,7 +2,7 @@
  * main.c -- the `kinbox` command.
  *
  * Exit status: 0 success; 1 runtime failure; 2 usage or configuration
- * error; 3 database unreachable.
+ * error; 3 database unreachable; 4 not found (admin commands, see admin.h).
  */
 #include <dlfcn.h>
 #include <getopt.h>
@@ -18,6 +18,7 @@
 #include "../../handlers/deposit/deposit.h"
 #include "../../handlers/ledger/ledger.h"
 #include "../../handlers/points/points.h"
+#include "admin.h"
 #include "config.h"
 
 #define EX_RUNTIME 1
@@ -44,6 +45,16 @@ usage(FILE *fp)
                 "  migrate -c FILE    apply kinbox's schema and the configured "
                 "handlers' schemas\n"
                 "                     (versioned, idempotent)\n"
+                "  status -c FILE     lag, inbox size, dead letters, outbox "
+                "per destination\n"
+                "  dead list|show|replay|discard   inspect and replay dead "
+                "letters\n"
+                "  outbox list|requeue|cancel|pause|resume   operate the "
+                "outbox\n"
+                "  verify -c FILE     audit watermarks, inbox rows and the "
+                "outbox (exit 1 on a gap)\n"
+                "  prune -c FILE [--dry-run]   delete rows past their "
+                "retention\n"
                 "  config-reference   print the configuration reference "
                 "(Markdown)\n"
                 "  version            print the version\n"
@@ -51,7 +62,8 @@ usage(FILE *fp)
                 "\n"
                 "Exit status: 0 success, 1 runtime failure, 2 usage or "
                 "configuration error,\n"
-                "3 database unreachable.\n");
+                "3 database unreachable, 4 not found. Admin commands take "
+                "--json.\n");
 }
 
 static void
@@ -79,7 +91,7 @@ usage_cmd(const char *cmd, FILE *fp)
                         "harmless.\n\n"
                         "  -c, --config FILE  configuration file (INI)\n"
                         "  -h, --help         this text\n");
-        else
+        else if (!kb_admin_usage(cmd, fp))
                 usage(fp);
 }
 
@@ -130,7 +142,7 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
         return m;
 }
 
-static const kinbox_module_t *
+const kinbox_module_t *
 find_module(const kinbox_conf_t *conf, char *err, size_t sz)
 {
         const char *name = kinbox_conf_get(conf, "handler");
@@ -368,6 +380,10 @@ cmd_run(int argc, char **argv)
                 kb_config_free(&cfg);
                 return EX_USAGE;
         }
+        if (kb_run_check(&cfg)) { /* inbox.retention vs redelivery */
+                kb_config_free(&cfg);
+                return EX_USAGE;
+        }
         runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
         int status = 0;
         if (!rs) {
@@ -416,6 +432,11 @@ cmd_run(int argc, char **argv)
                         fprintf(stderr, "kinbox run: [relay]: %s\n", err);
                         status = EX_USAGE;
                 }
+        }
+        kb_ops_t *ops = NULL; /* pruner thread, [metrics] listen */
+        if (!status && !(ops = kb_ops_start(&cfg, err, sizeof(err)))) {
+                fprintf(stderr, "kinbox run: %s\n", err);
+                status = EX_USAGE;
         }
         if (!status) {
                 g_runners = rs;
@@ -497,6 +518,7 @@ cmd_run(int argc, char **argv)
         }
         g_nrunners = 0;
         g_relay = NULL;
+        kb_ops_stop(ops);
         kinbox_relay_destroy(relay);
         free(rs);
         kb_config_free(&cfg);
@@ -531,6 +553,15 @@ main(int argc, char **argv)
                 return cmd_run(argc - 1, argv + 1);
         if (!strcmp(cmd, "migrate"))
                 return cmd_migrate(argc - 1, argv + 1);
+        static const struct {
+                const char *name;
+                int (*fn)(int, char **);
+        } admin_cmds[] = {{"status", kb_cmd_status}, {"dead", kb_cmd_dead},
+                          {"outbox", kb_cmd_outbox}, {"verify", kb_cmd_verify},
+                          {"prune", kb_cmd_prune}};
+        for (size_t i = 0; i < sizeof(admin_cmds) / sizeof(admin_cmds[0]); i++)
+                if (!strcmp(cmd, admin_cmds[i].name))
+                        return admin_cmds[i].fn(argc - 1, argv + 1);
         fprintf(stderr, "kinbox: unknown command \"%s\"\n\n", cmd);
         usage(stderr);
         return EX_USAGE;

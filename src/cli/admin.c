@@ -1,0 +1,1755 @@
+/*
+ * admin.c -- `kinbox status | dead | outbox | verify | prune`, and the
+ * operations side of `kinbox run`: the start-up retention check, the
+ * pruner thread and the metrics / health endpoint.
+ *
+ * Output is a human table by default and JSON with --json (one document on
+ * stdout). Exit status: see admin.h (also printed by `kinbox help`).
+ */
+#include "admin.h"
+
+#include <ctype.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ */
+/* options */
+
+typedef struct opts {
+        const char *cmd; /* "status", "dead", ... for messages */
+        const char *config;
+        bool json;
+        bool dry_run;
+        const char *consumer;
+        const char *status;
+        const char *destination;
+        const char *older_than;
+        long limit;
+        int64_t after;
+        char *args[4];
+        int nargs;
+} opts_t;
+
+static int
+parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
+{
+        static const struct option lo[] = {
+            {"config", required_argument, NULL, 'c'},
+            {"json", no_argument, NULL, 'j'},
+            {"dry-run", no_argument, NULL, 'n'},
+            {"consumer", required_argument, NULL, 'C'},
+            {"status", required_argument, NULL, 's'},
+            {"destination", required_argument, NULL, 'd'},
+            {"older-than", required_argument, NULL, 'o'},
+            {"limit", required_argument, NULL, 'l'},
+            {"after", required_argument, NULL, 'a'},
+            {"help", no_argument, NULL, 'h'},
+            {NULL, 0, NULL, 0}};
+        o->limit = 100;
+        optind = 1;
+        opterr = 0;
+        int ch;
+        while ((ch = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
+                if (ch == 'h') {
+                        kb_admin_usage(o->cmd, stdout);
+                        exit(KB_EX_OK);
+                }
+                if (ch == '?' || ch == ':' || (ch != 'c' && !strchr(allowed, ch))) {
+                        const char *bad = argv[optind - 1];
+                        fprintf(stderr, "kinbox %s: unknown or misplaced "
+                                        "option \"%s\"\n\n",
+                                o->cmd, bad);
+                        kb_admin_usage(o->cmd, stderr);
+                        return -1;
+                }
+                char *end;
+                switch (ch) {
+                case 'c': o->config = optarg; break;
+                case 'j': o->json = true; break;
+                case 'n': o->dry_run = true; break;
+                case 'C': o->consumer = optarg; break;
+                case 's': o->status = optarg; break;
+                case 'd': o->destination = optarg; break;
+                case 'o': o->older_than = optarg; break;
+                case 'l':
+                        o->limit = strtol(optarg, &end, 10);
+                        if (*end || o->limit <= 0) {
+                                fprintf(stderr,
+                                        "kinbox %s: --limit \"%s\": expected "
+                                        "a positive number\n",
+                                        o->cmd, optarg);
+                                return -1;
+                        }
+                        break;
+                case 'a':
+                        o->after = strtoll(optarg, &end, 10);
+                        if (*end || o->after < 0) {
+                                fprintf(stderr,
+                                        "kinbox %s: --after \"%s\": expected "
+                                        "an id\n",
+                                        o->cmd, optarg);
+                                return -1;
+                        }
+                        break;
+                }
+                /* getopt permutes: positional arguments are collected
+                 * after the loop. */
+        }
+        for (int i = optind; i < argc; i++) {
+                if (o->nargs == 4) {
+                        fprintf(stderr, "kinbox %s: too many arguments\n",
+                                o->cmd);
+                        return -1;
+                }
+                o->args[o->nargs++] = argv[i];
+        }
+        if (!o->config) {
+                fprintf(stderr, "kinbox %s: -c FILE is required\n", o->cmd);
+                return -1;
+        }
+        return 0;
+}
+
+static int
+parse_id(const opts_t *o, const char *s, int64_t *id)
+{
+        char *end;
+        long long v = s ? strtoll(s, &end, 10) : 0;
+        if (!s || *end || v <= 0) {
+                fprintf(stderr, "kinbox %s: \"%s\" is not an id\n", o->cmd,
+                        s ? s : "");
+                return -1;
+        }
+        *id = v;
+        return 0;
+}
+
+/* 5m, 30s, 2h, 1d, 500ms; bare numbers are seconds. */
+static int
+parse_duration_ms(const char *s, int64_t *ms)
+{
+        char *end;
+        long long n = strtoll(s, &end, 10);
+        if (end == s || n < 0)
+                return -1;
+        int64_t mul = !*end || !strcmp(end, "s") ? 1000
+                      : !strcmp(end, "ms")       ? 1
+                      : !strcmp(end, "m")        ? 60000
+                      : !strcmp(end, "h")        ? 3600000
+                      : !strcmp(end, "d")        ? 86400000
+                                                 : 0;
+        if (!mul)
+                return -1;
+        *ms = n * mul;
+        return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* output */
+
+/* A simple column-aligned table. */
+typedef struct table {
+        int ncols;
+        char **cells; /* row-major, malloc'ed */
+        size_t n, cap;
+} table_t;
+
+static void
+tbl_init(table_t *t, int ncols, ...)
+{
+        memset(t, 0, sizeof(*t));
+        t->ncols = ncols;
+        va_list ap;
+        va_start(ap, ncols);
+        for (int i = 0; i < ncols; i++) {
+                const char *h = va_arg(ap, const char *);
+                if (t->n == t->cap) {
+                        t->cap = t->cap ? t->cap * 2 : 64;
+                        t->cells = realloc(t->cells, t->cap * sizeof(char *));
+                        if (!t->cells)
+                                abort();
+                }
+                t->cells[t->n++] = strdup(h);
+        }
+        va_end(ap);
+}
+
+static void
+tbl_add(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+tbl_add(table_t *t, const char *fmt, ...)
+{
+        char b[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(b, sizeof(b), fmt, ap);
+        va_end(ap);
+        if (t->n == t->cap) {
+                t->cap = t->cap ? t->cap * 2 : 64;
+                t->cells = realloc(t->cells, t->cap * sizeof(char *));
+                if (!t->cells)
+                        abort();
+        }
+        t->cells[t->n++] = strdup(b);
+}
+
+/* Print (fp NULL: only free) and free. */
+static void
+tbl_print(table_t *t, FILE *fp)
+{
+        int w[32] = {0};
+        if (!fp)
+                t->ncols = t->ncols ? t->ncols : 1;
+        for (size_t i = 0; i < t->n; i++) {
+                int c = (int)(i % (size_t)t->ncols);
+                int l = (int)strlen(t->cells[i]);
+                if (l > w[c])
+                        w[c] = l;
+        }
+        for (size_t i = 0; i < t->n; i++) {
+                int c = (int)(i % (size_t)t->ncols);
+                bool last = c == t->ncols - 1;
+                if (!fp)
+                        continue;
+                if (last)
+                        fprintf(fp, "%s\n", t->cells[i]);
+                else
+                        fprintf(fp, "%-*s  ", w[c], t->cells[i]);
+        }
+        for (size_t i = 0; i < t->n; i++)
+                free(t->cells[i]);
+        free(t->cells);
+        memset(t, 0, sizeof(*t));
+}
+
+/* Bytes as text when printable UTF-8-ish, else with \xNN escapes. */
+static char *
+escape_bytes(const char *p, size_t n)
+{
+        char *o = malloc(n * 4 + 1), *q = o;
+        if (!o)
+                return NULL;
+        for (size_t i = 0; i < n; i++) {
+                unsigned char c = (unsigned char)p[i];
+                if (c == '\\') {
+                        *q++ = '\\';
+                        *q++ = '\\';
+                } else if (c >= 0x20 && c != 0x7f) {
+                        *q++ = (char)c;
+                } else {
+                        snprintf(q, 5, "\\x%02x", c);
+                        q += 4;
+                }
+        }
+        *q = '\0';
+        return o;
+}
+
+static void
+json_out(json_t *j)
+{
+        char *s = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+        if (s) {
+                puts(s);
+                free(s);
+        }
+        json_decref(j);
+}
+
+/* A value as JSON: integer when it looks like one, else string. */
+static json_t *
+jval(const char *v)
+{
+        if (!v)
+                return json_null();
+        char *end;
+        long long n = strtoll(v, &end, 10);
+        if (*v && !*end && end != v)
+                return json_integer(n);
+        return json_string(v);
+}
+
+/* ------------------------------------------------------------------ */
+/* common: config + database */
+
+typedef struct ctx {
+        opts_t o;
+        kb_config_t cfg;
+        bool loaded;
+        kinbox_admin_t *adm;
+} ctx_t;
+
+static int
+ctx_open(ctx_t *x)
+{
+        char err[2048];
+        if (kb_config_load(x->o.config, &x->cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox %s: %s\n", x->o.cmd, err);
+                return KB_EX_USAGE;
+        }
+        x->loaded = true;
+        x->adm = kinbox_admin_new(x->cfg.base, err, sizeof(err));
+        if (!x->adm) {
+                fprintf(stderr, "kinbox %s: %s\n", x->o.cmd, err);
+                return KB_EX_USAGE;
+        }
+        /* Reachability up front: one clear error instead of several. */
+        if (kinbox_admin_query(x->adm, "SELECT 1", 0, NULL, NULL)) {
+                fprintf(stderr, "kinbox %s: database unreachable: %s\n",
+                        x->o.cmd, kinbox_admin_errstr(x->adm));
+                return KB_EX_DB;
+        }
+        return KB_EX_OK;
+}
+
+static void
+ctx_close(ctx_t *x)
+{
+        kinbox_admin_destroy(x->adm);
+        if (x->loaded)
+                kb_config_free(&x->cfg);
+}
+
+static int
+db_fail(ctx_t *x, kinbox_err_t rc)
+{
+        fprintf(stderr, "kinbox %s: %s\n", x->o.cmd,
+                kinbox_admin_errstr(x->adm));
+        return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
+}
+
+static bool
+is_pg(ctx_t *x)
+{
+        return kinbox_admin_backend(x->adm) == KINBOX_BACKEND_POSTGRESQL;
+}
+
+static const char *
+rv(kinbox_rows_t *r, size_t i, int c)
+{
+        return kinbox_rows_value(r, i, c, NULL);
+}
+
+static const char *
+group_of(kinbox_conf_t *conf)
+{
+        const char *g = kinbox_conf_get(conf, "group.id");
+        return g ? g : kinbox_conf_get(conf, "name");
+}
+
+/* A librdkafka consumer handle of the group (nothing joins, nothing is
+ * committed: it only reads committed offsets and watermarks). */
+static rd_kafka_t *
+group_handle(kinbox_conf_t *conf, char *err, size_t sz)
+{
+        static const char *const pass[] = {
+            "bootstrap.servers", "security.protocol", "sasl.mechanisms",
+            "sasl.username",     "sasl.password",     "ssl.ca.location",
+            "client.id"};
+        rd_kafka_conf_t *kc = rd_kafka_conf_new();
+        for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
+                char k[64];
+                snprintf(k, sizeof(k), "kafka.%s", pass[i]);
+                const char *v = kinbox_conf_get(conf, k);
+                if (v && rd_kafka_conf_set(kc, pass[i], v, err, sz)) {
+                        rd_kafka_conf_destroy(kc);
+                        return NULL;
+                }
+        }
+        rd_kafka_conf_set(kc, "group.id", group_of(conf), err, sz);
+        rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sz);
+        rd_kafka_conf_set(kc, "log_level", "0", err, sz);
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sz);
+        if (!rk)
+                rd_kafka_conf_destroy(kc);
+        return rk;
+}
+
+/* Per partition of a consumer's topics: committed offset and high
+ * watermark from the broker. Returns NULL (err set) when the broker does
+ * not answer. */
+static rd_kafka_topic_partition_list_t *
+broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
+{
+        rd_kafka_t *rk = group_handle(conf, err, sz);
+        if (!rk)
+                return NULL;
+        const char *topics = kinbox_conf_get(conf, "topics");
+        char list[1024];
+        snprintf(list, sizeof(list), "%s", topics ? topics : "");
+        rd_kafka_topic_partition_list_t *l =
+            rd_kafka_topic_partition_list_new(16);
+        for (char *save = NULL, *t = strtok_r(list, ", ", &save); t;
+             t = strtok_r(NULL, ", ", &save)) {
+                rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, t, NULL);
+                const struct rd_kafka_metadata *md = NULL;
+                rd_kafka_resp_err_t e =
+                    rd_kafka_metadata(rk, 0, rkt, &md, 5000);
+                rd_kafka_topic_destroy(rkt);
+                if (e) {
+                        snprintf(err, sz, "broker metadata for %s: %s", t,
+                                 rd_kafka_err2str(e));
+                        rd_kafka_topic_partition_list_destroy(l);
+                        rd_kafka_destroy(rk);
+                        return NULL;
+                }
+                for (int i = 0; i < md->topic_cnt; i++)
+                        for (int p = 0; p < md->topics[i].partition_cnt; p++)
+                                rd_kafka_topic_partition_list_add(
+                                    l, t, md->topics[i].partitions[p].id);
+                rd_kafka_metadata_destroy(md);
+        }
+        rd_kafka_topic_partition_list_sort(l, NULL, NULL);
+        rd_kafka_resp_err_t e = rd_kafka_committed(rk, l, 5000);
+        if (e) {
+                snprintf(err, sz, "committed offsets: %s",
+                         rd_kafka_err2str(e));
+                rd_kafka_topic_partition_list_destroy(l);
+                rd_kafka_destroy(rk);
+                return NULL;
+        }
+        *highs = calloc((size_t)l->cnt + 1, sizeof(int64_t));
+        for (int i = 0; i < l->cnt && *highs; i++) {
+                int64_t lo = 0, hi = 0;
+                if (rd_kafka_query_watermark_offsets(
+                        rk, l->elems[i].topic, l->elems[i].partition, &lo,
+                        &hi, 5000))
+                        hi = -1;
+                (*highs)[i] = hi;
+        }
+        rd_kafka_destroy(rk);
+        return l;
+}
+
+/* ------------------------------------------------------------------ */
+/* status */
+
+static const char status_outbox_pg[] =
+    "SELECT destination,"
+    " count(*) FILTER (WHERE status = 'pending'),"
+    " COALESCE(floor(extract(epoch FROM now() - min(created_at) FILTER"
+    "  (WHERE status = 'pending')))::bigint, 0),"
+    " count(*) FILTER (WHERE status = 'dead'),"
+    " count(*) FILTER (WHERE status = 'sent' AND sent_at >="
+    "  now() - interval '1 hour'),"
+    " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+    "  WHERE z.destination = o.destination)"
+    " FROM kinbox_outbox o GROUP BY destination ORDER BY destination";
+static const char status_outbox_my[] =
+    "SELECT destination, SUM(status = 'pending'),"
+    " COALESCE(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status = 'pending' THEN"
+    "  created_at END), CURRENT_TIMESTAMP(6)), 0),"
+    " SUM(status = 'dead'),"
+    " SUM(status = 'sent' AND sent_at >= CURRENT_TIMESTAMP(6) -"
+    "  INTERVAL 1 HOUR),"
+    " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+    "  WHERE z.destination = o.destination)"
+    " FROM kinbox_outbox o GROUP BY destination ORDER BY destination";
+
+int
+kb_cmd_status(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "status"}};
+        if (parse_opts(argc, argv, &x.o, "j"))
+                return KB_EX_USAGE;
+        if (x.o.nargs) {
+                fprintf(stderr, "kinbox status: unexpected argument \"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        int ex = ctx_open(&x);
+        if (ex)
+                goto out;
+        json_t *jc = json_array();
+        table_t tc;
+        tbl_init(&tc, 7, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
+                 "DEAD", "REPLAYED", "DISCARDED");
+        for (int i = 0; i < x.cfg.nconsumers; i++) {
+                kinbox_conf_t *conf = x.cfg.consumers[i].conf;
+                const char *name = x.cfg.consumers[i].name;
+                const char *v[1] = {name};
+                kinbox_rows_t *r = NULL;
+                kinbox_err_t rc = kinbox_admin_query(
+                    x.adm,
+                    "SELECT count(*) FROM kinbox_inbox WHERE consumer = $1",
+                    1, v, &r);
+                if (rc) {
+                        json_decref(jc);
+                        tbl_print(&tc, NULL);
+                        ex = db_fail(&x, rc);
+                        goto out;
+                }
+                long long inbox = strtoll(rv(r, 0, 0), NULL, 10);
+                kinbox_rows_destroy(r);
+                rc = kinbox_admin_query(x.adm,
+                                        "SELECT status, count(*) FROM "
+                                        "kinbox_dead_letter WHERE consumer "
+                                        "= $1 GROUP BY status",
+                                        1, v, &r);
+                if (rc) {
+                        json_decref(jc);
+                        tbl_print(&tc, NULL);
+                        ex = db_fail(&x, rc);
+                        goto out;
+                }
+                long long dead = 0, replayed = 0, discarded = 0;
+                for (size_t k = 0; k < kinbox_rows_count(r); k++) {
+                        long long n = strtoll(rv(r, k, 1), NULL, 10);
+                        if (!strcmp(rv(r, k, 0), "dead"))
+                                dead = n;
+                        else if (!strcmp(rv(r, k, 0), "replayed"))
+                                replayed = n;
+                        else
+                                discarded = n;
+                }
+                kinbox_rows_destroy(r);
+                char err[512] = "";
+                int64_t *highs = NULL;
+                rd_kafka_topic_partition_list_t *l =
+                    broker_offsets(conf, &highs, err, sizeof(err));
+                json_t *parts = json_array();
+                long long lag = 0;
+                for (int k = 0; l && k < l->cnt; k++) {
+                        int64_t c = l->elems[k].offset < 0
+                                        ? 0
+                                        : l->elems[k].offset;
+                        int64_t pl = highs[k] >= 0 && highs[k] > c
+                                         ? highs[k] - c
+                                         : 0;
+                        lag += pl;
+                        json_t *jp = json_pack(
+                            "{s:s,s:i,s:I,s:I,s:I}", "topic",
+                            l->elems[k].topic, "partition",
+                            (int)l->elems[k].partition, "committed",
+                            (json_int_t)l->elems[k].offset, "high",
+                            (json_int_t)highs[k], "lag", (json_int_t)pl);
+                        json_array_append_new(parts, jp);
+                }
+                char lagbuf[64];
+                if (l)
+                        snprintf(lagbuf, sizeof(lagbuf), "%lld", lag);
+                else
+                        snprintf(lagbuf, sizeof(lagbuf), "unknown");
+                json_t *jo = json_pack(
+                    "{s:s,s:s,s:I,s:I,s:I,s:I,s:o,s:s}", "consumer", name,
+                    "group", group_of(conf), "inbox_rows", (json_int_t)inbox,
+                    "dead_letters", (json_int_t)dead, "replayed",
+                    (json_int_t)replayed, "discarded", (json_int_t)discarded,
+                    "partitions", parts, "dedup_hits",
+                    "n/a: see kinbox_consumer_messages_total{result="
+                    "\"duplicate\"} on /metrics");
+                if (l)
+                        json_object_set_new(jo, "lag", json_integer(lag));
+                else
+                        json_object_set_new(jo, "lag_error",
+                                            json_string(err));
+                json_array_append_new(jc, jo);
+                tbl_add(&tc, "%s", name);
+                tbl_add(&tc, "%s", group_of(conf));
+                tbl_add(&tc, "%s", lagbuf);
+                tbl_add(&tc, "%lld", inbox);
+                tbl_add(&tc, "%lld", dead);
+                tbl_add(&tc, "%lld", replayed);
+                tbl_add(&tc, "%lld", discarded);
+                if (l)
+                        rd_kafka_topic_partition_list_destroy(l);
+                free(highs);
+                if (!l && !x.o.json)
+                        fprintf(stderr, "kinbox status: %s: lag unknown: %s\n",
+                                name, err);
+        }
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x.adm, is_pg(&x) ? status_outbox_pg : status_outbox_my, 0, NULL,
+            &r);
+        kinbox_rows_t *ri = NULL;
+        if (!rc)
+                rc = kinbox_admin_query(
+                    x.adm, "SELECT count(*) FROM kinbox_inbox", 0, NULL, &ri);
+        if (rc) {
+                json_decref(jc);
+                tbl_print(&tc, NULL);
+                kinbox_rows_destroy(r);
+                ex = db_fail(&x, rc);
+                goto out;
+        }
+        json_t *jd = json_array();
+        table_t td;
+        tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING",
+                 "DEAD", "SENT 1H", "PAUSED");
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                bool paused = !strcmp(rv(r, i, 5), "t") ||
+                              !strcmp(rv(r, i, 5), "1");
+                json_array_append_new(
+                    jd, json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
+                                  rv(r, i, 0), "pending", jval(rv(r, i, 1)),
+                                  "oldest_pending_age_s", jval(rv(r, i, 2)),
+                                  "dead", jval(rv(r, i, 3)), "sent_last_hour",
+                                  jval(rv(r, i, 4)), "paused", paused));
+                tbl_add(&td, "%s", rv(r, i, 0));
+                tbl_add(&td, "%s", rv(r, i, 1));
+                tbl_add(&td, "%ss", rv(r, i, 2));
+                tbl_add(&td, "%s", rv(r, i, 3));
+                tbl_add(&td, "%s", rv(r, i, 4));
+                tbl_add(&td, "%s", paused ? "yes" : "no");
+        }
+        long long inbox_total = strtoll(rv(ri, 0, 0), NULL, 10);
+        kinbox_rows_destroy(r);
+        kinbox_rows_destroy(ri);
+        if (x.o.json) {
+                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc,
+                                   "outbox", jd, "inbox_rows",
+                                   (json_int_t)inbox_total));
+                tbl_print(&tc, NULL);
+                tbl_print(&td, NULL);
+        } else {
+                json_decref(jc);
+                json_decref(jd);
+                printf("Consumers (dedup hits: see "
+                       "kinbox_consumer_messages_total{result=\"duplicate\"} "
+                       "on /metrics)\n");
+                tbl_print(&tc, stdout);
+                printf("\nOutbox\n");
+                tbl_print(&td, stdout);
+                printf("\nInbox size: %lld rows\n", inbox_total);
+        }
+out:
+        ctx_close(&x);
+        return ex;
+}
+
+/* ------------------------------------------------------------------ */
+/* dead */
+
+static const char *
+consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf)
+{
+        for (int i = 0; i < x->cfg.nconsumers; i++)
+                if (!strcmp(x->cfg.consumers[i].name, name)) {
+                        *conf = x->cfg.consumers[i].conf;
+                        return x->cfg.consumers[i].name;
+                }
+        return NULL;
+}
+
+static int
+dead_list(ctx_t *x)
+{
+        char lim[24];
+        snprintf(lim, sizeof(lim), "%ld", x->o.limit);
+        const char *v[3] = {x->o.consumer, x->o.status, lim};
+        kinbox_rows_t *r = NULL;
+        /* $1/$2 NULL = no filter; LIMIT spelled per backend. */
+        char sql[1024];
+        snprintf(sql, sizeof(sql),
+                 "SELECT id, consumer, topic, kafka_partition, kafka_offset,"
+                 " message_id, status, attempts, dead_at, error"
+                 " FROM kinbox_dead_letter"
+                 " WHERE ($1 IS NULL OR consumer = $1)"
+                 " AND ($2 IS NULL OR status = $2)"
+                 " ORDER BY id LIMIT %ld",
+                 x->o.limit);
+        if (is_pg(x))
+                snprintf(sql, sizeof(sql),
+                         "SELECT id, consumer, topic, kafka_partition,"
+                         " kafka_offset, message_id, status, attempts,"
+                         " dead_at, error FROM kinbox_dead_letter"
+                         " WHERE ($1::text IS NULL OR consumer = $1)"
+                         " AND ($2::text IS NULL OR status = $2)"
+                         " ORDER BY id LIMIT %ld",
+                         x->o.limit);
+        kinbox_err_t rc = kinbox_admin_query(x->adm, sql, 2, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        json_t *ja = json_array();
+        table_t t;
+        tbl_init(&t, 8, "ID", "CONSUMER", "TOPIC [PART] OFFSET", "MESSAGE ID",
+                 "STATUS", "ATTEMPTS", "DEAD AT", "ERROR");
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                size_t idl = 0;
+                const char *idv = kinbox_rows_value(r, i, 5, &idl);
+                char *mid = idv ? escape_bytes(idv, idl) : NULL;
+                json_array_append_new(
+                    ja, json_pack("{s:o,s:s,s:s,s:o,s:o,s:o,s:s,s:o,s:s,s:s}",
+                                  "id", jval(rv(r, i, 0)), "consumer",
+                                  rv(r, i, 1), "topic", rv(r, i, 2),
+                                  "partition", jval(rv(r, i, 3)), "offset",
+                                  jval(rv(r, i, 4)), "message_id",
+                                  mid ? json_string(mid) : json_null(),
+                                  "status", rv(r, i, 6), "attempts",
+                                  jval(rv(r, i, 7)), "dead_at", rv(r, i, 8),
+                                  "error", rv(r, i, 9)));
+                char err[61];
+                snprintf(err, sizeof(err), "%s", rv(r, i, 9));
+                tbl_add(&t, "%s", rv(r, i, 0));
+                tbl_add(&t, "%s", rv(r, i, 1));
+                tbl_add(&t, "%s [%s] %s", rv(r, i, 2), rv(r, i, 3),
+                        rv(r, i, 4));
+                tbl_add(&t, "%s", mid ? mid : "(none)");
+                tbl_add(&t, "%s", rv(r, i, 6));
+                tbl_add(&t, "%s", rv(r, i, 7));
+                tbl_add(&t, "%s", rv(r, i, 8));
+                tbl_add(&t, "%s", err);
+                free(mid);
+        }
+        kinbox_rows_destroy(r);
+        if (x->o.json) {
+                tbl_print(&t, NULL);
+                json_out(ja);
+        } else {
+                json_decref(ja);
+                tbl_print(&t, stdout);
+        }
+        return KB_EX_OK;
+}
+
+static int
+dead_show(ctx_t *x, int64_t id)
+{
+        char ids[24];
+        snprintf(ids, sizeof(ids), "%" PRId64, id);
+        const char *v[1] = {ids};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm,
+            is_pg(x) ? "SELECT id, consumer, message_id, topic, "
+                       "kafka_partition, kafka_offset, msg_key, headers, "
+                       "payload, error, attempts, first_failed_at, dead_at, "
+                       "status FROM kinbox_dead_letter WHERE id = $1::bigint"
+                     : "SELECT id, consumer, message_id, topic, "
+                       "kafka_partition, kafka_offset, msg_key, headers, "
+                       "payload, error, attempts, first_failed_at, dead_at, "
+                       "status FROM kinbox_dead_letter WHERE id = $1",
+            1, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        if (!kinbox_rows_count(r)) {
+                kinbox_rows_destroy(r);
+                fprintf(stderr, "kinbox dead show: no dead letter with id "
+                                "%" PRId64 "\n",
+                        id);
+                return KB_EX_NOTFOUND;
+        }
+        static const char *const names[] = {
+            "id",      "consumer", "message_id", "topic",
+            "partition", "offset", "key",        "headers",
+            "payload", "error",    "attempts",   "first_failed_at",
+            "dead_at", "status"};
+        json_t *jo = json_object();
+        for (int c = 0; c < 14; c++) {
+                size_t n = 0;
+                const char *val = kinbox_rows_value(r, 0, c, &n);
+                char *e = val ? escape_bytes(val, n) : NULL;
+                if (x->o.json)
+                        json_object_set_new(
+                            jo, names[c],
+                            c == 0 || c == 4 || c == 5 || c == 10
+                                ? jval(val)
+                                : e ? json_string(e) : json_null());
+                else
+                        printf("%-16s %s\n", names[c],
+                               e ? e : "(null)");
+                if ((c == 6 || c == 8) && x->o.json && val)
+                        json_object_set_new(
+                            jo, c == 6 ? "key_size" : "payload_size",
+                            json_integer((json_int_t)n));
+                free(e);
+        }
+        kinbox_rows_destroy(r);
+        if (x->o.json)
+                json_out(jo);
+        else
+                json_decref(jo);
+        return KB_EX_OK;
+}
+
+static int
+dead_discard(ctx_t *x, int64_t id)
+{
+        char ids[24];
+        snprintf(ids, sizeof(ids), "%" PRId64, id);
+        const char *v[1] = {ids};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm, "SELECT status FROM kinbox_dead_letter WHERE id = $1", 1,
+            v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        if (!kinbox_rows_count(r)) {
+                kinbox_rows_destroy(r);
+                fprintf(stderr,
+                        "kinbox dead discard: no dead letter with id %" PRId64
+                        "\n",
+                        id);
+                return KB_EX_NOTFOUND;
+        }
+        if (strcmp(rv(r, 0, 0), "dead")) {
+                fprintf(stderr,
+                        "kinbox dead discard: dead letter %" PRId64
+                        " is %s already\n",
+                        id, rv(r, 0, 0));
+                kinbox_rows_destroy(r);
+                return KB_EX_RUNTIME;
+        }
+        kinbox_rows_destroy(r);
+        rc = kinbox_admin_query(
+            x->adm,
+            is_pg(x) ? "UPDATE kinbox_dead_letter SET status = 'discarded' "
+                       "WHERE id = $1::bigint AND status = 'dead'"
+                     : "UPDATE kinbox_dead_letter SET status = 'discarded' "
+                       "WHERE id = $1 AND status = 'dead'",
+            1, v, NULL);
+        if (rc)
+                return db_fail(x, rc);
+        if (x->o.json)
+                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id,
+                                   "status", "discarded"));
+        else
+                printf("dead letter %" PRId64 ": discarded\n", id);
+        return KB_EX_OK;
+}
+
+static int
+dead_replay(ctx_t *x, int64_t id)
+{
+        char ids[24];
+        snprintf(ids, sizeof(ids), "%" PRId64, id);
+        const char *v[1] = {ids};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm,
+            is_pg(x) ? "SELECT consumer FROM kinbox_dead_letter WHERE id = "
+                       "$1::bigint"
+                     : "SELECT consumer FROM kinbox_dead_letter WHERE id = $1",
+            1, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        if (!kinbox_rows_count(r)) {
+                kinbox_rows_destroy(r);
+                fprintf(stderr,
+                        "kinbox dead replay: no dead letter with id %" PRId64
+                        "\n",
+                        id);
+                return KB_EX_NOTFOUND;
+        }
+        char consumer[256];
+        snprintf(consumer, sizeof(consumer), "%s", rv(r, 0, 0));
+        kinbox_rows_destroy(r);
+        kinbox_conf_t *conf = NULL;
+        if (!consumer_section(x, consumer, &conf)) {
+                fprintf(stderr,
+                        "kinbox dead replay: dead letter %" PRId64
+                        " belongs to consumer \"%s\", which %s does not "
+                        "configure ([consumer.%s] names its handler)\n",
+                        id, consumer, x->o.config, consumer);
+                return KB_EX_USAGE;
+        }
+        char err[1024];
+        const kinbox_module_t *m = find_module(conf, err, sizeof(err));
+        if (!m) {
+                fprintf(stderr, "kinbox dead replay: %s\n", err);
+                return KB_EX_USAGE;
+        }
+        void *opaque = NULL;
+        if (m->init && m->init(conf, &opaque, err, sizeof(err))) {
+                fprintf(stderr, "kinbox dead replay: handler %s: %s\n",
+                        m->name, err);
+                return KB_EX_USAGE;
+        }
+        kinbox_result_t res = KINBOX_RESULT_OK;
+        rc = kinbox_dead_replay(x->adm, id, m->handle_batch ? NULL : m->handle,
+                                m->handle_batch, opaque, &res);
+        if (m->fini)
+                m->fini(opaque);
+        if (rc) {
+                fprintf(stderr, "kinbox dead replay: %s\n",
+                        kinbox_admin_errstr(x->adm));
+                return rc == KINBOX_ERR_NOT_FOUND ? KB_EX_NOTFOUND
+                       : rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
+                                                  : KB_EX_RUNTIME;
+        }
+        if (x->o.json)
+                json_out(json_pack("{s:I,s:s,s:s,s:s}", "id", (json_int_t)id,
+                                   "consumer", consumer, "handler", m->name,
+                                   "status", "replayed"));
+        else
+                printf("dead letter %" PRId64 ": replayed by consumer %s "
+                       "(handler %s), committed with its inbox row\n",
+                       id, consumer, m->name);
+        return KB_EX_OK;
+}
+
+int
+kb_cmd_dead(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "dead"}};
+        if (argc < 2 || argv[1][0] == '-') {
+                if (argc >= 2 && (!strcmp(argv[1], "-h") ||
+                                  !strcmp(argv[1], "--help"))) {
+                        kb_admin_usage("dead", stdout);
+                        return KB_EX_OK;
+                }
+                fprintf(stderr, "kinbox dead: expected list, show, replay or "
+                                "discard\n\n");
+                kb_admin_usage("dead", stderr);
+                return KB_EX_USAGE;
+        }
+        const char *sub = argv[1];
+        bool list = !strcmp(sub, "list");
+        if (!list && strcmp(sub, "show") && strcmp(sub, "replay") &&
+            strcmp(sub, "discard")) {
+                fprintf(stderr, "kinbox dead: unknown subcommand \"%s\"\n\n",
+                        sub);
+                kb_admin_usage("dead", stderr);
+                return KB_EX_USAGE;
+        }
+        if (parse_opts(argc - 1, argv + 1, &x.o, list ? "jCsl" : "j"))
+                return KB_EX_USAGE;
+        int64_t id = 0;
+        if (list ? x.o.nargs != 0
+                 : (x.o.nargs != 1 || parse_id(&x.o, x.o.args[0], &id))) {
+                fprintf(stderr, list ? "usage: kinbox dead list [options]\n"
+                                     : "usage: kinbox dead %s ID -c FILE\n",
+                        sub);
+                return KB_EX_USAGE;
+        }
+        if (x.o.status && strcmp(x.o.status, "dead") &&
+            strcmp(x.o.status, "replayed") && strcmp(x.o.status, "discarded")) {
+                fprintf(stderr, "kinbox dead list: --status must be dead, "
+                                "replayed or discarded\n");
+                return KB_EX_USAGE;
+        }
+        int ex = ctx_open(&x);
+        if (!ex) {
+                if (list)
+                        ex = dead_list(&x);
+                else if (!strcmp(sub, "show"))
+                        ex = dead_show(&x, id);
+                else if (!strcmp(sub, "replay"))
+                        ex = dead_replay(&x, id);
+                else
+                        ex = dead_discard(&x, id);
+        }
+        ctx_close(&x);
+        return ex;
+}
+
+/* ------------------------------------------------------------------ */
+/* outbox */
+
+static const char *const st_names[] = {"any", "pending", "sent", "dead",
+                                       "canceled"};
+
+typedef struct list_ctx {
+        bool json;
+        json_t *ja;
+        table_t t;
+} list_ctx_t;
+
+static int
+on_row(const kinbox_outbox_row_t *row, void *opaque)
+{
+        list_ctx_t *l = opaque;
+        const char *st = st_names[row->status <= 4 ? row->status : 0];
+        if (l->json) {
+                json_array_append_new(
+                    l->ja,
+                    json_pack("{s:I,s:s,s:s,s:s,s:s?,s:i,s:i,s:s?,s:s,s:s,s:I}",
+                              "id", (json_int_t)row->id, "status", st,
+                              "destination", row->destination, "idem_key",
+                              row->idem_key, "aggregate_id",
+                              row->aggregate_id, "attempts", row->attempts,
+                              "max_attempts", row->max_attempts, "last_error",
+                              row->last_error, "created_at", row->created_at,
+                              "next_attempt_at", row->next_attempt_at,
+                              "payload_size", (json_int_t)row->payload_size));
+                return 0;
+        }
+        char e[61];
+        snprintf(e, sizeof(e), "%s", row->last_error ? row->last_error : "");
+        tbl_add(&l->t, "%" PRId64, row->id);
+        tbl_add(&l->t, "%s", st);
+        tbl_add(&l->t, "%s", row->destination);
+        tbl_add(&l->t, "%s", row->idem_key);
+        tbl_add(&l->t, "%s", row->aggregate_id ? row->aggregate_id : "-");
+        tbl_add(&l->t, "%d", row->attempts);
+        tbl_add(&l->t, "%s", row->created_at);
+        tbl_add(&l->t, "%s", e);
+        return 0;
+}
+
+static int
+outbox_fail(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_err_t rc,
+            const char *what)
+{
+        if (rc == KINBOX_ERR_NOT_FOUND) {
+                fprintf(stderr, "kinbox outbox: %s\n", what);
+                return KB_EX_NOTFOUND;
+        }
+        fprintf(stderr, "kinbox outbox: %s\n",
+                kinbox_outbox_admin_errstr(oa));
+        (void)x;
+        return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
+}
+
+static int
+outbox_pause(ctx_t *x, const char *dest, bool pause)
+{
+        const char *v[1] = {dest};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm,
+            "SELECT count(*) FROM kinbox_outbox_paused WHERE destination = $1",
+            1, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        bool paused = strcmp(rv(r, 0, 0), "0") != 0;
+        kinbox_rows_destroy(r);
+        if (!pause && !paused) {
+                fprintf(stderr,
+                        "kinbox outbox resume: destination \"%s\" is not "
+                        "paused\n",
+                        dest);
+                return KB_EX_NOTFOUND;
+        }
+        if (pause && !paused)
+                rc = kinbox_admin_query(
+                    x->adm,
+                    is_pg(x) ? "INSERT INTO kinbox_outbox_paused (destination)"
+                               " VALUES ($1) ON CONFLICT DO NOTHING"
+                             : "INSERT INTO kinbox_outbox_paused (destination)"
+                               " VALUES ($1) ON DUPLICATE KEY UPDATE"
+                               " destination = destination",
+                    1, v, NULL);
+        else if (!pause)
+                rc = kinbox_admin_query(x->adm,
+                                        "DELETE FROM kinbox_outbox_paused "
+                                        "WHERE destination = $1",
+                                        1, v, NULL);
+        if (rc)
+                return db_fail(x, rc);
+        /* Wake listening relays on resume (PostgreSQL). */
+        if (!pause && is_pg(x))
+                kinbox_admin_query(x->adm,
+                                   "SELECT pg_notify('kinbox_outbox', '')", 0,
+                                   NULL, NULL);
+        if (x->o.json)
+                json_out(json_pack("{s:s,s:b}", "destination", dest, "paused",
+                                   pause));
+        else
+                printf("destination %s: %s\n", dest,
+                       pause ? (paused ? "already paused" : "paused")
+                             : "resumed");
+        return KB_EX_OK;
+}
+
+int
+kb_cmd_outbox(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "outbox"}};
+        if (argc < 2 || argv[1][0] == '-') {
+                if (argc >= 2 && (!strcmp(argv[1], "-h") ||
+                                  !strcmp(argv[1], "--help"))) {
+                        kb_admin_usage("outbox", stdout);
+                        return KB_EX_OK;
+                }
+                fprintf(stderr, "kinbox outbox: expected list, requeue, "
+                                "cancel, pause or resume\n\n");
+                kb_admin_usage("outbox", stderr);
+                return KB_EX_USAGE;
+        }
+        const char *sub = argv[1];
+        int kind = !strcmp(sub, "list")      ? 1
+                   : !strcmp(sub, "requeue") ? 2
+                   : !strcmp(sub, "cancel")  ? 3
+                   : !strcmp(sub, "pause")   ? 4
+                   : !strcmp(sub, "resume")  ? 5
+                                             : 0;
+        if (!kind) {
+                fprintf(stderr, "kinbox outbox: unknown subcommand \"%s\"\n\n",
+                        sub);
+                kb_admin_usage("outbox", stderr);
+                return KB_EX_USAGE;
+        }
+        if (parse_opts(argc - 1, argv + 1, &x.o,
+                       kind == 1 ? "jsdla" : kind <= 3 ? "jd" : "j"))
+                return KB_EX_USAGE;
+        kinbox_outbox_status_t st = KINBOX_OUTBOX_ANY;
+        if (x.o.status) {
+                int k = 0;
+                for (int i = 1; i <= 4; i++)
+                        if (!strcmp(x.o.status, st_names[i]))
+                                k = i;
+                if (!k) {
+                        fprintf(stderr, "kinbox outbox list: --status must be "
+                                        "pending, sent, dead or canceled\n");
+                        return KB_EX_USAGE;
+                }
+                st = (kinbox_outbox_status_t)k;
+        }
+        int64_t id = 0;
+        if (kind == 1 && x.o.nargs) {
+                fprintf(stderr, "kinbox outbox list: unexpected argument "
+                                "\"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        if ((kind == 2 || kind == 3) &&
+            !((x.o.nargs == 1 && !x.o.destination &&
+               !parse_id(&x.o, x.o.args[0], &id)) ||
+              (x.o.nargs == 0 && x.o.destination))) {
+                fprintf(stderr, "usage: kinbox outbox %s (ID | --destination "
+                                "DEST) -c FILE\n",
+                        sub);
+                return KB_EX_USAGE;
+        }
+        if ((kind == 4 || kind == 5) && x.o.nargs != 1) {
+                fprintf(stderr, "usage: kinbox outbox %s DESTINATION -c "
+                                "FILE\n",
+                        sub);
+                return KB_EX_USAGE;
+        }
+        int ex = ctx_open(&x);
+        if (ex) {
+                ctx_close(&x);
+                return ex;
+        }
+        if (kind >= 4) {
+                ex = outbox_pause(&x, x.o.args[0], kind == 4);
+                ctx_close(&x);
+                return ex;
+        }
+        char err[1024];
+        kinbox_outbox_admin_t *oa =
+            kinbox_outbox_admin_new(x.cfg.base, err, sizeof(err));
+        if (!oa) {
+                fprintf(stderr, "kinbox outbox: %s\n", err);
+                ctx_close(&x);
+                return KB_EX_USAGE;
+        }
+        kinbox_err_t rc;
+        if (kind == 1) {
+                list_ctx_t l = {.json = x.o.json, .ja = json_array()};
+                tbl_init(&l.t, 8, "ID", "STATUS", "DESTINATION", "IDEM KEY",
+                         "AGGREGATE", "ATTEMPTS", "CREATED", "LAST ERROR");
+                rc = kinbox_outbox_list(oa, st, x.o.destination, x.o.after,
+                                        (size_t)x.o.limit, on_row, &l);
+                if (rc) {
+                        tbl_print(&l.t, NULL);
+                        json_decref(l.ja);
+                        ex = outbox_fail(&x, oa, rc, "");
+                } else if (x.o.json) {
+                        tbl_print(&l.t, NULL);
+                        json_out(l.ja);
+                } else {
+                        json_decref(l.ja);
+                        tbl_print(&l.t, stdout);
+                }
+        } else if (x.o.destination) {
+                uint64_t n = 0;
+                rc = kind == 2 ? kinbox_outbox_requeue_destination(
+                                     oa, x.o.destination, &n)
+                               : kinbox_outbox_cancel_destination(
+                                     oa, x.o.destination, &n);
+                if (rc) {
+                        ex = outbox_fail(&x, oa, rc, "");
+                } else if (x.o.json) {
+                        json_out(json_pack("{s:s,s:s,s:I}", "destination",
+                                           x.o.destination, kind == 2
+                                               ? "requeued"
+                                               : "canceled",
+                                           "count", (json_int_t)n));
+                } else {
+                        printf("destination %s: %" PRIu64 " rows %s\n",
+                               x.o.destination, n,
+                               kind == 2 ? "requeued" : "canceled");
+                }
+        } else {
+                rc = kind == 2 ? kinbox_outbox_requeue(oa, id)
+                               : kinbox_outbox_cancel(oa, id);
+                char what[160];
+                snprintf(what, sizeof(what),
+                         "no %s outbox row with id %" PRId64, kind == 2
+                             ? "dead or canceled"
+                             : "pending",
+                         id);
+                if (rc)
+                        ex = outbox_fail(&x, oa, rc, what);
+                else if (x.o.json)
+                        json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id,
+                                           "status", kind == 2 ? "pending"
+                                                               : "canceled"));
+                else
+                        printf("outbox row %" PRId64 ": %s\n", id,
+                               kind == 2 ? "requeued" : "canceled");
+        }
+        kinbox_outbox_admin_destroy(oa);
+        ctx_close(&x);
+        return ex;
+}
+
+/* ------------------------------------------------------------------ */
+/* verify */
+
+/* Rows at or above the partition's watermark, or with no watermark. */
+static const char verify_ahead_sql[] =
+    "SELECT s.src, s.topic, s.kafka_partition, count(*), min(s.kafka_offset),"
+    " max(s.kafka_offset), max(o.next_offset)"
+    " FROM (SELECT 'inbox' AS src, consumer, topic, kafka_partition,"
+    "  kafka_offset FROM kinbox_inbox WHERE consumer = $1"
+    "  UNION ALL SELECT 'dead_letter', consumer, topic, kafka_partition,"
+    "  kafka_offset FROM kinbox_dead_letter WHERE consumer = $1) s"
+    " LEFT JOIN kinbox_offsets o ON o.consumer = s.consumer"
+    "  AND o.topic = s.topic AND o.kafka_partition = s.kafka_partition"
+    " WHERE o.next_offset IS NULL OR s.kafka_offset >= o.next_offset"
+    " GROUP BY s.src, s.topic, s.kafka_partition"
+    " ORDER BY s.topic, s.kafka_partition";
+
+/* Per watermark: distinct offsets that have an inbox row or dead letter
+ * (replays keep their original coordinates). */
+static const char verify_cover_sql[] =
+    "SELECT o.topic, o.kafka_partition, o.next_offset,"
+    " (SELECT count(DISTINCT k) FROM (SELECT kafka_offset AS k FROM"
+    "  kinbox_inbox i WHERE i.consumer = o.consumer AND i.topic = o.topic"
+    "  AND i.kafka_partition = o.kafka_partition UNION SELECT kafka_offset"
+    "  FROM kinbox_dead_letter d WHERE d.consumer = o.consumer"
+    "  AND d.topic = o.topic AND d.kafka_partition = o.kafka_partition) u),"
+    " (SELECT min(kafka_offset) FROM kinbox_inbox i WHERE i.consumer ="
+    "  o.consumer AND i.topic = o.topic AND i.kafka_partition ="
+    "  o.kafka_partition)"
+    " FROM kinbox_offsets o WHERE o.consumer = $1"
+    " ORDER BY o.topic, o.kafka_partition";
+
+static int
+verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
+                int *gaps)
+{
+        const char *v[1] = {name};
+        kinbox_rows_t *r = NULL;
+        json_t *jg = json_array(), *jp = json_array();
+        kinbox_err_t rc =
+            kinbox_admin_query(x->adm, verify_ahead_sql, 1, v, &r);
+        if (rc) {
+                json_decref(jg);
+                json_decref(jp);
+                return db_fail(x, rc);
+        }
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                char msg[512];
+                snprintf(msg, sizeof(msg),
+                         "%s [%s]: %s %s row(s) at offsets %s..%s but the "
+                         "DB watermark is %s",
+                         rv(r, i, 1), rv(r, i, 2), rv(r, i, 3), rv(r, i, 0),
+                         rv(r, i, 4), rv(r, i, 5),
+                         rv(r, i, 6) ? rv(r, i, 6) : "missing");
+                json_array_append_new(jg, json_string(msg));
+                if (!x->o.json)
+                        printf("GAP  %s: %s\n", name, msg);
+                (*gaps)++;
+        }
+        kinbox_rows_destroy(r);
+        rc = kinbox_admin_query(x->adm, verify_cover_sql, 1, v, &r);
+        if (rc) {
+                json_decref(jg);
+                json_decref(jp);
+                return db_fail(x, rc);
+        }
+        /* Kafka's committed offsets must not pass the DB watermark: the
+         * offsets in between were committed without their effect. */
+        char err[512] = "";
+        int64_t *highs = NULL;
+        rd_kafka_topic_partition_list_t *l =
+            broker_offsets(conf, &highs, err, sizeof(err));
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                const char *topic = rv(r, i, 0);
+                int32_t part = (int32_t)strtol(rv(r, i, 1), NULL, 10);
+                long long wm = strtoll(rv(r, i, 2), NULL, 10);
+                long long covered = strtoll(rv(r, i, 3), NULL, 10);
+                long long lo = rv(r, i, 4) ? strtoll(rv(r, i, 4), NULL, 10)
+                                           : wm;
+                long long committed = -1;
+                rd_kafka_topic_partition_t *tp =
+                    l ? rd_kafka_topic_partition_list_find(l, topic, part)
+                      : NULL;
+                if (tp)
+                        committed = tp->offset;
+                if (committed > wm) {
+                        char msg[512];
+                        snprintf(msg, sizeof(msg),
+                                 "%s [%d]: Kafka committed offset %lld is "
+                                 "past the DB watermark %lld: offsets "
+                                 "%lld..%lld have no inbox row or dead "
+                                 "letter",
+                                 topic, (int)part, committed, wm, wm,
+                                 committed - 1);
+                        json_array_append_new(jg, json_string(msg));
+                        if (!x->o.json)
+                                printf("GAP  %s: %s\n", name, msg);
+                        (*gaps)++;
+                }
+                /* Offsets below the watermark without a row: duplicates
+                 * of an earlier id, pruned rows, or missing. Not a gap by
+                 * itself (the inbox cannot tell which). */
+                long long unaccounted = wm - lo - covered;
+                json_array_append_new(
+                    jp, json_pack("{s:s,s:i,s:I,s:I,s:I,s:I}", "topic", topic,
+                                  "partition", (int)part, "watermark",
+                                  (json_int_t)wm, "committed",
+                                  (json_int_t)committed, "rows",
+                                  (json_int_t)covered,
+                                  "offsets_without_row",
+                                  (json_int_t)(unaccounted > 0 ? unaccounted
+                                                               : 0)));
+                if (!x->o.json)
+                        printf("ok   %s: %s [%d] watermark %lld, Kafka "
+                               "committed %lld, %lld offset(s) with a row, "
+                               "%lld without (duplicates or pruned)\n",
+                               name, topic, (int)part, wm, committed, covered,
+                               unaccounted > 0 ? unaccounted : 0);
+        }
+        kinbox_rows_destroy(r);
+        if (l)
+                rd_kafka_topic_partition_list_destroy(l);
+        free(highs);
+        if (!l && !x->o.json)
+                printf("note %s: Kafka committed offsets not checked: %s\n",
+                       name, err);
+        json_t *jo = json_pack("{s:s,s:o,s:o}", "consumer", name, "gaps", jg,
+                               "partitions", jp);
+        if (!l)
+                json_object_set_new(jo, "broker_error", json_string(err));
+        json_array_append_new(jc, jo);
+        return KB_EX_OK;
+}
+
+int
+kb_cmd_verify(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "verify"}};
+        if (parse_opts(argc, argv, &x.o, "jCo"))
+                return KB_EX_USAGE;
+        int64_t older = 5 * 60000;
+        if (x.o.older_than && parse_duration_ms(x.o.older_than, &older)) {
+                fprintf(stderr, "kinbox verify: --older-than \"%s\": expected "
+                                "a duration (30s, 5m, 2h, 1d)\n",
+                        x.o.older_than);
+                return KB_EX_USAGE;
+        }
+        if (x.o.nargs) {
+                fprintf(stderr, "kinbox verify: unexpected argument \"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        int ex = ctx_open(&x);
+        if (ex)
+                goto out;
+        kinbox_conf_t *only = NULL;
+        if (x.o.consumer && !consumer_section(&x, x.o.consumer, &only)) {
+                fprintf(stderr, "kinbox verify: %s has no [consumer.%s]\n",
+                        x.o.config, x.o.consumer);
+                ex = KB_EX_NOTFOUND;
+                goto out;
+        }
+        int gaps = 0;
+        json_t *jc = json_array();
+        for (int i = 0; i < x.cfg.nconsumers && !ex; i++) {
+                if (x.o.consumer && strcmp(x.o.consumer, x.cfg.consumers[i].name))
+                        continue;
+                ex = verify_consumer(&x, x.cfg.consumers[i].name,
+                                     x.cfg.consumers[i].conf, jc, &gaps);
+        }
+        if (ex) {
+                json_decref(jc);
+                goto out;
+        }
+        /* The outbox: rows pending longer than the threshold. */
+        char ms[24];
+        snprintf(ms, sizeof(ms), "%" PRId64, older);
+        const char *v[1] = {ms};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            &*x.adm,
+            is_pg(&x) ? "SELECT destination, count(*), min(id),"
+                        " floor(extract(epoch FROM now() - min(created_at)))"
+                        "::bigint FROM kinbox_outbox WHERE status = 'pending'"
+                        " AND created_at < now() - $1::bigint * interval"
+                        " '1 millisecond' GROUP BY destination"
+                        " ORDER BY destination"
+                      : "SELECT destination, count(*), min(id),"
+                        " TIMESTAMPDIFF(SECOND, min(created_at),"
+                        " CURRENT_TIMESTAMP(6)) FROM kinbox_outbox"
+                        " WHERE status = 'pending' AND created_at <"
+                        " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000)"
+                        " MICROSECOND GROUP BY destination"
+                        " ORDER BY destination",
+            1, v, &r);
+        if (rc) {
+                json_decref(jc);
+                ex = db_fail(&x, rc);
+                goto out;
+        }
+        json_t *jo = json_array();
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                char msg[512];
+                snprintf(msg, sizeof(msg),
+                         "outbox %s: %s row(s) pending longer than %s "
+                         "(oldest id %s, %ss old)",
+                         rv(r, i, 0), rv(r, i, 1),
+                         x.o.older_than ? x.o.older_than : "5m", rv(r, i, 2),
+                         rv(r, i, 3));
+                json_array_append_new(jo, json_string(msg));
+                if (!x.o.json)
+                        printf("GAP  %s\n", msg);
+                gaps++;
+        }
+        kinbox_rows_destroy(r);
+        if (x.o.json)
+                json_out(json_pack("{s:o,s:o,s:i,s:b}", "consumers", jc,
+                                   "outbox", jo, "gaps", gaps, "ok",
+                                   gaps == 0));
+        else {
+                json_decref(jc);
+                json_decref(jo);
+                printf("%s: %d gap(s)\n", gaps ? "FAILED" : "OK", gaps);
+        }
+        ex = gaps ? KB_EX_RUNTIME : KB_EX_OK;
+out:
+        ctx_close(&x);
+        return ex;
+}
+
+/* ------------------------------------------------------------------ */
+/* prune */
+
+int
+kb_cmd_prune(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "prune"}};
+        if (parse_opts(argc, argv, &x.o, "jn"))
+                return KB_EX_USAGE;
+        if (x.o.nargs) {
+                fprintf(stderr, "kinbox prune: unexpected argument \"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        char err[2048];
+        if (kb_config_load(x.o.config, &x.cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox prune: %s\n", err);
+                return KB_EX_USAGE;
+        }
+        x.loaded = true;
+        kinbox_prune_result_t res;
+        kinbox_err_t rc =
+            kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res, err, sizeof(err));
+        int ex = KB_EX_OK;
+        if (rc) {
+                fprintf(stderr, "kinbox prune: %s\n", err);
+                ex = rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
+                     : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
+                                               : KB_EX_RUNTIME;
+        } else if (x.o.json) {
+                json_out(json_pack(
+                    "{s:b,s:b,s:I,s:I,s:s,s:s}", "dry_run", x.o.dry_run,
+                    "skipped", res.skipped, "inbox_rows",
+                    (json_int_t)res.inbox_rows, "outbox_rows",
+                    (json_int_t)res.outbox_rows, "inbox_retention",
+                    kinbox_conf_get(x.cfg.base, "inbox.retention"),
+                    "outbox_retention",
+                    kinbox_conf_get(x.cfg.base, "outbox.retention")));
+        } else if (res.skipped) {
+                printf("another instance is pruning (lock held): nothing "
+                       "done\n");
+        } else {
+                const char *verb = x.o.dry_run ? "would delete" : "deleted";
+                printf("inbox:  %s %" PRIu64 " rows older than %s\n", verb,
+                       res.inbox_rows,
+                       kinbox_conf_get(x.cfg.base, "inbox.retention"));
+                printf("outbox: %s %" PRIu64 " sent rows older than %s "
+                       "(dead rows and dead letters are kept)\n",
+                       verb, res.outbox_rows,
+                       kinbox_conf_get(x.cfg.base, "outbox.retention"));
+        }
+        ctx_close(&x);
+        return ex;
+}
+
+/* ------------------------------------------------------------------ */
+/* help */
+
+int
+kb_admin_usage(const char *cmd, void *fpv)
+{
+        FILE *fp = fpv;
+        if (!strcmp(cmd, "status"))
+                fprintf(fp,
+                        "usage: kinbox status -c FILE [--json]\n\n"
+                        "Per configured consumer: lag (committed offsets vs "
+                        "high watermarks, asked of\nthe broker), inbox rows, "
+                        "dead letters by status. Per outbox destination:\n"
+                        "pending, age of the oldest pending row, dead, sent "
+                        "in the last hour, paused.\nInbox size. Dedup hits "
+                        "are not stored: a running `kinbox run` exports them\n"
+                        "as kinbox_consumer_messages_total{result=\"duplicate"
+                        "\"} on /metrics.\n");
+        else if (!strcmp(cmd, "dead"))
+                fprintf(fp,
+                        "usage: kinbox dead list [--consumer NAME] [--status "
+                        "dead|replayed|discarded]\n"
+                        "                        [--limit N] -c FILE "
+                        "[--json]\n"
+                        "       kinbox dead show ID -c FILE [--json]\n"
+                        "       kinbox dead replay ID -c FILE [--json]\n"
+                        "       kinbox dead discard ID -c FILE [--json]\n\n"
+                        "show prints the original key, headers and payload "
+                        "(text, non-printable bytes\nas \\xNN). replay runs "
+                        "the consumer's configured handler on the stored "
+                        "copy in\none transaction with its inbox row, as if "
+                        "it arrived again, and marks the\ndead letter "
+                        "replayed; a dead letter is replayed at most once. "
+                        "discard marks it\ndiscarded (the row is kept).\n");
+        else if (!strcmp(cmd, "outbox"))
+                fprintf(fp,
+                        "usage: kinbox outbox list [--status "
+                        "pending|sent|dead|canceled] [--destination D]\n"
+                        "                          [--after ID] [--limit N] "
+                        "-c FILE [--json]\n"
+                        "       kinbox outbox requeue (ID | --destination D) "
+                        "-c FILE   dead/canceled -> pending\n"
+                        "       kinbox outbox cancel (ID | --destination D) "
+                        "-c FILE    pending -> canceled\n"
+                        "       kinbox outbox pause DESTINATION -c FILE      "
+                        "      relays stop claiming it\n"
+                        "       kinbox outbox resume DESTINATION -c FILE\n");
+        else if (!strcmp(cmd, "verify"))
+                fprintf(fp,
+                        "usage: kinbox verify -c FILE [--consumer NAME] "
+                        "[--older-than 5m] [--json]\n\n"
+                        "Audits each consumer: every inbox row and dead "
+                        "letter lies below its partition's\nDB watermark; "
+                        "Kafka's committed offset is not past the DB "
+                        "watermark (offsets\ncommitted without an effect); "
+                        "per partition, how many offsets have a row\n(the "
+                        "rest are duplicates or pruned rows: reported, not "
+                        "a gap). And the outbox:\nrows pending longer than "
+                        "--older-than. Exit status 1 when a gap is found.\n");
+        else if (!strcmp(cmd, "prune"))
+                fprintf(fp,
+                        "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"
+                        "Deletes inbox rows older than inbox.retention and "
+                        "sent outbox rows older than\noutbox.retention "
+                        "([prune] section), prune.batch rows per statement. "
+                        "Only one\ninstance prunes at a time (a database "
+                        "lock); dead rows and dead letters are\nnever "
+                        "deleted. --dry-run counts what would go.\n");
+        else
+                return 0;
+        fprintf(fp, "\nExit status: 0 ok, 1 runtime failure (verify: gap "
+                    "found), 2 usage or configuration\nerror, 3 database "
+                    "unreachable, 4 not found.\n");
+        return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* kinbox run: retention check, pruner thread, metrics endpoint */
+
+int
+kb_run_check(kb_config_t *cfg)
+{
+        for (int i = 0; i < cfg->nconsumers; i++) {
+                char err[1024];
+                int64_t window = 0;
+                const char *src = NULL;
+                if (kinbox_retention_check(cfg->consumers[i].conf, &window,
+                                           &src, err, sizeof(err))) {
+                        fprintf(stderr, "kinbox run: consumer.%s: %s\n",
+                                cfg->consumers[i].name, err);
+                        return KB_EX_USAGE;
+                }
+        }
+        return KB_EX_OK;
+}
+
+struct kb_ops {
+        kinbox_conf_t *conf; /* base: database, [prune] */
+        pthread_t pruner;
+        bool pruner_started;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        volatile int stop;
+        kinbox_http_t *http;
+        kinbox_admin_t *adm; /* HTTP thread only */
+        rd_kafka_t *rk;      /* broker reachability */
+        char **consumers;
+        int nconsumers;
+};
+
+static void *
+pruner_main(void *arg)
+{
+        kb_ops_t *ops = arg;
+        int64_t interval = 600000;
+        const char *iv = kinbox_conf_get(ops->conf, "prune.interval");
+        if (iv)
+                parse_duration_ms(iv, &interval);
+        for (;;) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += interval / 1000;
+                ts.tv_nsec += (interval % 1000) * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                pthread_mutex_lock(&ops->lock);
+                while (!ops->stop &&
+                       pthread_cond_timedwait(&ops->cond, &ops->lock, &ts) == 0)
+                        ;
+                int stop = ops->stop;
+                pthread_mutex_unlock(&ops->lock);
+                if (stop)
+                        return NULL;
+                char err[1024];
+                kinbox_prune_result_t res;
+                if (kinbox_prune(ops->conf, 0, &ops->stop, &res, err,
+                                 sizeof(err)))
+                        fprintf(stderr, "kinbox run: pruner: %s\n", err);
+                else if (res.inbox_rows || res.outbox_rows)
+                        fprintf(stderr,
+                                "kinbox run: pruner: deleted %" PRIu64
+                                " inbox and %" PRIu64 " outbox rows\n",
+                                res.inbox_rows, res.outbox_rows);
+        }
+}
+
+static int
+ready_cb(char *why, size_t sz, void *opaque)
+{
+        kb_ops_t *ops = opaque;
+        if (kinbox_admin_query(ops->adm, "SELECT 1", 0, NULL, NULL)) {
+                snprintf(why, sz, "database: %s",
+                         kinbox_admin_errstr(ops->adm));
+                return 1;
+        }
+        if (ops->rk) {
+                const struct rd_kafka_metadata *md = NULL;
+                rd_kafka_resp_err_t e =
+                    rd_kafka_metadata(ops->rk, 0, NULL, &md, 2000);
+                if (e) {
+                        snprintf(why, sz, "broker: %s", rd_kafka_err2str(e));
+                        return 1;
+                }
+                rd_kafka_metadata_destroy(md);
+        }
+        for (int i = 0; i < ops->nconsumers; i++) {
+                char l[300];
+                snprintf(l, sizeof(l), "consumer=\"%s\"", ops->consumers[i]);
+                double v = kinbox_metrics_value(
+                    "kinbox_consumer_assigned_partitions", l);
+                if (isnan(v) || v < 0) {
+                        snprintf(why, sz,
+                                 "consumer %s: no partition assignment yet",
+                                 ops->consumers[i]);
+                        return 1;
+                }
+        }
+        return 0;
+}
+
+static void
+collect_cb(void *opaque)
+{
+        kb_ops_t *ops = opaque;
+        /* A database outage shows in /readyz; the gauges keep their last
+         * values meanwhile. */
+        kinbox_admin_collect_metrics(ops->adm);
+}
+
+kb_ops_t *
+kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
+{
+        kb_ops_t *ops = calloc(1, sizeof(*ops));
+        if (!ops) {
+                snprintf(err, sz, "out of memory");
+                return NULL;
+        }
+        pthread_mutex_init(&ops->lock, NULL);
+        pthread_cond_init(&ops->cond, NULL);
+        ops->conf = kinbox_conf_dup(cfg->base);
+        if (!ops->conf) {
+                snprintf(err, sz, "out of memory");
+                kb_ops_stop(ops);
+                return NULL;
+        }
+        if (pthread_create(&ops->pruner, NULL, pruner_main, ops)) {
+                snprintf(err, sz, "cannot start the pruner thread");
+                kb_ops_stop(ops);
+                return NULL;
+        }
+        ops->pruner_started = true;
+        if (!cfg->metrics_listen)
+                return ops;
+        ops->adm = kinbox_admin_new(cfg->base, err, sz);
+        if (!ops->adm) {
+                kb_ops_stop(ops);
+                return NULL;
+        }
+        ops->consumers = calloc((size_t)cfg->nconsumers + 1, sizeof(char *));
+        for (int i = 0; ops->consumers && i < cfg->nconsumers; i++)
+                ops->consumers[ops->nconsumers++] =
+                    strdup(cfg->consumers[i].name);
+        const char *bs = kinbox_conf_get(cfg->base, "kafka.bootstrap.servers");
+        if (bs) {
+                rd_kafka_conf_t *kc = rd_kafka_conf_new();
+                char e[256];
+                rd_kafka_conf_set(kc, "bootstrap.servers", bs, e, sizeof(e));
+                rd_kafka_conf_set(kc, "log_level", "0", e, sizeof(e));
+                ops->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, e, sizeof(e));
+                if (!ops->rk)
+                        rd_kafka_conf_destroy(kc);
+        }
+        ops->http = kinbox_http_start(cfg->metrics_listen, ready_cb,
+                                      collect_cb, ops, err, sz);
+        if (!ops->http) {
+                kb_ops_stop(ops);
+                return NULL;
+        }
+        fprintf(stderr, "kinbox run: metrics on http://%s (port %d): "
+                        "/metrics /healthz /readyz\n",
+                cfg->metrics_listen, kinbox_http_port(ops->http));
+        return ops;
+}
+
+void
+kb_ops_stop(kb_ops_t *ops)
+{
+        if (!ops)
+                return;
+        kinbox_http_stop(ops->http);
+        pthread_mutex_lock(&ops->lock);
+        ops->stop = 1;
+        pthread_cond_broadcast(&ops->cond);
+        pthread_mutex_unlock(&ops->lock);
+        if (ops->pruner_started)
+                pthread_join(ops->pruner, NULL);
+        if (ops->rk)
+                rd_kafka_destroy(ops->rk);
+        kinbox_admin_destroy(ops->adm);
+        for (int i = 0; i < ops->nconsumers; i++)
+                free(ops->consumers[i]);
+        free(ops->consumers);
+        kinbox_conf_destroy(ops->conf);
+        pthread_mutex_destroy(&ops->lock);
+        pthread_cond_destroy(&ops->cond);
+        free(ops);
+}

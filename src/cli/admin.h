@@ -1,0 +1,41 @@
+/*
+ * admin.h -- the operator commands of `kinbox` (status, dead, outbox,
+ * verify, prune) and the operations side of `kinbox run` (retention check,
+ * pruner thread, metrics endpoint).
+ */
+#ifndef KINBOX_CLI_ADMIN_H
+#define KINBOX_CLI_ADMIN_H
+
+#include <kinbox/kinbox.h>
+
+#include "config.h"
+
+/* Exit status of every command. */
+#define KB_EX_OK 0
+#define KB_EX_RUNTIME 1  /* runtime failure; verify: a gap was found */
+#define KB_EX_USAGE 2    /* usage or configuration error */
+#define KB_EX_DB 3       /* database unreachable */
+#define KB_EX_NOTFOUND 4 /* no such id / destination */
+
+/* In main.c: the handler module configured for a consumer. */
+const kinbox_module_t *find_module(const kinbox_conf_t *conf, char *err,
+                                   size_t sz);
+
+/* `kinbox status|dead|outbox|verify|prune ...`: argv[0] is the command. */
+int kb_cmd_status(int argc, char **argv);
+int kb_cmd_dead(int argc, char **argv);
+int kb_cmd_outbox(int argc, char **argv);
+int kb_cmd_verify(int argc, char **argv);
+int kb_cmd_prune(int argc, char **argv);
+/* Help text of those commands; 0 when cmd is not one of them. */
+int kb_admin_usage(const char *cmd, void *fp);
+
+/* `kinbox run`: the start-up retention check of every consumer (prints
+ * the refusal; returns an exit status), then the pruner thread and the
+ * metrics endpoint (kb_ops_start/stop). */
+int kb_run_check(kb_config_t *cfg);
+typedef struct kb_ops kb_ops_t;
+kb_ops_t *kb_ops_start(kb_config_t *cfg, char *err, size_t sz);
+void kb_ops_stop(kb_ops_t *ops);
+
+#endif
