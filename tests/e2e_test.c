@@ -248,6 +248,7 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
 
         char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
                                       "lease.ms = 3000\nbatch.size = 100\n"
+                                      "action.timeout.ms = 1000\n"
                                       "poll.ms = 100\n");
         /* Relay A publishes three batches, marks two, dies in the third:
          * its rows are on the broker and still leased. */
@@ -331,6 +332,7 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
             "[consumer.points]\ngroup.id = %s\ntopics = %s\nhandler = points\n"
             "batch.max = 20\n"
             "[relay]\nenabled = true\nlease.ms = 3000\nbatch.size = 20\n"
+            "action.timeout.ms = 1000\n"
             "poll.ms = 100\n",
             kt_unique("e7g"), topic);
         int placed = place_orders(url, topic, 0, 80);
