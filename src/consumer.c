@@ -399,22 +399,35 @@ metrics_assignment(kinbox_consumer_t *c, rd_kafka_t *rk)
         rd_kafka_topic_partition_list_destroy(l);
 }
 
-static kinbox_err_t
-tx_params(int n, const char *const *params, kinbox__param_t *ps, int cap)
+/* Text parameters as backend parameters; *heap is set when allocated. */
+static kinbox__param_t *
+tx_params(int n, const char *const *params, kinbox__param_t *stack, int cap,
+          bool *heap)
 {
-        if (n < 0 || n > cap)
-                return KINBOX_ERR_INVALID;
+        *heap = false;
+        if (n < 0 || (n > 0 && !params))
+                return NULL;
+        kinbox__param_t *ps = stack;
+        if (n > cap) {
+                ps = kinbox__calloc((size_t)n, sizeof(*ps));
+                if (!ps)
+                        return NULL;
+                *heap = true;
+        }
         for (int i = 0; i < n; i++)
                 ps[i] = (kinbox__param_t){params[i], 0, 0};
-        return KINBOX_OK;
+        return ps;
 }
 
 kinbox_err_t
 kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
                const char *const *params)
 {
-        kinbox__param_t ps[64];
-        if (!sql || tx_params(nparams, params, ps, 64)) {
+        kinbox__param_t stack[32];
+        bool heap;
+        kinbox__param_t *ps =
+            sql ? tx_params(nparams, params, stack, 32, &heap) : NULL;
+        if (!ps) {
                 snprintf(tx->reason, sizeof(tx->reason),
                          "kinbox_tx_exec: bad arguments (%d parameters)",
                          nparams);
@@ -422,6 +435,8 @@ kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
                 return KINBOX_ERR_INVALID;
         }
         int rc = tx->db->ops->exec(tx->db, sql, nparams, ps, tx->tag);
+        if (heap)
+                free(ps);
         if (rc)
                 tx->failed = true;
         return (kinbox_err_t)rc;
@@ -431,14 +446,22 @@ kinbox_err_t
 kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
                 const char *const *params, kinbox_rows_t **rowsp)
 {
-        kinbox__param_t ps[64];
+        kinbox__param_t stack[32];
+        bool heap;
         if (rowsp)
                 *rowsp = NULL;
-        if (!sql || tx_params(nparams, params, ps, 64)) {
+        kinbox__param_t *ps =
+            sql ? tx_params(nparams, params, stack, 32, &heap) : NULL;
+        if (!ps) {
+                snprintf(tx->reason, sizeof(tx->reason),
+                         "kinbox_tx_query: bad arguments (%d parameters)",
+                         nparams);
                 tx->failed = true;
                 return KINBOX_ERR_INVALID;
         }
         int rc = tx->db->ops->query(tx->db, sql, nparams, ps, tx->tag, rowsp);
+        if (heap)
+                free(ps);
         if (rc)
                 tx->failed = true;
         return (kinbox_err_t)rc;
@@ -851,7 +874,8 @@ queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
         char part[16], off[24], att[16];
         snprintf(part, sizeof(part), "%" PRId32, m->rkm->partition);
         snprintf(off, sizeof(off), "%" PRId64, m->rkm->offset);
-        snprintf(att, sizeof(att), "%d", m->attempt);
+        /* Failed attempts: 0 when the handler never ran (no id). */
+        snprintf(att, sizeof(att), "%d", m->failures);
         kinbox__buf_t h;
         kinbox__buf_init(&h);
         headers_json(m, &h);
@@ -927,6 +951,7 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, kinbox_result_t r,
         kinbox_msg_t *m = w->msgs[i];
         msg_set_reason(m, reason);
         if (r == KINBOX_RESULT_REJECT) {
+                m->failures++;
                 m->state = M_DEAD;
                 return;
         }
@@ -1174,11 +1199,15 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
 db_error:
         db->ops->rollback(db);
         atomic_fetch_add(&c->st_rolled_back, 1);
-        /* Handler-attributed statement failure: that message failed. */
+        /* Handler-attributed statement failure: that message failed. A
+         * unique-key violation can never succeed: dead-letter it at once;
+         * anything else may (a row another message creates): retry. */
         if ((rc == KINBOX_ERR_DB || rc == KINBOX_ERR_DUPLICATE) &&
             db->err.tag >= 0 && (size_t)db->err.tag < w->nmsgs &&
             w->msgs[db->err.tag]->state == M_RUN) {
-                fail_msg(c, w, (size_t)db->err.tag, KINBOX_RESULT_RETRY,
+                fail_msg(c, w, (size_t)db->err.tag,
+                         rc == KINBOX_ERR_DUPLICATE ? KINBOX_RESULT_REJECT
+                                                    : KINBOX_RESULT_RETRY,
                          db->err.msg);
                 return RUN_AGAIN;
         }
@@ -1199,7 +1228,10 @@ db_error:
                 }
                 for (size_t i = 0; i < w->nmsgs; i++)
                         if (w->msgs[i]->state == M_RUN) {
-                                fail_msg(c, w, i, KINBOX_RESULT_RETRY,
+                                fail_msg(c, w, i,
+                                         rc == KINBOX_ERR_DUPLICATE
+                                             ? KINBOX_RESULT_REJECT
+                                             : KINBOX_RESULT_RETRY,
                                          db->err.msg);
                                 break;
                         }

@@ -322,3 +322,123 @@ ParameterizedTest(int *backend, consumer, cooperative_rebalance,
         cr_assert(gt(u64, st.processed, 0));
         cr_assert(eq(i64, kt_committed_sum(group, topic, 6), high));
 }
+
+/* ---- a failing statement is pinned on its message ---- */
+
+/* Per message: payload "ID VALUE"; a negative value breaks a CHECK
+ * constraint, a repeated ID a unique key — found only at the flush. */
+static kinbox_result_t
+checked_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        (void)opaque;
+        size_t n;
+        const char *p = kinbox_msg_payload(m, &n);
+        char id[64], v[32];
+        char body[128];
+        snprintf(body, sizeof(body), "%.*s", (int)n, p);
+        if (sscanf(body, "%63s %31s", id, v) != 2)
+                return KINBOX_RESULT_REJECT;
+        const char *params[2] = {id, v};
+        kinbox_tx_exec(tx, "INSERT INTO kt_checked (id, v) VALUES ($1, $2)",
+                       2, params);
+        return KINBOX_RESULT_OK;
+}
+
+/* The same effect as one set-based statement for the whole batch. */
+static kinbox_result_t
+checked_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
+              kinbox_result_t *results, void *opaque)
+{
+        (void)opaque;
+        (void)results;
+        char sql[64 * 1024] = "INSERT INTO kt_checked (id, v) VALUES ";
+        const char **params = calloc(2 * count, sizeof(*params));
+        char (*ids)[64] = calloc(count, 64);
+        char (*vs)[32] = calloc(count, 32);
+        for (size_t i = 0; i < count; i++) {
+                size_t n;
+                const char *p = kinbox_msg_payload(msgs[i], &n);
+                char body[128];
+                snprintf(body, sizeof(body), "%.*s", (int)n, p);
+                sscanf(body, "%63s %31s", ids[i], vs[i]);
+                params[2 * i] = ids[i];
+                params[2 * i + 1] = vs[i];
+                char frag[48];
+                snprintf(frag, sizeof(frag), "%s($%zu, $%zu)", i ? ", " : "",
+                         2 * i + 1, 2 * i + 2);
+                strcat(sql, frag);
+        }
+        kinbox_tx_exec(tx, sql, (int)(2 * count), params);
+        free(params);
+        free(ids);
+        free(vs);
+        return KINBOX_RESULT_OK;
+}
+
+static void
+statement_errors(int backend, bool batch)
+{
+        char *url = kt_fresh_db(kt_backend(backend));
+        kt_exec(url, "CREATE TABLE kt_checked (id VARCHAR(64) PRIMARY KEY, "
+                     "v INT NOT NULL CHECK (v >= 0))");
+        char *topic = kt_unique("tse");
+        char *group = kt_unique("gse");
+        kt_topic(topic, 2);
+        kt_producer_t *p = kt_producer_new();
+        char id[32], payload[64];
+        int good = 0;
+        for (int i = 0; i < 200; i++) {
+                snprintf(id, sizeof(id), "s-%d", i);
+                if (i == 57)
+                        snprintf(payload, sizeof(payload), "k-%d -1", i);
+                else if (i == 140) /* same business key as message 10 */
+                        snprintf(payload, sizeof(payload), "k-10 5");
+                else {
+                        snprintf(payload, sizeof(payload), "k-%d %d", i, i);
+                        good++;
+                }
+                kt_produce(p, topic, i % 2, NULL, payload, id);
+        }
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *c = kt_conf(url, "checked", group, topic);
+        kt_set(c, "retry.max", "2");
+        kt_set(c, "retry.backoff.base.ms", "10");
+        kt_set(c, "retry.backoff.max.ms", "50");
+        kt_set(c, "batch.wait.ms", "200"); /* everything in one batch */
+        kt_run_t *r = kt_run_start(c, batch ? NULL : checked_handler,
+                                   batch ? checked_batch : NULL, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
+                                            "kinbox_offsets",
+                                       200, 60),
+                     200));
+        kt_run_stop(r);
+        /* Every good message exactly once; the two bad ones dead. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_checked"),
+                     good));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 2));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 's-57' AND attempts = 2"),
+                     1));
+        /* A unique violation can never succeed: dead at the first try. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 's-140' AND attempts = 1"),
+                     1));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     200));
+}
+
+KT_BACKENDS_PARAMS(consumer, statement_error_pinned)
+ParameterizedTest(int *backend, consumer, statement_error_pinned,
+                  .timeout = 120)
+{
+        statement_errors(*backend, false);
+}
+
+KT_BACKENDS_PARAMS(consumer, statement_error_bisected)
+ParameterizedTest(int *backend, consumer, statement_error_bisected,
+                  .timeout = 120)
+{
+        statement_errors(*backend, true);
+}

@@ -44,6 +44,7 @@ typedef struct pg {
 
 #define PG(db) ((pg_t *)(db)->impl)
 #define FLUSH_EVERY 256 /* read results before socket buffers fill */
+#define STMT_CACHE_MAX 256 /* prepared statements per connection */
 
 static int
 classify(PGconn *conn, const char *state)
@@ -315,6 +316,15 @@ pg_begin(kinbox__db_t *db)
 }
 
 static int
+stmt_find(const pg_t *pg, const char *sql)
+{
+        for (size_t i = 0; i < pg->nstmts; i++)
+                if (!strcmp(pg->stmts[i].sql, sql))
+                        return (int)i;
+        return -1;
+}
+
+static int
 stmt_lookup(kinbox__db_t *db, const char *sql, int n)
 {
         pg_t *pg = PG(db);
@@ -363,8 +373,12 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                                   "bad parameter count %d", n);
                 return KINBOX_ERR_INVALID;
         }
-        int si = stmt_lookup(db, sql, n);
-        if (si < 0)
+        /* Past the cache size (handlers that build SQL text per batch),
+         * statements go unprepared rather than pile up on the server. */
+        int si = -2;
+        if (pg->nstmts < STMT_CACHE_MAX || stmt_find(pg, sql) >= 0)
+                si = stmt_lookup(db, sql, n);
+        if (si == -1)
                 return fail_conn(db, tag, "prepare");
         const char *vs[64];
         int ls[64], fs[64];
@@ -384,8 +398,12 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 lens[i] = p[i].binary ? (int)p[i].len : 0;
                 fmts[i] = p[i].binary ? 1 : 0;
         }
-        if (!PQsendQueryPrepared(pg->conn, pg->stmts[si].name, n, vals, lens,
-                                 fmts, 0)) {
+        int sent = si >= 0 ? PQsendQueryPrepared(pg->conn,
+                                                 pg->stmts[si].name, n, vals,
+                                                 lens, fmts, 0)
+                           : PQsendQueryParams(pg->conn, sql, n, NULL, vals,
+                                               lens, fmts, 0);
+        if (!sent) {
                 rc = fail_conn(db, tag, "send");
                 goto out;
         }
@@ -519,8 +537,13 @@ static void
 pg_rollback(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
+        bool open = db->in_tx;
         db->in_tx = false;
         if (!pg || !pg->conn)
+                return;
+        /* Nothing queued and no transaction: a second rollback (after a
+         * failed COMMIT already cleaned up) must not send another one. */
+        if (!open && !pg->qlen)
                 return;
         kinbox__dberr_t keep = db->err;
         /* End whatever segment is open, then roll back in a fresh one. */
