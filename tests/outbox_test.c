@@ -540,8 +540,6 @@ ParameterizedTest(int *bidx, outbox_publish, backends,
         cr_assert(find_msgid(&got, want) == NULL);
         msgs_free(&got);
         tc_close(&c);
-        free(topic);
-        free(url);
 }
 
 /* ------------------------------------------------------------ test 2 */
@@ -690,8 +688,6 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends,
         free(seen);
         free(last);
         msgs_free(&got);
-        free(topic);
-        free(url);
 }
 
 /* ------------------------------------------------------------ test 4 */
@@ -812,8 +808,6 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends,
         }
         msgs_free(&got);
         mock_stop(&mk);
-        free(topic);
-        free(url);
 }
 
 /* ------------------------------------------------------------ test 6 */
@@ -1001,7 +995,6 @@ ParameterizedTest(int *bidx, outbox_actions, backends,
         relay_stop(&tr);
         kinbox_outbox_admin_destroy(adm);
         kinbox_relay_destroy(r); /* waits for the abandoned slow call */
-        free(url);
 }
 
 /* ------------------------------------------------------------ test 5 */
@@ -1160,8 +1153,6 @@ ParameterizedTest(int *bidx, outbox_order, backends,
         free(last);
         msgs_free(&got);
         mock_stop(&mk);
-        free(topic);
-        free(url);
 }
 
 /* ------------------------------------------------------------ hop by hop */
@@ -1266,8 +1257,4 @@ ParameterizedTest(int *bidx, outbox_hop, backends, .timeout = 180)
                 cr_assert(eq(int, atoi(got.v[i].value), (int)i),
                           "order broken at %zu", i);
         msgs_free(&got);
-        free(in);
-        free(out);
-        free(group);
-        free(url);
 }
