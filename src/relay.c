@@ -45,6 +45,7 @@
 
 #include "db.h"
 #include "internal.h"
+#include "metrics.h"
 
 /* From outbox.c. */
 kinbox__db_t *kinbox__outbox_db_open(const kinbox_conf_t *conf, char *errstr,
@@ -851,7 +852,8 @@ kinbox_action_set_error(kinbox_action_t *a, const char *fmt, ...)
 
 static const char pg_claim_sql[] =
     "WITH c AS ("
-    " SELECT o.id FROM kinbox_outbox o"
+    " SELECT o.id, o.lease_owner IS NOT NULL AS reclaimed"
+    " FROM kinbox_outbox o"
     " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
     " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
     "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
@@ -865,7 +867,8 @@ static const char pg_claim_sql[] =
     " version = t.version + 1, lease_owner = $3"
     " FROM c WHERE t.id = c.id"
     " RETURNING t.id, t.version, t.kind, t.destination, t.idem_key,"
-    " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts";
+    " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"
+    " c.reclaimed, (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
 
 /* MySQL step 1, a plain (non-locking) read: heads of their aggregates. The
  * locking read of step 2 has no subquery, so SKIP LOCKED cannot make the
@@ -991,7 +994,11 @@ claim(kinbox_relay_t *r, int64_t limit, struct kinbox_rows_s **rowsp)
         rc = db->ops->begin(db);
         if (rc)
                 goto out;
-        kinbox__buf_adds(&b, "SELECT " CLAIM_COLS " FROM kinbox_outbox "
+        /* + metrics columns: lease reclaimed, age in ms. */
+        kinbox__buf_adds(&b, "SELECT " CLAIM_COLS ", lease_owner IS NOT NULL,"
+                             " TIMESTAMPDIFF(MICROSECOND, created_at,"
+                             " CURRENT_TIMESTAMP(6)) DIV 1000"
+                             " FROM kinbox_outbox "
                              "WHERE id IN (");
         list_ids(&b, cand);
         kinbox__buf_printf(&b,
@@ -1169,6 +1176,47 @@ all_reported(item_t *v, size_t n)
         return true;
 }
 
+/* Metrics of one round; claim rows carry two extra columns (lease
+ * reclaimed, age in ms at claim time). */
+static void
+relay_metrics(kinbox_relay_t *r, struct kinbox_rows_s *rows, item_t *v,
+              size_t n, int64_t t0, bool marked, uint64_t published,
+              uint64_t actions_ok, uint64_t retried, uint64_t dead,
+              uint64_t conflicts)
+{
+        char l[300];
+        const char *name = kinbox_conf_get(r->conf, "name");
+        kinbox__m_labels(l, sizeof(l), "relay", name ? name : "",
+                         (char *)NULL);
+        kinbox__m_add("kinbox_relay_published_total", l,
+                      (double)(published + actions_ok));
+        kinbox__m_add("kinbox_relay_failed_total", l, (double)retried);
+        kinbox__m_add("kinbox_relay_dead_total", l, (double)dead);
+        kinbox__m_add("kinbox_relay_cas_conflicts_total", l,
+                      (double)conflicts);
+        if (!rows || rows->ncols < 12)
+                return;
+        uint64_t reclaims = 0;
+        int64_t now = kinbox__now_ms();
+        for (size_t i = 0; i < rows->nrows; i++) {
+                char **c = rows->values + i * (size_t)rows->ncols;
+                if (c[10] && (!strcmp(c[10], "t") || !strcmp(c[10], "1")))
+                        reclaims++;
+                if (!marked || !c[11])
+                        continue;
+                int64_t id = to_i64(c[0]);
+                for (size_t k = 0; k < n; k++)
+                        if (v[k].id == id && v[k].out == OUT_SENT)
+                                kinbox__m_observe(
+                                    "kinbox_relay_commit_to_publish_seconds",
+                                    l,
+                                    (double)(to_i64(c[11]) + (now - t0)) /
+                                        1000.0);
+        }
+        kinbox__m_add("kinbox_relay_lease_reclaims_total", l,
+                      (double)reclaims);
+}
+
 /*
  * One claim → work → mark round. Returns <0 (a kinbox_err_t) on a database
  * error, else the number of rows finished (sent or dead); *claimedp gets
@@ -1315,6 +1363,8 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
         r->stats.released += released;
         r->stats.conflicts += conflicts;
         pthread_mutex_unlock(&r->lock);
+        relay_metrics(r, rows, v, n, t0, rc == 0, published, actions_ok,
+                      retried, dead, conflicts);
 
         if (atomic_load(&r->rk_fatal)) {
                 /* The idempotent producer cannot continue: new one. */

@@ -512,6 +512,12 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
         }
         if (r == KINBOX_RESULT_OK && kinbox__tx_failed(tx))
                 r = KINBOX_RESULT_RETRY;
+        /* The handler's queued statements: their errors are its own. */
+        if (r == KINBOX_RESULT_OK && (rc = db->ops->flush(db))) {
+                if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_TRANSIENT)
+                        goto dberr;
+                r = KINBOX_RESULT_RETRY;
+        }
         if (resultp)
                 *resultp = r;
         if (r != KINBOX_RESULT_OK) {
@@ -521,6 +527,8 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                                       ? kinbox__msg_reason(msg)
                                   : db->err.code ? db->err.msg
                                                  : "no reason given";
+                if (db->err.code && !kinbox__tx_reason(tx)[0])
+                        why = db->err.msg;
                 snprintf(adm->errstr, sizeof(adm->errstr),
                          "handler returned %s: %s; rolled back, dead letter "
                          "%" PRId64 " unchanged",

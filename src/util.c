@@ -282,6 +282,33 @@ kinbox__errstr(char *errstr, size_t size, const char *fmt, ...)
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Passwords never reach a log line: every "scheme://user:password@" in a
+ * message becomes "scheme://user:***@". */
+static void
+redact_urls(char *msg)
+{
+        for (char *p = strstr(msg, "://"); p; p = strstr(p, "://")) {
+                p += 3;
+                char *end = p + strcspn(p, "/@ \t\"'?#");
+                if (*end != '@')
+                        continue;
+                char *colon = memchr(p, ':', (size_t)(end - p));
+                if (!colon || (end - colon == 4 && !strncmp(colon, ":***", 4)))
+                        continue;
+                size_t tail = strlen(end) + 1;
+                /* ":***" is never longer than the password it replaces
+                 * plus the colon, unless the password has < 3 bytes:
+                 * keep within the buffer either way. */
+                size_t room = 1024 - (size_t)(colon - msg) - 4;
+                if (tail > room)
+                        tail = room;
+                memmove(colon + 4, end, tail);
+                memcpy(colon, ":***", 4);
+                colon[4 + tail - 1] = '\0';
+                p = colon + 4;
+        }
+}
+
 static const char *
 level_name(int level)
 {
@@ -307,6 +334,7 @@ kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
                 return;
         char msg[1024];
         vsnprintf(msg, sizeof(msg), fmt, ap);
+        redact_urls(msg);
         /* One event, one line. */
         for (char *p = msg; *p; p++)
                 if (*p == '\n' || *p == '\r')

@@ -1166,9 +1166,9 @@ kb_cmd_outbox(int argc, char **argv)
                         ex = outbox_fail(&x, oa, rc, "");
                 } else if (x.o.json) {
                         json_out(json_pack("{s:s,s:s,s:I}", "destination",
-                                           x.o.destination, kind == 2
-                                               ? "requeued"
-                                               : "canceled",
+                                           x.o.destination, "action",
+                                           kind == 2 ? "requeued"
+                                                     : "canceled",
                                            "count", (json_int_t)n));
                 } else {
                         printf("destination %s: %" PRIu64 " rows %s\n",
@@ -1219,17 +1219,15 @@ static const char verify_ahead_sql[] =
 /* Per watermark: distinct offsets that have an inbox row or dead letter
  * (replays keep their original coordinates). */
 static const char verify_cover_sql[] =
-    "SELECT o.topic, o.kafka_partition, o.next_offset,"
-    " (SELECT count(DISTINCT k) FROM (SELECT kafka_offset AS k FROM"
-    "  kinbox_inbox i WHERE i.consumer = o.consumer AND i.topic = o.topic"
-    "  AND i.kafka_partition = o.kafka_partition UNION SELECT kafka_offset"
-    "  FROM kinbox_dead_letter d WHERE d.consumer = o.consumer"
-    "  AND d.topic = o.topic AND d.kafka_partition = o.kafka_partition) u),"
-    " (SELECT min(kafka_offset) FROM kinbox_inbox i WHERE i.consumer ="
-    "  o.consumer AND i.topic = o.topic AND i.kafka_partition ="
-    "  o.kafka_partition)"
-    " FROM kinbox_offsets o WHERE o.consumer = $1"
-    " ORDER BY o.topic, o.kafka_partition";
+    "SELECT o.topic, o.kafka_partition, o.next_offset, COALESCE(u.n, 0),"
+    " u.lo FROM kinbox_offsets o LEFT JOIN (SELECT topic, kafka_partition,"
+    " count(*) AS n, min(kafka_offset) AS lo FROM (SELECT topic,"
+    " kafka_partition, kafka_offset FROM kinbox_inbox WHERE consumer = $1"
+    " UNION SELECT topic, kafka_partition, kafka_offset FROM"
+    " kinbox_dead_letter WHERE consumer = $1) a"
+    " GROUP BY topic, kafka_partition) u ON u.topic = o.topic"
+    " AND u.kafka_partition = o.kafka_partition"
+    " WHERE o.consumer = $1 ORDER BY o.topic, o.kafka_partition";
 
 static int
 verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
@@ -1289,8 +1287,8 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                         snprintf(msg, sizeof(msg),
                                  "%s [%d]: Kafka committed offset %lld is "
                                  "past the DB watermark %lld: offsets "
-                                 "%lld..%lld have no inbox row or dead "
-                                 "letter",
+                                 "%lld..%lld were committed to Kafka "
+                                 "without their effect being recorded",
                                  topic, (int)part, committed, wm, wm,
                                  committed - 1);
                         json_array_append_new(jg, json_string(msg));

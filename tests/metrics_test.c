@@ -1,0 +1,202 @@
+/*
+ * metrics_test.c -- `[metrics] listen` of `kinbox run` over HTTP on both
+ * backends: /metrics validated by `promtool check metrics` (Debian's
+ * prometheus package; the test fails without it), /healthz, /readyz.
+ */
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* GET path from 127.0.0.1:port; returns the HTTP status, body in *body. */
+static int
+http_get(int port, const char *path, char **body)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+                close(fd);
+                return -1;
+        }
+        char req[256];
+        snprintf(req, sizeof(req),
+                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+        size_t cap = 1 << 16, n = 0;
+        char *buf = malloc(cap);
+        for (ssize_t r; (r = read(fd, buf + n, cap - n - 1)) > 0;) {
+                n += (size_t)r;
+                if (n + 1 == cap)
+                        buf = realloc(buf, cap *= 2);
+        }
+        close(fd);
+        buf[n] = '\0';
+        int status = -1;
+        sscanf(buf, "HTTP/1.%*d %d", &status);
+        char *b = strstr(buf, "\r\n\r\n");
+        if (body)
+                *body = strdup(b ? b + 4 : "");
+        free(buf);
+        return status;
+}
+
+/* The port printed by `kinbox run` ("(port N)"). */
+static int
+wait_port(const char *log)
+{
+        for (int i = 0; i < 100; i++) {
+                char *s = kt_slurp(log);
+                const char *p = s ? strstr(s, "(port ") : NULL;
+                int port = 0;
+                if (p)
+                        port = atoi(p + 6);
+                free(s);
+                if (port > 0)
+                        return port;
+                usleep(100000);
+        }
+        cr_fail("kinbox run never printed its metrics port");
+        return 0;
+}
+
+static double
+metric(const char *text, const char *series)
+{
+        size_t n = strlen(series);
+        for (const char *p = text; (p = strstr(p, series)); p += n)
+                if ((p == text || p[-1] == '\n') && p[n] == ' ')
+                        return strtod(p + n + 1, NULL);
+        return -1;
+}
+
+KT_BACKENDS_PARAMS(metrics, endpoints)
+ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
+{
+        cr_assert(access("/usr/bin/promtool", X_OK) == 0 ||
+                      system("command -v promtool >/dev/null") == 0,
+                  "promtool is missing: install Debian's prometheus package "
+                  "(scripts/setup)");
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("met");
+        char *group = kt_unique("metg");
+        kt_topic(topic, 2);
+        kt_produce_grants(topic, 0, 200, 10, "o", 0, NULL);
+        kt_producer_t *p = kt_producer_new();
+        kt_produce(p, topic, 0, "k", "garbage", "m-garbage");
+        kt_producer_flush_destroy(p);
+        /* An outbox row for a destination nobody relays: pending gauge. */
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('metrics.test', 'k1')");
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "[metrics]\nlisten = 127.0.0.1:0\n",
+                                 group, topic);
+        char *log = kt_unique("/tmp/kt_metrics");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        char *body = NULL;
+        cr_assert(eq(int, http_get(port, "/healthz", &body), 200));
+        free(body);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 201,
+                                  90),
+                     201));
+        /* Ready once the database, the broker and the assignment are. */
+        int st = 0;
+        for (int i = 0; i < 100 && st != 200; i++) {
+                st = http_get(port, "/readyz", &body);
+                free(body);
+                if (st != 200)
+                        usleep(100000);
+        }
+        cr_assert(eq(int, st, 200));
+        cr_assert(eq(int, http_get(port, "/nope", &body), 404));
+        free(body);
+
+        /* Counters reach their final values after the last batch. */
+        char processed[200], dups[200], dead[200];
+        snprintf(processed, sizeof(processed),
+                 "kinbox_consumer_messages_total{consumer=\"points\","
+                 "result=\"processed\"}");
+        snprintf(dups, sizeof(dups),
+                 "kinbox_consumer_messages_total{consumer=\"points\","
+                 "result=\"duplicate\"}");
+        snprintf(dead, sizeof(dead),
+                 "kinbox_consumer_messages_total{consumer=\"points\","
+                 "result=\"dead\"}");
+        for (int i = 0; i < 50; i++) {
+                cr_assert(eq(int, http_get(port, "/metrics", &body), 200));
+                if (metric(body, processed) + metric(body, dups) +
+                        metric(body, dead) ==
+                    221)
+                        break;
+                free(body);
+                body = NULL;
+                usleep(100000);
+        }
+        cr_assert(body != NULL, "counters never reached 221 messages");
+        cr_assert(eq(dbl, metric(body, processed), 200), "%s", body);
+        cr_assert(eq(dbl, metric(body, dups), 20), "%s", body);
+        cr_assert(eq(dbl, metric(body, dead), 1), "%s", body);
+        cr_assert(eq(dbl,
+                     metric(body, "kinbox_outbox_pending{destination="
+                                  "\"metrics.test\"}"),
+                     1),
+                  "%s", body);
+        cr_assert(eq(dbl,
+                     metric(body, "kinbox_dead_letters{consumer=\"points\"}"),
+                     1),
+                  "%s", body);
+        cr_assert(eq(dbl,
+                     metric(body, "kinbox_consumer_assigned_partitions{"
+                                  "consumer=\"points\"}"),
+                     2),
+                  "%s", body);
+        cr_assert(strstr(body, "kinbox_consumer_batch_size_bucket{consumer="
+                               "\"points\",le=\"+Inf\"}") != NULL,
+                  "%s", body);
+        cr_assert(strstr(body, "kinbox_consumer_transaction_seconds_count{") !=
+                  NULL);
+        cr_assert(strstr(body, "kinbox_handler_seconds_sum{") != NULL);
+        cr_assert(strstr(body, "kinbox_consumer_lag{consumer=\"points\","
+                               "topic=\"") != NULL,
+                  "%s", body);
+        cr_assert(strstr(body, "# TYPE kinbox_relay_commit_to_publish_seconds "
+                               "histogram") != NULL);
+        cr_assert(strstr(body, "# TYPE kinbox_pruned_rows_total counter") !=
+                  NULL);
+
+        /* promtool validates the exposition. */
+        char *file = kt_unique("/tmp/kt_metrics_body");
+        FILE *fp = fopen(file, "w");
+        cr_assert(fp != NULL);
+        fputs(body, fp);
+        fclose(fp);
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > %s.out 2>&1",
+                 file, file);
+        int rc = system(cmd);
+        char outf[300];
+        snprintf(outf, sizeof(outf), "%s.out", file);
+        char *pout = kt_slurp(outf);
+        cr_assert(rc != -1 && WIFEXITED(rc) != 0 && WEXITSTATUS(rc) == 0,
+                  "promtool check metrics failed:\n%s", pout ? pout : "");
+        free(pout);
+        free(body);
+
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        /* Gone with the process. */
+        cr_assert(eq(int, http_get(port, "/healthz", NULL), -1));
+}

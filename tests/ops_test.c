@@ -1,0 +1,641 @@
+/*
+ * ops_test.c -- operations on both backends: pruning, the retention check
+ * of `kinbox run`, and every admin subcommand (status, dead, outbox,
+ * verify, prune) run as a child process against real data.
+ */
+#include "harness.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "internal.h"
+
+/* kb() / kb_json() take the command line as a format. */
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+
+/* Run `kinbox ARGS` and capture stdout (and stderr into *err when not
+ * NULL). Returns the exit status. */
+static int
+kb(char **out, char **err, const char *fmt, ...)
+{
+        char args[2048], cmd[4096];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(args, sizeof(args), fmt, ap);
+        va_end(ap);
+        char *errf = kt_unique("/tmp/kt_ops_err");
+        snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>%s", kt_env("KINBOX_BIN"),
+                 args, errf);
+        FILE *fp = popen(cmd, "r");
+        cr_assert(fp != NULL);
+        size_t cap = 1 << 16, n = 0;
+        char *buf = malloc(cap);
+        for (size_t r; (r = fread(buf + n, 1, cap - n - 1, fp)) > 0;) {
+                n += r;
+                if (n + 1 == cap)
+                        buf = realloc(buf, cap *= 2);
+        }
+        buf[n] = '\0';
+        int st = pclose(fp);
+        char *e = kt_slurp(errf);
+        unlink(errf);
+        if (out)
+                *out = buf;
+        else
+                free(buf);
+        if (err)
+                *err = e ? e : strdup("");
+        else
+                free(e);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static json_t *
+kb_json(int want_rc, const char *fmt, const char *ini, const char *extra)
+{
+        char *out = NULL, *err = NULL;
+        int rc = kb(&out, &err, fmt, ini, extra ? extra : "");
+        cr_assert(eq(int, rc, want_rc), "kinbox %s: rc %d\nstdout:%s\nstderr:%s",
+                  fmt, rc, out, err);
+        json_error_t je;
+        json_t *j = json_loads(out, 0, &je);
+        cr_assert(j != NULL, "not JSON: %s (%s)", out, je.text);
+        free(out);
+        free(err);
+        return j;
+}
+
+static bool
+is_my(int backend)
+{
+        return backend == 1;
+}
+
+/* Rows for pruning: 25 inbox rows (20 old), outbox rows of every status,
+ * two old dead letters. */
+static void
+seed_prune_rows(const char *url, bool my)
+{
+        for (int i = 0; i < 25; i++) {
+                char sql[256];
+                snprintf(sql, sizeof(sql),
+                         "INSERT INTO kinbox_inbox (consumer, message_id, "
+                         "topic, kafka_partition, kafka_offset) VALUES "
+                         "('c', 'id-%d', 't', 0, %d)",
+                         i, i);
+                kt_exec(url, sql);
+        }
+        const char *old = my ? "CURRENT_TIMESTAMP(6) - INTERVAL 30 DAY"
+                             : "now() - interval '30 days'";
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "UPDATE kinbox_inbox SET processed_at = %s WHERE "
+                 "kafka_offset < 20",
+                 old);
+        kt_exec(url, sql);
+        /* outbox: 7 old sent, 2 new sent, 3 old dead, 2 pending, 1 old
+         * canceled. */
+        static const struct {
+                const char *status;
+                int n;
+                bool old;
+        } rows[] = {{"sent", 7, true},
+                    {"sent", 2, false},
+                    {"dead", 3, true},
+                    {"pending", 2, false},
+                    {"canceled", 1, true}};
+        int k = 0;
+        for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++)
+                for (int i = 0; i < rows[r].n; i++, k++) {
+                        snprintf(sql, sizeof(sql),
+                                 "INSERT INTO kinbox_outbox (destination, "
+                                 "idem_key, status, sent_at, created_at) "
+                                 "VALUES ('d', 'k%d', '%s', %s, %s)",
+                                 k, rows[r].status,
+                                 rows[r].old ? old
+                                 : my        ? "CURRENT_TIMESTAMP(6)"
+                                             : "now()",
+                                 rows[r].old ? old
+                                 : my        ? "CURRENT_TIMESTAMP(6)"
+                                             : "now()");
+                        kt_exec(url, sql);
+                }
+        for (int i = 0; i < 2; i++) {
+                snprintf(sql, sizeof(sql),
+                         "INSERT INTO kinbox_dead_letter (consumer, "
+                         "message_id, topic, kafka_partition, kafka_offset, "
+                         "error, dead_at, first_failed_at) VALUES ('c', "
+                         "'dl-%d', 't', 0, %d, 'bad', %s, %s)",
+                         i, 100 + i, old, old);
+                kt_exec(url, sql);
+        }
+}
+
+static char *
+prune_ini(const char *url, const char *batch)
+{
+        return kt_write_ini(url,
+                            "[prune]\ninbox.retention = 14d\n"
+                            "outbox.retention = 7d\nprune.batch = %s\n",
+                            batch);
+}
+
+/* ---- pruning: only old rows go, dead rows and dead letters stay ---- */
+
+KT_BACKENDS_PARAMS(ops, prune_only_old)
+ParameterizedTest(int *backend, ops, prune_only_old, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        seed_prune_rows(url, is_my(*backend));
+        char *ini = prune_ini(url, "3");
+
+        json_t *j = kb_json(0, "prune --dry-run --json -c %s%s", ini, NULL);
+        cr_assert(eq(i64, json_integer_value(json_object_get(j, "inbox_rows")),
+                     20));
+        cr_assert(eq(i64,
+                     json_integer_value(json_object_get(j, "outbox_rows")),
+                     7));
+        json_decref(j);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     25), "dry run deleted rows");
+
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, NULL, "prune -c %s", ini), 0));
+        cr_assert(strstr(out, "deleted 20 rows") != NULL, "%s", out);
+        free(out);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT MIN(kafka_offset) FROM kinbox_inbox"),
+                     20));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status = 'sent'"),
+                     2));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status = 'dead'"),
+                     3), "dead outbox rows must never be pruned");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'sent'"),
+                     6));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
+                     2), "dead letters must never be pruned");
+        /* Again: nothing left to do. */
+        j = kb_json(0, "prune --json -c %s%s", ini, NULL);
+        cr_assert(eq(i64, json_integer_value(json_object_get(j, "inbox_rows")),
+                     0));
+        json_decref(j);
+}
+
+/* ---- batches: one statement deletes prune.batch rows ---- */
+
+KT_BACKENDS_PARAMS(ops, prune_batches)
+ParameterizedTest(int *backend, ops, prune_batches, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        seed_prune_rows(url, is_my(*backend));
+        kinbox_conf_t *c = kinbox_conf_new();
+        kt_set(c, "database.url", url);
+        kt_set(c, "prune.batch", "3");
+        /* A stop request is honoured after each statement: one batch. */
+        volatile int stop = 1;
+        kinbox_prune_result_t res;
+        char e[512];
+        cr_assert(eq(int, kinbox_prune(c, 0, &stop, &res, e, sizeof(e)),
+                     KINBOX_OK), "%s", e);
+        cr_assert(eq(u64, res.inbox_rows, 3));
+        cr_assert(eq(u64, res.outbox_rows, 0));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     22));
+        stop = 0;
+        cr_assert(eq(int, kinbox_prune(c, 0, &stop, &res, e, sizeof(e)),
+                     KINBOX_OK), "%s", e);
+        cr_assert(eq(u64, res.inbox_rows, 17));
+        cr_assert(eq(u64, res.outbox_rows, 7));
+        kinbox_conf_destroy(c);
+}
+
+/* ---- one pruner at a time across instances ---- */
+
+KT_BACKENDS_PARAMS(ops, prune_single_instance)
+ParameterizedTest(int *backend, ops, prune_single_instance, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        seed_prune_rows(url, is_my(*backend));
+        char *ini = prune_ini(url, "2");
+        /* Another instance holds the pruning lock. */
+        char e[512];
+        kinbox__db_t *holder = kinbox__db_new(url, NULL, e, sizeof(e));
+        cr_assert(holder != NULL, "%s", e);
+        cr_assert(eq(int, kinbox__db_connect(holder), 0));
+        const char *name = "kinbox_prune";
+        kinbox_rows_t *r = NULL;
+        cr_assert(eq(int,
+                     kinbox__db_queryv(holder, holder->ops->sql->try_lock, 1,
+                                       &name, &r),
+                     0));
+        const char *got = kinbox_rows_value(r, 0, 0, NULL);
+        cr_assert(got && (!strcmp(got, "t") || !strcmp(got, "1")));
+        kinbox_rows_destroy(r);
+
+        json_t *j = kb_json(0, "prune --json -c %s%s", ini, NULL);
+        int skipped = json_is_true(json_object_get(j, "skipped"));
+        cr_assert(eq(int, skipped, 1));
+        json_decref(j);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     25), "a second pruner deleted rows");
+
+        /* Two processes at once while nobody holds it: the rows go once,
+         * and each process either pruned or stood aside. */
+        kinbox__db_queryv(holder, holder->ops->sql->unlock, 1, &name, NULL);
+        kinbox__db_destroy(holder);
+        char *o1 = kt_unique("/tmp/kt_prune1"), *o2 = kt_unique("/tmp/kt_prune2");
+        char cmd[2048];
+        snprintf(cmd, sizeof(cmd),
+                 "\"%s\" prune --json -c %s > %s & \"%s\" prune --json -c %s "
+                 "> %s; wait",
+                 kt_env("KINBOX_BIN"), ini, o1, kt_env("KINBOX_BIN"), ini, o2);
+        cr_assert(eq(int, system(cmd), 0));
+        long long deleted = 0;
+        const char *outs[2] = {o1, o2};
+        for (int i = 0; i < 2; i++) {
+                char *s = kt_slurp(outs[i]);
+                json_t *jj = json_loads(s, 0, NULL);
+                cr_assert(jj != NULL, "%s", s);
+                deleted += json_integer_value(json_object_get(jj, "inbox_rows"));
+                json_decref(jj);
+                free(s);
+        }
+        cr_assert(eq(i64, deleted, 20));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
+}
+
+/* ---- kinbox run refuses an inbox retention inside the window ---- */
+
+KT_BACKENDS_PARAMS(ops, retention_refused)
+ParameterizedTest(int *backend, ops, retention_refused, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("ret");
+        kt_topic(topic, 1);
+        char *ini = kt_write_ini(url,
+                                 "[prune]\ninbox.retention = 1d\n"
+                                 "kafka.redelivery.window = 2d\n"
+                                 "[consumer.points]\ntopics = %s\n"
+                                 "handler = points\n",
+                                 topic);
+        char *log = kt_unique("/tmp/kt_ret");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(int, kt_wait(pid, 60), 2));
+        char *out = kt_slurp(log);
+        cr_assert(out != NULL && strstr(out, "inbox.retention (1d = 86400000 ms)") != NULL,
+                  "%s", out);
+        cr_assert(strstr(out, "2d = 172800000 ms") != NULL, "%s", out);
+        cr_assert(strstr(out, "kafka.redelivery.window") != NULL, "%s", out);
+        free(out);
+        /* Equal is not enough either; longer starts. */
+        ini = kt_write_ini(url,
+                           "[prune]\ninbox.retention = 2d\n"
+                           "kafka.redelivery.window = 2d\n"
+                           "[consumer.points]\ntopics = %s\nhandler = "
+                           "points\n",
+                           topic);
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(int, kt_wait(pid, 60), 2));
+        ini = kt_write_ini(url,
+                           "[prune]\ninbox.retention = 3d\n"
+                           "kafka.redelivery.window = 2d\n"
+                           "[consumer.points]\ntopics = %s\nhandler = "
+                           "points\n",
+                           topic);
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        sleep(6);
+        cr_assert(eq(int, kill(pid, 0), 0), "kinbox run did not start");
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+}
+
+/* ---- dead letters, replay, verify, status: a real run ---- */
+
+static long long
+dead_id(const char *url, const char *msgid)
+{
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "SELECT id FROM kinbox_dead_letter WHERE message_id = '%s'",
+                 msgid);
+        return kt_qint(url, sql);
+}
+
+KT_BACKENDS_PARAMS(ops, dead_replay_verify_status)
+ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("ops");
+        char *group = kt_unique("opsg");
+        kt_topic(topic, 1);
+        /* A database rule that makes user 999's grant fail (a bug fixed
+         * later), and a payload no handler can read. */
+        kt_exec(url, "ALTER TABLE user_points_flow ADD CONSTRAINT kt_no999 "
+                     "CHECK (user_id <> 999)");
+        long long total = kt_produce_grants(topic, 0, 20, 0, "o", 0, NULL);
+        kt_producer_t *p = kt_producer_new();
+        kt_produce(p, topic, 0, "u999",
+                   "{\"order_id\":\"o-999\",\"user_id\":999,"
+                   "\"grant_points\":7}",
+                   "m-999");
+        kt_produce(p, topic, 0, "bad\x01key", "not json \x02", "m-bad");
+        kt_producer_flush_destroy(p);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "retry.max = 2\nretry.backoff.base.ms = 10\n",
+                                 group, topic);
+        char *log = kt_unique("/tmp/kt_ops_run");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter",
+                                  2, 90),
+                     2));
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 22,
+                                  30),
+                     22));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        long long d999 = dead_id(url, "m-999"), dbad = dead_id(url, "m-bad");
+
+        /* dead list / show */
+        json_t *j = kb_json(0, "dead list --json -c %s%s", ini, NULL);
+        cr_assert(eq(sz, json_array_size(j), 2));
+        json_decref(j);
+        char *out = NULL, *err = NULL;
+        cr_assert(eq(int, kb(&out, NULL, "dead show %lld -c %s", dbad, ini), 0));
+        cr_assert(strstr(out, "not json \\x02") != NULL, "%s", out);
+        cr_assert(strstr(out, "bad\\x01key") != NULL, "%s", out);
+        cr_assert(strstr(out, "m-bad") != NULL, "%s", out);
+        free(out);
+        char f[128];
+        snprintf(f, sizeof(f), "dead show %lld --json -c %%s%%s", d999);
+        j = kb_json(0, f, ini, NULL);
+        cr_assert(eq(str, (char *)json_string_value(json_object_get(j, "payload")),
+                     "{\"order_id\":\"o-999\",\"user_id\":999,"
+                     "\"grant_points\":7}"));
+        cr_assert(strstr(json_string_value(json_object_get(j, "headers")),
+                         "m-999") != NULL);
+        json_decref(j);
+        cr_assert(eq(int, kb(NULL, &err, "dead show 999999 -c %s", ini), 4));
+        cr_assert(strstr(err, "no dead letter with id 999999") != NULL, "%s",
+                  err);
+        free(err);
+
+        /* replay: refused while the handler still fails (rolled back) */
+        cr_assert(eq(int, kb(NULL, &err, "dead replay %lld -c %s", d999, ini),
+                     1));
+        cr_assert(strstr(err, "rolled back") != NULL, "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE status = 'dead'"),
+                     2));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "message_id = 'm-999'"),
+                     1), "a failed replay lost the inbox row");
+        /* the bug is fixed: replay applies the effect once */
+        kt_exec(url, "ALTER TABLE user_points_flow DROP CONSTRAINT kt_no999");
+        cr_assert(eq(int, kb(&out, &err, "dead replay %lld -c %s", d999, ini),
+                     0), "%s", err);
+        free(out);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM user_points_flow "
+                                  "WHERE user_id = 999"),
+                     1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT points FROM user_account WHERE "
+                                  "user_id = 999"),
+                     7));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "message_id = 'm-999'"),
+                     1));
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "SELECT COUNT(*) FROM kinbox_dead_letter WHERE id = %lld "
+                 "AND status = 'replayed'",
+                 d999);
+        cr_assert(eq(i64, kt_qint(url, sql), 1));
+        /* twice: refused, nothing applied again */
+        cr_assert(eq(int, kb(NULL, &err, "dead replay %lld -c %s", d999, ini),
+                     1));
+        cr_assert(strstr(err, "replayed") != NULL, "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM user_points_flow "
+                                  "WHERE user_id = 999"),
+                     1));
+        kt_assert_points(url, total + 7, 21);
+
+        /* the unreadable one: replay rejected, then discarded */
+        cr_assert(eq(int, kb(NULL, NULL, "dead replay %lld -c %s", dbad, ini),
+                     1));
+        cr_assert(eq(int, kb(NULL, NULL, "dead discard %lld -c %s", dbad, ini),
+                     0));
+        cr_assert(eq(int, kb(NULL, NULL, "dead discard %lld -c %s", dbad, ini),
+                     1));
+        cr_assert(eq(int, kb(NULL, NULL, "dead replay 424242 -c %s", ini), 4));
+        j = kb_json(0, "dead list --status dead --json -c %s%s", ini, NULL);
+        cr_assert(eq(sz, json_array_size(j), 0));
+        json_decref(j);
+
+        /* status */
+        j = kb_json(0, "status --json -c %s%s", ini, NULL);
+        json_t *c0 = json_array_get(json_object_get(j, "consumers"), 0);
+        cr_assert(c0 != NULL);
+        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "inbox_rows")),
+                     22));
+        cr_assert(eq(i64,
+                     json_integer_value(json_object_get(c0, "dead_letters")),
+                     0));
+        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "replayed")),
+                     1));
+        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "discarded")),
+                     1));
+        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "lag")), 0));
+        cr_assert(eq(i64, json_integer_value(json_object_get(j, "inbox_rows")),
+                     22));
+        json_decref(j);
+        cr_assert(eq(int, kb(&out, NULL, "status -c %s", ini), 0));
+        cr_assert(strstr(out, "CONSUMER") != NULL && strstr(out, "Inbox size: 22") != NULL,
+                  "%s", out);
+        free(out);
+
+        /* verify: consistent, then a planted gap (watermark below rows) */
+        int vrc = kb(&out, NULL, "verify -c %s", ini);
+        cr_assert(eq(int, vrc, 0), "%s", out);
+        free(out);
+        kt_exec(url, "UPDATE kinbox_offsets SET next_offset = 5");
+        cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini), 1), "%s", out);
+        cr_assert(strstr(out, "GAP") != NULL, "%s", out);
+        free(out);
+        j = kb_json(1, "verify --json -c %s%s", ini, NULL);
+        int okfalse = json_is_false(json_object_get(j, "ok"));
+        cr_assert(eq(int, okfalse, 1));
+        json_decref(j);
+}
+
+/* ---- outbox subcommands ---- */
+
+KT_BACKENDS_PARAMS(ops, outbox_cli)
+ParameterizedTest(int *backend, ops, outbox_cli, .timeout = 120)
+{
+        bool my = is_my(*backend);
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key, "
+                     "status, last_error) VALUES ('d1', 'a', 'dead', 'boom'), "
+                     "('d1', 'b', 'pending', NULL), ('d1', 'c', 'pending', "
+                     "NULL), ('d2', 'd', 'dead', 'x'), ('d2', 'e', 'sent', "
+                     "NULL)");
+        char *ini = kt_write_ini(url, "");
+        json_t *j = kb_json(0, "outbox list --json -c %s%s", ini, NULL);
+        cr_assert(eq(sz, json_array_size(j), 5));
+        json_decref(j);
+        j = kb_json(0, "outbox list --status dead --destination d1 --json -c "
+                       "%s%s",
+                    ini, NULL);
+        cr_assert(eq(sz, json_array_size(j), 1));
+        long long dead_id =
+            json_integer_value(json_object_get(json_array_get(j, 0), "id"));
+        json_decref(j);
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, NULL, "outbox list -c %s", ini), 0));
+        cr_assert(strstr(out, "boom") != NULL, "%s", out);
+        free(out);
+
+        cr_assert(eq(int,
+                     kb(NULL, NULL, "outbox requeue %lld -c %s", dead_id, ini),
+                     0));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "idem_key = 'a' AND status = 'pending'"),
+                     1));
+        cr_assert(eq(int,
+                     kb(NULL, NULL, "outbox requeue %lld -c %s", dead_id, ini),
+                     4));
+        cr_assert(eq(int, kb(NULL, NULL, "outbox requeue --destination d2 -c %s",
+                             ini),
+                     0));
+        j = kb_json(0, "outbox cancel --destination d1 --json -c %s%s", ini,
+                    NULL);
+        cr_assert(eq(i64, json_integer_value(json_object_get(j, "count")), 3));
+        json_decref(j);
+        cr_assert(eq(int, kb(NULL, NULL, "outbox cancel 999999 -c %s", ini), 4));
+
+        cr_assert(eq(int, kb(NULL, NULL, "outbox pause d2 -c %s", ini), 0));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
+                                       "kinbox_outbox_paused"),
+                     1));
+        j = kb_json(0, "status --json -c %s%s", ini, NULL);
+        json_t *ob = json_object_get(j, "outbox");
+        bool seen = false;
+        for (size_t i = 0; i < json_array_size(ob); i++) {
+                json_t *d = json_array_get(ob, i);
+                if (!strcmp(json_string_value(json_object_get(d, "destination")),
+                            "d2")) {
+                        seen = true;
+                        int paused = json_is_true(json_object_get(d, "paused"));
+                        cr_assert(eq(int, paused, 1));
+                        cr_assert(eq(i64,
+                                     json_integer_value(
+                                         json_object_get(d, "pending")),
+                                     1));
+                }
+        }
+        cr_assert(seen);
+        json_decref(j);
+        cr_assert(eq(int, kb(NULL, NULL, "outbox resume d2 -c %s", ini), 0));
+        cr_assert(eq(int, kb(NULL, NULL, "outbox resume d2 -c %s", ini), 4));
+
+        /* verify: a row pending for 10 minutes is a gap at 5m */
+        kt_exec(url, my ? "UPDATE kinbox_outbox SET created_at = "
+                          "CURRENT_TIMESTAMP(6) - INTERVAL 10 MINUTE WHERE "
+                          "destination = 'd2' AND status = 'pending'"
+                        : "UPDATE kinbox_outbox SET created_at = now() - "
+                          "interval '10 minutes' WHERE destination = 'd2' "
+                          "AND status = 'pending'");
+        cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini), 1));
+        cr_assert(strstr(out, "outbox d2: 1 row(s) pending longer than 5m") != NULL,
+                  "%s", out);
+        free(out);
+        cr_assert(eq(int, kb(NULL, NULL, "verify --older-than 1h -c %s", ini),
+                     0));
+}
+
+/* ---- errors: flags, ids, unreachable database ---- */
+
+KT_BACKENDS_PARAMS(ops, cli_errors)
+ParameterizedTest(int *backend, ops, cli_errors, .timeout = 60)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *ini = kt_write_ini(url, "");
+        char *err = NULL;
+        cr_assert(eq(int, kb(NULL, &err, "status --bogus -c %s", ini), 2));
+        cr_assert(strstr(err, "--bogus") != NULL, "%s", err);
+        free(err);
+        cr_assert(eq(int, kb(NULL, NULL, "dead frobnicate -c %s", ini), 2));
+        cr_assert(eq(int, kb(NULL, NULL, "dead show abc -c %s", ini), 2));
+        cr_assert(eq(int, kb(NULL, NULL, "outbox requeue -c %s", ini), 2));
+        cr_assert(eq(int, kb(NULL, NULL, "verify --older-than soon -c %s", ini),
+                     2));
+        cr_assert(eq(int, kb(NULL, NULL, "prune"), 2));
+        /* Unreachable database (with a password that must not show). */
+        char *bad = kt_write_ini(
+            *backend ? "mysql://kinbox:s3cretpw@127.0.0.1:1/x"
+                     : "postgresql://kinbox:s3cretpw@127.0.0.1:1/x",
+            "");
+        cr_assert(eq(int, kb(NULL, &err, "status -c %s", bad), 3));
+        cr_assert(strstr(err, "unreachable") != NULL, "%s", err);
+        cr_assert(strstr(err, "s3cretpw") == NULL, "%s", err);
+        free(err);
+        cr_assert(eq(int, kb(NULL, NULL, "dead list -c %s", bad), 3));
+        cr_assert(eq(int, kb(NULL, NULL, "prune -c %s", bad), 3));
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, NULL, "help"), 0));
+        cr_assert(strstr(out, "4 not found") != NULL, "%s", out);
+        free(out);
+}
+
+/* ---- log lines never carry a password ---- */
+
+static char captured[1024];
+
+static void
+capture(int level, const char *fac, const char *msg, void *opaque)
+{
+        (void)level;
+        (void)fac;
+        (void)opaque;
+        snprintf(captured, sizeof(captured), "%s", msg);
+}
+
+Test(ops, log_redacts_passwords)
+{
+        kinbox__log_t lg = {.cb = capture, .level = KINBOX_LOG_DEBUG};
+        kinbox__log(&lg, KINBOX_LOG_ERR, "db",
+                    "cannot reach postgresql://app:hunter2@db:5432/app and "
+                    "mysql://u:p@h/d (user only: mysql://app@h/d)");
+        cr_assert(strstr(captured, "hunter2") == NULL, "%s", captured);
+        cr_assert(strstr(captured, "postgresql://app:***@db:5432/app") != NULL, "%s",
+                  captured);
+        cr_assert(strstr(captured, "mysql://u:***@h/d") != NULL, "%s", captured);
+        cr_assert(strstr(captured, "mysql://app@h/d") != NULL, "%s", captured);
+}
