@@ -94,12 +94,26 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
         kt_producer_t *p = kt_producer_new();
         kt_produce(p, topic, 0, "k", "garbage", "m-garbage");
         kt_producer_flush_destroy(p);
-        /* An outbox row for a destination nobody relays: pending gauge. */
+        /* Outbox: a row of a paused destination stays pending (gauge);
+         * rows of another topic are published by the relay. */
+        char *out_topic = kt_unique("metout");
+        kt_topic(out_topic, 1);
+        kt_exec(url, "INSERT INTO kinbox_outbox_paused (destination) "
+                     "VALUES ('metrics.test')");
         kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
                      "VALUES ('metrics.test', 'k1')");
+        for (int i = 0; i < 3; i++) {
+                char sql[256];
+                snprintf(sql, sizeof(sql),
+                         "INSERT INTO kinbox_outbox (destination, idem_key, "
+                         "payload) VALUES ('%s', 'e%d', NULL)",
+                         out_topic, i);
+                kt_exec(url, sql);
+        }
         char *ini = kt_write_ini(url,
                                  "[consumer.points]\ngroup.id = %s\n"
                                  "topics = %s\nhandler = points\n"
+                                 "[relay]\nenabled = true\n"
                                  "[metrics]\nlisten = 127.0.0.1:0\n",
                                  group, topic);
         char *log = kt_unique("/tmp/kt_metrics");
@@ -153,6 +167,28 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                      metric(body, "kinbox_outbox_pending{destination="
                                   "\"metrics.test\"}"),
                      1),
+                  "%s", body);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox "
+                                       "WHERE status = 'sent'",
+                                  3, 30),
+                     3));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "destination = 'metrics.test' AND status = "
+                                  "'pending'"),
+                     1), "a paused destination was relayed");
+        free(body);
+        cr_assert(eq(int, http_get(port, "/metrics", &body), 200));
+        cr_assert(eq(dbl,
+                     metric(body, "kinbox_relay_published_total{relay="
+                                  "\"kinbox\"}"),
+                     3),
+                  "%s", body);
+        cr_assert(eq(dbl,
+                     metric(body, "kinbox_relay_commit_to_publish_seconds_count"
+                                  "{relay=\"kinbox\"}"),
+                     3),
                   "%s", body);
         cr_assert(eq(dbl,
                      metric(body, "kinbox_dead_letters{consumer=\"points\"}"),
