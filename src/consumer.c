@@ -1515,9 +1515,15 @@ hash_tp(const char *topic, int32_t partition)
         return h + (unsigned)partition;
 }
 
-/* Seek each newly assigned partition to max(DB watermark, committed). */
+/*
+ * Seek each newly assigned partition to max(DB watermark, committed).
+ * Partitions where the DB was ahead are added to *ahead, so their start is
+ * stored (and committed) at once: Kafka's view of the group's position,
+ * and so its lag, must not wait for the next message.
+ */
 static void
-apply_watermarks(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
+apply_watermarks(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl,
+                 rd_kafka_topic_partition_list_t *ahead)
 {
         rd_kafka_resp_err_t e = rd_kafka_committed(c->rk, pl, 10000);
         if (e)
@@ -1556,6 +1562,8 @@ apply_watermarks(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                                     ": starting there",
                                     t, part, off, tp->offset);
                         tp->offset = off;
+                        rd_kafka_topic_partition_list_add(ahead, t, part)
+                            ->offset = off;
                 }
         }
         kinbox_rows_destroy(rows);
@@ -1636,7 +1644,9 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
                 kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
                             "%s: assigned %d partition(s)", c->name, pl->cnt);
-                apply_watermarks(c, pl);
+                rd_kafka_topic_partition_list_t *ahead =
+                    rd_kafka_topic_partition_list_new(4);
+                apply_watermarks(c, pl, ahead);
                 parts_add(c, pl);
                 if (coop) {
                         rd_kafka_error_t *e =
@@ -1650,6 +1660,16 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 } else {
                         rd_kafka_assign(rk, pl);
                 }
+                if (ahead->cnt) {
+                        rd_kafka_resp_err_t se =
+                            rd_kafka_offsets_store(rk, ahead);
+                        if (se)
+                                kinbox__log(&c->lg, KINBOX_LOG_DEBUG,
+                                            "consumer",
+                                            "storing start offsets: %s",
+                                            rd_kafka_err2str(se));
+                }
+                rd_kafka_topic_partition_list_destroy(ahead);
                 metrics_assignment(c, rk);
                 return;
         }
