@@ -69,6 +69,20 @@ wait_port(const char *log)
         return 0;
 }
 
+/* A port free right now on loopback. */
+static int
+free_port(void)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t l = sizeof(a);
+        cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&a, &l) == 0);
+        close(fd);
+        return ntohs(a.sin_port);
+}
+
 static double
 metric(const char *text, const char *series)
 {
@@ -114,8 +128,8 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                                  "[consumer.points]\ngroup.id = %s\n"
                                  "topics = %s\nhandler = points\n"
                                  "[relay]\nenabled = true\n"
-                                 "[metrics]\nlisten = 127.0.0.1:0\n",
-                                 group, topic);
+                                 "[metrics]\nlisten = 127.0.0.1:%d\n",
+                                 group, topic, free_port());
         char *log = kt_unique("/tmp/kt_metrics");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
@@ -230,6 +244,17 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                   "promtool check metrics failed:\n%s", pout ? pout : "");
         free(pout);
         free(body);
+
+        /* kinbox status reads the dedup hits of the local process. */
+        char cmd2[1024], *outf2 = kt_unique("/tmp/kt_metrics_status");
+        snprintf(cmd2, sizeof(cmd2), "\"%s\" status --json -c %s > %s",
+                 kt_env("KINBOX_BIN"), ini, outf2);
+        cr_assert(eq(int, system(cmd2), 0));
+        char *st_out = kt_slurp(outf2);
+        cr_assert(st_out != NULL &&
+                      strstr(st_out, "\"dedup_hits\": 20,") != NULL,
+                  "%s", st_out ? st_out : "");
+        free(st_out);
 
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));

@@ -278,6 +278,38 @@ ParameterizedTest(int *backend, ops, prune_single_instance, .timeout = 120)
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
 }
 
+/* ---- kinbox run prunes every prune.interval ---- */
+
+KT_BACKENDS_PARAMS(ops, prune_thread)
+ParameterizedTest(int *backend, ops, prune_thread, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        seed_prune_rows(url, is_my(*backend));
+        /* Keep the relay off the seeded pending rows. */
+        kt_exec(url, "INSERT INTO kinbox_outbox_paused (destination) "
+                     "VALUES ('d')");
+        char *ini = kt_write_ini(url, "[prune]\nprune.interval = 1s\n"
+                                      "prune.batch = 4\n[relay]\n"
+                                      "enabled = true\n");
+        char *log = kt_unique("/tmp/kt_prune_thread");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 5,
+                                  30),
+                     5));
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox "
+                                       "WHERE status = 'sent'",
+                                  2, 30),
+                     2));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        char *out = kt_slurp(log);
+        cr_assert(out != NULL && strstr(out, "pruner: deleted 20 inbox") != NULL,
+                  "%s", out ? out : "");
+        free(out);
+}
+
 /* ---- kinbox run refuses an inbox retention inside the window ---- */
 
 KT_BACKENDS_PARAMS(ops, retention_refused)
