@@ -45,8 +45,11 @@ struct kinbox_msg_s {
         int failures; /* RETRY results (and failed statements) so far */
         int state;    /* per batch run, see enum mstate */
         kinbox_msg_t *next;
-        /* Set instead of rkm/part for a replayed dead letter (replay.c). */
-        const kinbox__msg_parts_t *parts;
+        kinbox__msgview_t v;  /* what the accessors read */
+        int64_t ts;           /* Kafka timestamp (ms), -1 if none */
+        /* A replayed dead letter (replay.c) has no rkm: its headers are
+         * a list of its own, its other parts borrowed from the caller. */
+        rd_kafka_headers_t *own_headers;
 };
 
 enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT };
@@ -122,65 +125,46 @@ struct kinbox_consumer_s {
 };
 
 /* ------------------------------------------------------------------ */
-/* message accessors */
+/* message accessors: one view for Kafka and replayed messages alike */
 
 const char *
 kinbox_msg_topic(const kinbox_msg_t *m)
 {
-        if (m->parts)
-                return m->parts->topic;
-        return m->part->topic;
+        return m->v.topic;
 }
 
 int32_t
 kinbox_msg_partition(const kinbox_msg_t *m)
 {
-        if (m->parts)
-                return m->parts->partition;
-        return m->rkm->partition;
+        return m->v.partition;
 }
 
 int64_t
 kinbox_msg_offset(const kinbox_msg_t *m)
 {
-        if (m->parts)
-                return m->parts->offset;
-        return m->rkm->offset;
+        return m->v.offset;
 }
 
 int64_t
 kinbox_msg_timestamp(const kinbox_msg_t *m)
 {
-        rd_kafka_timestamp_type_t t;
-        if (m->parts)
-                return m->parts->timestamp;
-        return rd_kafka_message_timestamp(m->rkm, &t);
+        return m->ts;
 }
 
 const void *
 kinbox_msg_key(const kinbox_msg_t *m, size_t *sizep)
 {
-        if (m->parts) {
-                if (sizep)
-                        *sizep = m->parts->key_len;
-                return m->parts->key;
-        }
         if (sizep)
-                *sizep = m->rkm->key_len;
-        return m->rkm->key;
+                *sizep = m->v.key_len;
+        return m->v.key;
 }
 
 const void *
 kinbox_msg_payload(const kinbox_msg_t *m, size_t *sizep)
 {
-        if (m->parts) {
-                if (sizep)
-                        *sizep = m->parts->len;
-                return m->parts->payload;
-        }
         if (sizep)
-                *sizep = m->rkm->len;
-        return m->rkm->payload;
+                *sizep = m->v.len;
+        return m->v.payload;
 }
 
 const char *
@@ -195,30 +179,25 @@ kinbox_msg_attempt(const kinbox_msg_t *m)
         return m->attempt;
 }
 
+/* librdkafka's header getters take a non-const list. */
+static rd_kafka_headers_t *
+msg_headers(const kinbox_msg_t *m)
+{
+        return (rd_kafka_headers_t *)m->v.headers;
+}
+
 size_t
 kinbox_msg_header_count(const kinbox_msg_t *m)
 {
-        rd_kafka_headers_t *h = NULL;
-        if (m->parts)
-                return m->parts->nheaders;
-        if (rd_kafka_message_headers(m->rkm, &h) || !h)
-                return 0;
-        return rd_kafka_header_cnt(h);
+        return m->v.headers ? rd_kafka_header_cnt(msg_headers(m)) : 0;
 }
 
 kinbox_err_t
 kinbox_msg_header_at(const kinbox_msg_t *m, size_t idx, kinbox_header_t *hdr)
 {
-        rd_kafka_headers_t *h = NULL;
-        if (m->parts) {
-                if (idx >= m->parts->nheaders)
-                        return KINBOX_ERR_NOT_FOUND;
-                *hdr = m->parts->headers[idx];
-                return KINBOX_OK;
-        }
-        if (rd_kafka_message_headers(m->rkm, &h) || !h ||
-            rd_kafka_header_get_all(h, idx, &hdr->name, &hdr->value,
-                                    &hdr->size))
+        if (!m->v.headers ||
+            rd_kafka_header_get_all(msg_headers(m), idx, &hdr->name,
+                                    &hdr->value, &hdr->size))
                 return KINBOX_ERR_NOT_FOUND;
         return KINBOX_OK;
 }
@@ -227,19 +206,8 @@ kinbox_err_t
 kinbox_msg_header(const kinbox_msg_t *m, const char *name,
                   const void **valuep, size_t *sizep)
 {
-        rd_kafka_headers_t *h = NULL;
-        if (m->parts) {
-                /* The last header of that name wins, as in librdkafka. */
-                for (size_t i = m->parts->nheaders; i-- > 0;)
-                        if (!strcmp(m->parts->headers[i].name, name)) {
-                                *valuep = m->parts->headers[i].value;
-                                *sizep = m->parts->headers[i].size;
-                                return KINBOX_OK;
-                        }
-                return KINBOX_ERR_NOT_FOUND;
-        }
-        if (rd_kafka_message_headers(m->rkm, &h) || !h ||
-            rd_kafka_header_get_last(h, name, valuep, sizep))
+        if (!m->v.headers ||
+            rd_kafka_header_get_last(msg_headers(m), name, valuep, sizep))
                 return KINBOX_ERR_NOT_FOUND;
         return KINBOX_OK;
 }
@@ -249,7 +217,10 @@ msg_free(kinbox_msg_t *m)
 {
         if (!m)
                 return;
-        rd_kafka_message_destroy(m->rkm);
+        if (m->rkm)
+                rd_kafka_message_destroy(m->rkm);
+        if (m->own_headers)
+                rd_kafka_headers_destroy(m->own_headers);
         free(m->id);
         free(m->reason);
         free(m);
@@ -301,20 +272,35 @@ kinbox__msg_from_parts(const kinbox__msg_parts_t *parts)
         kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
         if (!m)
                 return NULL;
-        m->parts = parts;
+        m->v = (kinbox__msgview_t){parts->topic,   parts->partition,
+                                   parts->offset,  parts->key,
+                                   parts->key_len, parts->payload,
+                                   parts->len,     NULL};
+        m->ts = parts->timestamp;
+        if (parts->nheaders) {
+                m->own_headers = rd_kafka_headers_new(parts->nheaders);
+                for (size_t i = 0; m->own_headers && i < parts->nheaders; i++)
+                        rd_kafka_header_add(
+                            m->own_headers, parts->headers[i].name, -1,
+                            parts->headers[i].value,
+                            parts->headers[i].value
+                                ? (ssize_t)parts->headers[i].size
+                                : 0);
+                m->v.headers = m->own_headers;
+        }
         m->id = kinbox__strdup(parts->id);
         m->attempt = 1;
+        if (!m->id || (parts->nheaders && !m->own_headers)) {
+                msg_free(m);
+                return NULL;
+        }
         return m;
 }
 
 void
 kinbox__msg_destroy(kinbox_msg_t *m)
 {
-        if (!m)
-                return;
-        free(m->id);
-        free(m->reason);
-        free(m);
+        msg_free(m);
 }
 
 const char *
@@ -1715,10 +1701,11 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
         }
         m->rkm = rkm;
         m->part = p;
+        kinbox__msgview_of(rkm, &m->v);
+        rd_kafka_timestamp_type_t tstype;
+        m->ts = rd_kafka_message_timestamp(rkm, &tstype);
         char why[300];
-        kinbox__msgview_t view;
-        kinbox__msgview_of(rkm, &view);
-        m->id = kinbox__msgid_extract(c->msgid_spec, &view, why, sizeof(why));
+        m->id = kinbox__msgid_extract(c->msgid_spec, &m->v, why, sizeof(why));
         if (!m->id)
                 msg_set_reason(m, why);
         worker_t *w = p->w;
