@@ -119,6 +119,14 @@ struct kinbox_consumer_s {
         atomic_bool stopping;
         atomic_bool running;
         atomic_bool pause_dirty;
+        /* Backpressure: while a worker's queue is full the polling thread
+         * holds off (librdkafka's own bounded queue then stops fetching);
+         * only a long stall pauses partitions, because a pause drops what
+         * librdkafka prefetched and a resume fetches it again. */
+        pthread_mutex_t drain_lock;
+        pthread_cond_t drained;
+        int64_t full_since; /* polling thread only */
+        bool stalled;       /* polling thread only */
         atomic_uint_fast64_t st_processed, st_dup, st_dead, st_retried,
             st_batches, st_rolled_back;
         char errstr[512];
@@ -595,6 +603,8 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
                 kinbox__errstr(errstr, sz, "out of memory");
                 return NULL;
         }
+        pthread_mutex_init(&c->drain_lock, NULL);
+        pthread_cond_init(&c->drained, NULL);
         kinbox__conf_logger(conf, &c->lg);
         c->name = kinbox__strdup(kinbox_conf_get(conf, "name"));
         c->msgid_spec = kinbox__strdup(kinbox_conf_get(conf, "message_id"));
@@ -626,12 +636,16 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         rkc = rd_kafka_conf_new();
         char e[256];
         /* kinbox's defaults first; the user's kafka.* may override them,
-         * except the two that the exactly-once effect depends on. */
+         * except the two that the exactly-once effect depends on. Prefetch
+         * is bounded by bytes (16 MiB): librdkafka 2.0 backs a partition's
+         * fetching off for about half a second once a queue threshold is
+         * crossed, so the message-count threshold sits out of the way and
+         * the byte bound holds more than that half second of work. */
         if (rd_kafka_conf_set(rkc, "auto.offset.reset", "earliest", e,
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "queued.max.messages.kbytes", "16384", e,
                               sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "queued.min.messages", "20000", e,
+            rd_kafka_conf_set(rkc, "queued.min.messages", "200000", e,
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "group.id",
                               kinbox_conf_get(conf, "group.id"), e, sizeof(e)))
@@ -750,6 +764,8 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         if (c->topics)
                 rd_kafka_topic_partition_list_destroy(c->topics);
         kinbox__db_destroy(c->ctl);
+        pthread_mutex_destroy(&c->drain_lock);
+        pthread_cond_destroy(&c->drained);
         free(c->name);
         free(c->msgid_spec);
         kinbox_conf_destroy(c->conf);
@@ -1000,9 +1016,11 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         char mlab[300];
         kinbox__m_labels(mlab, sizeof(mlab), "consumer", c->name,
                          (char *)NULL);
+        int64_t t_begin_us = kinbox__now_us();
         int rc = db->ops->begin(db);
         if (!rc && n)
                 rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
+        int64_t t_inbox = kinbox__now_us();
         if (rc)
                 goto db_error;
         /* Map inbox answers back and run handlers. */
@@ -1135,6 +1153,7 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                         return RUN_BACKOFF;
                 }
         }
+        int64_t t_handlers = kinbox__now_us();
         if ((rc = queue_watermarks(c, w)))
                 goto db_error;
         if (kinbox__fault("before_commit")) {
@@ -1145,6 +1164,13 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         rc = db->ops->commit(db);
         if (rc)
                 goto db_error;
+        int64_t t_commit = kinbox__now_us();
+        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                    "worker %d: batch of %zu: inbox %lld us, handlers %lld "
+                    "us, commit %lld us",
+                    w->idx, w->nmsgs, (long long)(t_inbox - t_begin_us),
+                    (long long)(t_handlers - t_inbox),
+                    (long long)(t_commit - t_handlers));
         if (kinbox__fault("after_commit")) {
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "fault",
                             "after_commit: SIGKILL before the offset store");
@@ -1330,6 +1356,9 @@ process_batch(kinbox_consumer_t *c, worker_t *w)
                                 w->msgs[i]->state = M_RUN;
         }
         /* Committed: pop the committed prefix of each partition. */
+        pthread_mutex_lock(&c->drain_lock);
+        pthread_cond_broadcast(&c->drained);
+        pthread_mutex_unlock(&c->drain_lock);
         pthread_mutex_lock(&w->lock);
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
@@ -1717,11 +1746,8 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
         p->tail = m;
         p->count++;
         w->queued++;
-        bool full = w->queued >= c->queue_max;
         pthread_cond_signal(&w->cond);
         pthread_mutex_unlock(&w->lock);
-        if (full)
-                atomic_store(&c->pause_dirty, true);
 }
 
 /* Pause partitions of full workers or backing off; resume the others. */
@@ -1738,8 +1764,7 @@ update_pauses(kinbox_consumer_t *c)
         for (part_t *p = c->parts; p; p = p->next) {
                 worker_t *w = p->w;
                 bool want = part_backing_off(p, now) ||
-                            w->queued >= c->queue_max ||
-                            (p->paused && w->queued > c->queue_max / 2);
+                            (c->stalled && w->queued >= c->queue_max / 2);
                 if (want && !p->paused)
                         rd_kafka_topic_partition_list_add(pause, p->topic,
                                                           p->partition);
@@ -1756,6 +1781,65 @@ update_pauses(kinbox_consumer_t *c)
                 rd_kafka_resume_partitions(c->rk, resume);
         rd_kafka_topic_partition_list_destroy(pause);
         rd_kafka_topic_partition_list_destroy(resume);
+}
+
+/* A full worker queue for this long pauses partitions (see drain_lock). */
+#define STALL_PAUSE_MS 3000
+
+static bool
+workers_full(kinbox_consumer_t *c)
+{
+        bool full = false;
+        for (int k = 0; k < c->nworkers && !full; k++) {
+                worker_t *w = &c->workers[k];
+                pthread_mutex_lock(&w->lock);
+                full = w->queued >= c->queue_max;
+                pthread_mutex_unlock(&w->lock);
+        }
+        return full;
+}
+
+/* Polling thread: true when it should hold off polling for now. */
+static bool
+hold_off(kinbox_consumer_t *c)
+{
+        if (!workers_full(c)) {
+                if (c->full_since && kinbox__now_ms() - c->full_since > 50)
+                        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                                    "held off polling for %lld ms",
+                                    (long long)(kinbox__now_ms() -
+                                                c->full_since));
+                c->full_since = 0;
+                if (c->stalled) {
+                        c->stalled = false;
+                        atomic_store(&c->pause_dirty, true);
+                }
+                return false;
+        }
+        int64_t now = kinbox__now_ms();
+        if (!c->full_since)
+                c->full_since = now;
+        if (now - c->full_since >= STALL_PAUSE_MS) {
+                /* A long stall (database down, a partition backing off
+                 * with a full queue): pause and keep polling so the group
+                 * membership and rebalances go on. */
+                if (!c->stalled) {
+                        c->stalled = true;
+                        atomic_store(&c->pause_dirty, true);
+                }
+                return false;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&c->drain_lock);
+        pthread_cond_timedwait(&c->drained, &c->drain_lock, &ts);
+        pthread_mutex_unlock(&c->drain_lock);
+        return true;
 }
 
 static void
@@ -1866,6 +1950,11 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                     c->nworkers, c->batch_max);
         int64_t last_pause_check = 0;
         while (!atomic_load(&c->stopping)) {
+                if (hold_off(c)) {
+                        if (atomic_exchange(&c->pause_dirty, false))
+                                update_pauses(c);
+                        continue;
+                }
                 rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, 100);
                 if (rkm) {
                         if (rkm->err) {

@@ -22,6 +22,7 @@ void *kinbox__memdup(const void *p, size_t n);
 
 /* ---- time */
 int64_t kinbox__now_ms(void);      /* monotonic */
+int64_t kinbox__now_us(void);      /* monotonic, microseconds */
 int64_t kinbox__wall_ms(void);     /* realtime */
 void kinbox__sleep_ms(int64_t ms);
 
