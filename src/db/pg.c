@@ -43,7 +43,7 @@ typedef struct pg {
 } pg_t;
 
 #define PG(db) ((pg_t *)(db)->impl)
-#define FLUSH_EVERY 4096 /* read results before socket buffers fill */
+#define FLUSH_EVERY 256 /* read results before socket buffers fill */
 #define STMT_CACHE_MAX 256 /* prepared statements per connection */
 
 static int
