@@ -62,9 +62,11 @@ mk_relay(int idx)
                                {"database.url", url},
                                {"kafka.bootstrap.servers", bootstrap},
                                {"relay.notify", notify},
-                               {"log.level", "warning"},
+                               {"log.level", getenv("RB_LOG") ? getenv("RB_LOG") : "warning"},
                                {"relay.poll.ms", poll_ms},
-                               {"relay.batch.size", batch}};
+                               {"relay.batch.size", batch},
+                               {"kafka.linger.ms", getenv("RB_LINGER")},
+                               {"kafka.socket.nagle.disable", getenv("RB_NAGLE")}};
         for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
                 if (kv[i][1] &&
                     kinbox_conf_set(c, kv[i][0], kv[i][1], err, sizeof(err))) {

@@ -1228,7 +1228,9 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
         *claimedp = 0;
         int64_t limit = r->batch;
         struct kinbox_rows_s *rows = NULL;
+        int64_t us_claim = kinbox__now_us();
         int rc = claim(r, limit, &rows);
+        us_claim = kinbox__now_us() - us_claim;
         if (rc) {
                 kinbox_rows_destroy(rows);
                 return rc;
@@ -1265,6 +1267,7 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
                 run_action(r, &v[i]);
                 rd_kafka_poll(r->rk, 0);
         }
+        int64_t us_wait = kinbox__now_us();
         int64_t dl = t0 + r->msg_timeout_ms + MARGIN_MS;
         while (!all_reported(v, n) && kinbox__now_ms() < dl)
                 rd_kafka_flush(r->rk, 100);
@@ -1302,6 +1305,8 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
                 }
         }
 
+        us_wait = kinbox__now_us() - us_wait;
+        int64_t us_mark = kinbox__now_us();
         /* Crash window for the tests: published, not yet marked sent. */
         if (kinbox__fault("relay_after_publish")) {
                 rlog(r, KINBOX_LOG_WARNING,
@@ -1345,6 +1350,11 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
                         }
                 }
         }
+        us_mark = kinbox__now_us() - us_mark;
+        rlog(r, KINBOX_LOG_DEBUG,
+             "cycle of %zu rows: claim %lld us, delivery %lld us, marks "
+             "%lld us",
+             n, (long long)us_claim, (long long)us_wait, (long long)us_mark);
         /* Counted after the marks, so conflicts are not double counted. */
         if (conflicts) {
                 rlog(r, KINBOX_LOG_NOTICE,

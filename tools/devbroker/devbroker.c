@@ -28,6 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -657,6 +660,43 @@ static void usage(FILE *out) {
 
 #define MAX_TOPICS 256
 
+/*
+ * The mock cluster's listening sockets are created inside librdkafka with
+ * Nagle's algorithm on; a response written in two pieces then waits for
+ * the client's delayed ACK (~40 ms a round trip), which no real broker
+ * does. Sockets accepted later inherit TCP_NODELAY from their listener,
+ * so set it on every listening TCP socket of this process.
+ */
+static void listeners_nodelay(void) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        int on = 0, type = 0, one = 1;
+        socklen_t len = sizeof(on);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        if (*end != '\0' || fd < 0 || fd == dirfd(d))
+            continue;
+        if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) != 0 ||
+            !on)
+            continue;
+        len = sizeof(type);
+        if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+            type != SOCK_STREAM)
+            continue;
+        if (getsockname((int)fd, (struct sockaddr *)&ss, &sl) != 0 ||
+            (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+            continue;
+        (void)setsockopt((int)fd, IPPROTO_TCP, TCP_NODELAY, &one,
+                         sizeof(one));
+    }
+    closedir(d);
+}
+
 int main(int argc, char **argv) {
     long brokers = 3, rtt = -1, v;
     const char *control = NULL, *bootstrap_file = NULL;
@@ -786,6 +826,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     db.bootstraps = rd_kafka_mock_cluster_bootstraps(db.mcluster);
+    listeners_nodelay();
 
     for (i = 0; i < topic_cnt; i++) {
         const char *colon = strrchr(topics[i], ':');
