@@ -1281,21 +1281,22 @@ batch_abandoned(kinbox_consumer_t *c, worker_t *w)
         return gone;
 }
 
+/* Under w->lock: wait up to ms for w->cond. */
+static void
+timed_wait(worker_t *w, int64_t ms)
+{
+        struct timespec ts;
+        kinbox__deadline(ms, &ts);
+        pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+}
+
 /* Wait up to ms, waking early on stop/revoke. */
 static void
 worker_nap(worker_t *w, int64_t ms)
 {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += ms / 1000;
-        ts.tv_nsec += (ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-        }
         pthread_mutex_lock(&w->lock);
         if (!w->stop)
-                pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+                timed_wait(w, ms);
         pthread_mutex_unlock(&w->lock);
 }
 
@@ -1449,19 +1450,6 @@ runnable(kinbox_consumer_t *c, worker_t *w, int64_t now)
         return n;
 }
 
-static void
-timed_wait(worker_t *w, int64_t ms)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += ms / 1000;
-        ts.tv_nsec += (ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&w->cond, &w->lock, &ts);
-}
 
 static void *
 worker_main(void *arg)
@@ -1830,12 +1818,7 @@ hold_off(kinbox_consumer_t *c)
                 return false;
         }
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 20 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-        }
+        kinbox__deadline(20, &ts);
         pthread_mutex_lock(&c->drain_lock);
         pthread_cond_timedwait(&c->drained, &c->drain_lock, &ts);
         pthread_mutex_unlock(&c->drain_lock);

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "kinbox/kinbox.h"
 
@@ -25,6 +26,10 @@ int64_t kinbox__now_ms(void);      /* monotonic */
 int64_t kinbox__now_us(void);      /* monotonic, microseconds */
 int64_t kinbox__wall_ms(void);     /* realtime */
 void kinbox__sleep_ms(int64_t ms);
+/* The instant ms from now on CLOCK_REALTIME (or on clock), for
+ * pthread_cond_timedwait. */
+void kinbox__deadline(int64_t ms, struct timespec *ts);
+void kinbox__deadline_on(clockid_t clock, int64_t ms, struct timespec *ts);
 
 /* ---- backoff: full jitter, min(cap, base * 2^attempt) * U(0,1] */
 int64_t kinbox__backoff_ms(int attempt, int64_t base_ms, int64_t cap_ms);

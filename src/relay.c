@@ -732,13 +732,7 @@ run_action(kinbox_relay_t *r, item_t *it)
         pthread_attr_destroy(&attr);
 
         struct timespec dl;
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        dl.tv_sec += (time_t)(r->action_ms / 1000);
-        dl.tv_nsec += (long)(r->action_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-                dl.tv_sec++;
-                dl.tv_nsec -= 1000000000L;
-        }
+        kinbox__deadline_on(CLOCK_MONOTONIC, r->action_ms, &dl);
         pthread_mutex_lock(&j->mu);
         while (!j->done) {
                 if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT)

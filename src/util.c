@@ -120,6 +120,24 @@ kinbox__sleep_ms(int64_t ms)
                 ;
 }
 
+void
+kinbox__deadline_on(clockid_t clock, int64_t ms, struct timespec *ts)
+{
+        clock_gettime(clock, ts);
+        ts->tv_sec += ms / 1000;
+        ts->tv_nsec += (ms % 1000) * 1000000L;
+        if (ts->tv_nsec >= 1000000000L) {
+                ts->tv_sec++;
+                ts->tv_nsec -= 1000000000L;
+        }
+}
+
+void
+kinbox__deadline(int64_t ms, struct timespec *ts)
+{
+        kinbox__deadline_on(CLOCK_REALTIME, ms, ts);
+}
+
 /* xorshift64* seeded per thread: jitter only, not security. */
 static uint64_t
 rand64(void)
