@@ -1,6 +1,6 @@
 /*
  * relay_bench -- outbox relay benchmark on the public kinbox_relay_* API
- * (`kinbox run` does not start the relay yet).
+ * (the same relay `kinbox run` starts with `[relay] enabled = true`).
  *
  *   relay_bench throughput --url URL -b BOOTSTRAP --relays K -n N
  *         [--batch B]
