@@ -636,16 +636,18 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         rkc = rd_kafka_conf_new();
         char e[256];
         /* kinbox's defaults first; the user's kafka.* may override them,
-         * except the two that the exactly-once effect depends on. Prefetch
-         * is bounded by bytes (16 MiB): librdkafka 2.0 backs a partition's
-         * fetching off for about half a second once a queue threshold is
-         * crossed, so the message-count threshold sits out of the way and
-         * the byte bound holds more than that half second of work. */
+         * except the two that the exactly-once effect depends on.
+         * Prefetch: once the consumer queue holds queued.min.messages,
+         * librdkafka 2.0 stops fetching and looks again only every half
+         * second or so; the queue must hold more work than that pause or
+         * the workers starve. 50,000 messages (~600 B each in memory) keep
+         * RSS under 64 MiB with any backlog; more buys batch-handler
+         * throughput with memory (see docs/benchmarks.md). */
         if (rd_kafka_conf_set(rkc, "auto.offset.reset", "earliest", e,
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "queued.max.messages.kbytes", "16384", e,
                               sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "queued.min.messages", "200000", e,
+            rd_kafka_conf_set(rkc, "queued.min.messages", "50000", e,
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "group.id",
                               kinbox_conf_get(conf, "group.id"), e, sizeof(e)))
