@@ -852,8 +852,12 @@ static const char pg_claim_sql[] =
     " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
     "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
     "  AND p.status = 'pending' AND p.id < o.id))"
-    " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-    "  WHERE z.destination = o.destination)"
+    /* NOT IN (a hashed subplan), not NOT EXISTS: an anti-join makes the
+     * planner sort every pending row instead of walking the id index to
+     * the first $1 (100 ms instead of 2 ms with 50k rows pending). The
+     * paused table's destination is its primary key: never NULL. */
+    " AND o.destination NOT IN (SELECT z.destination"
+    "  FROM kinbox_outbox_paused z)"
     " ORDER BY o.id LIMIT $1::integer"
     " FOR UPDATE OF o SKIP LOCKED)"
     " UPDATE kinbox_outbox t SET"
