@@ -967,30 +967,50 @@ dead_replay(ctx_t *x, int64_t id)
         return KB_EX_OK;
 }
 
+/*
+ * The subcommand of `kinbox CMD SUB ...`: its 1-based index in subs
+ * (NULL-terminated), or 0 with *exitp set: help shown, or a usage error
+ * naming what was expected.
+ */
+static int
+subcommand(const char *cmd, int argc, char **argv, const char *const *subs,
+           int *exitp)
+{
+        if (argc >= 2 &&
+            (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+                kb_admin_usage(cmd, stdout);
+                *exitp = KB_EX_OK;
+                return 0;
+        }
+        if (argc >= 2 && argv[1][0] != '-') {
+                for (int i = 0; subs[i]; i++)
+                        if (!strcmp(argv[1], subs[i]))
+                                return i + 1;
+                fprintf(stderr, "kinbox %s: unknown subcommand \"%s\"\n\n",
+                        cmd, argv[1]);
+        } else {
+                fprintf(stderr, "kinbox %s: expected", cmd);
+                for (int i = 0; subs[i]; i++)
+                        fprintf(stderr, "%s %s",
+                                !i ? "" : subs[i + 1] ? "," : " or", subs[i]);
+                fprintf(stderr, "\n\n");
+        }
+        kb_admin_usage(cmd, stderr);
+        *exitp = KB_EX_USAGE;
+        return 0;
+}
+
 int
 kb_cmd_dead(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "dead"}};
-        if (argc < 2 || argv[1][0] == '-') {
-                if (argc >= 2 && (!strcmp(argv[1], "-h") ||
-                                  !strcmp(argv[1], "--help"))) {
-                        kb_admin_usage("dead", stdout);
-                        return KB_EX_OK;
-                }
-                fprintf(stderr, "kinbox dead: expected list, show, replay or "
-                                "discard\n\n");
-                kb_admin_usage("dead", stderr);
-                return KB_EX_USAGE;
-        }
+        static const char *const subs[] = {"list", "show", "replay",
+                                           "discard", NULL};
+        int ex, kind = subcommand("dead", argc, argv, subs, &ex);
+        if (!kind)
+                return ex;
         const char *sub = argv[1];
-        bool list = !strcmp(sub, "list");
-        if (!list && strcmp(sub, "show") && strcmp(sub, "replay") &&
-            strcmp(sub, "discard")) {
-                fprintf(stderr, "kinbox dead: unknown subcommand \"%s\"\n\n",
-                        sub);
-                kb_admin_usage("dead", stderr);
-                return KB_EX_USAGE;
-        }
+        bool list = kind == 1;
         if (parse_opts(argc - 1, argv + 1, &x.o, list ? "jCsl" : "j"))
                 return KB_EX_USAGE;
         int64_t id = 0;
@@ -1007,7 +1027,7 @@ kb_cmd_dead(int argc, char **argv)
                                 "replayed or discarded\n");
                 return KB_EX_USAGE;
         }
-        int ex = ctx_open(&x);
+        ex = ctx_open(&x);
         if (!ex) {
                 if (list)
                         ex = dead_list(&x);
@@ -1135,30 +1155,12 @@ int
 kb_cmd_outbox(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "outbox"}};
-        if (argc < 2 || argv[1][0] == '-') {
-                if (argc >= 2 && (!strcmp(argv[1], "-h") ||
-                                  !strcmp(argv[1], "--help"))) {
-                        kb_admin_usage("outbox", stdout);
-                        return KB_EX_OK;
-                }
-                fprintf(stderr, "kinbox outbox: expected list, requeue, "
-                                "cancel, pause or resume\n\n");
-                kb_admin_usage("outbox", stderr);
-                return KB_EX_USAGE;
-        }
+        static const char *const subs[] = {"list",  "requeue", "cancel",
+                                           "pause", "resume",  NULL};
+        int ex, kind = subcommand("outbox", argc, argv, subs, &ex);
+        if (!kind)
+                return ex;
         const char *sub = argv[1];
-        int kind = !strcmp(sub, "list")      ? 1
-                   : !strcmp(sub, "requeue") ? 2
-                   : !strcmp(sub, "cancel")  ? 3
-                   : !strcmp(sub, "pause")   ? 4
-                   : !strcmp(sub, "resume")  ? 5
-                                             : 0;
-        if (!kind) {
-                fprintf(stderr, "kinbox outbox: unknown subcommand \"%s\"\n\n",
-                        sub);
-                kb_admin_usage("outbox", stderr);
-                return KB_EX_USAGE;
-        }
         if (parse_opts(argc - 1, argv + 1, &x.o,
                        kind == 1 ? "jsdla" : kind <= 3 ? "jd" : "j"))
                 return KB_EX_USAGE;
@@ -1197,7 +1199,7 @@ kb_cmd_outbox(int argc, char **argv)
                         sub);
                 return KB_EX_USAGE;
         }
-        int ex = ctx_open(&x);
+        ex = ctx_open(&x);
         if (ex) {
                 ctx_close(&x);
                 return ex;
