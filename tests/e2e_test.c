@@ -30,19 +30,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static long long
-q(const char *url, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static long long
-q(const char *url, const char *fmt, ...)
-{
-        char sql[2048];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(sql, sizeof(sql), fmt, ap);
-        va_end(ap);
-        return kt_qint(url, sql);
-}
-
 /* Run a shell command line; returns its exit status (-1 on a signal). */
 static int
 sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -257,7 +244,7 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
                                   loga);
         cr_assert(eq(int, kt_wait(a, 60), -SIGKILL));
         assert_log_has(loga, "relay_after_publish");
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                  "status = 'sent'"),
                      200));
         cr_assert(eq(i64, kt_high_sum(topic, 4), 300));
@@ -352,15 +339,15 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
         p = kt_spawn_kinbox(ini, "KINBOX_FAULT=after_commit:2", log2);
         cr_assert(eq(int, kt_wait(p, 90), -SIGKILL));
         assert_log_has(log2, "after_commit");
-        cr_assert(gt(i64, q(url, SQL_INBOX), 0));
+        cr_assert(gt(i64, kt_qintf(url, SQL_INBOX), 0));
 
         /* 3. A clean run finishes the job while more orders come in; stock
          *    runs out on the way. */
         char *log3 = kt_unique("/tmp/kt_e7c");
         p = kt_spawn_kinbox(ini, NULL, log3);
         placed += place_orders(url, topic, 140, 220);
-        cr_assert(gt(i64, q(url, "SELECT COUNT(*) FROM orders"), 0));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM orders"), placed));
+        cr_assert(gt(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders"), 0));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders"), placed));
         cr_assert(lt(int, placed, 220), "stock never ran out");
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, placed, 90), placed));
         cr_assert(eq(i64,
@@ -373,21 +360,21 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
         cr_assert(eq(int, kt_wait(p, 60), 0));
 
         /* Points granted exactly once per order; stock never negative. */
-        kt_assert_points(url, q(url, "SELECT COALESCE(SUM(points), 0) FROM "
+        kt_assert_points(url, kt_qintf(url, "SELECT COALESCE(SUM(points), 0) FROM "
                                       "orders"),
                          placed);
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM orders o WHERE NOT "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders o WHERE NOT "
                                  "EXISTS (SELECT 1 FROM user_points_flow f "
                                  "WHERE f.order_id = o.order_id AND "
                                  "f.user_id = o.user_id)"),
                      0));
-        long long stock = q(url, "SELECT stock FROM inventory WHERE sku = "
+        long long stock = kt_qintf(url, "SELECT stock FROM inventory WHERE sku = "
                                  "'sku-1'");
         cr_assert(ge(i64, stock, 0));
         cr_assert(eq(i64, stock,
-                     300 - q(url, "SELECT COALESCE(SUM(qty), 0) FROM "
+                     300 - kt_qintf(url, "SELECT COALESCE(SUM(qty), 0) FROM "
                                   "orders")));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
                      0));
 }
 
@@ -433,7 +420,7 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
                      sh("\"%s\" \"%s\" create d-0 1 100 EUR %s",
                         kt_env("KINBOX_DEPOSIT_BIN"), url, paid),
                      0));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_outbox"), N));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox"), N));
 
         /* The ledger consumer dies after its 2nd commit (relay with it). */
         char *log1 = kt_unique("/tmp/kt_e5a");
@@ -473,65 +460,65 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
                      2));
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
                                  "WHERE message_id = 'reproduced-d-3' AND "
                                  "error LIKE '%%business duplicate%%'"),
                      1));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
                                  "WHERE message_id = 'malformed-1' AND error "
                                  "LIKE '%%field amount%%'"),
                      1));
 
         /* Every deposit paid exactly once at the channel, despite the
          * simulated timeouts (some after the payment went through). */
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM deposits WHERE status "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM deposits WHERE status "
                                  "= 'PAYMENT_SUCCEEDED'"),
                      N));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM payment_channel_orders"),
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM payment_channel_orders"),
                      N));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(DISTINCT merchant_ref) FROM "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(DISTINCT merchant_ref) FROM "
                                  "payment_channel_orders"),
                      N));
-        cr_assert(gt(i64, q(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+        cr_assert(gt(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                  "destination = 'action:payment.initiate' "
                                  "AND attempts > 0"),
                      0),
                   "the simulated channel never timed out");
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                  "status <> 'sent'"),
                      0));
 
         /* Exactly-once postings, zero-sum ledger. */
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM ledger_posting"), N));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM ledger_line"), 2 * N));
-        cr_assert(eq(i64, q(url, "SELECT COALESCE(SUM(amount), 0) FROM "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_posting"), N));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_line"), 2 * N));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COALESCE(SUM(amount), 0) FROM "
                                  "ledger_line"),
                      0));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM (SELECT deposit_id "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM (SELECT deposit_id "
                                  "FROM ledger_line GROUP BY deposit_id "
                                  "HAVING SUM(amount) <> 0) z"),
                      0));
-        cr_assert(eq(i64, q(url, "SELECT COALESCE(SUM(balance), 0) FROM "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COALESCE(SUM(balance), 0) FROM "
                                  "ledger_account"),
                      0));
-        cr_assert(eq(i64, q(url, "SELECT balance FROM ledger_account WHERE "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT balance FROM ledger_account WHERE "
                                  "account_id = "
                                  "'clearing:payment-channel:EUR'"),
                      total));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM ledger_account a "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_account a "
                                  "WHERE balance <> (SELECT SUM(amount) FROM "
                                  "ledger_line l WHERE l.account_id = "
                                  "a.account_id)"),
                      0));
         /* Each wallet holds its user's deposits (as a credit). */
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM (SELECT user_id, "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM (SELECT user_id, "
                                  "SUM(amount) AS s FROM deposits GROUP BY "
                                  "user_id) d LEFT JOIN ledger_account a ON "
                                  "a.account_id = CONCAT('wallet:', "
                                  "d.user_id, ':EUR') WHERE a.balance IS NULL "
                                  "OR a.balance <> -d.s"),
                      0));
-        cr_assert(eq(i64, q(url, "SELECT COUNT(*) FROM kinbox_inbox"), N + 2));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_inbox"), N + 2));
 
         /* ledger.applied on the topic: one distinct event per deposit. */
         long long read = 0;

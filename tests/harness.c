@@ -109,6 +109,18 @@ kt_qint(const char *url, const char *sql)
 }
 
 long long
+kt_qintf(const char *url, const char *fmt, ...)
+{
+        char sql[4096];
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(sql, sizeof(sql), fmt, ap);
+        va_end(ap);
+        cr_assert(n >= 0 && (size_t)n < sizeof(sql), "statement too long");
+        return kt_qint(url, sql);
+}
+
+long long
 kt_wait_qint(const char *url, const char *sql, long long want, int timeout_s)
 {
         long long v = -1;

@@ -91,6 +91,9 @@ char *kt_write_ini(const char *url, const char *sections_fmt, ...);
 
 /* Single-value queries (fail the test on error). */
 long long kt_qint(const char *url, const char *sql);
+/* kt_qint with a printf-style statement. */
+long long kt_qintf(const char *url, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Run a statement (fail the test on error). */
 void kt_exec(const char *url, const char *sql);
 

@@ -101,19 +101,6 @@ tc_append(tconn_t *c, const kinbox_outbox_msg_t *m, int64_t *idp)
         return rc;
 }
 
-static long long
-q(const char *url, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static long long
-q(const char *url, const char *fmt, ...)
-{
-        char sql[1024];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(sql, sizeof(sql), fmt, ap);
-        va_end(ap);
-        return kt_qint(url, sql);
-}
-
 /* Text of the first column of the first row. */
 static char *
 qtext(const char *url, const char *sql)
@@ -473,7 +460,7 @@ ParameterizedTest(int *bidx, outbox_publish, backends,
         tc_sql(&c, "BEGIN");
         cr_assert(eq(int, tc_append(&c, &m2, NULL), KINBOX_ERR_DUPLICATE));
         tc_sql(&c, "COMMIT");
-        cr_assert(eq(i64, q(url, "SELECT count(*) FROM kinbox_outbox"), 3));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox"), 3));
 
         kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
         trelay_t tr;
@@ -650,7 +637,7 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends,
         ssize_t rd = read(fds[0], st, sizeof(st));
         close(fds[0]);
         cr_assert(ok, "not all rows sent: %lld",
-                  q(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                  kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
                          "status = 'sent'"));
         cr_assert(eq(int, s1, 0));
         cr_assert(eq(int, s2, 0));
@@ -756,7 +743,7 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends,
                             "last_error IS NOT NULL");
         cr_assert(dead, "rows past max_attempts are not dead");
         cr_assert(tried, "failed attempts not recorded");
-        cr_assert(eq(i64, q(url, "SELECT count(*) FROM kinbox_outbox "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
                                  "WHERE status = 'sent'"),
                      0));
         /* The operator's view of it. */
@@ -926,7 +913,7 @@ ParameterizedTest(int *bidx, outbox_actions, backends,
         s = qtext(url, sql);
         cr_assert(eq(str, s, "sent"));
         free(s);
-        cr_assert(eq(i64, q(url, "SELECT attempts FROM kinbox_outbox "
+        cr_assert(eq(i64, kt_qintf(url, "SELECT attempts FROM kinbox_outbox "
                                  "WHERE id = %" PRId64, idpay),
                      2));
         snprintf(sql, sizeof(sql),
@@ -1125,7 +1112,7 @@ ParameterizedTest(int *bidx, outbox_order, backends,
         kinbox_relay_stats(r, &st);
         kinbox_relay_destroy(r);
         cr_assert(ok, "not all sent: %lld",
-                  q(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                  kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
                          "status = 'sent'"));
         cr_assert(eq(int, atomic_load(&sx.others_done_when_ok), 1));
         cr_assert(atomic_load(&sx.calls) >= 2);
@@ -1236,7 +1223,7 @@ ParameterizedTest(int *bidx, outbox_hop, backends, .timeout = 180)
         bool ok = wait_q(url, N, 60, "SELECT count(*) FROM kinbox_outbox");
         kt_run_stop(run);
         cr_assert(ok, "outbox rows: %lld",
-                  q(url, "SELECT count(*) FROM kinbox_outbox"));
+                  kt_qintf(url, "SELECT count(*) FROM kinbox_outbox"));
         cr_assert(eq(int, atomic_load(&x.bad), 0));
         cr_assert(atomic_load(&x.dup_seen) >= N / 10);
 
