@@ -47,6 +47,8 @@ static const prop_t props[] = {
  "Longest wait for a batch to fill once its first message is there."},
 {"queue.max.messages", P_INT, "2000", 1, 10000000, NULL,
  "Messages buffered per worker; when a worker is full the polling thread holds off (a stall over 3 s pauses partitions). With kafka.queued.min.messages it bounds memory."},
+{"mysql.coalesce", P_BOOL, "true", 0, 0, NULL,
+ "MySQL/MariaDB: in a batch, single-row `INSERT ... VALUES (...)` statements with the same SQL text are sent as one multi-row INSERT (only tables without triggers or foreign keys, only pure expressions; see README, MySQL / MariaDB). `false` sends every statement as written."},
 {"retry.max", P_INT, "8", 0, 1000, NULL,
  "Attempts for a message whose handler says RETRY before it is dead-lettered."},
 {"retry.backoff.base.ms", P_INT, "100", 1, 3600000, NULL,

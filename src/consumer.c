@@ -127,6 +127,18 @@ struct kinbox_consumer_s {
         pthread_cond_t drained;
         int64_t full_since; /* polling thread only */
         bool stalled;       /* polling thread only */
+        /* Fetch nudge (polling thread only, see nudge_fetchers()). */
+        rd_kafka_queue_t *cq;       /* librdkafka's consumer queue */
+        size_t prefetch_msgs;       /* queued.min.messages */
+        double prefetch_bytes;      /* queued.max.messages.kbytes * 1024 */
+        double avg_bytes;           /* moving average of message size */
+        bool prefetch_full;         /* the queue reached a threshold */
+        int64_t last_nudge_check;
+        pthread_t nudger;           /* sends the wake-up requests */
+        bool nudger_started;
+        pthread_mutex_t nudge_lock;
+        pthread_cond_t nudge_cond;
+        bool nudge_req, nudge_stop; /* under nudge_lock */
         atomic_uint_fast64_t st_processed, st_dup, st_dead, st_retried,
             st_batches, st_rolled_back;
         char errstr[512];
@@ -605,6 +617,8 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         }
         pthread_mutex_init(&c->drain_lock, NULL);
         pthread_cond_init(&c->drained, NULL);
+        pthread_mutex_init(&c->nudge_lock, NULL);
+        pthread_cond_init(&c->nudge_cond, NULL);
         kinbox__conf_logger(conf, &c->lg);
         c->name = kinbox__strdup(kinbox_conf_get(conf, "name"));
         c->msgid_spec = kinbox__strdup(kinbox_conf_get(conf, "message_id"));
@@ -638,11 +652,10 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         /* kinbox's defaults first; the user's kafka.* may override them,
          * except the two that the exactly-once effect depends on.
          * Prefetch: once the consumer queue holds queued.min.messages,
-         * librdkafka 2.0 stops fetching and looks again only every half
-         * second or so; the queue must hold more work than that pause or
-         * the workers starve. 50,000 messages (~600 B each in memory) keep
-         * RSS under 64 MiB with any backlog; more buys batch-handler
-         * throughput with memory (see docs/benchmarks.md). */
+         * librdkafka 2.0 stops fetching until something wakes its broker
+         * threads (nudge_fetchers() does, once a quarter has drained).
+         * 50,000 messages (~600 B each in memory) keep RSS under 64 MiB
+         * with any backlog (see docs/benchmarks.md). */
         if (rd_kafka_conf_set(rkc, "auto.offset.reset", "earliest", e,
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "queued.max.messages.kbytes", "16384", e,
@@ -669,6 +682,19 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
                 goto kafka_fail;
         rkc = NULL; /* owned by rk now */
         rd_kafka_poll_set_consumer(c->rk);
+        c->cq = rd_kafka_queue_get_consumer(c->rk);
+        {
+                const rd_kafka_conf_t *rc = rd_kafka_conf(c->rk);
+                char v[64];
+                size_t vl = sizeof(v);
+                if (rd_kafka_conf_get(rc, "queued.min.messages", v, &vl) ==
+                    RD_KAFKA_CONF_OK)
+                        c->prefetch_msgs = (size_t)strtoull(v, NULL, 10);
+                vl = sizeof(v);
+                if (rd_kafka_conf_get(rc, "queued.max.messages.kbytes", v,
+                                      &vl) == RD_KAFKA_CONF_OK)
+                        c->prefetch_bytes = 1024.0 * strtod(v, NULL);
+        }
         c->conf = conf;
         return c;
 kafka_fail:
@@ -761,6 +787,8 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
                 part_free(c->parts);
                 c->parts = n;
         }
+        if (c->cq)
+                rd_kafka_queue_destroy(c->cq);
         if (c->rk)
                 rd_kafka_destroy(c->rk);
         if (c->topics)
@@ -768,6 +796,8 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         kinbox__db_destroy(c->ctl);
         pthread_mutex_destroy(&c->drain_lock);
         pthread_cond_destroy(&c->drained);
+        pthread_mutex_destroy(&c->nudge_lock);
+        pthread_cond_destroy(&c->nudge_cond);
         free(c->name);
         free(c->msgid_spec);
         kinbox_conf_destroy(c->conf);
@@ -789,6 +819,7 @@ db_open(kinbox_consumer_t *c, char *errstr, size_t sz)
         if (db) {
                 db->log = db_log;
                 db->log_ctx = c;
+                db->coalesce = kinbox__conf_int(c->conf, "mysql.coalesce");
         }
         return db;
 }
@@ -1223,6 +1254,16 @@ db_error:
                          rc == KINBOX_ERR_DUPLICATE ? KINBOX_RESULT_REJECT
                                                     : KINBOX_RESULT_RETRY,
                          db->err.msg);
+                return RUN_AGAIN;
+        }
+        if ((rc == KINBOX_ERR_DB || rc == KINBOX_ERR_DUPLICATE) &&
+            db->err.tag == KINBOX__TAG_MERGED) {
+                /* A merged INSERT (MySQL) failed: the backend sends the
+                 * next transaction's rows one by one, which pins it. */
+                kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                            "worker %d: merged insert failed (%s); running "
+                            "the batch again unmerged",
+                            w->idx, db->err.msg);
                 return RUN_AGAIN;
         }
         if ((rc == KINBOX_ERR_DB || rc == KINBOX_ERR_DUPLICATE) &&
@@ -1789,6 +1830,91 @@ workers_full(kinbox_consumer_t *c)
         return full;
 }
 
+/*
+ * Fetch nudge (polling thread). Once librdkafka's consumer queue reaches
+ * queued.min.messages (or queued.max.messages.kbytes) its broker threads
+ * stop fetching and, in librdkafka 2.0, look again only when something
+ * else wakes them: up to a second later. Draining a full queue takes less
+ * than that, so the workers starve for the rest of it. When the queue has
+ * been full and has drained to three quarters, ask every partition
+ * leader for its end offset (a ListOffsets request each): a request to a
+ * broker wakes its thread, which then sees room and fetches at once.
+ * Pausing and resuming would also wake them, but a resume throws away
+ * what was prefetched.
+ */
+#define NUDGE_CHECK_MS 20
+
+static void
+nudge_fetchers(kinbox_consumer_t *c, int64_t now)
+{
+        if (!c->cq || now - c->last_nudge_check < NUDGE_CHECK_MS)
+                return;
+        c->last_nudge_check = now;
+        double n = (double)rd_kafka_queue_length(c->cq);
+        double fill = c->prefetch_msgs ? n / (double)c->prefetch_msgs : 0;
+        if (c->prefetch_bytes > 0 && c->avg_bytes > 0) {
+                double b = n * c->avg_bytes / c->prefetch_bytes;
+                if (b > fill)
+                        fill = b;
+        }
+        if (fill >= 0.9) {
+                c->prefetch_full = true;
+                return;
+        }
+        if (!c->prefetch_full || fill > 0.75)
+                return;
+        c->prefetch_full = false;
+        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                    "prefetch queue drained to %.0f messages: nudging the "
+                    "fetchers", n);
+        pthread_mutex_lock(&c->nudge_lock);
+        c->nudge_req = true;
+        pthread_cond_signal(&c->nudge_cond);
+        pthread_mutex_unlock(&c->nudge_lock);
+}
+
+/* The request may wait behind a fetch the broker holds for
+ * fetch.wait.max.ms, so it runs here, not in the polling thread. */
+static void *
+nudger_main(void *arg)
+{
+        kinbox_consumer_t *c = arg;
+        pthread_mutex_lock(&c->nudge_lock);
+        for (;;) {
+                while (!c->nudge_req && !c->nudge_stop)
+                        pthread_cond_wait(&c->nudge_cond, &c->nudge_lock);
+                if (c->nudge_stop)
+                        break;
+                c->nudge_req = false;
+                pthread_mutex_unlock(&c->nudge_lock);
+                rd_kafka_topic_partition_list_t *a = NULL;
+                if (!rd_kafka_assignment(c->rk, &a) && a) {
+                        for (int i = 0; i < a->cnt; i++)
+                                a->elems[i].offset = RD_KAFKA_OFFSET_END;
+                        if (a->cnt)
+                                (void)rd_kafka_offsets_for_times(c->rk, a,
+                                                                 500);
+                        rd_kafka_topic_partition_list_destroy(a);
+                }
+                pthread_mutex_lock(&c->nudge_lock);
+        }
+        pthread_mutex_unlock(&c->nudge_lock);
+        return NULL;
+}
+
+static void
+nudger_stop(kinbox_consumer_t *c)
+{
+        if (!c->nudger_started)
+                return;
+        pthread_mutex_lock(&c->nudge_lock);
+        c->nudge_stop = true;
+        pthread_cond_signal(&c->nudge_cond);
+        pthread_mutex_unlock(&c->nudge_lock);
+        pthread_join(c->nudger, NULL);
+        c->nudger_started = false;
+}
+
 /* Polling thread: true when it should hold off polling for now. */
 static bool
 hold_off(kinbox_consumer_t *c)
@@ -1934,6 +2060,10 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                     c->name, kinbox_conf_get(c->conf, "group.id"),
                     c->nworkers, c->batch_max);
         int64_t last_pause_check = 0;
+        c->nudge_stop = false;
+        c->nudge_req = false;
+        if (pthread_create(&c->nudger, NULL, nudger_main, c) == 0)
+                c->nudger_started = true;
         while (!atomic_load(&c->stopping)) {
                 if (hold_off(c)) {
                         if (atomic_exchange(&c->pause_dirty, false))
@@ -1958,10 +2088,17 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                                             rd_kafka_message_errstr(rkm));
                                 rd_kafka_message_destroy(rkm);
                         } else {
+                                double sz = (double)(rkm->len +
+                                                     rkm->key_len);
+                                c->avg_bytes = c->avg_bytes > 0
+                                                   ? 0.99 * c->avg_bytes +
+                                                         0.01 * sz
+                                                   : sz;
                                 dispatch(c, rkm);
                         }
                 }
                 int64_t now = kinbox__now_ms();
+                nudge_fetchers(c, now);
                 if (atomic_exchange(&c->pause_dirty, false) ||
                     now - last_pause_check > 100) {
                         update_pauses(c);
@@ -1971,6 +2108,7 @@ kinbox_consumer_run(kinbox_consumer_t *c)
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
                     "%s: stopping: finishing batches in flight", c->name);
 out:
+        nudger_stop(c);
         if (c->workers)
                 workers_stop(c);
         if (c->rk) {

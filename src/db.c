@@ -294,3 +294,41 @@ kinbox_rows_destroy(kinbox_rows_t *rows)
         free(rows->names);
         free(rows);
 }
+
+static int
+idref_cmp(const void *a, const void *b)
+{
+        const kinbox__idref_t *x = a, *y = b;
+        int c = strcmp(x->id, y->id);
+        if (c)
+                return c;
+        return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+kinbox__idref_t *
+kinbox__inbox_sorted(const struct kinbox__inbox_row *rows, size_t n)
+{
+        kinbox__idref_t *ix = malloc((n ? n : 1) * sizeof(*ix));
+        if (!ix)
+                return NULL;
+        for (size_t i = 0; i < n; i++)
+                ix[i] = (kinbox__idref_t){rows[i].id, i};
+        qsort(ix, n, sizeof(*ix), idref_cmp);
+        return ix;
+}
+
+void
+kinbox__inbox_mark_new(const kinbox__idref_t *sorted, size_t n,
+                       const char *id, bool *is_new)
+{
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(sorted[mid].id, id) < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        if (lo < n && strcmp(sorted[lo].id, id) == 0)
+                is_new[sorted[lo].idx] = true;
+}

@@ -31,6 +31,10 @@
 
 typedef struct kinbox__db kinbox__db_t;
 
+/* err.tag of a failed statement that merged rows of several messages
+ * (MySQL coalescing): no one message is to blame; run the batch again. */
+#define KINBOX__TAG_MERGED (-3)
+
 /** A statement parameter. v == NULL is SQL NULL. */
 typedef struct kinbox__param {
         const char *v;
@@ -75,6 +79,8 @@ struct kinbox__db {
         void *native;         /* PGconn * / MYSQL * (NULL when down) */
         void *impl;           /* backend private state */
         bool in_tx;
+        /* MySQL: merge single-row INSERTs of a transaction (db/mysql.c). */
+        bool coalesce;
         kinbox__dberr_t err;
         void (*log)(void *ctx, int level, const char *fmt, ...);
         void *log_ctx;
@@ -162,6 +168,23 @@ int kinbox__db_query(kinbox__db_t *db, const char *sql, int n,
 /* Text-parameter helper: vals[i] NUL-terminated or NULL. */
 int kinbox__db_queryv(kinbox__db_t *db, const char *sql, int n,
                       const char *const *vals, struct kinbox_rows_s **out);
+
+/*
+ * A batch's inbox rows in insertion order: by message id, ties by batch
+ * index. Both backends insert in this order, so two workers or processes
+ * whose batches share ids (a duplicate re-sent to another partition) take
+ * the unique-index locks in the same order and wait for each other
+ * instead of deadlocking. Returns a malloc'ed array of n, or NULL.
+ */
+typedef struct kinbox__idref {
+        const char *id;
+        size_t idx;
+} kinbox__idref_t;
+kinbox__idref_t *kinbox__inbox_sorted(const struct kinbox__inbox_row *rows,
+                                      size_t n);
+/* is_new[] of the first occurrence of id in sorted (from inbox_sorted). */
+void kinbox__inbox_mark_new(const kinbox__idref_t *sorted, size_t n,
+                            const char *id, bool *is_new);
 
 /* Rows helpers. */
 struct kinbox_rows_s *kinbox__rows_new(size_t nrows, int ncols);

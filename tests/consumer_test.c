@@ -442,3 +442,152 @@ ParameterizedTest(int *backend, consumer, statement_error_bisected,
 {
         statement_errors(*backend, true);
 }
+
+/* ---- per-message statements keep their effect when batched ----
+ *
+ * On MySQL, single-row INSERTs of one batch are merged into multi-row
+ * INSERTs (mysql.coalesce). Where merging could reorder effects it must
+ * not happen: two statements on one table (an appended string records
+ * their order), a table with a trigger that reads another table the same
+ * handler writes, and a statement that reads LAST_INSERT_ID(). Both
+ * backends must end with what one statement after the other gives. */
+
+enum { ORD_APPEND, ORD_TRIGGER, ORD_LASTID };
+
+static kinbox_result_t
+ordered_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        int mode = *(int *)opaque;
+        bool my = kinbox_tx_backend(tx) == KINBOX_BACKEND_MYSQL;
+        size_t n;
+        const char *p = kinbox_msg_payload(m, &n);
+        char id[64];
+        snprintf(id, sizeof(id), "%.*s", (int)n, p);
+        const char *params[1] = {id};
+        if (mode == ORD_APPEND) {
+                if (kinbox_tx_exec(
+                        tx,
+                        my ? "INSERT INTO kt_log (k, s) VALUES ('x', $1) ON "
+                             "DUPLICATE KEY UPDATE s = CONCAT(s, VALUES(s))"
+                           : "INSERT INTO kt_log (k, s) VALUES ('x', $1) ON "
+                             "CONFLICT (k) DO UPDATE SET s = kt_log.s || "
+                             "EXCLUDED.s",
+                        1, params) ||
+                    kinbox_tx_exec(
+                        tx,
+                        my ? "INSERT INTO kt_log (k, s) VALUES ('x', '|') ON "
+                             "DUPLICATE KEY UPDATE s = CONCAT(s, '|')"
+                           : "INSERT INTO kt_log (k, s) VALUES ('x', '|') ON "
+                             "CONFLICT (k) DO UPDATE SET s = kt_log.s || '|'",
+                        0, NULL))
+                        return KINBOX_RESULT_RETRY;
+                return KINBOX_RESULT_OK;
+        }
+        if (mode == ORD_LASTID) {
+                /* The child row names the parent row just inserted. */
+                if (kinbox_tx_exec(tx, "INSERT INTO kt_p (v) VALUES ($1)", 1,
+                                   params) ||
+                    kinbox_tx_exec(tx,
+                                   my ? "INSERT INTO kt_c (pid, v) VALUES "
+                                        "(LAST_INSERT_ID(), $1)"
+                                      : "INSERT INTO kt_c (pid, v) VALUES "
+                                        "(lastval(), $1)",
+                                   1, params))
+                        return KINBOX_RESULT_RETRY;
+                return KINBOX_RESULT_OK;
+        }
+        if (kinbox_tx_exec(tx, "INSERT INTO kt_a (id) VALUES ($1)", 1,
+                           params) ||
+            kinbox_tx_exec(tx, "INSERT INTO kt_seen (id) VALUES ($1)", 1,
+                           params))
+                return KINBOX_RESULT_RETRY;
+        return KINBOX_RESULT_OK;
+}
+
+static void
+ordered_run(const char *url, int mode, int count)
+{
+        char *topic = kt_unique("tord");
+        char *group = kt_unique("gord");
+        kt_topic(topic, 1);
+        kt_producer_t *p = kt_producer_new();
+        char id[32];
+        for (int i = 0; i < count; i++) {
+                snprintf(id, sizeof(id), "m%d-%03d", mode, i);
+                kt_produce(p, topic, 0, NULL, id, id);
+        }
+        kt_producer_flush_destroy(p);
+        static const char *const names[] = {"ord-append", "ord-trigger",
+                                            "ord-lastid"};
+        kinbox_conf_t *c = kt_conf(url, names[mode], group, topic);
+        kt_set(c, "batch.wait.ms", "200"); /* a few large batches */
+        kt_run_t *r = kt_run_start(c, ordered_handler, NULL, &mode);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets",
+                     (long long)(mode + 1) * count, 60);
+        kt_run_stop(r);
+}
+
+KT_BACKENDS_PARAMS(consumer, batched_statements_keep_order)
+ParameterizedTest(int *backend, consumer, batched_statements_keep_order,
+                  .timeout = 120)
+{
+        bool my = !strcmp(kt_backend(*backend), "mysql");
+        char *url = kt_fresh_db(kt_backend(*backend));
+        const int count = 150;
+        kt_exec(url, "CREATE TABLE kt_log (k VARCHAR(8) PRIMARY KEY, "
+                     "s VARCHAR(4000) NOT NULL)");
+        kt_exec(url, "CREATE TABLE kt_a (id VARCHAR(64) PRIMARY KEY)");
+        kt_exec(url, "CREATE TABLE kt_seen (id VARCHAR(64) PRIMARY KEY, "
+                     "n INT)");
+        kt_exec(url, my ? "CREATE TABLE kt_p (id BIGINT AUTO_INCREMENT "
+                          "PRIMARY KEY, v VARCHAR(64) NOT NULL)"
+                        : "CREATE TABLE kt_p (id BIGSERIAL PRIMARY KEY, "
+                          "v VARCHAR(64) NOT NULL)");
+        kt_exec(url, "CREATE TABLE kt_c (pid BIGINT NOT NULL, "
+                     "v VARCHAR(64) NOT NULL)");
+        if (my) {
+                kt_exec(url, "CREATE TRIGGER kt_seen_n BEFORE INSERT ON "
+                             "kt_seen FOR EACH ROW SET NEW.n = (SELECT "
+                             "COUNT(*) FROM kt_a)");
+        } else {
+                kt_exec(url, "CREATE FUNCTION kt_seen_n() RETURNS trigger "
+                             "LANGUAGE plpgsql AS $$ BEGIN NEW.n := (SELECT "
+                             "COUNT(*) FROM kt_a); RETURN NEW; END $$");
+                kt_exec(url, "CREATE TRIGGER kt_seen_n BEFORE INSERT ON "
+                             "kt_seen FOR EACH ROW EXECUTE FUNCTION "
+                             "kt_seen_n()");
+        }
+
+        ordered_run(url, ORD_APPEND, count);
+        /* "m0-000|m0-001|...": each message's two statements in turn. */
+        size_t cap = (size_t)count * 8 + 1;
+        char *want = calloc(1, cap);
+        for (int i = 0; i < count; i++) {
+                char part[16];
+                snprintf(part, sizeof(part), "m0-%03d|", i);
+                strcat(want, part);
+        }
+        char *sql = NULL;
+        cr_assert(asprintf(&sql, "SELECT COUNT(*) FROM kt_log WHERE k = 'x' "
+                                 "AND s = '%s'",
+                           want) > 0);
+        cr_assert(eq(i64, kt_qint(url, sql), 1),
+                  "kt_log.s is not the %d messages in order", count);
+        free(sql);
+        free(want);
+
+        ordered_run(url, ORD_TRIGGER, count);
+        /* The trigger saw 1, 2, ... rows of kt_a: statement order held. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(DISTINCT n) FROM kt_seen"),
+                     count));
+        cr_assert(eq(i64, kt_qint(url, "SELECT MAX(n) FROM kt_seen"), count));
+
+        ordered_run(url, ORD_LASTID, count);
+        /* Every child points at its own parent. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_c JOIN kt_p "
+                                       "ON kt_p.id = kt_c.pid AND "
+                                       "kt_p.v = kt_c.v"),
+                     count));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
+                     0));
+}

@@ -108,6 +108,21 @@ points_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
         return KINBOX_RESULT_OK;
 }
 
+/* One account row of a batch; sorted by user, then batch position. */
+typedef struct {
+        long long user_id, points;
+        size_t i;
+} acct_row_t;
+
+static int
+acct_cmp(const void *a, const void *b)
+{
+        const acct_row_t *x = a, *y = b;
+        if (x->user_id != y->user_id)
+                return x->user_id < y->user_id ? -1 : 1;
+        return x->i < y->i ? -1 : x->i > y->i;
+}
+
 /* Append s as a PostgreSQL array element. */
 static void
 arr_add(char **buf, size_t *len, size_t *cap, const char *s, int quote)
@@ -253,7 +268,8 @@ points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
                         "$2::text[], $3::bigint[]) AS t(u, o, p) RETURNING "
                         "user_id, points_delta) INSERT INTO user_account "
                         "(user_id, points) SELECT user_id, sum(points_delta) "
-                        "FROM f GROUP BY user_id ON CONFLICT (user_id) DO "
+                        "FROM f GROUP BY user_id ORDER BY user_id "
+                        "ON CONFLICT (user_id) DO "
                         "UPDATE SET points = user_account.points + "
                         "EXCLUDED.points",
                         3, p))
@@ -278,15 +294,30 @@ points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
                         snprintf(num, sizeof(num), ",'ORDER_REWARD',%lld)",
                                  g[i].points);
                         sb_add(&flow, num);
-                        char row[64];
-                        snprintf(row, sizeof(row), "%s(%lld,%lld)",
-                                 nf ? "," : "", g[i].user_id, g[i].points);
-                        sb_add(&acct, row);
                         nf++;
                 }
+                /* Accounts in user order: two consumers whose batches
+                 * share users lock the rows in the same order. */
+                acct_row_t *ord = malloc((count ? count : 1) * sizeof(*ord));
+                size_t na = 0;
+                for (size_t i = 0; ord && i < count; i++)
+                        if (results[i] == KINBOX_RESULT_OK)
+                                ord[na++] = (acct_row_t){g[i].user_id,
+                                                         g[i].points, i};
+                if (ord)
+                        qsort(ord, na, sizeof(*ord), acct_cmp);
+                for (size_t k = 0; ord && k < na; k++) {
+                        char row[64];
+                        snprintf(row, sizeof(row), "%s(%lld,%lld)",
+                                 k ? "," : "", ord[k].user_id, ord[k].points);
+                        sb_add(&acct, row);
+                }
+                if (!ord)
+                        ret = KINBOX_RESULT_RETRY;
+                free(ord);
                 sb_add(&acct, " ON DUPLICATE KEY UPDATE points = points + "
                               "VALUES(points)");
-                if (!flow.p || !acct.p ||
+                if (ret != KINBOX_RESULT_OK || !flow.p || !acct.p ||
                     kinbox_tx_exec(tx, flow.p, 0, NULL) ||
                     kinbox_tx_exec(tx, acct.p, 0, NULL))
                         ret = KINBOX_RESULT_RETRY;

@@ -638,22 +638,25 @@ pg_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
         kinbox__buf_add(&topics, "{", 1);
         kinbox__buf_add(&parts, "{", 1);
         kinbox__buf_add(&offs, "{", 1);
-        for (size_t i = 0; i < n; i++) {
-                arr_elem(&ids, rows[i].id, i == 0);
-                arr_elem(&topics, rows[i].topic, i == 0);
-                kinbox__buf_printf(&parts, "%s%d", i ? "," : "",
+        kinbox__idref_t *ix = kinbox__inbox_sorted(rows, n);
+        for (size_t k = 0; ix && k < n; k++) {
+                size_t i = ix[k].idx;
+                arr_elem(&ids, rows[i].id, k == 0);
+                arr_elem(&topics, rows[i].topic, k == 0);
+                kinbox__buf_printf(&parts, "%s%d", k ? "," : "",
                                    (int)rows[i].partition);
-                kinbox__buf_printf(&offs, "%s%lld", i ? "," : "",
+                kinbox__buf_printf(&offs, "%s%lld", k ? "," : "",
                                    (long long)rows[i].offset);
-                is_new[i] = false;
         }
+        for (size_t i = 0; i < n; i++)
+                is_new[i] = false;
         kinbox__buf_add(&ids, "}", 1);
         kinbox__buf_add(&topics, "}", 1);
         kinbox__buf_add(&parts, "}", 1);
         kinbox__buf_add(&offs, "}", 1);
         int rc = KINBOX_ERR_NOMEM;
         struct kinbox_rows_s *r = NULL;
-        if (ids.oom || topics.oom || parts.oom || offs.oom)
+        if (!ix || ids.oom || topics.oom || parts.oom || offs.oom)
                 goto out;
         kinbox__param_t p[5] = {{consumer, 0, 0},
                                 {ids.p, 0, 0},
@@ -664,15 +667,11 @@ pg_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
         if (rc)
                 goto out;
         /* The first occurrence of each returned id is the new one. */
-        for (size_t j = 0; j < r->nrows; j++) {
-                const char *id = r->values[j * (size_t)r->ncols];
-                for (size_t i = 0; i < n; i++)
-                        if (!is_new[i] && !strcmp(rows[i].id, id)) {
-                                is_new[i] = true;
-                                break;
-                        }
-        }
+        for (size_t j = 0; j < r->nrows; j++)
+                kinbox__inbox_mark_new(ix, n, r->values[j * (size_t)r->ncols],
+                                       is_new);
 out:
+        free(ix);
         kinbox_rows_destroy(r);
         kinbox__buf_free(&ids);
         kinbox__buf_free(&topics);

@@ -5,12 +5,15 @@
  *
  * usage: kinbox-points-producer -b BOOTSTRAP -t TOPIC -n COUNT
  *            [-d DUP_PERCENT] [-u USERS] [-s START] [-e EXPECTED_FILE]
- *            [-B BAD_COUNT]
+ *            [-B BAD_COUNT] [-K]
  *
  * Message i has header message_id = m-<i>, key = user, payload
  * {"order_id":"o-<i>","user_id":U,"grant_points":P}. DUP_PERCENT % of the
- * messages are sent a second time with the same id (another key, so
- * another partition and offset). BAD_COUNT malformed messages are added
+ * messages are sent a second time with the same id: by default with
+ * another key (so another partition and offset: the hard case, two
+ * consumers may see the two copies at once); with -K with the same key
+ * (the same partition, later offset: what a producer retry or an outbox
+ * relay's re-publish looks like). BAD_COUNT malformed messages are added
  * (they must end in the dead-letter table). EXPECTED_FILE gets one
  * "user_id points" line per user, sorted by user id as text.
  */
@@ -63,8 +66,8 @@ main(int argc, char **argv)
 {
         const char *bootstrap = NULL, *topic = NULL, *expected = NULL;
         long n = 0, dup = 0, users = 100, start = 0, bad = 0;
-        int ch;
-        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:h")) != -1) {
+        int ch, same_key = 0;
+        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kh")) != -1) {
                 switch (ch) {
                 case 'b': bootstrap = optarg; break;
                 case 't': topic = optarg; break;
@@ -74,11 +77,12 @@ main(int argc, char **argv)
                 case 's': start = strtol(optarg, NULL, 10); break;
                 case 'e': expected = optarg; break;
                 case 'B': bad = strtol(optarg, NULL, 10); break;
+                case 'K': same_key = 1; break;
                 default:
                         fprintf(stderr,
                                 "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT "
                                 "[-d DUP_PERCENT] [-u USERS] [-s START] "
-                                "[-e EXPECTED_FILE] [-B BAD_COUNT]\n",
+                                "[-e EXPECTED_FILE] [-B BAD_COUNT] [-K]\n",
                                 argv[0]);
                         return ch == 'h' ? 0 : 2;
                 }
@@ -120,7 +124,8 @@ main(int argc, char **argv)
                 produce(rk, topic, key, payload, id);
                 bal[user] += pts;
                 if (dup && (i * 7919) % 100 < dup) {
-                        snprintf(key, sizeof(key), "resend-%ld", i);
+                        if (!same_key)
+                                snprintf(key, sizeof(key), "resend-%ld", i);
                         produce(rk, topic, key, payload, id);
                         dups++;
                 }
