@@ -48,7 +48,7 @@ ParameterizedTest(int *backend, proc, crash_after_commit, .timeout = 180)
         long long total =
             kt_produce_grants(topic, 0, 3000, 0, "o", 0, NULL);
         char *ini = points_ini(url, group, topic, "batch.max = 100\n");
-        char *log1 = kt_unique("/tmp/kt_crash1");
+        char *log1 = kt_tmp("crash1");
         /* The fault point fires after the 4th successful DB commit. */
         pid_t pid = kt_spawn_kinbox(ini, "KINBOX_FAULT=after_commit:3", log1);
         cr_assert(eq(int, kt_wait(pid, 90), -SIGKILL));
@@ -62,7 +62,7 @@ ParameterizedTest(int *backend, proc, crash_after_commit, .timeout = 180)
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM user_points_flow"),
                      inbox));
         /* Restart: finishes without re-running the committed batches. */
-        char *log2 = kt_unique("/tmp/kt_crash2");
+        char *log2 = kt_tmp("crash2");
         pid = kt_spawn_kinbox(ini, NULL, log2);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, 3000, 90), 3000));
         /* Kafka learns where the DB says the group is, even on partitions
@@ -92,7 +92,7 @@ ParameterizedTest(int *backend, proc, database_restart, .timeout = 240)
         char *group = kt_unique("pg4");
         kt_topic(topic, 4);
         char *ini = points_ini(url, group, topic, "batch.max = 200\n");
-        char *log = kt_unique("/tmp/kt_dbrestart");
+        char *log = kt_tmp("dbrestart");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         long long total = kt_produce_grants(topic, 0, 1000, 0, "o", 0, NULL);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, 1000, 60), 1000));
@@ -123,7 +123,7 @@ ParameterizedTest(int *backend, proc, rebalance_and_kill, .timeout = 240)
         char *group = kt_unique("pg5");
         kt_topic(topic, 6);
         char *ini = points_ini(url, group, topic, "batch.max = 50\n");
-        char *loga = kt_unique("/tmp/kt_reb_a"), *logb = kt_unique("/tmp/kt_reb_b");
+        char *loga = kt_tmp("reb_a"), *logb = kt_tmp("reb_b");
         pid_t a = kt_spawn_kinbox(ini, NULL, loga);
         long long total = kt_produce_grants(topic, 0, 2000, 10, "o", 0, NULL);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, 2000, 60), 2000));
@@ -206,7 +206,7 @@ ParameterizedTest(int *backend, proc, two_groups_one_process, .timeout = 180)
             "[consumer.bonus]\ngroup.id = %s\ntopics = %s\n"
             "handler = points-single\nbatch.max = 1\n",
             ga, ta, gb, tb);
-        char *log = kt_unique("/tmp/kt_twogroups");
+        char *log = kt_tmp("twogroups");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, 1800, 120), 1800));
         kill(pid, SIGTERM);
@@ -239,11 +239,11 @@ ParameterizedTest(int *backend, proc, restart_commits_db_position,
                                "batch.max = 100\nbatch.wait.ms = 3000\n");
         /* The third commit is the last: everything is in the DB. */
         pid_t pid = kt_spawn_kinbox(ini, "KINBOX_FAULT=after_commit:2",
-                                    kt_unique("/tmp/kt_pos1"));
+                                    kt_tmp("pos1"));
         cr_assert(eq(int, kt_wait(pid, 60), -SIGKILL));
         cr_assert(eq(i64, kt_qint(url, SQL_WATERMARK), 300));
         cr_assert(lt(i64, kt_committed_sum(group, topic, 1), 300));
-        pid = kt_spawn_kinbox(ini, NULL, kt_unique("/tmp/kt_pos2"));
+        pid = kt_spawn_kinbox(ini, NULL, kt_tmp("pos2"));
         long long committed = 0;
         for (int i = 0; i < 150 && committed < 300; i++) {
                 usleep(100000);

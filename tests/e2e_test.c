@@ -239,7 +239,7 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
                                       "poll.ms = 100\n");
         /* Relay A publishes three batches, marks two, dies in the third:
          * its rows are on the broker and still leased. */
-        char *loga = kt_unique("/tmp/kt_e3a");
+        char *loga = kt_tmp("e3a");
         pid_t a = kt_spawn_kinbox(ini, "KINBOX_FAULT=relay_after_publish:2",
                                   loga);
         cr_assert(eq(int, kt_wait(a, 60), -SIGKILL));
@@ -250,7 +250,7 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
         cr_assert(eq(i64, kt_high_sum(topic, 4), 300));
 
         /* Relay B: everything else at once, A's 100 rows after the lease. */
-        char *logb = kt_unique("/tmp/kt_e3b");
+        char *logb = kt_tmp("e3b");
         pid_t b = kt_spawn_kinbox(ini, NULL, logb);
         cr_assert(eq(i64,
                      kt_wait_qint(url,
@@ -326,7 +326,7 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
 
         /* 1. The relay dies after publishing its 2nd batch (the whole
          *    process: the consumer with it). */
-        char *log1 = kt_unique("/tmp/kt_e7a");
+        char *log1 = kt_tmp("e7a");
         pid_t p = kt_spawn_kinbox(ini, "KINBOX_FAULT=relay_after_publish:1",
                                   log1);
         cr_assert(eq(int, kt_wait(p, 60), -SIGKILL));
@@ -335,7 +335,7 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
 
         /* 2. The consumer dies after its 3rd commit, before storing the
          *    offsets. */
-        char *log2 = kt_unique("/tmp/kt_e7b");
+        char *log2 = kt_tmp("e7b");
         p = kt_spawn_kinbox(ini, "KINBOX_FAULT=after_commit:2", log2);
         cr_assert(eq(int, kt_wait(p, 90), -SIGKILL));
         assert_log_has(log2, "after_commit");
@@ -343,7 +343,7 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
 
         /* 3. A clean run finishes the job while more orders come in; stock
          *    runs out on the way. */
-        char *log3 = kt_unique("/tmp/kt_e7c");
+        char *log3 = kt_tmp("e7c");
         p = kt_spawn_kinbox(ini, NULL, log3);
         placed += place_orders(url, topic, 140, 220);
         cr_assert(gt(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders"), 0));
@@ -423,12 +423,12 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
         cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox"), N));
 
         /* The ledger consumer dies after its 2nd commit (relay with it). */
-        char *log1 = kt_unique("/tmp/kt_e5a");
+        char *log1 = kt_tmp("e5a");
         pid_t p = kt_spawn_kinbox(ini, "KINBOX_FAULT=after_commit:1", log1);
         cr_assert(eq(int, kt_wait(p, 90), -SIGKILL));
         assert_log_has(log1, "after_commit");
 
-        char *log2 = kt_unique("/tmp/kt_e5b");
+        char *log2 = kt_tmp("e5b");
         p = kt_spawn_kinbox(ini, NULL, log2);
         cr_assert(eq(i64,
                      kt_wait_qint(url, "SELECT COUNT(*) FROM ledger_posting",
@@ -548,19 +548,19 @@ ParameterizedTest(int *backend, e2e, handler_modules, .timeout = 180)
 
         /* A wrong ABI version: refused at start-up, naming both. */
         char *ini = module_ini(url, topic, "ktwrongabi");
-        char *log = kt_unique("/tmp/kt_em_abi");
+        char *log = kt_tmp("em_abi");
         cr_assert(eq(int, kt_wait(kt_spawn_kinbox(ini, NULL, log), 30), 2));
         assert_log_has(log, "module ABI version 999, this kinbox needs 1");
 
         /* No kinbox_module symbol: refused. */
         ini = module_ini(url, topic, "ktnosym");
-        log = kt_unique("/tmp/kt_em_nosym");
+        log = kt_tmp("em_nosym");
         cr_assert(eq(int, kt_wait(kt_spawn_kinbox(ini, NULL, log), 30), 2));
         assert_log_has(log, "exports no kinbox_module symbol");
 
         /* No such module: refused. */
         ini = module_ini(url, topic, "ktmissing");
-        log = kt_unique("/tmp/kt_em_missing");
+        log = kt_tmp("em_missing");
         cr_assert(eq(int, kt_wait(kt_spawn_kinbox(ini, NULL, log), 30), 2));
         assert_log_has(log, "cannot load");
 
@@ -579,7 +579,7 @@ ParameterizedTest(int *backend, e2e, handler_modules, .timeout = 180)
         }
         kt_produce(pr, topic, -1, "again", "x", "mod-7"); /* a duplicate */
         kt_producer_flush_destroy(pr);
-        log = kt_unique("/tmp/kt_em_good");
+        log = kt_tmp("em_good");
         pid_t p = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(i64,
                      kt_wait_qint(url, "SELECT COUNT(*) FROM ktgood_seen", 50,

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -72,6 +73,19 @@ kt_unique(const char *prefix)
         snprintf(b, sizeof(b), "%s_%d_%ld_%d", prefix, (int)getpid(),
                  (long)(ts.tv_nsec / 1000) % 1000000, ++seq);
         return keep(strdup(b));
+}
+
+char *
+kt_tmp(const char *name)
+{
+        const char *dir = getenv("KT_TMPDIR");
+        if (!dir || !*dir)
+                dir = "/tmp/kinbox-tests";
+        if (mkdir(dir, 0777) && errno != EEXIST)
+                cr_fatal("cannot create %s: %s", dir, strerror(errno));
+        char b[256];
+        snprintf(b, sizeof(b), "%s/%s", dir, name);
+        return kt_unique(b);
 }
 
 static kinbox__db_t *
@@ -386,7 +400,7 @@ kt_run_stop(kt_run_t *r)
 char *
 kt_write_ini(const char *url, const char *fmt, ...)
 {
-        char *path = kt_unique("/tmp/kt_ini");
+        char *path = kt_tmp("ini");
         char *p2 = keep(malloc(strlen(path) + 5));
         sprintf(p2, "%s.ini", path);
         FILE *fp = fopen(p2, "w");

@@ -41,6 +41,10 @@ char *kt_fresh_db(const char *backend);
 /* A unique name with a prefix. Strings returned by kt_* functions are
  * owned by the harness and freed at exit. */
 char *kt_unique(const char *prefix);
+/* A unique path for a log or ini file under $KT_TMPDIR (default
+ * /tmp/kinbox-tests; scripts/test empties it before each run). Freed at
+ * exit. */
+char *kt_tmp(const char *name);
 
 /* Create a topic on the dev broker. */
 void kt_topic(const char *topic, int partitions);

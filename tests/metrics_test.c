@@ -130,7 +130,7 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                                  "[relay]\nenabled = true\n"
                                  "[metrics]\nlisten = 127.0.0.1:%d\n",
                                  group, topic, free_port());
-        char *log = kt_unique("/tmp/kt_metrics");
+        char *log = kt_tmp("metrics");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
         char *body = NULL;
@@ -228,7 +228,7 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                   NULL);
 
         /* promtool validates the exposition. */
-        char *file = kt_unique("/tmp/kt_metrics_body");
+        char *file = kt_tmp("metrics_body");
         FILE *fp = fopen(file, "w");
         cr_assert(fp != NULL);
         fputs(body, fp);
@@ -246,7 +246,7 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
         free(body);
 
         /* kinbox status reads the dedup hits of the local process. */
-        char cmd2[1024], *outf2 = kt_unique("/tmp/kt_metrics_status");
+        char cmd2[1024], *outf2 = kt_tmp("metrics_status");
         snprintf(cmd2, sizeof(cmd2), "\"%s\" status --json -c %s > %s",
                  kt_env("KINBOX_BIN"), ini, outf2);
         cr_assert(eq(int, system(cmd2), 0));

@@ -29,7 +29,7 @@ kb(char **out, char **err, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(args, sizeof(args), fmt, ap);
         va_end(ap);
-        char *errf = kt_unique("/tmp/kt_ops_err");
+        char *errf = kt_tmp("ops_err");
         snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>%s", kt_env("KINBOX_BIN"),
                  args, errf);
         FILE *fp = popen(cmd, "r");
@@ -257,7 +257,7 @@ ParameterizedTest(int *backend, ops, prune_single_instance, .timeout = 120)
          * and each process either pruned or stood aside. */
         kinbox__db_queryv(holder, holder->ops->sql->unlock, 1, &name, NULL);
         kinbox__db_destroy(holder);
-        char *o1 = kt_unique("/tmp/kt_prune1"), *o2 = kt_unique("/tmp/kt_prune2");
+        char *o1 = kt_tmp("prune1"), *o2 = kt_tmp("prune2");
         char cmd[2048];
         snprintf(cmd, sizeof(cmd),
                  "\"%s\" prune --json -c %s > %s & \"%s\" prune --json -c %s "
@@ -291,7 +291,7 @@ ParameterizedTest(int *backend, ops, prune_thread, .timeout = 120)
         char *ini = kt_write_ini(url, "[prune]\nprune.interval = 1s\n"
                                       "prune.batch = 4\n[relay]\n"
                                       "enabled = true\n");
-        char *log = kt_unique("/tmp/kt_prune_thread");
+        char *log = kt_tmp("prune_thread");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(i64,
                      kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 5,
@@ -324,7 +324,7 @@ ParameterizedTest(int *backend, ops, retention_refused, .timeout = 120)
                                  "[consumer.points]\ntopics = %s\n"
                                  "handler = points\n",
                                  topic);
-        char *log = kt_unique("/tmp/kt_ret");
+        char *log = kt_tmp("ret");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(int, kt_wait(pid, 60), 2));
         char *out = kt_slurp(log);
@@ -391,7 +391,7 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
                                  "topics = %s\nhandler = points\n"
                                  "retry.max = 2\nretry.backoff.base.ms = 10\n",
                                  group, topic);
-        char *log = kt_unique("/tmp/kt_ops_run");
+        char *log = kt_tmp("ops_run");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(i64,
                      kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter",
