@@ -515,9 +515,14 @@ Test(mysql, commit_and_rollback_visibility)
 
 /* ------------------------------------------------------------------ inbox */
 
-Test(mysql, inbox_insert_tells_new_from_duplicate)
+/* url_suffix "" uses INSERT IGNORE ... RETURNING (MariaDB 10.5+);
+ * "?inbox_returning=0" the token path MySQL 8 needs. */
+static void
+inbox_semantics(const char *url_suffix)
 {
-        kinbox__db_t *db = open_db();
+        char url[1100];
+        snprintf(url, sizeof(url), "%s%s", g_url, url_suffix);
+        kinbox__db_t *db = open_url(url);
         migrate(db);
 
         /* "b" is already done from an earlier transaction. */
@@ -575,6 +580,57 @@ Test(mysql, inbox_insert_tells_new_from_duplicate)
         OK_OR_FAIL(db, db->ops->inbox_insert(db, "points", 1, fresh, o));
         cr_assert(o[0], "a rolled-back inbox row must not count");
         OK_OR_FAIL(db, db->ops->commit(db));
+        kinbox__db_destroy(db);
+}
+
+Test(mysql, inbox_insert_tells_new_from_duplicate)
+{
+        inbox_semantics("");
+}
+
+Test(mysql, inbox_insert_tells_new_from_duplicate_token_path)
+{
+        inbox_semantics("?inbox_returning=0");
+}
+
+Test(mysql, inbox_insert_rejects_long_names)
+{
+        kinbox__db_t *db = open_db();
+        migrate(db);
+        char name[202], topic[251];
+        memset(name, 'n', 201);
+        name[201] = '\0';
+        memset(topic, 't', 250);
+        topic[250] = '\0';
+        kinbox__inbox_row_t rows[] = {{"a", "t", 0, 1}};
+        bool is_new[1];
+        OK_OR_FAIL(db, db->ops->begin(db));
+        cr_assert(eq(int, db->ops->inbox_insert(db, name, 1, rows, is_new),
+                     KINBOX_ERR_INVALID));
+        cr_assert(strstr(db->err.msg, "consumer name") != NULL, "%s",
+                  db->err.msg);
+        db->ops->rollback(db);
+        rows[0].topic = topic;
+        OK_OR_FAIL(db, db->ops->begin(db));
+        cr_assert(eq(int, db->ops->inbox_insert(db, "c", 1, rows, is_new),
+                     KINBOX_ERR_INVALID));
+        cr_assert(strstr(db->err.msg, "topic name") != NULL, "%s",
+                  db->err.msg);
+        db->ops->rollback(db);
+        /* 200 characters of two bytes each fit: characters, not bytes. */
+        char wide[401];
+        for (int i = 0; i < 200; i++)
+                memcpy(wide + 2 * i, "\xc3\xa9", 2);
+        wide[400] = '\0';
+        rows[0].topic = "t";
+        OK_OR_FAIL(db, db->ops->begin(db));
+        OK_OR_FAIL(db, db->ops->inbox_insert(db, wide, 1, rows, is_new));
+        cr_assert(is_new[0]);
+        OK_OR_FAIL(db, db->ops->commit(db));
+        cr_assert(eq(long,
+                     scalar_long(db, "SELECT CHAR_LENGTH(consumer) FROM "
+                                     "kinbox_inbox"),
+                     200L));
         kinbox__db_destroy(db);
 }
 

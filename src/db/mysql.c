@@ -35,6 +35,19 @@
 /* Column widths the migration declares; checked before sending so a long
  * id is rejected with a clear message instead of a truncation or 1406. */
 #define MY_ID_MAX 255
+#define MY_NAME_MAX 200  /* kinbox_inbox.consumer, characters */
+#define MY_TOPIC_MAX 249 /* kinbox_inbox.topic, characters */
+
+/* Characters in a UTF-8 string (bytes that do not continue one). */
+static size_t
+utf8_chars(const char *p)
+{
+        size_t n = 0;
+        for (; *p; p++)
+                if (((unsigned char)*p & 0xC0) != 0x80)
+                        n++;
+        return n;
+}
 
 /* Defaults (seconds); overridable with ?connect_timeout=&read_timeout=
  * &write_timeout= in the URL. The read timeout must exceed the server's
@@ -64,6 +77,7 @@ struct mystate {
         size_t flush_at;     /* flush before q grows beyond this */
         kinbox__buf_t tmp;   /* one rendered statement */
         struct mergestate *merge; /* coalescing (db->coalesce), lazily */
+        bool returning;      /* MariaDB >= 10.5: INSERT ... RETURNING */
 };
 
 struct mergestate;
@@ -1230,8 +1244,8 @@ my_disconnect(kinbox__db_t *db)
 /* Parse "k=v&k=v" for the timeouts; unknown keys are ignored so the same
  * URL can carry options for other tools. */
 static void
-url_timeouts(const char *params, unsigned int *ct, unsigned int *rt,
-             unsigned int *wt)
+url_options(const char *params, unsigned int *ct, unsigned int *rt,
+            unsigned int *wt, bool *returning)
 {
         if (!params)
                 return;
@@ -1249,6 +1263,9 @@ url_timeouts(const char *params, unsigned int *ct, unsigned int *rt,
                                 dst = rt;
                         else if (kl == 13 && !strncmp(p, "write_timeout", kl))
                                 dst = wt;
+                        else if (kl == 15 &&
+                                 !strncmp(p, "inbox_returning", kl))
+                                *returning = v != 0;
                         if (dst && v > 0 && v < 86400)
                                 *dst = (unsigned int)v;
                 }
@@ -1284,7 +1301,8 @@ my_connect(kinbox__db_t *db)
         }
         unsigned int ct = MY_CONNECT_TIMEOUT, rt = MY_READ_TIMEOUT,
                      wt = MY_WRITE_TIMEOUT, off = 0;
-        url_timeouts(u.params, &ct, &rt, &wt);
+        bool returning = true;
+        url_options(u.params, &ct, &rt, &wt, &returning);
 
         struct mystate *s = kinbox__calloc(1, sizeof(*s));
         MYSQL *m = s ? mysql_init(NULL) : NULL;
@@ -1339,6 +1357,9 @@ my_connect(kinbox__db_t *db)
         if (r->nrows == 1 && r->ncols == 1 && r->values[0])
                 map = strtoull(r->values[0], NULL, 10);
         kinbox_rows_destroy(r);
+        const char *info = mysql_get_server_info(m);
+        s->returning = returning && info && strstr(info, "MariaDB") &&
+                       mysql_get_server_version(m) >= 100500;
         /* Leave room for one more statement of similar size. */
         s->flush_at = map > 1024 ? (size_t)(map / 2) : 1u << 20;
         if (s->flush_at > MY_FLUSH_CAP)
@@ -1627,6 +1648,12 @@ make_token(char out[33])
  * back. Each returned id marks its first occurrence in the batch as new.
  * Unlike INSERT IGNORE, any other error (bad data, lock wait, deadlock)
  * still fails the statement.
+ *
+ * MariaDB 10.5+ has RETURNING, which returns only the rows an INSERT
+ * IGNORE really inserted: one statement, no token to write or index.
+ * IGNORE would also turn a too-long value into a truncated one, so every
+ * value is checked against its column first; the ints and timestamps
+ * cannot fail, and lock waits and deadlocks are never ignored.
  */
 static int
 my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
@@ -1660,7 +1687,25 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                         return KINBOX_ERR_INVALID;
                 }
         }
-        if (make_token(tok)) {
+        /* Checked here so that INSERT IGNORE (below) can only ignore
+         * duplicates, never truncate a value. */
+        if (utf8_chars(consumer) > MY_NAME_MAX) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, -1,
+                                  "MySQL: consumer name longer than %d "
+                                  "characters",
+                                  MY_NAME_MAX);
+                return KINBOX_ERR_INVALID;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (rows[i].topic && utf8_chars(rows[i].topic) > MY_TOPIC_MAX) {
+                        kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0,
+                                          (int)i,
+                                          "MySQL: topic name longer than "
+                                          "%d characters",
+                                          MY_TOPIC_MAX);
+                        return KINBOX_ERR_INVALID;
+                }
+        if (!s->returning && make_token(tok)) {
                 kinbox__db_seterr(db, KINBOX_ERR_DB, "", 0, -1,
                                   "MySQL: getrandom failed: %s",
                                   strerror(errno));
@@ -1672,9 +1717,14 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 return my_oom(db);
         kinbox__buf_t *b = &s->tmp;
         kinbox__buf_reset(b);
-        kinbox__buf_adds(b, "INSERT INTO kinbox_inbox (consumer, message_id, "
-                            "topic, kafka_partition, kafka_offset, tx_token, "
-                            "processed_at) VALUES ");
+        kinbox__buf_adds(b, s->returning
+                                ? "INSERT IGNORE INTO kinbox_inbox (consumer, "
+                                  "message_id, topic, kafka_partition, "
+                                  "kafka_offset, processed_at) VALUES "
+                                : "INSERT INTO kinbox_inbox (consumer, "
+                                  "message_id, topic, kafka_partition, "
+                                  "kafka_offset, tx_token, processed_at) "
+                                  "VALUES ");
         for (size_t k = 0; k < n; k++) {
                 size_t i = ix[k].idx;
                 kinbox__buf_adds(b, k ? ",\n(" : "\n(");
@@ -1687,15 +1737,27 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 append_literal(m, b, rows[i].topic,
                                rows[i].topic ? strlen(rows[i].topic) : 0,
                                false);
-                kinbox__buf_printf(b, ",%ld,%lld,'%s',CURRENT_TIMESTAMP(6))",
-                                   (long)rows[i].partition,
-                                   (long long)rows[i].offset, tok);
+                if (s->returning)
+                        kinbox__buf_printf(b, ",%ld,%lld,CURRENT_TIMESTAMP(6))",
+                                           (long)rows[i].partition,
+                                           (long long)rows[i].offset);
+                else
+                        kinbox__buf_printf(b,
+                                           ",%ld,%lld,'%s',CURRENT_TIMESTAMP(6))",
+                                           (long)rows[i].partition,
+                                           (long long)rows[i].offset, tok);
         }
-        kinbox__buf_adds(b, "\nON DUPLICATE KEY UPDATE message_id = "
-                            "message_id;\nSELECT message_id FROM kinbox_inbox "
-                            "WHERE consumer = ");
-        append_literal(m, b, consumer, strlen(consumer), false);
-        kinbox__buf_printf(b, " AND tx_token = '%s'", tok);
+        int nstmts = 1;
+        if (s->returning) {
+                kinbox__buf_adds(b, "\nRETURNING message_id");
+        } else {
+                kinbox__buf_adds(b, "\nON DUPLICATE KEY UPDATE message_id "
+                                    "= message_id;\nSELECT message_id "
+                                    "FROM kinbox_inbox WHERE consumer = ");
+                append_literal(m, b, consumer, strlen(consumer), false);
+                kinbox__buf_printf(b, " AND tx_token = '%s'", tok);
+                nstmts = 2;
+        }
         struct kinbox_rows_s *r = NULL;
         if (b->oom) {
                 kinbox__buf_free(b);
@@ -1706,7 +1768,7 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
         if (s->ntags && s->q.len + b->len + 2 > s->flush_at &&
             (rc = q_send(db, NULL, false)))
                 goto out;
-        if ((rc = q_append(db, b->p, b->len, -1, 2)) ||
+        if ((rc = q_append(db, b->p, b->len, -1, nstmts)) ||
             (rc = q_send(db, &r, false)))
                 goto out;
         for (size_t k = 0; k < r->nrows; k++) {
