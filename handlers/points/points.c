@@ -306,10 +306,16 @@ points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
                                                          g[i].points, i};
                 if (ord)
                         qsort(ord, na, sizeof(*ord), acct_cmp);
-                for (size_t k = 0; ord && k < na; k++) {
+                /* One row per user with the sum, as the PostgreSQL
+                 * statement's GROUP BY does. */
+                for (size_t k = 0, out = 0; ord && k < na; k++) {
+                        long long sum = ord[k].points;
+                        while (k + 1 < na &&
+                               ord[k + 1].user_id == ord[k].user_id)
+                                sum += ord[++k].points;
                         char row[64];
                         snprintf(row, sizeof(row), "%s(%lld,%lld)",
-                                 k ? "," : "", ord[k].user_id, ord[k].points);
+                                 out++ ? "," : "", ord[k].user_id, sum);
                         sb_add(&acct, row);
                 }
                 if (!ord)
