@@ -662,7 +662,6 @@ q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
 
 struct mtmpl {
         char *sql;           /* the template (copy); NULL = empty slot */
-        const char *key;     /* caller's pointer, a fast first check */
         bool ok;             /* mergeable form */
         char *schema, *table; /* unquoted; schema NULL = current */
         size_t tup_off, tup_len; /* "(...)" of the one tuple */
@@ -986,18 +985,9 @@ m_drop(struct mergestate *ms)
 static struct mtmpl *
 m_tmpl_find(struct mergestate *ms, const char *sql)
 {
-        for (size_t k = 0; k < MERGE_TMPLS; k++) {
-                struct mtmpl *t = &ms->tmpl[k];
-                if (t->sql && t->key == sql && !strcmp(t->sql, sql))
-                        return t;
-        }
-        for (size_t k = 0; k < MERGE_TMPLS; k++) {
-                struct mtmpl *t = &ms->tmpl[k];
-                if (t->sql && !strcmp(t->sql, sql)) {
-                        t->key = sql;
-                        return t;
-                }
-        }
+        for (size_t k = 0; k < MERGE_TMPLS; k++)
+                if (ms->tmpl[k].sql && !strcmp(ms->tmpl[k].sql, sql))
+                        return &ms->tmpl[k];
         return NULL;
 }
 
@@ -1011,7 +1001,6 @@ m_tmpl_add(struct mergestate *ms, const char *sql)
         t->sql = strdup(sql);
         if (!t->sql)
                 return NULL;
-        t->key = sql;
         m_analyze(t);
         return t;
 }
