@@ -1117,6 +1117,8 @@ m_flush(kinbox__db_t *db)
                                                         g->text.len, g->tag,
                                                         1);
                 }
+                if (g->text.oom) /* reset keeps the flag; free clears it */
+                        kinbox__buf_free(&g->text);
                 kinbox__buf_reset(&g->text);
         }
         return rc;
@@ -1193,23 +1195,22 @@ m_try(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
         int count = 0;
         rc = render(db->native, &g->text, t->tuple, n, p, &count, err,
                     sizeof(err));
-        if (rc || g->text.oom) {
-                if (!rc) {
-                        kinbox__buf_free(&g->text);
-                        kinbox__buf_init(&g->text);
-                }
+        if (!rc && g->text.oom) {
+                /* The transaction is lost anyway: drop every group. */
+                for (size_t k = 0; k < ms->ngroups; k++)
+                        kinbox__buf_free(&ms->groups[k].text);
+                m_drop(ms);
+                return my_oom(db);
+        }
+        if (rc) { /* a bad placeholder: take the row back out */
                 if (g->rows == 0)
                         ms->ngroups--;
                 else {
                         g->text.len = mark;
                         g->tag = old_tag;
                 }
-                if (rc) {
-                        kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s",
-                                          err);
-                        return rc;
-                }
-                return my_oom(db);
+                kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s", err);
+                return rc;
         }
         g->rows++;
         ms->bytes += g->text.len - before + 1;
