@@ -261,3 +261,74 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
         /* Gone with the process. */
         cr_assert(eq(int, http_get(port, "/healthz", NULL), -1));
 }
+
+/* /readyz turns 503, naming the database, when the database goes away
+ * (dropped, its sessions ended); /healthz, the liveness probe, stays 200. */
+KT_BACKENDS_PARAMS(metrics, readyz_reports_database_loss)
+ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
+                  .timeout = 120)
+{
+        bool my = !strcmp(kt_backend(*backend), "mysql");
+        char *url = kt_fresh_db(kt_backend(*backend));
+        const char *dbname = strrchr(url, '/') + 1;
+        char *topic = kt_unique("rdz");
+        char *group = kt_unique("rdzg");
+        kt_topic(topic, 2);
+        kt_produce_grants(topic, 0, 20, 0, "o", 0, NULL);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "[metrics]\nlisten = 127.0.0.1:%d\n",
+                                 group, topic, free_port());
+        char *log = kt_tmp("readyz");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        char *body = NULL;
+        int st = 0;
+        for (int i = 0; i < 200 && st != 200; i++) {
+                st = http_get(port, "/readyz", &body);
+                free(body);
+                body = NULL;
+                if (st != 200)
+                        usleep(100000);
+        }
+        cr_assert(eq(int, st, 200));
+        kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 20, 60);
+
+        const char *admin = kt_env(my ? "KINBOX_MYSQL_URL" : "KINBOX_PG_URL");
+        char sql[512];
+        if (my) {
+                snprintf(sql, sizeof(sql), "DROP DATABASE %s", dbname);
+                kt_exec(admin, sql);
+                /* Its sessions keep the dropped name as their database:
+                 * end them, so the next check has to reconnect. */
+                long long id;
+                while ((id = kt_qintf(admin,
+                                      "SELECT COALESCE(MIN(id), 0) FROM "
+                                      "information_schema.PROCESSLIST WHERE "
+                                      "db = '%s'",
+                                      dbname)) > 0) {
+                        snprintf(sql, sizeof(sql), "KILL %lld", id);
+                        kt_exec(admin, sql);
+                }
+        } else {
+                snprintf(sql, sizeof(sql), "DROP DATABASE %s WITH (FORCE)",
+                         dbname);
+                kt_exec(admin, sql);
+        }
+        st = 0;
+        for (int i = 0; i < 200 && st != 503; i++) {
+                free(body);
+                body = NULL;
+                st = http_get(port, "/readyz", &body);
+                if (st != 503)
+                        usleep(100000);
+        }
+        cr_assert(eq(int, st, 503));
+        cr_assert(body && strstr(body, "not ready: database") != NULL, "%s",
+                  body ? body : "");
+        free(body);
+        cr_assert(eq(int, http_get(port, "/healthz", NULL), 200));
+        kill(pid, SIGKILL);
+        kt_wait(pid, 30);
+}
