@@ -19,6 +19,8 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 #include <mysql.h>
+
+#include "mysql_url.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,29 +166,10 @@ my_apply(const char *topic, int part, long long off, const char *id,
 static void
 my_connect(const char *url)
 {
-        /* mysql://user:pass@host:port/db */
-        char u[512];
-        snprintf(u, sizeof(u), "%s", url);
-        if (strncmp(u, "mysql://", 8))
-                die("bad mysql url", url);
-        char *user = u + 8, *at = strchr(user, '@');
-        if (!at)
-                die("bad mysql url", url);
-        *at = 0;
-        char *pass = strchr(user, ':');
-        if (pass)
-                *pass++ = 0;
-        char *host = at + 1, *db = strchr(host, '/');
-        if (!db)
-                die("bad mysql url", url);
-        *db++ = 0;
-        char *port = strchr(host, ':');
-        if (port)
-                *port++ = 0;
-        my = mysql_init(NULL);
-        if (!mysql_real_connect(my, host, user, pass, db,
-                                port ? (unsigned)atoi(port) : 3306, NULL, 0))
-                die("mysql connect", mysql_error(my));
+        char err[600];
+        my = bench_mysql_connect(url, err, sizeof(err));
+        if (!my)
+                die("mysql", err);
         my_q("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
              "isolation");
         my_q("SET NAMES utf8mb4", "names");

@@ -22,6 +22,8 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 #include <mysql.h>
+
+#include "mysql_url.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,26 +41,10 @@ now_rt(void)
 static MYSQL *
 my_connect_url(const char *url)
 {
-        char u[512];
-        snprintf(u, sizeof(u), "%s", url);
-        char *user = u + 8, *at = strchr(user, '@');
-        if (strncmp(u, "mysql://", 8) || !at)
-                return NULL;
-        *at = 0;
-        char *pass = strchr(user, ':');
-        if (pass)
-                *pass++ = 0;
-        char *host = at + 1, *db = strchr(host, '/');
-        if (!db)
-                return NULL;
-        *db++ = 0;
-        char *port = strchr(host, ':');
-        if (port)
-                *port++ = 0;
-        MYSQL *my = mysql_init(NULL);
-        if (!mysql_real_connect(my, host, user, pass, db,
-                                port ? (unsigned)atoi(port) : 3306, NULL, 0)) {
-                fprintf(stderr, "kbtool: mysql: %s\n", mysql_error(my));
+        char err[600];
+        MYSQL *my = bench_mysql_connect(url, err, sizeof(err));
+        if (!my) {
+                fprintf(stderr, "kbtool: %s\n", err);
                 return NULL;
         }
         mysql_autocommit(my, 1);

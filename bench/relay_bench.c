@@ -22,6 +22,8 @@
 #include <kinbox/outbox.h>
 #include <libpq-fe.h>
 #include <mysql.h>
+
+#include "mysql_url.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,31 +134,6 @@ cmpd(const void *a, const void *b)
         return x < y ? -1 : x > y;
 }
 
-static MYSQL *
-my_connect_url(const char *u0)
-{
-        char u[512];
-        snprintf(u, sizeof(u), "%s", u0);
-        char *user = u + 8, *at = strchr(user, '@');
-        if (!at)
-                return NULL;
-        *at = 0;
-        char *pass = strchr(user, ':');
-        if (pass)
-                *pass++ = 0;
-        char *host = at + 1, *db = strchr(host, '/');
-        if (!db)
-                return NULL;
-        *db++ = 0;
-        char *port = strchr(host, ':');
-        if (port)
-                *port++ = 0;
-        MYSQL *my = mysql_init(NULL);
-        if (!mysql_real_connect(my, host, user, pass, db,
-                                port ? (unsigned)atoi(port) : 3306, NULL, 0))
-                return NULL;
-        return my;
-}
 
 static int
 latency(void)
@@ -166,8 +143,10 @@ latency(void)
         MYSQL *my = NULL;
         char err[512];
         if (is_my) {
-                if (!(my = my_connect_url(url)))
+                if (!(my = bench_mysql_connect(url, err, sizeof(err)))) {
+                        fprintf(stderr, "relay_bench: %s\n", err);
                         return 1;
+                }
         } else {
                 pg = PQconnectdb(url);
                 if (PQstatus(pg) != CONNECTION_OK)

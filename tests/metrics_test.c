@@ -70,6 +70,28 @@ wait_port(const char *log)
 }
 
 /* A port free right now on loopback. */
+/* Poll path until it answers want (up to 20 s); returns the last status,
+ * and its body in *body when body is not NULL (caller frees). */
+static int
+wait_status(int port, const char *path, int want, char **body)
+{
+        int st = 0;
+        char *b = NULL;
+        for (int i = 0; i < 200; i++) {
+                free(b);
+                b = NULL;
+                st = http_get(port, path, &b);
+                if (st == want)
+                        break;
+                usleep(100000);
+        }
+        if (body)
+                *body = b;
+        else
+                free(b);
+        return st;
+}
+
 static int
 free_port(void)
 {
@@ -141,14 +163,7 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                                   90),
                      201));
         /* Ready once the database, the broker and the assignment are. */
-        int st = 0;
-        for (int i = 0; i < 100 && st != 200; i++) {
-                st = http_get(port, "/readyz", &body);
-                free(body);
-                if (st != 200)
-                        usleep(100000);
-        }
-        cr_assert(eq(int, st, 200));
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
         cr_assert(eq(int, http_get(port, "/nope", &body), 404));
         free(body);
 
@@ -283,16 +298,7 @@ ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
         char *log = kt_tmp("readyz");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
-        char *body = NULL;
-        int st = 0;
-        for (int i = 0; i < 200 && st != 200; i++) {
-                st = http_get(port, "/readyz", &body);
-                free(body);
-                body = NULL;
-                if (st != 200)
-                        usleep(100000);
-        }
-        cr_assert(eq(int, st, 200));
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
         kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 20, 60);
 
         const char *admin = kt_env(my ? "KINBOX_MYSQL_URL" : "KINBOX_PG_URL");
@@ -316,15 +322,8 @@ ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
                          dbname);
                 kt_exec(admin, sql);
         }
-        st = 0;
-        for (int i = 0; i < 200 && st != 503; i++) {
-                free(body);
-                body = NULL;
-                st = http_get(port, "/readyz", &body);
-                if (st != 503)
-                        usleep(100000);
-        }
-        cr_assert(eq(int, st, 503));
+        char *body = NULL;
+        cr_assert(eq(int, wait_status(port, "/readyz", 503, &body), 503));
         cr_assert(body && strstr(body, "not ready: database") != NULL, "%s",
                   body ? body : "");
         free(body);
