@@ -429,7 +429,7 @@ kinbox_err_t
 kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
                const char *const *params)
 {
-        kinbox__param_t stack[32];
+        kinbox__param_t stack[32] = {{0}};
         bool heap;
         kinbox__param_t *ps =
             sql ? tx_params(nparams, params, stack, 32, &heap) : NULL;
@@ -452,7 +452,7 @@ kinbox_err_t
 kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
                 const char *const *params, kinbox_rows_t **rowsp)
 {
-        kinbox__param_t stack[32];
+        kinbox__param_t stack[32] = {{0}};
         bool heap;
         if (rowsp)
                 *rowsp = NULL;
