@@ -42,8 +42,10 @@ struct kinbox_msg_s {
         char *id;     /* NULL when the id could not be extracted */
         char *reason; /* why it failed last (malloc), or why it has no id */
         int attempt;  /* deliveries to the handler so far, +1 when running */
-        int failures; /* RETRY results (and failed statements) so far */
+        int failures; /* its own failed attempts (results, statements) */
         int state;    /* per batch run, see enum mstate */
+        bool inserted; /* this transaction inserted its inbox row */
+        bool dup_ok;   /* the handler said KINBOX_RESULT_DUPLICATE */
         kinbox_msg_t *next;
         kinbox__msgview_t v;  /* what the accessors read */
         int64_t ts;           /* Kafka timestamp (ms), -1 if none */
@@ -52,7 +54,11 @@ struct kinbox_msg_s {
         rd_kafka_headers_t *own_headers;
 };
 
-enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT };
+/* M_RUN: run the handler; M_DUP: the inbox has its id (redelivery);
+ * M_DEAD: dead-letter it; M_CUT: not in this transaction (retried later);
+ * M_BIZDUP: a business duplicate: inbox row only, the handler's effect
+ * undone. */
+enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT, M_BIZDUP };
 
 struct part {
         char *topic;
@@ -81,7 +87,11 @@ struct worker {
         uint64_t batch_seq;
         bool stop;
         kinbox__db_t *db;
-        size_t limit;          /* batch size cap; halved to pin a failure */
+        size_t limit;          /* batch size cap */
+        int iso_left;          /* batches left in isolation mode */
+        bool iso_hit;          /* this batch had a failure */
+        bool single[32];       /* batch handler: per-message calls, by group */
+        size_t single_gsz;     /* the group size single[] was set for */
         kinbox_msg_t **msgs;   /* current batch */
         size_t nmsgs, capmsgs;
         kinbox__inbox_row_t *rows;
@@ -89,14 +99,23 @@ struct worker {
         kinbox_result_t *results;
 };
 
+/* A kinbox_tx_exec_unique() statement's key, by tag. */
+typedef struct ukey {
+        int tag;
+        char *key; /* NULL: any unique key */
+} ukey_t;
+
 struct kinbox_tx_s {
         kinbox_consumer_t *c;
         worker_t *w;
         kinbox__db_t *db;
-        int tag;            /* index of the running message, -2 batch */
-        bool failed;        /* a statement of the current handler failed */
+        int tag;            /* statement tag of the running call (db.h) */
+        bool failed;        /* a statement failed during the current call */
+        bool touched;       /* the current call queued or ran statements */
         char reason[512];   /* kinbox_tx_set_error() */
         const char *consumer; /* when c is NULL (replay) */
+        ukey_t *ukeys;      /* this transaction's exec_unique() keys */
+        size_t nukeys, capukeys;
 };
 
 struct kinbox_consumer_s {
@@ -139,8 +158,8 @@ struct kinbox_consumer_s {
         pthread_mutex_t nudge_lock;
         pthread_cond_t nudge_cond;
         bool nudge_req, nudge_stop; /* under nudge_lock */
-        atomic_uint_fast64_t st_processed, st_dup, st_dead, st_retried,
-            st_batches, st_rolled_back;
+        atomic_uint_fast64_t st_processed, st_dup, st_bizdup, st_dead,
+            st_retried, st_batches, st_rolled_back;
         char errstr[512];
 };
 
@@ -340,9 +359,21 @@ kinbox__tx_new(kinbox__db_t *db, const char *consumer)
         return tx;
 }
 
+static void
+tx_clear_ukeys(kinbox_tx_t *tx)
+{
+        for (size_t i = 0; i < tx->nukeys; i++)
+                free(tx->ukeys[i].key);
+        tx->nukeys = 0;
+}
+
 void
 kinbox__tx_destroy(kinbox_tx_t *tx)
 {
+        if (!tx)
+                return;
+        tx_clear_ukeys(tx);
+        free(tx->ukeys);
         free(tx);
 }
 
@@ -350,8 +381,9 @@ void
 kinbox__tx_reset(kinbox_tx_t *tx)
 {
         tx->tag = 0;
-        tx->failed = false;
+        tx->failed = tx->touched = false;
         tx->reason[0] = '\0';
+        tx_clear_ukeys(tx);
 }
 
 bool
@@ -371,13 +403,15 @@ kinbox__tx_reason(const kinbox_tx_t *tx)
 static void
 metrics_stats(kinbox_consumer_t *c)
 {
-        static const char *const res[] = {"processed", "duplicate", "dead",
+        static const char *const res[] = {"processed", "duplicate",
+                                          "business_duplicate", "dead",
                                           "retried"};
-        uint64_t v[4] = {atomic_load(&c->st_processed),
-                         atomic_load(&c->st_dup), atomic_load(&c->st_dead),
+        uint64_t v[5] = {atomic_load(&c->st_processed),
+                         atomic_load(&c->st_dup), atomic_load(&c->st_bizdup),
+                         atomic_load(&c->st_dead),
                          atomic_load(&c->st_retried)};
         char l[300];
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
                 kinbox__m_set("kinbox_consumer_messages_total",
                               kinbox__m_labels(l, sizeof(l), "consumer",
                                                c->name, "result", res[i],
@@ -425,9 +459,26 @@ tx_params(int n, const char *const *params, kinbox__param_t *stack, int cap,
         return ps;
 }
 
-kinbox_err_t
-kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
-               const char *const *params)
+/* What the handler sees of a failure: a statement queued by another call
+ * (an earlier message) voided the transaction; its own is its own. */
+static kinbox_err_t
+tx_outcome(kinbox_tx_t *tx, int rc)
+{
+        if (!rc)
+                return KINBOX_OK;
+        tx->failed = true;
+        int t = tx->db->err.tag;
+        if (t >= 0 && tx->tag >= 0 &&
+            (t & ~KINBOX__TAG_UNIQUE) != (tx->tag & ~KINBOX__TAG_UNIQUE))
+                return KINBOX_ERR_ABORTED;
+        if (t == KINBOX__TAG_MERGED || (t < 0 && t != -1))
+                return KINBOX_ERR_ABORTED;
+        return (kinbox_err_t)rc;
+}
+
+static kinbox_err_t
+tx_exec(kinbox_tx_t *tx, int tag, const char *what, const char *sql,
+        int nparams, const char *const *params)
 {
         kinbox__param_t stack[32] = {{0}};
         bool heap;
@@ -435,17 +486,52 @@ kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
             sql ? tx_params(nparams, params, stack, 32, &heap) : NULL;
         if (!ps) {
                 snprintf(tx->reason, sizeof(tx->reason),
-                         "kinbox_tx_exec: bad arguments (%d parameters)",
-                         nparams);
+                         "%s: bad arguments (%d parameters)", what, nparams);
                 tx->failed = true;
                 return KINBOX_ERR_INVALID;
         }
-        int rc = tx->db->ops->exec(tx->db, sql, nparams, ps, tx->tag);
+        tx->touched = true;
+        int rc = tx->db->ops->exec(tx->db, sql, nparams, ps, tag);
         if (heap)
                 free(ps);
-        if (rc)
+        return tx_outcome(tx, rc);
+}
+
+kinbox_err_t
+kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
+               const char *const *params)
+{
+        return tx_exec(tx, tx->tag, "kinbox_tx_exec", sql, nparams, params);
+}
+
+kinbox_err_t
+kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key, const char *sql,
+                      int nparams, const char *const *params)
+{
+        if (tx->tag < 0) /* replay and kinbox's own: no batch to isolate */
+                return tx_exec(tx, tx->tag, "kinbox_tx_exec_unique", sql,
+                               nparams, params);
+        int tag = tx->tag | KINBOX__TAG_UNIQUE;
+        if (tx->nukeys == tx->capukeys) {
+                size_t cap = tx->capukeys ? tx->capukeys * 2 : 16;
+                ukey_t *u = realloc(tx->ukeys, cap * sizeof(*u));
+                if (!u) {
+                        tx->failed = true;
+                        snprintf(tx->reason, sizeof(tx->reason),
+                                 "kinbox_tx_exec_unique: out of memory");
+                        return KINBOX_ERR_NOMEM;
+                }
+                tx->ukeys = u;
+                tx->capukeys = cap;
+        }
+        char *k = NULL;
+        if (key && !(k = kinbox__strdup(key))) {
                 tx->failed = true;
-        return (kinbox_err_t)rc;
+                return KINBOX_ERR_NOMEM;
+        }
+        tx->ukeys[tx->nukeys++] = (ukey_t){tag, k};
+        return tx_exec(tx, tag, "kinbox_tx_exec_unique", sql, nparams,
+                       params);
 }
 
 kinbox_err_t
@@ -465,12 +551,11 @@ kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
                 tx->failed = true;
                 return KINBOX_ERR_INVALID;
         }
+        tx->touched = true;
         int rc = tx->db->ops->query(tx->db, sql, nparams, ps, tx->tag, rowsp);
         if (heap)
                 free(ps);
-        if (rc)
-                tx->failed = true;
-        return (kinbox_err_t)rc;
+        return tx_outcome(tx, rc);
 }
 
 struct pg_conn *
@@ -478,6 +563,7 @@ kinbox_tx_pgconn(kinbox_tx_t *tx)
 {
         if (tx->db->backend != KINBOX_BACKEND_POSTGRESQL)
                 return NULL;
+        tx->touched = true;
         void *n = tx->db->ops->native(tx->db);
         if (!n)
                 tx->failed = true;
@@ -489,6 +575,7 @@ kinbox_tx_mysql(kinbox_tx_t *tx)
 {
         if (tx->db->backend != KINBOX_BACKEND_MYSQL)
                 return NULL;
+        tx->touched = true;
         void *n = tx->db->ops->native(tx->db);
         if (!n)
                 tx->failed = true;
@@ -746,6 +833,7 @@ kinbox_consumer_stats(const kinbox_consumer_t *c, kinbox_consumer_stats_t *o)
 {
         o->processed = atomic_load(&c->st_processed);
         o->duplicates = atomic_load(&c->st_dup);
+        o->business_duplicates = atomic_load(&c->st_bizdup);
         o->dead = atomic_load(&c->st_dead);
         o->retried = atomic_load(&c->st_retried);
         o->batches = atomic_load(&c->st_batches);
@@ -978,14 +1066,55 @@ queue_watermarks(kinbox_consumer_t *c, worker_t *w)
         return KINBOX_OK;
 }
 
-/* Message i failed: decide its fate and cut the rest of its partition. */
+/*
+ * What a failure means for the one message it is charged to:
+ *  F_RETRY  may succeed later (a foreign-key violation, an unknown error,
+ *           a handler's RETRY): back off, then again; dead after retry.max;
+ *  F_DEAD   can never succeed (REJECT, an unmarked unique violation, a
+ *           CHECK / NOT NULL violation, a data exception): dead-lettered;
+ *  F_BIZDUP the event was already applied (KINBOX_RESULT_DUPLICATE, or a
+ *           kinbox_tx_exec_unique() statement's unique violation).
+ */
+enum fate { F_RETRY, F_DEAD, F_BIZDUP };
+
+/* A unique violation on the statement of tag t means "already applied"
+ * when t is a kinbox_tx_exec_unique() statement whose key matches. */
+static bool
+ukey_matches(const kinbox_tx_t *tx, int t, const char *constraint)
+{
+        if (t < 0 || !(t & KINBOX__TAG_UNIQUE))
+                return false;
+        for (size_t i = tx->nukeys; i-- > 0;)
+                if (tx->ukeys[i].tag == t &&
+                    (!tx->ukeys[i].key || !*constraint ||
+                     !strcmp(tx->ukeys[i].key, constraint)))
+                        return true;
+        return false;
+}
+
+/* The fate of a statement failure (db->err) for the message it names. */
+static enum fate
+statement_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
+{
+        if (e->code == KINBOX_ERR_DUPLICATE)
+                return ukey_matches(tx, e->tag, e->constraint) ? F_BIZDUP
+                                                               : F_DEAD;
+        return e->permanent ? F_DEAD : F_RETRY;
+}
+
+/* Message i failed (its own statement or result): decide its fate and cut
+ * the rest of its partition when it is to be retried. */
 static void
-fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, kinbox_result_t r,
+fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
          const char *reason)
 {
         kinbox_msg_t *m = w->msgs[i];
         msg_set_reason(m, reason);
-        if (r == KINBOX_RESULT_REJECT) {
+        if (f == F_BIZDUP) {
+                m->state = M_BIZDUP;
+                return;
+        }
+        if (f == F_DEAD) {
                 m->failures++;
                 m->state = M_DEAD;
                 return;
@@ -1015,188 +1144,490 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, kinbox_result_t r,
                     m->failures, delay, m->reason);
 }
 
-/* Halve the batch from the end (a suffix per partition). */
-static void
-cut_suffix(worker_t *w, size_t keep)
+enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
+
+/*
+ * A batch runs in one transaction. On a clean stream it is one group.
+ * Once a message of a batch failed, the worker runs its next batches in
+ * *isolation mode*: the batch is cut into at most ISO_GROUPS groups, each
+ * behind a savepoint, so a failure rolls back to its group's savepoint and
+ * runs that group's handlers again without the failed message, instead of
+ * the whole batch in a new transaction. ISO_GROUPS stays well below
+ * PostgreSQL's 64 cached subtransactions per backend. Isolation mode
+ * lasts ISO_BATCHES batches after the last failure.
+ */
+#define ISO_GROUPS 32
+#define ISO_MIN_GROUP 4
+#define ISO_BATCHES 16
+
+/* One walk over the batch's groups, inside the open transaction. */
+typedef struct walk {
+        size_t gsz, ngroups;
+        bool iso;
+        size_t g;          /* the group running now */
+        bool sp_done;      /* group g's savepoint is already defined */
+        bool *single;      /* batch handler: call per message (groups) */
+        bool no_merge;     /* MySQL: group g runs without merged INSERTs */
+} walk_t;
+
+/* Where a failure is charged. */
+typedef enum { FL_MSG, FL_GROUP, FL_MERGED, FL_BATCH } fkind_t;
+
+typedef struct failure {
+        fkind_t kind;
+        size_t idx;   /* FL_MSG: message; FL_GROUP/FL_MERGED: group */
+        enum fate fate;
+        bool by_result; /* the handler's own result, no statement failed */
+} failure_t;
+
+/* Charge db->err to a message, a group or the whole batch. */
+static failure_t
+failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
+           const kinbox_tx_t *tx)
 {
-        for (size_t j = keep; j < w->nmsgs; j++)
-                w->msgs[j]->state = M_CUT;
+        failure_t f = {FL_BATCH, 0, F_RETRY, false};
+        int t = e->tag;
+        if (e->code != KINBOX_ERR_DB && e->code != KINBOX_ERR_DUPLICATE)
+                return f; /* lost connection, deadlock, out of memory */
+        if (t < 0)
+                return f; /* kinbox's own statement, or an unknown merge */
+        size_t low = (size_t)KINBOX__TAG_LOW(t);
+        if (t & KINBOX__TAG_MERGED_BIT) {
+                if (low < w->nmsgs)
+                        f = (failure_t){FL_MERGED, low / wk->gsz, F_RETRY,
+                                        false};
+        } else if (t & KINBOX__TAG_GROUP) {
+                if (low < wk->ngroups)
+                        f = (failure_t){FL_GROUP, low, statement_fate(tx, e),
+                                        false};
+        } else if (low < w->nmsgs && w->msgs[low]->state == M_RUN) {
+                f = (failure_t){FL_MSG, low, statement_fate(tx, e), false};
+        }
+        return f;
 }
 
-enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
+static int
+queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m);
+
+static void
+savepoint_name(char *b, size_t sz, size_t g)
+{
+        snprintf(b, sz, "kinbox_g%zu", g);
+}
+
+/* Run per-message handler i. Returns false when the walk must stop: *f
+ * then says why (a statement failed, or the handler's own verdict needs
+ * its statements undone). */
+static bool
+run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+            const walk_t *wk, size_t i, const char *mlab, failure_t *f)
+{
+        kinbox__db_t *db = w->db;
+        kinbox_msg_t *m = w->msgs[i];
+        tx->tag = (int)i;
+        tx->failed = tx->touched = false;
+        tx->reason[0] = '\0';
+        /* An error seen during the call is one the call's own database
+         * calls ran into (maybe another message's deferred statement). */
+        db->err = (kinbox__dberr_t){.tag = -1};
+        m->attempt = m->failures + 1;
+        m->dup_ok = false;
+        int64_t t_h = kinbox__now_ms();
+        kinbox_result_t r = c->handler(tx, m, c->opaque);
+        kinbox__m_observe("kinbox_handler_seconds", mlab,
+                          (double)(kinbox__now_ms() - t_h) / 1000.0);
+        if (tx->failed && db->err.code) {
+                /* A statement failed: whose? Its result decides nothing. */
+                *f = failure_of(w, wk, &db->err, tx);
+                return false;
+        }
+        if (r == KINBOX_RESULT_OK)
+                return true;
+        if (r == KINBOX_RESULT_DUPLICATE) {
+                m->dup_ok = true;
+                return true;
+        }
+        const char *why = tx->reason[0] ? tx->reason : "no reason given";
+        enum fate fate = r == KINBOX_RESULT_REJECT ? F_DEAD : F_RETRY;
+        if (!tx->touched) {
+                /* Nothing to undo: decide now and go on. */
+                fail_msg(c, w, i, fate, why);
+                if (m->state == M_DEAD && queue_dead_letter(c, w, m)) {
+                        *f = failure_of(w, wk, &db->err, tx);
+                        return false;
+                }
+                return true;
+        }
+        msg_set_reason(m, why);
+        *f = (failure_t){FL_MSG, i, fate, true};
+        return false;
+}
+
+/* A batch handler's verdicts for run[0..n) (indexes idx[]). Returns false
+ * with *f when statements must be undone. */
+static bool
+batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+              const walk_t *wk, kinbox_msg_t **run, const size_t *idx,
+              size_t n, failure_t *f)
+{
+        bool undo = false;
+        for (size_t j = 0; j < n; j++) {
+                kinbox_result_t r = w->results[j];
+                if (r == KINBOX_RESULT_OK)
+                        continue;
+                if (r == KINBOX_RESULT_DUPLICATE) {
+                        run[j]->dup_ok = true;
+                        continue;
+                }
+                fail_msg(c, w, idx[j],
+                         r == KINBOX_RESULT_REJECT ? F_DEAD : F_RETRY,
+                         run[j]->reason ? run[j]->reason : tx->reason);
+                if (!tx->touched && w->msgs[idx[j]]->state == M_DEAD &&
+                    queue_dead_letter(c, w, w->msgs[idx[j]])) {
+                        *f = failure_of(w, wk, &w->db->err, tx);
+                        return false;
+                }
+                undo = undo || tx->touched;
+        }
+        if (undo) /* fates decided: only the statements are to go */
+                *f = (failure_t){FL_GROUP, wk->g, F_RETRY, true};
+        return !undo;
+}
+
+/* The batch handler on group g's runnable messages: one call, or one per
+ * message once a set-based statement of the group failed. */
+static bool
+run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+                const walk_t *wk, size_t lo, size_t hi, const char *mlab,
+                failure_t *f)
+{
+        kinbox__db_t *db = w->db;
+        kinbox_msg_t *run[hi - lo + 1];
+        size_t idx[hi - lo + 1], n = 0;
+        for (size_t i = lo; i < hi; i++)
+                if (w->msgs[i]->state == M_RUN) {
+                        run[n] = w->msgs[i];
+                        idx[n++] = i;
+                }
+        bool single = wk->single[wk->g];
+        for (size_t j0 = 0; j0 < n; j0 += single ? 1 : n) {
+                size_t cnt = single ? 1 : n;
+                for (size_t j = j0; j < j0 + cnt; j++) {
+                        w->results[j - j0] = KINBOX_RESULT_OK;
+                        run[j]->attempt = run[j]->failures + 1;
+                        run[j]->dup_ok = false;
+                }
+                tx->tag = single ? (int)idx[j0]
+                                 : (int)(KINBOX__TAG_GROUP | wk->g);
+                tx->failed = tx->touched = false;
+                tx->reason[0] = '\0';
+                db->err = (kinbox__dberr_t){.tag = -1};
+                int64_t t_h = kinbox__now_ms();
+                kinbox_result_t r = c->batch_handler(
+                    tx, (const kinbox_msg_t *const *)run + j0, cnt,
+                    w->results, c->opaque);
+                kinbox__m_observe("kinbox_handler_seconds", mlab,
+                                  (double)(kinbox__now_ms() - t_h) / 1000.0);
+                if (tx->failed && db->err.code) {
+                        *f = failure_of(w, wk, &db->err, tx);
+                        return false;
+                }
+                if (r != KINBOX_RESULT_OK) {
+                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                                    "batch handler asked to retry the "
+                                    "batch: %s",
+                                    tx->reason);
+                        *f = (failure_t){FL_BATCH, 0, F_RETRY, true};
+                        return false;
+                }
+                if (!batch_results(c, w, tx, wk, run + j0, idx + j0, cnt, f))
+                        return false;
+        }
+        return true;
+}
+
+/* Group wk->g: dead letters of its decided messages, then its handlers.
+ * Returns false with *f when the walk must stop. */
+static bool
+run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+          const walk_t *wk, const char *mlab, failure_t *f)
+{
+        size_t lo = wk->g * wk->gsz;
+        size_t hi = lo + wk->gsz < w->nmsgs ? lo + wk->gsz : w->nmsgs;
+        for (size_t i = lo; i < hi; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                if (m->state == M_DEAD) {
+                        if (queue_dead_letter(c, w, m)) {
+                                *f = failure_of(w, wk, &w->db->err, tx);
+                                return false;
+                        }
+                        continue;
+                }
+                if (m->state == M_RUN && c->handler &&
+                    !run_handler(c, w, tx, wk, i, mlab, f))
+                        return false;
+        }
+        if (c->batch_handler && !c->handler)
+                return run_batch_group(c, w, tx, wk, lo, hi, mlab, f);
+        return true;
+}
+
+/*
+ * Charge failure f and make the transaction usable again: in isolation
+ * mode roll back to the failing group's savepoint and go on from there;
+ * otherwise roll everything back and run the batch again, isolated.
+ * Returns RUN_AGAIN when the walk resumes at wk->g, or how run_once ends.
+ */
+static enum run_rc
+recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
+{
+        kinbox__db_t *db = w->db;
+        if (f->kind == FL_BATCH) {
+                db->ops->rollback(db);
+                atomic_fetch_add(&c->st_rolled_back, 1);
+                if (f->by_result)
+                        return RUN_BACKOFF;
+                if (db->err.code == KINBOX_ERR_DB_CONN ||
+                    db->err.code == KINBOX_ERR_COMMIT_UNKNOWN) {
+                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                                    "worker %d: %s; offsets not advanced, "
+                                    "reconnecting",
+                                    w->idx, db->err.msg);
+                        return RUN_DB_DOWN;
+                }
+                atomic_fetch_add(&c->st_retried, 1);
+                kinbox__log(&c->lg,
+                            db->err.code == KINBOX_ERR_TRANSIENT
+                                ? KINBOX_LOG_INFO
+                                : KINBOX_LOG_ERR,
+                            "consumer", "worker %d: batch rolled back: %s",
+                            w->idx, db->err.msg);
+                return RUN_BACKOFF;
+        }
+        size_t g = f->kind == FL_MSG ? f->idx / wk->gsz : f->idx;
+        if (f->kind == FL_MSG)
+                fail_msg(c, w, f->idx, f->fate,
+                         f->by_result ? w->msgs[f->idx]->reason
+                                      : db->err.msg);
+        else if (f->kind == FL_GROUP && !f->by_result)
+                wk->single[g] = true; /* narrow it down to the message */
+        else if (f->kind == FL_MERGED)
+                wk->no_merge = true; /* the rows one by one pin it */
+        atomic_fetch_add(&c->st_rolled_back, 1);
+        bool was_iso = wk->iso;
+        w->iso_left = ISO_BATCHES;
+        w->iso_hit = true;
+        if (!was_iso) {
+                db->ops->rollback(db);
+                return RUN_AGAIN;
+        }
+        char sp[32];
+        savepoint_name(sp, sizeof(sp), g);
+        if (db->ops->rollback_to(db, sp)) {
+                failure_t b = {FL_BATCH, 0, F_RETRY, false};
+                return recover(c, w, wk, &b);
+        }
+        wk->g = g;
+        wk->sp_done = true;
+        return RUN_AGAIN;
+}
+
+/* Statements after the walk: the inbox rows of messages cut from this
+ * transaction go (they run again later), then the watermarks. */
+static int
+queue_epilogue(kinbox_consumer_t *c, worker_t *w)
+{
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                if (m->state != M_CUT || !m->inserted)
+                        continue;
+                kinbox__param_t p[2] = {{c->name, 0, 0}, {m->id, 0, 0}};
+                int rc = w->db->ops->exec(
+                    w->db,
+                    "DELETE FROM kinbox_inbox WHERE consumer = $1 AND "
+                    "message_id = $2",
+                    2, p, -1);
+                if (rc)
+                        return rc;
+        }
+        return queue_watermarks(c, w);
+}
+
+/* Counters and logs for a committed batch. */
+static void
+batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
+                int64_t t_begin)
+{
+        size_t done = 0, dups = 0, biz = 0, dead = 0;
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                switch (m->state) {
+                case M_RUN:
+                        if (m->dup_ok)
+                                biz++;
+                        else
+                                done++;
+                        break;
+                case M_DUP:
+                        dups++;
+                        break;
+                case M_BIZDUP:
+                        biz++;
+                        break;
+                case M_DEAD:
+                        dead++;
+                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                                    "%s [%" PRId32 "] offset %" PRId64
+                                    " dead-lettered: %s",
+                                    m->part->topic, m->rkm->partition,
+                                    m->rkm->offset, m->reason);
+                        break;
+                default:
+                        break;
+                }
+        }
+        atomic_fetch_add(&c->st_processed, done);
+        atomic_fetch_add(&c->st_dup, dups);
+        atomic_fetch_add(&c->st_bizdup, biz);
+        atomic_fetch_add(&c->st_dead, dead);
+        atomic_fetch_add(&c->st_batches, 1);
+        kinbox__m_observe("kinbox_consumer_batch_size", mlab,
+                          (double)(done + dups + biz + dead));
+        kinbox__m_observe("kinbox_consumer_transaction_seconds", mlab,
+                          (double)(kinbox__now_ms() - t_begin) / 1000.0);
+}
+
+/* BEGIN and the inbox insert: which messages of the batch are new. */
+static int
+begin_batch(kinbox_consumer_t *c, worker_t *w)
+{
+        kinbox__db_t *db = w->db;
+        size_t n = 0;
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                m->inserted = false;
+                if (m->state == M_CUT || !m->id)
+                        continue;
+                w->rows[n++] = (kinbox__inbox_row_t){
+                    m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
+        }
+        int rc = db->ops->begin(db);
+        if (!rc && n)
+                rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
+        if (rc)
+                return rc;
+        size_t k = 0;
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                if (m->state == M_CUT || !m->id)
+                        continue;
+                m->inserted = w->is_new[k++];
+                if (!m->inserted && m->state == M_RUN)
+                        m->state = M_DUP;
+                else if (m->inserted && m->state == M_DUP)
+                        m->state = M_RUN; /* its twin was cut this time */
+        }
+        return KINBOX_OK;
+}
+
+/* Walk every group from wk->g on; RUN_AGAIN means "committed nothing yet,
+ * the walk may go on" only inside; returns RUN_DONE when all ran. */
+static enum run_rc
+walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk,
+            const char *mlab)
+{
+        kinbox__db_t *db = w->db;
+        bool coalesce = db->coalesce;
+        failure_t f;
+        enum run_rc rc = RUN_DONE;
+        while (wk->g < wk->ngroups) {
+                if (wk->iso && !wk->sp_done) {
+                        char sp[32];
+                        savepoint_name(sp, sizeof(sp), wk->g);
+                        if (db->ops->savepoint(db, sp)) {
+                                f = failure_of(w, wk, &db->err, tx);
+                                goto failed;
+                        }
+                }
+                wk->sp_done = false;
+                db->coalesce = coalesce && !wk->no_merge;
+                bool ok = run_group(c, w, tx, wk, mlab, &f);
+                db->coalesce = coalesce;
+                wk->no_merge = false;
+                if (ok) {
+                        wk->g++;
+                        if (wk->g == wk->ngroups && wk->iso &&
+                            db->ops->flush(db)) {
+                                /* Surface errors while a savepoint can
+                                 * still undo them. */
+                                f = failure_of(w, wk, &db->err, tx);
+                                goto failed;
+                        }
+                        continue;
+                }
+        failed:
+                rc = recover(c, w, wk, &f);
+                if (rc != RUN_AGAIN || !wk->iso)
+                        return rc;
+        }
+        return RUN_DONE;
+}
 
 /* One attempt at the batch in one transaction. */
 static enum run_rc
 run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
 {
         kinbox__db_t *db = w->db;
-        size_t n = 0;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT || !m->id)
-                        continue;
-                w->rows[n] = (kinbox__inbox_row_t){
-                    m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
-                n++;
-        }
         bool any = false;
         for (size_t i = 0; i < w->nmsgs; i++)
                 if (w->msgs[i]->state != M_CUT)
                         any = true;
         if (!any)
                 return RUN_DONE;
-        int64_t t_begin = kinbox__now_ms();
         char mlab[300];
         kinbox__m_labels(mlab, sizeof(mlab), "consumer", c->name,
                          (char *)NULL);
+        int64_t t_begin = kinbox__now_ms();
         int64_t t_begin_us = kinbox__now_us();
-        int rc = db->ops->begin(db);
-        if (!rc && n)
-                rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
+        walk_t wk = {0};
+        wk.iso = w->iso_left > 0;
+        wk.gsz = w->nmsgs;
+        if (wk.iso) {
+                wk.gsz = (w->nmsgs + ISO_GROUPS - 1) / ISO_GROUPS;
+                if (wk.gsz < ISO_MIN_GROUP)
+                        wk.gsz = ISO_MIN_GROUP;
+        }
+        wk.ngroups = (w->nmsgs + wk.gsz - 1) / wk.gsz;
+        if (wk.gsz != w->single_gsz) {
+                memset(w->single, 0, ISO_GROUPS * sizeof(*w->single));
+                w->single_gsz = wk.gsz;
+        }
+        wk.single = w->single;
+        tx_clear_ukeys(tx);
+        failure_t f;
+        if (begin_batch(c, w)) {
+                f = failure_of(w, &wk, &db->err, tx);
+                return recover(c, w, &wk, &f);
+        }
         int64_t t_inbox = kinbox__now_us();
-        if (rc)
-                goto db_error;
-        /* Map inbox answers back and run handlers. */
-        size_t k = 0, nrun = 0;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT || !m->id)
-                        continue;
-                if (!w->is_new[k++])
-                        m->state = M_DUP;
-                else if (m->state == M_DUP)
-                        m->state = M_RUN; /* its twin was cut this time */
-        }
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_DEAD) {
-                        if ((rc = queue_dead_letter(c, w, m)))
-                                goto db_error;
-                        continue;
-                }
-                if (m->state != M_RUN)
-                        continue;
-                nrun++;
-                if (!c->handler)
-                        continue;
-                tx->tag = (int)i;
-                tx->failed = false;
-                tx->reason[0] = '\0';
-                m->attempt++;
-                int64_t t_h = kinbox__now_ms();
-                kinbox_result_t r = c->handler(tx, m, c->opaque);
-                kinbox__m_observe("kinbox_handler_seconds", mlab,
-                                  (double)(kinbox__now_ms() - t_h) / 1000.0);
-                if (r == KINBOX_RESULT_OK && tx->failed) {
-                        /* The handler ignored a failed statement. */
-                        if (db->err.code == KINBOX_ERR_DB_CONN ||
-                            db->err.code == KINBOX_ERR_TRANSIENT)
-                                goto db_error;
-                        r = KINBOX_RESULT_RETRY;
-                        snprintf(tx->reason, sizeof(tx->reason), "%s",
-                                 db->err.msg);
-                }
-                if (r != KINBOX_RESULT_OK) {
-                        if (tx->failed && (db->err.code == KINBOX_ERR_DB_CONN ||
-                                           db->err.code ==
-                                               KINBOX_ERR_TRANSIENT))
-                                goto db_error;
-                        if (!tx->reason[0] && tx->failed)
-                                snprintf(tx->reason, sizeof(tx->reason), "%s",
-                                         db->err.msg);
-                        db->ops->rollback(db);
-                        atomic_fetch_add(&c->st_rolled_back, 1);
-                        fail_msg(c, w, i,
-                                 r == KINBOX_RESULT_REJECT
-                                     ? KINBOX_RESULT_REJECT
-                                     : KINBOX_RESULT_RETRY,
-                                 tx->reason);
-                        return RUN_AGAIN;
-                }
-        }
-        if (c->batch_handler && nrun) {
-                kinbox_msg_t **run = kinbox__calloc(nrun, sizeof(*run));
-                size_t *idx = kinbox__calloc(nrun, sizeof(*idx));
-                if (!run || !idx) {
-                        free(run);
-                        free(idx);
-                        db->ops->rollback(db);
-                        return RUN_BACKOFF;
-                }
-                size_t j = 0;
-                for (size_t i = 0; i < w->nmsgs; i++)
-                        if (w->msgs[i]->state == M_RUN) {
-                                run[j] = w->msgs[i];
-                                idx[j] = i;
-                                w->results[j] = KINBOX_RESULT_OK;
-                                run[j]->attempt++;
-                                j++;
-                        }
-                tx->tag = -2;
-                tx->failed = false;
-                tx->reason[0] = '\0';
-                int64_t t_h = kinbox__now_ms();
-                kinbox_result_t r = c->batch_handler(
-                    tx, (const kinbox_msg_t *const *)run, nrun, w->results,
-                    c->opaque);
-                kinbox__m_observe("kinbox_handler_seconds", mlab,
-                                  (double)(kinbox__now_ms() - t_h) / 1000.0);
-                bool single = false;
-                for (j = 0; j < nrun && r == KINBOX_RESULT_OK; j++)
-                        if (w->results[j] != KINBOX_RESULT_OK) {
-                                if (!single) {
-                                        db->ops->rollback(db);
-                                        atomic_fetch_add(&c->st_rolled_back,
-                                                         1);
-                                }
-                                single = true;
-                                if (w->msgs[idx[j]]->state == M_RUN)
-                                        fail_msg(c, w, idx[j], w->results[j],
-                                                 run[j]->reason);
-                        }
-                free(run);
-                free(idx);
-                if (single)
-                        return RUN_AGAIN;
-                if (r != KINBOX_RESULT_OK || tx->failed) {
-                        if (tx->failed &&
-                            (db->err.code == KINBOX_ERR_DB_CONN ||
-                             db->err.code == KINBOX_ERR_TRANSIENT))
-                                goto db_error;
-                        db->ops->rollback(db);
-                        atomic_fetch_add(&c->st_rolled_back, 1);
-                        atomic_fetch_add(&c->st_retried, 1);
-                        if (tx->failed && nrun > 1) {
-                                cut_suffix(w, w->nmsgs / 2 ? w->nmsgs / 2 : 1);
-                                return RUN_AGAIN;
-                        }
-                        if (tx->failed && nrun == 1) {
-                                for (size_t i = 0; i < w->nmsgs; i++)
-                                        if (w->msgs[i]->state == M_RUN) {
-                                                fail_msg(c, w, i,
-                                                         KINBOX_RESULT_RETRY,
-                                                         db->err.msg);
-                                        }
-                                return RUN_AGAIN;
-                        }
-                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                                    "batch handler asked to retry the batch: "
-                                    "%s",
-                                    tx->reason);
-                        return RUN_BACKOFF;
-                }
-        }
+        enum run_rc rc = walk_groups(c, w, tx, &wk, mlab);
+        if (rc != RUN_DONE)
+                return rc;
         int64_t t_handlers = kinbox__now_us();
-        if ((rc = queue_watermarks(c, w)))
-                goto db_error;
+        if (queue_epilogue(c, w)) {
+                f = failure_of(w, &wk, &db->err, tx);
+                return recover(c, w, &wk, &f);
+        }
         if (kinbox__fault("before_commit")) {
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "fault",
                             "before_commit: SIGKILL");
                 raise(SIGKILL);
         }
-        rc = db->ops->commit(db);
-        if (rc)
-                goto db_error;
+        if (db->ops->commit(db)) {
+                f = failure_of(w, &wk, &db->err, tx);
+                wk.iso = false; /* the transaction is gone: run it again */
+                return recover(c, w, &wk, &f);
+        }
         int64_t t_commit = kinbox__now_us();
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
                     "worker %d: batch of %zu: inbox %lld us, handlers %lld "
@@ -1210,102 +1641,8 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                 raise(SIGKILL);
         }
         store_offsets(c, w);
-        size_t done = 0, dups = 0, dead = 0;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                switch (w->msgs[i]->state) {
-                case M_RUN:
-                        done++;
-                        break;
-                case M_DUP:
-                        dups++;
-                        break;
-                case M_DEAD:
-                        dead++;
-                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                                    "%s [%" PRId32 "] offset %" PRId64
-                                    " dead-lettered: %s",
-                                    w->msgs[i]->part->topic,
-                                    w->msgs[i]->rkm->partition,
-                                    w->msgs[i]->rkm->offset,
-                                    w->msgs[i]->reason);
-                        break;
-                }
-        }
-        atomic_fetch_add(&c->st_processed, done);
-        atomic_fetch_add(&c->st_dup, dups);
-        atomic_fetch_add(&c->st_dead, dead);
-        atomic_fetch_add(&c->st_batches, 1);
-        kinbox__m_observe("kinbox_consumer_batch_size", mlab,
-                          (double)(done + dups + dead));
-        kinbox__m_observe("kinbox_consumer_transaction_seconds", mlab,
-                          (double)(kinbox__now_ms() - t_begin) / 1000.0);
+        batch_committed(c, w, mlab, t_begin);
         return RUN_DONE;
-
-db_error:
-        db->ops->rollback(db);
-        atomic_fetch_add(&c->st_rolled_back, 1);
-        /* Handler-attributed statement failure: that message failed. A
-         * unique-key violation can never succeed: dead-letter it at once;
-         * anything else may (a row another message creates): retry. */
-        if ((rc == KINBOX_ERR_DB || rc == KINBOX_ERR_DUPLICATE) &&
-            db->err.tag >= 0 && (size_t)db->err.tag < w->nmsgs &&
-            w->msgs[db->err.tag]->state == M_RUN) {
-                fail_msg(c, w, (size_t)db->err.tag,
-                         rc == KINBOX_ERR_DUPLICATE ? KINBOX_RESULT_REJECT
-                                                    : KINBOX_RESULT_RETRY,
-                         db->err.msg);
-                return RUN_AGAIN;
-        }
-        if ((rc == KINBOX_ERR_DB || rc == KINBOX_ERR_DUPLICATE) &&
-            db->err.tag == KINBOX__TAG_MERGED) {
-                /* A merged INSERT (MySQL) failed: the backend sends the
-                 * next transaction's rows one by one, which pins it. */
-                kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
-                            "worker %d: merged insert failed (%s); running "
-                            "the batch again unmerged",
-                            w->idx, db->err.msg);
-                return RUN_AGAIN;
-        }
-        if ((rc == KINBOX_ERR_DB || rc == KINBOX_ERR_DUPLICATE) &&
-            db->err.tag == -2) {
-                /* A batch handler's statement: split until pinned. */
-                size_t live = 0;
-                for (size_t i = 0; i < w->nmsgs; i++)
-                        if (w->msgs[i]->state == M_RUN)
-                                live++;
-                if (live > 1) {
-                        size_t keep = 0, seen = 0;
-                        for (; keep < w->nmsgs && seen < live / 2; keep++)
-                                if (w->msgs[keep]->state == M_RUN)
-                                        seen++;
-                        cut_suffix(w, keep);
-                        return RUN_AGAIN;
-                }
-                for (size_t i = 0; i < w->nmsgs; i++)
-                        if (w->msgs[i]->state == M_RUN) {
-                                fail_msg(c, w, i,
-                                         rc == KINBOX_ERR_DUPLICATE
-                                             ? KINBOX_RESULT_REJECT
-                                             : KINBOX_RESULT_RETRY,
-                                         db->err.msg);
-                                break;
-                        }
-                return RUN_AGAIN;
-        }
-        if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_COMMIT_UNKNOWN) {
-                kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                            "worker %d: %s; offsets not advanced, "
-                            "reconnecting",
-                            w->idx, db->err.msg);
-                return RUN_DB_DOWN;
-        }
-        atomic_fetch_add(&c->st_retried, 1);
-        kinbox__log(&c->lg,
-                    rc == KINBOX_ERR_TRANSIENT ? KINBOX_LOG_INFO
-                                               : KINBOX_LOG_ERR,
-                    "consumer", "worker %d: batch rolled back: %s", w->idx,
-                    db->err.msg);
-        return RUN_BACKOFF;
 }
 
 /* True when a partition of the batch was revoked or we are stopping hard. */
@@ -1350,6 +1687,8 @@ process_batch(kinbox_consumer_t *c, worker_t *w)
         int down = 0, backoff = 0;
         for (size_t i = 0; i < w->nmsgs; i++)
                 w->msgs[i]->state = w->msgs[i]->id ? M_RUN : M_DEAD;
+        w->iso_hit = false;
+        w->single_gsz = 0;
         for (;;) {
                 if (!w->db->native) {
                         if (batch_abandoned(c, w))
@@ -1373,8 +1712,11 @@ process_batch(kinbox_consumer_t *c, worker_t *w)
                 }
                 enum run_rc r = run_once(c, w, &tx);
                 metrics_stats(c);
-                if (r == RUN_DONE)
+                if (r == RUN_DONE) {
+                        if (!w->iso_hit && w->iso_left > 0)
+                                w->iso_left--;
                         break;
+                }
                 if (r == RUN_DB_DOWN) {
                         /* Everything not cut runs again: the inbox decides
                          * whether a commit of unknown outcome happened. */
@@ -1421,6 +1763,8 @@ process_batch(kinbox_consumer_t *c, worker_t *w)
         }
         pthread_mutex_unlock(&w->lock);
         atomic_store(&c->pause_dirty, true);
+        tx_clear_ukeys(&tx);
+        free(tx.ukeys);
         return;
 abandon:
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
@@ -1429,6 +1773,8 @@ abandon:
                     w->idx);
         for (size_t i = 0; i < w->nmsgs; i++)
                 w->msgs[i]->state = M_CUT;
+        tx_clear_ukeys(&tx);
+        free(tx.ukeys);
 }
 
 static bool

@@ -203,6 +203,8 @@ kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate,
                  sqlstate ? sqlstate : "");
         db->err.vendor = vendor;
         db->err.tag = tag;
+        db->err.permanent = false;
+        db->err.constraint[0] = '\0';
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(db->err.msg, sizeof(db->err.msg), fmt, ap);

@@ -31,6 +31,25 @@
 
 typedef struct kinbox__db kinbox__db_t;
 
+/*
+ * Statement tags. A tag travels with each deferred statement and comes back
+ * in db->err.tag when that statement fails, so the consumer can charge the
+ * failure to exactly the message that queued it.
+ *   >= 0 without KINBOX__TAG_GROUP: a per-message handler call; the low
+ *        bits are the message's index in the batch;
+ *   with KINBOX__TAG_GROUP: a batch handler call for savepoint group N
+ *        (low bits), whose set-based statements no one message owns;
+ *   KINBOX__TAG_UNIQUE may be or'ed into either: the statement's unique
+ *        violation means "already applied" (kinbox_tx_exec_unique());
+ *   -1: kinbox's own statements; KINBOX__TAG_MERGED(_AT): see below.
+ */
+#define KINBOX__TAG_UNIQUE (1 << 28)
+#define KINBOX__TAG_GROUP (1 << 29)
+#define KINBOX__TAG_MERGED_BIT (1 << 27)
+#define KINBOX__TAG_LOW(t) ((t) & ((1 << 27) - 1))
+/* A merged statement (MySQL) whose first row came from message i: no one
+ * message is to blame, but all its rows lie in i's savepoint group. */
+#define KINBOX__TAG_MERGED_AT(i) (KINBOX__TAG_MERGED_BIT | KINBOX__TAG_LOW(i))
 /* err.tag of a failed statement that merged rows of several messages
  * (MySQL coalescing): no one message is to blame; run the batch again. */
 #define KINBOX__TAG_MERGED (-3)
@@ -56,6 +75,12 @@ typedef struct kinbox__dberr {
         char sqlstate[6];  /* PostgreSQL SQLSTATE, "" on MySQL */
         int vendor;        /* MySQL errno, 0 on PostgreSQL */
         int tag;           /* tag of the failing statement, -1 if none */
+        /* Retrying cannot help: a CHECK / NOT NULL / exclusion violation or
+         * a data exception (SQLSTATE class 22 and MySQL equivalents). A
+         * unique violation is code KINBOX_ERR_DUPLICATE instead. */
+        bool permanent;
+        /* The violated constraint / unique index, "" when unknown. */
+        char constraint[128];
         char msg[512];     /* one line: "SQLSTATE 23505: ..." */
 } kinbox__dberr_t;
 
@@ -105,6 +130,13 @@ struct kinbox__db_ops {
         int (*flush)(kinbox__db_t *db);
         int (*commit)(kinbox__db_t *db);
         void (*rollback)(kinbox__db_t *db);
+        /* Inside a transaction: queue SAVEPOINT name (may be deferred). */
+        int (*savepoint)(kinbox__db_t *db, const char *name);
+        /* Inside a transaction, also one a failed statement aborted:
+         * roll back to the savepoint (which stays defined), forgetting
+         * every statement queued since and the last error. The
+         * transaction is usable again on success. */
+        int (*rollback_to)(kinbox__db_t *db, const char *name);
         /* Flush and hand out the native handle for synchronous use. */
         void *(*native)(kinbox__db_t *db);
         /* Several ;-separated statements, no parameters, outside any

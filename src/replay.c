@@ -510,6 +510,9 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
         } else {
                 r = fn(tx, msg, opaque);
         }
+        /* "Already applied": the replay has nothing left to do. */
+        if (r == KINBOX_RESULT_DUPLICATE)
+                r = KINBOX_RESULT_OK;
         if (r == KINBOX_RESULT_OK && kinbox__tx_failed(tx))
                 r = KINBOX_RESULT_RETRY;
         /* The handler's queued statements: their errors are its own. */

@@ -441,8 +441,9 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
                  applied);
         cr_assert(eq(i64, kt_wait_qint(url, sql, N, 60), N));
 
-        /* A re-produced deposit.paid (new message id) and a malformed one:
-         * both dead-lettered, nothing posted. */
+        /* A re-produced deposit.paid (new message id): a business
+         * duplicate, absorbed and counted, nothing posted twice; and a
+         * malformed one: dead-lettered. */
         kt_producer_t *pr = kt_producer_new();
         kt_produce(pr, paid, 0, "d-3",
                    "{\"deposit_id\":\"d-3\",\"user_id\":4,\"amount\":403,"
@@ -455,15 +456,20 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
         kt_producer_flush_destroy(pr);
         cr_assert(eq(i64,
                      kt_wait_qint(url,
-                                  "SELECT COUNT(*) FROM kinbox_dead_letter",
+                                  "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "message_id IN ('reproduced-d-3', "
+                                  "'malformed-1')",
                                   2, 30),
                      2));
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                 "WHERE message_id = 'reproduced-d-3' AND "
-                                 "error LIKE '%%business duplicate%%'"),
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
                      1));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_posting"),
+                     N));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_line"),
+                     2 * N));
+        assert_log_has(log2, "+ 1 (business)");
         cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
                                  "WHERE message_id = 'malformed-1' AND error "
                                  "LIKE '%%field amount%%'"),
@@ -593,5 +599,5 @@ ParameterizedTest(int *backend, e2e, handler_modules, .timeout = 180)
                      51));
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0));
-        assert_log_has(log, "duplicates 1,");
+        assert_log_has(log, "duplicates 1 (redelivered)");
 }

@@ -392,7 +392,7 @@ static const char schema_pg[] =
 
 static const char schema_mysql[] =
     "CREATE TABLE IF NOT EXISTS deposits ("
-    " deposit_id VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    " deposit_id VARBINARY(200)"
     "  PRIMARY KEY,"
     " user_id BIGINT NOT NULL,"
     " amount BIGINT NOT NULL CHECK (amount > 0),"
@@ -404,19 +404,21 @@ static const char schema_mysql[] =
     ") ENGINE = InnoDB;"
     "CREATE TABLE IF NOT EXISTS payment_channel_orders ("
     " channel_order_id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-    " merchant_ref VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    " merchant_ref VARBINARY(255)"
     "  NOT NULL,"
     " amount BIGINT NOT NULL,"
     " currency CHAR(3) NOT NULL,"
     " status VARCHAR(16) NOT NULL,"
     " created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
     " KEY payment_channel_orders_ref (merchant_ref)"
-    ") ENGINE = InnoDB;";
+    ") ENGINE = InnoDB;"
+    /* Schema 2: business keys compare byte for byte (no PAD SPACE). */
+    "ALTER TABLE deposits MODIFY deposit_id VARBINARY(200) NOT NULL; ALTER TABLE payment_channel_orders MODIFY merchant_ref VARBINARY(255) NOT NULL;";
 
 const kinbox_module_t kinbox_deposit_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,
     .name = "deposit",
-    .schema_version = 1,
+    .schema_version = 2,
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .actions = actions,

@@ -19,9 +19,10 @@
  *
  * Exactly once: the inbox drops redeliveries of the same message id; the
  * posting's primary key (deposit_id) stops a re-produced event that carries
- * a new message id. Such a business duplicate is REJECTed (dead-lettered
- * with the posting's original message id in the reason) rather than
- * silently accepted, so an operator sees an upstream that re-publishes.
+ * a new message id. Such a business duplicate is already applied: the
+ * handler returns KINBOX_RESULT_DUPLICATE (counted apart from redeliveries
+ * in kinbox_consumer_messages_total{result="business_duplicate"}, so an
+ * operator still sees an upstream that re-publishes) and writes nothing.
  * Malformed JSON or a missing/ill-typed field is a REJECT naming the field.
  *
  * Lock order: the posting row, then the clearing account, then the wallet.
@@ -167,12 +168,15 @@ insert_posting(kinbox_tx_t *tx, const kinbox_msg_t *msg, const deposit_t *d,
                 size_t n = kinbox_rows_count(rows);
                 kinbox_rows_destroy(rows);
                 if (!n) {
-                        if (kinbox_tx_exec(tx,
-                                           "INSERT INTO ledger_posting "
-                                           "(deposit_id, user_id, currency, "
-                                           "amount, message_id) VALUES ($1, "
-                                           "$2, $3, $4, $5)",
-                                           5, v))
+                        /* A concurrent twin's row makes this a business
+                         * duplicate too: kinbox undoes this message. */
+                        if (kinbox_tx_exec_unique(
+                                tx, "PRIMARY",
+                                "INSERT INTO ledger_posting "
+                                "(deposit_id, user_id, currency, "
+                                "amount, message_id) VALUES ($1, "
+                                "$2, $3, $4, $5)",
+                                5, v))
                                 return -1;
                         return 1;
                 }
@@ -231,13 +235,8 @@ ledger_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
                                     kinbox_tx_errstr(tx));
                 return KINBOX_RESULT_RETRY;
         }
-        if (ins == 0) {
-                kinbox_tx_set_error(tx,
-                                    "business duplicate: deposit %s is "
-                                    "already posted (by message %s)",
-                                    d.deposit_id, prev);
-                return KINBOX_RESULT_REJECT;
-        }
+        if (ins == 0) /* already posted (by message prev) */
+                return KINBOX_RESULT_DUPLICATE;
 
         kinbox_backend_t b = kinbox_tx_backend(tx);
         const char *debit[4] = {clearing, "clearing", d.currency, amt};
@@ -318,7 +317,7 @@ static const char schema_pg[] =
 
 static const char schema_mysql[] =
     "CREATE TABLE IF NOT EXISTS ledger_account ("
-    " account_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    " account_id VARBINARY(255)"
     "  PRIMARY KEY,"
     " kind VARCHAR(16) NOT NULL,"
     " currency CHAR(3) NOT NULL,"
@@ -326,7 +325,7 @@ static const char schema_mysql[] =
     " updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
     ") ENGINE = InnoDB;"
     "CREATE TABLE IF NOT EXISTS ledger_posting ("
-    " deposit_id VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    " deposit_id VARBINARY(200)"
     "  PRIMARY KEY,"
     " user_id BIGINT NOT NULL,"
     " currency CHAR(3) NOT NULL,"
@@ -336,9 +335,9 @@ static const char schema_mysql[] =
     ") ENGINE = InnoDB;"
     "CREATE TABLE IF NOT EXISTS ledger_line ("
     " id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-    " deposit_id VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    " deposit_id VARBINARY(200)"
     "  NOT NULL,"
-    " account_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    " account_id VARBINARY(255)"
     "  NOT NULL,"
     " side CHAR(1) NOT NULL,"
     " amount BIGINT NOT NULL,"
@@ -349,12 +348,14 @@ static const char schema_mysql[] =
     " CONSTRAINT ledger_line_acct FOREIGN KEY (account_id)"
     "  REFERENCES ledger_account (account_id),"
     " CHECK ((side = 'D' AND amount > 0) OR (side = 'C' AND amount < 0))"
-    ") ENGINE = InnoDB;";
+    ") ENGINE = InnoDB;"
+    /* Schema 2: business keys compare byte for byte (no PAD SPACE). */
+    "SET SESSION foreign_key_checks = 0; ALTER TABLE ledger_account MODIFY account_id VARBINARY(255) NOT NULL; ALTER TABLE ledger_posting MODIFY deposit_id VARBINARY(200) NOT NULL; ALTER TABLE ledger_line MODIFY deposit_id VARBINARY(200) NOT NULL, MODIFY account_id VARBINARY(255) NOT NULL; SET SESSION foreign_key_checks = 1;";
 
 const kinbox_module_t kinbox_ledger_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,
     .name = "ledger",
-    .schema_version = 1,
+    .schema_version = 2,
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .handle = ledger_handle,

@@ -7,12 +7,20 @@
  * on the first grant). Malformed JSON or a missing/ill-typed field is a
  * REJECT whose reason names the field.
  *
+ * A grant for an order that already has its flow row (a business
+ * duplicate: the same order re-sent under a new message id) is "already
+ * done": counted as a duplicate, the account is not credited again. The
+ * per-message handler marks its flow INSERT with kinbox_tx_exec_unique();
+ * the batch handler inserts with ON CONFLICT DO NOTHING (PostgreSQL) or
+ * looks the orders up first (MySQL) and credits only the rows it inserted.
+ *
  * It ships both handler shapes: `handle` (per message, statements pipelined
  * by kinbox) and `handle_batch` (two set-based statements per batch), and
  * uses only the public API.
  */
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,11 +104,12 @@ points_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
         snprintf(uid, sizeof(uid), "%lld", g.user_id);
         snprintf(pts, sizeof(pts), "%lld", g.points);
         const char *flow[3] = {uid, g.order_id, pts};
-        if (kinbox_tx_exec(tx,
-                           "INSERT INTO user_points_flow (user_id, order_id, "
-                           "biz_type, points_delta) VALUES ($1, $2, "
-                           "'ORDER_REWARD', $3)",
-                           3, flow))
+        /* Its unique key is the business idempotency check. */
+        if (kinbox_tx_exec_unique(tx, NULL,
+                                  "INSERT INTO user_points_flow (user_id, "
+                                  "order_id, biz_type, points_delta) VALUES "
+                                  "($1, $2, 'ORDER_REWARD', $3)",
+                                  3, flow))
                 return KINBOX_RESULT_RETRY;
         const char *acct[2] = {uid, pts};
         if (kinbox_tx_exec(tx, upsert_sql(kinbox_tx_backend(tx)), 2, acct))
@@ -215,122 +224,251 @@ sb_add_quoted(sbuf_t *b, const char *s)
         sb_add(b, "'");
 }
 
+/* An order id of the batch and the message it came from. */
+typedef struct oref {
+        const char *order_id;
+        size_t i;
+} oref_t;
+
+static int
+oref_cmp(const void *a, const void *b)
+{
+        const oref_t *x = a, *y = b;
+        int c = strcmp(x->order_id, y->order_id);
+        if (c)
+                return c;
+        return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static int
+str_cmp(const void *a, const void *b)
+{
+        return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/*
+ * Business duplicates of a batch: orders[0..n) sorted by (order id, batch
+ * position); known[0..nk) sorted order ids. With known_done (MySQL: the
+ * orders already granted) every message of a known order is a duplicate and
+ * the first message of each other order is kept; otherwise (PostgreSQL:
+ * the orders this batch inserted) the first message of a known order is
+ * kept and every other one is a duplicate.
+ */
+static void
+mark_duplicates(const oref_t *orders, size_t n, char **known, size_t nk,
+                bool known_done, kinbox_result_t *results)
+{
+        for (size_t a = 0; a < n;) {
+                size_t b = a + 1;
+                while (b < n &&
+                       !strcmp(orders[b].order_id, orders[a].order_id))
+                        b++;
+                const char *key = orders[a].order_id;
+                bool found = nk && bsearch(&key, known, nk, sizeof(*known),
+                                           str_cmp) != NULL;
+                for (size_t k = a; k < b; k++)
+                        if (k > a || found == known_done)
+                                results[orders[k].i] =
+                                    KINBOX_RESULT_DUPLICATE;
+                a = b;
+        }
+}
+
+/* The column 0 values of rows, sorted (pointers into rows). */
+static char **
+sorted_values(kinbox_rows_t *rows, size_t *np)
+{
+        size_t n = kinbox_rows_count(rows);
+        char **v = malloc((n ? n : 1) * sizeof(*v));
+        if (!v)
+                return NULL;
+        size_t k = 0;
+        for (size_t r = 0; r < n; r++) {
+                const char *x = kinbox_rows_value(rows, r, 0, NULL);
+                if (x)
+                        v[k++] = (char *)x;
+        }
+        qsort(v, k, sizeof(*v), str_cmp);
+        *np = k;
+        return v;
+}
+
+/* PostgreSQL: one statement inserts the flow rows (a granted order is
+ * skipped), credits the summed grants of the rows it inserted and returns
+ * their order ids. */
+static kinbox_result_t
+batch_pg(kinbox_tx_t *tx, const grant_t *g, size_t count,
+         kinbox_result_t *results, const oref_t *orders, size_t n)
+{
+        char num[32];
+        char *uids = NULL, *oids = NULL, *pts = NULL;
+        size_t ul = 0, uc = 0, ol = 0, oc = 0, pl = 0, pc = 0;
+        arr_add(&uids, &ul, &uc, "{", 0);
+        arr_add(&oids, &ol, &oc, "{", 0);
+        arr_add(&pts, &pl, &pc, "{", 0);
+        for (size_t i = 0; i < count; i++) {
+                if (results[i] != KINBOX_RESULT_OK)
+                        continue;
+                snprintf(num, sizeof(num), "%lld", g[i].user_id);
+                arr_add(&uids, &ul, &uc, num, 0);
+                arr_add(&oids, &ol, &oc, g[i].order_id, 1);
+                snprintf(num, sizeof(num), "%lld", g[i].points);
+                arr_add(&pts, &pl, &pc, num, 0);
+        }
+        kinbox_result_t ret = KINBOX_RESULT_RETRY;
+        kinbox_rows_t *rows = NULL;
+        if (!uids || !oids || !pts)
+                goto out;
+        strcat(uids, "}");
+        strcat(oids, "}");
+        strcat(pts, "}");
+        const char *p[3] = {uids, oids, pts};
+        if (kinbox_tx_query(
+                tx,
+                "WITH f AS (INSERT INTO user_points_flow (user_id, order_id, "
+                "biz_type, points_delta) SELECT u, o, 'ORDER_REWARD', p FROM "
+                "unnest($1::bigint[], $2::text[], $3::bigint[]) WITH "
+                "ORDINALITY AS t(u, o, p, n) ORDER BY n "
+                "ON CONFLICT (order_id, biz_type) DO NOTHING "
+                "RETURNING user_id, order_id, points_delta), "
+                "a AS (INSERT INTO user_account (user_id, points) SELECT "
+                "user_id, sum(points_delta) FROM f GROUP BY user_id ORDER BY "
+                "user_id ON CONFLICT (user_id) DO UPDATE SET points = "
+                "user_account.points + EXCLUDED.points) "
+                "SELECT order_id FROM f",
+                3, p, &rows))
+                goto out;
+        size_t nk = 0;
+        char **known = sorted_values(rows, &nk);
+        if (!known)
+                goto out;
+        mark_duplicates(orders, n, known, nk, false, results);
+        free(known);
+        ret = KINBOX_RESULT_OK;
+out:
+        kinbox_rows_destroy(rows);
+        free(uids);
+        free(oids);
+        free(pts);
+        return ret;
+}
+
+/* MySQL: the batch's orders already granted, in one query. */
+static kinbox_rows_t *
+granted_orders(kinbox_tx_t *tx, const oref_t *orders, size_t n)
+{
+        sbuf_t q;
+        sb_init(&q, "SELECT order_id FROM user_points_flow WHERE biz_type "
+                    "= 'ORDER_REWARD' AND order_id IN (");
+        for (size_t k = 0; k < n; k++) {
+                if (k)
+                        sb_add(&q, ",");
+                sb_add_quoted(&q, orders[k].order_id);
+        }
+        sb_add(&q, ")");
+        kinbox_rows_t *rows = NULL;
+        if (!q.p || kinbox_tx_query(tx, q.p, 0, NULL, &rows))
+                rows = NULL;
+        free(q.p);
+        return rows;
+}
+
+/* MySQL: look the orders up, insert the new ones' flow rows (a twin
+ * inserted meanwhile by another worker is a unique violation that kinbox
+ * narrows down to its message: a business duplicate), credit their sums. */
+static kinbox_result_t
+batch_mysql(kinbox_tx_t *tx, const grant_t *g, size_t count,
+            kinbox_result_t *results, const oref_t *orders, size_t n)
+{
+        kinbox_rows_t *rows = granted_orders(tx, orders, n);
+        if (!rows)
+                return KINBOX_RESULT_RETRY;
+        size_t nk = 0;
+        char **known = sorted_values(rows, &nk);
+        if (known)
+                mark_duplicates(orders, n, known, nk, true, results);
+        free(known);
+        kinbox_rows_destroy(rows);
+        if (!known)
+                return KINBOX_RESULT_RETRY;
+        char num[64];
+        sbuf_t flow, acct;
+        sb_init(&flow, "INSERT INTO user_points_flow (user_id, order_id, "
+                       "biz_type, points_delta) VALUES ");
+        sb_init(&acct, "INSERT INTO user_account (user_id, points) VALUES ");
+        /* Accounts in user order: two consumers whose batches share users
+         * lock the rows in the same order. */
+        acct_row_t *ord = malloc((count ? count : 1) * sizeof(*ord));
+        size_t nf = 0, na = 0;
+        for (size_t i = 0; ord && i < count; i++) {
+                if (results[i] != KINBOX_RESULT_OK)
+                        continue;
+                snprintf(num, sizeof(num), "%s(%lld,", nf++ ? "," : "",
+                         g[i].user_id);
+                sb_add(&flow, num);
+                sb_add_quoted(&flow, g[i].order_id);
+                snprintf(num, sizeof(num), ",'ORDER_REWARD',%lld)",
+                         g[i].points);
+                sb_add(&flow, num);
+                ord[na++] = (acct_row_t){g[i].user_id, g[i].points, i};
+        }
+        kinbox_result_t ret = KINBOX_RESULT_OK;
+        if (ord && na) {
+                qsort(ord, na, sizeof(*ord), acct_cmp);
+                /* One row per user with the sum. */
+                for (size_t k = 0, out = 0; k < na; k++) {
+                        long long sum = ord[k].points;
+                        while (k + 1 < na &&
+                               ord[k + 1].user_id == ord[k].user_id)
+                                sum += ord[++k].points;
+                        snprintf(num, sizeof(num), "%s(%lld,%lld)",
+                                 out++ ? "," : "", ord[k].user_id, sum);
+                        sb_add(&acct, num);
+                }
+                sb_add(&acct, " ON DUPLICATE KEY UPDATE points = points + "
+                              "VALUES(points)");
+                if (!flow.p || !acct.p ||
+                    kinbox_tx_exec_unique(tx, NULL, flow.p, 0, NULL) ||
+                    kinbox_tx_exec(tx, acct.p, 0, NULL))
+                        ret = KINBOX_RESULT_RETRY;
+        } else if (!ord) {
+                ret = KINBOX_RESULT_RETRY;
+        }
+        free(ord);
+        free(flow.p);
+        free(acct.p);
+        return ret;
+}
+
 static kinbox_result_t
 points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
                     size_t count, kinbox_result_t *results, void *opaque)
 {
         (void)opaque;
         grant_t *g = calloc(count ? count : 1, sizeof(*g));
-        if (!g)
+        oref_t *orders = calloc(count ? count : 1, sizeof(*orders));
+        if (!g || !orders) {
+                free(g);
+                free(orders);
                 return KINBOX_RESULT_RETRY;
-        size_t ok = 0;
+        }
+        size_t n = 0;
         char why[256];
         for (size_t i = 0; i < count; i++) {
                 if (parse(msgs[i], &g[i], why, sizeof(why))) {
                         results[i] = KINBOX_RESULT_REJECT;
                         kinbox_tx_set_msg_error(tx, msgs[i], "%s", why);
                 } else {
-                        ok++;
+                        orders[n++] = (oref_t){g[i].order_id, i};
                 }
         }
+        qsort(orders, n, sizeof(*orders), oref_cmp);
         kinbox_result_t ret = KINBOX_RESULT_OK;
-        if (!ok)
-                goto out;
-        char num[32];
-        if (kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL) {
-                char *uids = NULL, *oids = NULL, *pts = NULL;
-                size_t ul = 0, uc = 0, ol = 0, oc = 0, pl = 0, pc = 0;
-                arr_add(&uids, &ul, &uc, "{", 0);
-                arr_add(&oids, &ol, &oc, "{", 0);
-                arr_add(&pts, &pl, &pc, "{", 0);
-                for (size_t i = 0; i < count; i++) {
-                        if (results[i] != KINBOX_RESULT_OK)
-                                continue;
-                        snprintf(num, sizeof(num), "%lld", g[i].user_id);
-                        arr_add(&uids, &ul, &uc, num, 0);
-                        arr_add(&oids, &ol, &oc, g[i].order_id, 1);
-                        snprintf(num, sizeof(num), "%lld", g[i].points);
-                        arr_add(&pts, &pl, &pc, num, 0);
-                }
-                if (uids && oids && pts) {
-                        strcat(uids, "}");
-                        strcat(oids, "}");
-                        strcat(pts, "}");
-                }
-                const char *p[3] = {uids, oids, pts};
-                /* One statement: the flow rows, then the summed grants. */
-                if (!uids || !oids || !pts ||
-                    kinbox_tx_exec(
-                        tx,
-                        "WITH f AS (INSERT INTO user_points_flow (user_id, "
-                        "order_id, biz_type, points_delta) SELECT u, o, "
-                        "'ORDER_REWARD', p FROM unnest($1::bigint[], "
-                        "$2::text[], $3::bigint[]) AS t(u, o, p) RETURNING "
-                        "user_id, points_delta) INSERT INTO user_account "
-                        "(user_id, points) SELECT user_id, sum(points_delta) "
-                        "FROM f GROUP BY user_id ORDER BY user_id "
-                        "ON CONFLICT (user_id) DO "
-                        "UPDATE SET points = user_account.points + "
-                        "EXCLUDED.points",
-                        3, p))
-                        ret = KINBOX_RESULT_RETRY;
-                free(uids);
-                free(oids);
-                free(pts);
-        } else {
-                sbuf_t flow, acct;
-                sb_init(&flow, "INSERT INTO user_points_flow (user_id, "
-                               "order_id, biz_type, points_delta) VALUES ");
-                sb_init(&acct, "INSERT INTO user_account (user_id, points) "
-                               "VALUES ");
-                size_t nf = 0;
-                for (size_t i = 0; i < count; i++) {
-                        if (results[i] != KINBOX_RESULT_OK)
-                                continue;
-                        snprintf(num, sizeof(num), "%s(%lld,", nf ? "," : "",
-                                 g[i].user_id);
-                        sb_add(&flow, num);
-                        sb_add_quoted(&flow, g[i].order_id);
-                        snprintf(num, sizeof(num), ",'ORDER_REWARD',%lld)",
-                                 g[i].points);
-                        sb_add(&flow, num);
-                        nf++;
-                }
-                /* Accounts in user order: two consumers whose batches
-                 * share users lock the rows in the same order. */
-                acct_row_t *ord = malloc((count ? count : 1) * sizeof(*ord));
-                size_t na = 0;
-                for (size_t i = 0; ord && i < count; i++)
-                        if (results[i] == KINBOX_RESULT_OK)
-                                ord[na++] = (acct_row_t){g[i].user_id,
-                                                         g[i].points, i};
-                if (ord)
-                        qsort(ord, na, sizeof(*ord), acct_cmp);
-                /* One row per user with the sum, as the PostgreSQL
-                 * statement's GROUP BY does. */
-                for (size_t k = 0, out = 0; ord && k < na; k++) {
-                        long long sum = ord[k].points;
-                        while (k + 1 < na &&
-                               ord[k + 1].user_id == ord[k].user_id)
-                                sum += ord[++k].points;
-                        char row[64];
-                        snprintf(row, sizeof(row), "%s(%lld,%lld)",
-                                 out++ ? "," : "", ord[k].user_id, sum);
-                        sb_add(&acct, row);
-                }
-                if (!ord)
-                        ret = KINBOX_RESULT_RETRY;
-                free(ord);
-                sb_add(&acct, " ON DUPLICATE KEY UPDATE points = points + "
-                              "VALUES(points)");
-                if (ret != KINBOX_RESULT_OK || !flow.p || !acct.p ||
-                    kinbox_tx_exec(tx, flow.p, 0, NULL) ||
-                    kinbox_tx_exec(tx, acct.p, 0, NULL))
-                        ret = KINBOX_RESULT_RETRY;
-                free(flow.p);
-                free(acct.p);
-        }
-out:
+        if (n)
+                ret = kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL
+                          ? batch_pg(tx, g, count, results, orders, n)
+                          : batch_mysql(tx, g, count, results, orders, n);
+        free(orders);
         free(g);
         return ret;
 }
@@ -358,17 +496,19 @@ static const char schema_mysql[] =
     "CREATE TABLE IF NOT EXISTS user_points_flow ("
     " id BIGINT AUTO_INCREMENT PRIMARY KEY,"
     " user_id BIGINT NOT NULL,"
-    " order_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,"
-    " biz_type VARCHAR(32) NOT NULL,"
+    " order_id VARBINARY(255) NOT NULL,"
+    " biz_type VARBINARY(32) NOT NULL,"
     " points_delta BIGINT NOT NULL,"
     " created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
     " UNIQUE KEY user_points_flow_order (order_id, biz_type)"
-    ") ENGINE = InnoDB;";
+    ") ENGINE = InnoDB;"
+    /* Schema 2: business keys compare byte for byte (no PAD SPACE). */
+    "ALTER TABLE user_points_flow MODIFY order_id VARBINARY(255) NOT NULL, MODIFY biz_type VARBINARY(32) NOT NULL;";
 
 const kinbox_module_t kinbox_points_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,
     .name = "points",
-    .schema_version = 1,
+    .schema_version = 2,
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .handle = points_handle,
@@ -379,7 +519,7 @@ const kinbox_module_t kinbox_points_module = {
 const kinbox_module_t kinbox_points_single_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,
     .name = "points-single",
-    .schema_version = 1,
+    .schema_version = 2,
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .handle = points_handle,

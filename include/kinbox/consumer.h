@@ -29,7 +29,12 @@ typedef struct kinbox_consumer_stats {
         uint64_t dead;       /**< messages moved to the dead-letter table */
         uint64_t retried;    /**< handler RETRY results and retried batches */
         uint64_t batches;    /**< committed transactions */
-        uint64_t rolled_back; /**< transactions rolled back */
+        uint64_t rolled_back; /**< transactions rolled back (also partly:
+                                  to a savepoint) */
+        /** Business duplicates: messages with a new id whose event was
+         *  already applied (::KINBOX_RESULT_DUPLICATE or a unique violation
+         *  of a kinbox_tx_exec_unique() statement). Added in 0.2. */
+        uint64_t business_duplicates;
 } kinbox_consumer_stats_t;
 
 /**

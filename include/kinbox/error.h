@@ -31,7 +31,9 @@ KINBOX_BEGIN_DECLS
         XX(TRANSIENT, -12, "transient failure, retry")                         \
         XX(ABI, -13, "handler module ABI mismatch")                            \
         XX(IO, -14, "I/O error")                                               \
-        XX(TIMEOUT, -15, "timed out")
+        XX(TIMEOUT, -15, "timed out")                                          \
+        XX(ABORTED, -16,                                                       \
+           "transaction aborted by another message's failed statement")
 
 /** Error codes. ::KINBOX_OK is zero, every failure is negative. */
 typedef enum kinbox_err {

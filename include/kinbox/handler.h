@@ -40,7 +40,19 @@ typedef enum kinbox_result {
         KINBOX_RESULT_RETRY = 1,
         /** The message can never succeed: roll back its effect and move it
          *  to the dead-letter table with the reason. */
-        KINBOX_RESULT_REJECT = 2
+        KINBOX_RESULT_REJECT = 2,
+        /** A *business duplicate*: the event this message carries was
+         *  already applied (under another message id: an upstream retry
+         *  that minted a new id, a replayed export). Its inbox row commits,
+         *  it is counted as a business duplicate (beside redeliveries), it
+         *  is never retried or dead-lettered. Whatever statements the
+         *  handler queued for it in this call commit as with
+         *  ::KINBOX_RESULT_OK: return it after finding the business key
+         *  taken, e.g. by an `INSERT ... ON CONFLICT DO NOTHING RETURNING`
+         *  that returned no row. To have kinbox undo the handler's other
+         *  statements instead, queue the business insert with
+         *  kinbox_tx_exec_unique(). */
+        KINBOX_RESULT_DUPLICATE = 3
 } kinbox_result_t;
 
 /** Database backends. */
@@ -144,13 +156,56 @@ KINBOX_API const char *kinbox_tx_consumer(const kinbox_tx_t *tx);
  * message is then retried or dead-lettered; its neighbours commit once). On
  * MySQL statements are sent together at the flush in one multi-statement
  * round trip.
+ *
+ * What a failing statement does to its message (see the README's failure
+ * table): a unique-key violation, a CHECK or NOT NULL violation or a data
+ * exception (SQLSTATE class 22) can never succeed: the message is
+ * dead-lettered at once; anything else (a foreign-key violation, an
+ * unknown error) is retried with backoff. Deadlocks, serialization
+ * failures and lost connections retry the whole batch.
  * @returns ::KINBOX_OK when queued; an immediate error (::KINBOX_ERR_INVALID
  *          for a bad placeholder, ::KINBOX_ERR_DB_CONN) otherwise. Errors
  *          found later fail the message, not the caller.
+ *          ::KINBOX_ERR_ABORTED: a statement of *another* message failed
+ *          and voided this transaction; return any result (it is ignored:
+ *          kinbox runs this message again, without charging it an attempt).
  */
 KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
                                        int nparams,
                                        const char *const *params);
+
+/**
+ * @brief Queue the statement that records a message's business key.
+ *
+ * Like kinbox_tx_exec(), for the statement whose unique key is the business
+ * idempotency check (e.g. `INSERT INTO user_points_flow ...` with
+ * `UNIQUE (order_id, biz_type)`). If it violates a unique key (SQLSTATE
+ * 23505 / MySQL 1062) named @p key, or any unique key when @p key is NULL,
+ * the event was already applied: the message is a *business duplicate*.
+ * kinbox then undoes everything the handler did for this message, commits
+ * its inbox row, counts it as a business duplicate and never retries or
+ * dead-letters it; the other messages of the batch are not charged. Any
+ * other error of the statement is handled as for kinbox_tx_exec().
+ *
+ * Cost: a business duplicate found this way rolls back to a savepoint and
+ * runs the handlers of at most one group of the batch again (about
+ * `batch.max / 32` messages). For duplicates at full speed, write the
+ * statement so it cannot fail (`ON CONFLICT DO NOTHING`) and return
+ * ::KINBOX_RESULT_DUPLICATE when it inserted nothing (batch handlers: one
+ * set-based `... RETURNING` per batch, see `handlers/points`).
+ *
+ * @param key   the constraint (PostgreSQL) or unique index (MySQL) name
+ *              whose violation means "already applied", or NULL for any
+ *              unique key of this statement. Copied.
+ * @returns as kinbox_tx_exec().
+ * @remark Usable from per-message and batch handlers; in a batch handler a
+ *         violation first narrows the batch down to the message whose row
+ *         violated the key.
+ */
+KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx,
+                                              const char *key,
+                                              const char *sql, int nparams,
+                                              const char *const *params);
 
 /**
  * @brief Run a statement and return its rows now (flushes queued

@@ -501,11 +501,12 @@ cmd_run(int argc, char **argv)
                         kinbox_consumer_stats(rs[i].c, &st);
                         fprintf(stderr,
                                 "kinbox run: %s: processed %llu, duplicates "
-                                "%llu, dead %llu, retried %llu, batches "
-                                "%llu\n",
+                                "%llu (redelivered) + %llu (business), dead "
+                                "%llu, retried %llu, batches %llu\n",
                                 kinbox_consumer_name(rs[i].c),
                                 (unsigned long long)st.processed,
                                 (unsigned long long)st.duplicates,
+                                (unsigned long long)st.business_duplicates,
                                 (unsigned long long)st.dead,
                                 (unsigned long long)st.retried,
                                 (unsigned long long)st.batches);

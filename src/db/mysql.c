@@ -78,6 +78,10 @@ struct mystate {
         kinbox__buf_t tmp;   /* one rendered statement */
         struct mergestate *merge; /* coalescing (db->coalesce), lazily */
         bool returning;      /* MariaDB >= 10.5: INSERT ... RETURNING */
+        /* The last SAVEPOINT queued: queue length and tag count right
+         * after it (0: sent, or none). */
+        size_t sp_len, sp_ntags;
+        char sp_name[64];
 };
 
 struct mergestate;
@@ -122,6 +126,7 @@ q_reset(struct mystate *s)
 {
         kinbox__buf_reset(&s->q);
         s->ntags = 0;
+        s->sp_len = s->sp_ntags = 0;
         s->begin_queued = false;
         m_drop(s->merge);
 }
@@ -148,6 +153,52 @@ my_conn_errno(unsigned int e)
         default:
                 return false;
         }
+}
+
+/* Errors no retry can fix (see pg.c's permanent()); foreign-key
+ * violations (1451/1452) are not among them. */
+static bool
+my_permanent(unsigned int e)
+{
+        switch (e) {
+        case 1048: /* ER_BAD_NULL_ERROR */
+        case 1364: /* ER_NO_DEFAULT_FOR_FIELD */
+        case 4025: /* MariaDB ER_CONSTRAINT_FAILED (CHECK) */
+        case 3819: /* MySQL ER_CHECK_CONSTRAINT_VIOLATED */
+        case 1264: /* ER_WARN_DATA_OUT_OF_RANGE */
+        case 1690: /* ER_DATA_OUT_OF_RANGE */
+        case 1366: /* ER_TRUNCATED_WRONG_VALUE_FOR_FIELD */
+        case 1292: /* ER_TRUNCATED_WRONG_VALUE */
+        case 1406: /* ER_DATA_TOO_LONG */
+        case 1365: /* ER_DIVISION_BY_ZERO */
+        case 1367: /* ER_ILLEGAL_VALUE_FOR_TYPE */
+        case 1411: /* ER_WRONG_VALUE_FOR_TYPE */
+        case 3140: /* ER_INVALID_JSON_TEXT */
+                return true;
+        default:
+                return false;
+        }
+}
+
+/* The unique index named by error 1062's text ("Duplicate entry '...' for
+ * key 'NAME'", MySQL 8: 'table.NAME'); the session's lc_messages is
+ * en_US. The last "for key '" wins: the entry itself may contain it. */
+static void
+my_dup_key(const char *msg, char *out, size_t sz)
+{
+        const char *k = NULL;
+        for (const char *p = msg; (p = strstr(p, "for key '")); p++)
+                k = p + 9;
+        out[0] = '\0';
+        if (!k)
+                return;
+        const char *end = strrchr(k, '\'');
+        if (!end || end < k)
+                return;
+        const char *dot = memchr(k, '.', (size_t)(end - k));
+        if (dot)
+                k = dot + 1;
+        snprintf(out, sz, "%.*s", (int)(end - k), k);
 }
 
 static int
@@ -198,6 +249,10 @@ my_fail(kinbox__db_t *db, int tag, bool in_commit, const char *what)
         kinbox__db_seterr(db, code, "", (int)e, tag, "MySQL %u (%s): %s%s%s",
                           e, mysql_sqlstate(m), what ? what : "",
                           what ? ": " : "", mysql_error(m));
+        db->err.permanent = code == KINBOX_ERR_DB && my_permanent(e);
+        if (code == KINBOX_ERR_DUPLICATE)
+                my_dup_key(mysql_error(m), db->err.constraint,
+                           sizeof(db->err.constraint));
         if (tag == KINBOX__TAG_MERGED && db->impl)
                 m_off_next(st_get(db)->merge);
         if (my_conn_errno(e))
@@ -680,6 +735,7 @@ struct mgroup {
         struct mtmpl *t;
         kinbox__buf_t text; /* prefix and tuples so far */
         int tag;
+        int first; /* the first row's tag */
         size_t rows;
 };
 
@@ -1142,7 +1198,10 @@ m_try(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                         return M_NOT_MERGED;
         }
         struct mergestate *ms = s->merge;
-        if (ms->off || !sql || n < 0 || (n > 0 && !p))
+        /* A kinbox_tx_exec_unique() statement's violation must name its
+         * message: never merged. */
+        if (ms->off || !sql || n < 0 || (n > 0 && !p) ||
+            (tag >= 0 && (tag & KINBOX__TAG_UNIQUE)))
                 return M_NOT_MERGED;
         struct mtmpl *t = m_tmpl_find(ms, sql);
         if (!t) {
@@ -1178,6 +1237,7 @@ m_try(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 g = &ms->groups[ms->ngroups++];
                 g->t = t;
                 g->tag = tag;
+                g->first = tag;
                 g->rows = 0;
                 kinbox__buf_reset(&g->text);
                 kinbox__buf_add(&g->text, t->sql, t->tup_off);
@@ -1187,8 +1247,12 @@ m_try(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 mark = g->text.len;
                 old_tag = g->tag;
                 kinbox__buf_add(&g->text, ",", 1);
+                /* Rows of several messages: name the first one's group
+                 * (merged statements never span a savepoint). */
                 if (g->tag != tag)
-                        g->tag = KINBOX__TAG_MERGED;
+                        g->tag = g->first >= 0 && tag >= 0
+                                     ? KINBOX__TAG_MERGED_AT(g->first)
+                                     : KINBOX__TAG_MERGED;
         }
         size_t before = g->text.len;
         char err[200];
@@ -1333,10 +1397,13 @@ my_connect(kinbox__db_t *db)
         static const char setup[] =
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\n"
             "SET SESSION sql_mode = '" MY_SQL_MODE "';\n"
+            /* English error texts: the violated key's name is read from
+             * error 1062's text (the code itself decides it is one). */
+            "SET SESSION lc_messages = 'en_US';\n"
             "SELECT @@max_allowed_packet";
-        static const int setup_tags[3] = {-1, -1, -1};
+        static const int setup_tags[4] = {-1, -1, -1, -1};
         struct kinbox_rows_s *r = NULL;
-        int rc = roundtrip(db, setup, sizeof(setup) - 1, setup_tags, 3, &r,
+        int rc = roundtrip(db, setup, sizeof(setup) - 1, setup_tags, 4, &r,
                            false);
         if (rc) {
                 kinbox_rows_destroy(r);
@@ -1553,6 +1620,61 @@ my_rollback(kinbox__db_t *db)
         MYSQL_RES *res = mysql_store_result(db->native);
         if (res)
                 mysql_free_result(res);
+}
+
+static int
+my_savepoint(kinbox__db_t *db, const char *name)
+{
+        struct mystate *s = st_get(db);
+        if (!db->native || !s)
+                return my_down_err(db);
+        char sql[96];
+        int n = snprintf(sql, sizeof(sql), "SAVEPOINT %s", name);
+        int rc = q_append(db, sql, (size_t)n, -1, 1);
+        if (!rc) {
+                /* Rolling back to it before it was sent is a truncation. */
+                s->sp_len = s->q.len;
+                s->sp_ntags = s->ntags;
+                snprintf(s->sp_name, sizeof(s->sp_name), "%s", name);
+        }
+        return rc;
+}
+
+/*
+ * A failed statement ends a multi-statement round trip and rolls back only
+ * itself (InnoDB), so the transaction is alive: drop what is queued and
+ * roll back on the server. When the savepoint itself is still unsent, the
+ * queue is cut right after it instead (nothing to undo on the server).
+ */
+static int
+my_rollback_to(kinbox__db_t *db, const char *name)
+{
+        struct mystate *s = st_get(db);
+        if (!db->native || !s)
+                return my_down_err(db);
+        m_drop(s->merge);
+        if (s->sp_len && s->sp_len <= s->q.len &&
+            !strcmp(s->sp_name, name)) {
+                s->q.len = s->sp_len;
+                s->q.p[s->q.len] = '\0';
+                s->ntags = s->sp_ntags;
+                db->err = (kinbox__dberr_t){.tag = -1};
+                return KINBOX_OK;
+        }
+        int rc = KINBOX_OK;
+        if (s->ntags)
+                (void)q_send(db, NULL, false); /* statements before it */
+        if (!db->native)
+                return db->err.code ? db->err.code : my_down_err(db);
+        char sql[96];
+        int n = snprintf(sql, sizeof(sql), "ROLLBACK TO SAVEPOINT %s", name);
+        if (mysql_real_query(db->native, sql, (unsigned long)n))
+                return my_fail(db, -1, false, "rollback to savepoint");
+        MYSQL_RES *res = mysql_store_result(db->native);
+        if (res)
+                mysql_free_result(res);
+        db->err = (kinbox__dberr_t){.tag = -1};
+        return rc;
 }
 
 static void *
@@ -1816,6 +1938,8 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
         .flush = my_flush,
         .commit = my_commit,
         .rollback = my_rollback,
+        .savepoint = my_savepoint,
+        .rollback_to = my_rollback_to,
         .native = my_native,
         .script = my_script,
         .inbox_insert = my_inbox_insert,

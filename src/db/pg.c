@@ -75,6 +75,20 @@ fail_conn(kinbox__db_t *db, int tag, const char *what)
         return KINBOX_ERR_DB_CONN;
 }
 
+/* Errors no retry can fix: the same statement on the same row fails the
+ * same way every time. Foreign-key violations (23503) are not among them:
+ * the referenced row may arrive. */
+static bool
+permanent(const char *state)
+{
+        if (!state)
+                return false;
+        return !strncmp(state, "22", 2) ||  /* data exception */
+               !strcmp(state, "23502") ||   /* not_null_violation */
+               !strcmp(state, "23514") ||   /* check_violation */
+               !strcmp(state, "23P01");     /* exclusion_violation */
+}
+
 static int
 fail_res(kinbox__db_t *db, PGresult *res, int tag)
 {
@@ -82,11 +96,15 @@ fail_res(kinbox__db_t *db, PGresult *res, int tag)
         const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
         const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
         const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+        const char *cons = PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME);
         int code = classify(pg->conn, state);
         kinbox__db_seterr(db, code, state, 0, tag, "SQLSTATE %s: %s%s%s",
                           state ? state : "?????",
                           msg ? msg : PQresultErrorMessage(res),
                           detail ? " — " : "", detail ? detail : "");
+        db->err.permanent = code == KINBOX_ERR_DB && permanent(state);
+        snprintf(db->err.constraint, sizeof(db->err.constraint), "%s",
+                 cons ? cons : "");
         return code;
 }
 
@@ -560,6 +578,43 @@ out:
 }
 
 static int
+pg_savepoint(kinbox__db_t *db, const char *name)
+{
+        char sql[96];
+        snprintf(sql, sizeof(sql), "SAVEPOINT %s", name);
+        return send_plain(db, sql, K_INTERNAL);
+}
+
+/*
+ * In pipeline mode a failed statement makes the server skip everything up
+ * to the next Sync, and the transaction stays aborted after it: end the
+ * segment with a Sync (inside a transaction block that commits nothing),
+ * then queue ROLLBACK TO SAVEPOINT, which an aborted transaction accepts.
+ */
+static int
+pg_rollback_to(kinbox__db_t *db, const char *name)
+{
+        pg_t *pg = PG(db);
+        if (!pg || !pg->conn)
+                return fail_conn(db, -1, "rollback to savepoint");
+        if (pg->pipeline) {
+                if (!PQpipelineSync(pg->conn))
+                        return fail_conn(db, -1, "sync");
+                int rc = qpush(db, K_SYNC, -1, -1);
+                if (!rc)
+                        rc = drain(db);
+                if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_NOMEM)
+                        return rc;
+        }
+        char sql[96];
+        snprintf(sql, sizeof(sql), "ROLLBACK TO SAVEPOINT %s", name);
+        int rc = send_plain(db, sql, K_INTERNAL);
+        if (!rc)
+                db->err = (kinbox__dberr_t){.tag = -1};
+        return rc;
+}
+
+static int
 leave_pipeline(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
@@ -709,6 +764,8 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .flush = pg_flush,
     .commit = pg_commit,
     .rollback = pg_rollback,
+    .savepoint = pg_savepoint,
+    .rollback_to = pg_rollback_to,
     .native = pg_native,
     .script = pg_script,
     .inbox_insert = pg_inbox_insert,

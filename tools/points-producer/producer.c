@@ -5,7 +5,7 @@
  *
  * usage: kinbox-points-producer -b BOOTSTRAP -t TOPIC -n COUNT
  *            [-d DUP_PERCENT] [-u USERS] [-s START] [-e EXPECTED_FILE]
- *            [-B BAD_COUNT] [-K]
+ *            [-B BAD_COUNT] [-K] [-z BIZDUP_PERMILLE] [-p POISON_PERMILLE]
  *
  * Message i has header message_id = m-<i>, key = user, payload
  * {"order_id":"o-<i>","user_id":U,"grant_points":P}. DUP_PERCENT % of the
@@ -16,6 +16,15 @@
  * relay's re-publish looks like). BAD_COUNT malformed messages are added
  * (they must end in the dead-letter table). EXPECTED_FILE gets one
  * "user_id points" line per user, sorted by user id as text.
+ *
+ * -z: that many per mille of the events are followed by a *business
+ * duplicate*: a new message id (bd-<i>) carrying the order of an event
+ * shortly before it, with that event's user as key (the same partition,
+ * behind the original): a correct consumer grants the order once.
+ * -p: that many per mille of the events are *poison* (message id px-<i>,
+ * order px-<i>): a grant of 5,000,000 points, which the handler accepts
+ * and a `CHECK (points_delta <= 1000000)` on user_points_flow (added by
+ * bench/run) rejects in SQL; they must end in the dead-letter table.
  */
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
@@ -65,9 +74,10 @@ int
 main(int argc, char **argv)
 {
         const char *bootstrap = NULL, *topic = NULL, *expected = NULL;
-        long n = 0, dup = 0, users = 100, start = 0, bad = 0;
+        long n = 0, dup = 0, users = 100, start = 0, bad = 0, biz = 0,
+             poison = 0;
         int ch, same_key = 0;
-        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kh")) != -1) {
+        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kz:p:h")) != -1) {
                 switch (ch) {
                 case 'b': bootstrap = optarg; break;
                 case 't': topic = optarg; break;
@@ -78,6 +88,8 @@ main(int argc, char **argv)
                 case 'e': expected = optarg; break;
                 case 'B': bad = strtol(optarg, NULL, 10); break;
                 case 'K': same_key = 1; break;
+                case 'z': biz = strtol(optarg, NULL, 10); break;
+                case 'p': poison = strtol(optarg, NULL, 10); break;
                 default:
                         fprintf(stderr,
                                 "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT "
@@ -112,7 +124,7 @@ main(int argc, char **argv)
         }
         long long *bal = calloc((size_t)users + 1, sizeof(*bal));
         char key[32], id[32], payload[200];
-        long dups = 0;
+        long dups = 0, bizdups = 0, poisons = 0;
         for (long i = start; i < start + n; i++) {
                 long user = i % users + 1, pts = i % 13 + 1;
                 snprintf(key, sizeof(key), "u%ld", user);
@@ -128,6 +140,30 @@ main(int argc, char **argv)
                                 snprintf(key, sizeof(key), "resend-%ld", i);
                         produce(rk, topic, key, payload, id);
                         dups++;
+                }
+                if (biz && (i * 104729) % 1000 < biz) {
+                        long j = i - (i * 31) % 7; /* an order just before */
+                        if (j < start)
+                                j = i;
+                        long ju = j % users + 1;
+                        snprintf(key, sizeof(key), "u%ld", ju);
+                        snprintf(id, sizeof(id), "bd-%ld", i);
+                        snprintf(payload, sizeof(payload),
+                                 "{\"order_id\":\"o-%ld\",\"user_id\":%ld,"
+                                 "\"grant_points\":%ld}",
+                                 j, ju, j % 13 + 1);
+                        produce(rk, topic, key, payload, id);
+                        bizdups++;
+                }
+                if (poison && (i * 7907) % 1000 < poison) {
+                        snprintf(id, sizeof(id), "px-%ld", i);
+                        snprintf(payload, sizeof(payload),
+                                 "{\"order_id\":\"px-%ld\",\"user_id\":%ld,"
+                                 "\"grant_points\":5000000}",
+                                 i, user);
+                        snprintf(key, sizeof(key), "u%ld", user);
+                        produce(rk, topic, key, payload, id);
+                        poisons++;
                 }
         }
         for (long i = 0; i < bad; i++) {
@@ -155,8 +191,8 @@ main(int argc, char **argv)
                 fclose(fp);
         }
         free(bal);
-        printf("produced %ld events, %ld re-sent duplicates, %ld malformed "
-               "to %s\n",
-               n, dups, bad, topic);
+        printf("produced %ld events, %ld re-sent duplicates, %ld business "
+               "duplicates, %ld poison, %ld malformed to %s\n",
+               n, dups, bizdups, poisons, bad, topic);
         return 0;
 }

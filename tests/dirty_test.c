@@ -1,0 +1,348 @@
+/*
+ * dirty_test.c -- the streams users really have, on both backends:
+ * re-sends, business duplicates (a new message id for an event already
+ * applied), poison that fails in SQL, several partitions and batches.
+ *
+ * What must hold: every failure is charged to the message whose statement
+ * or result caused it, and to no other (no innocent message is retried,
+ * delayed to a later attempt or dead-lettered); business duplicates are
+ * counted, never dead letters; poison is dead-lettered at its first attempt
+ * with its own reason.
+ */
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../handlers/points/points.h"
+
+/* Parameters: backend (0 PostgreSQL, 1 MySQL) x handler shape. */
+#define KT_SHAPES_PARAMS(suite, name)                                          \
+        ParameterizedTestParameters(suite, name)                               \
+        {                                                                      \
+                static int v[] = {0, 1, 2, 3};                                 \
+                return cr_make_param_array(int, v, 4);                         \
+        }
+
+/* Payload "KEY V": insert (KEY, V, attempt) into kt_attr after adding V to
+ * the one kt_total row. A taken KEY is a business duplicate (the key is
+ * marked with kinbox_tx_exec_unique()), so its UPDATE must be undone; a
+ * negative V violates a CHECK. */
+static int
+parse_kv(const kinbox_msg_t *m, char *key, size_t ksz, char *v, size_t vsz)
+{
+        size_t n;
+        const char *p = kinbox_msg_payload(m, &n);
+        char body[160];
+        snprintf(body, sizeof(body), "%.*s", (int)(p ? n : 0), p ? p : "");
+        char k[64], x[32];
+        if (sscanf(body, "%63s %31s", k, x) != 2)
+                return -1;
+        snprintf(key, ksz, "%s", k);
+        snprintf(v, vsz, "%s", x);
+        return 0;
+}
+
+static kinbox_result_t
+attr_handler(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        (void)opaque;
+        char key[64], v[32], att[16];
+        if (parse_kv(msg, key, sizeof(key), v, sizeof(v))) {
+                kinbox_tx_set_error(tx, "payload: expected \"KEY V\"");
+                return KINBOX_RESULT_REJECT;
+        }
+        snprintf(att, sizeof(att), "%d", kinbox_msg_attempt(msg));
+        const char *up[1] = {v};
+        const char *ins[4] = {key, v, kinbox_msg_id(msg), att};
+        if (kinbox_tx_exec(tx, "UPDATE kt_total SET n = n + $1", 1, up) ||
+            kinbox_tx_exec_unique(tx, NULL,
+                                  "INSERT INTO kt_attr (k, v, msg, attempt) "
+                                  "VALUES ($1, $2, $3, $4)",
+                                  4, ins))
+                return KINBOX_RESULT_RETRY;
+        return KINBOX_RESULT_OK;
+}
+
+/* The same effect, set-based: one INSERT for the batch, one UPDATE. */
+static kinbox_result_t
+attr_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
+           kinbox_result_t *results, void *opaque)
+{
+        (void)opaque;
+        size_t cap = 64 + count * 48;
+        char *sql = malloc(cap);
+        const char **p = calloc(4 * count + 1, sizeof(*p));
+        char(*keys)[64] = calloc(count, 64);
+        char(*vs)[32] = calloc(count, 32);
+        char(*atts)[16] = calloc(count, 16);
+        char sum[32];
+        long long total = 0;
+        size_t np = 0, len = 0;
+        kinbox_result_t rc = KINBOX_RESULT_RETRY;
+        if (!sql || !p || !keys || !vs || !atts)
+                goto out;
+        len = (size_t)snprintf(sql, cap, "INSERT INTO kt_attr (k, v, msg, "
+                                         "attempt) VALUES ");
+        for (size_t i = 0; i < count; i++) {
+                if (parse_kv(msgs[i], keys[i], 64, vs[i], 32)) {
+                        results[i] = KINBOX_RESULT_REJECT;
+                        kinbox_tx_set_msg_error(tx, msgs[i], "payload");
+                        continue;
+                }
+                snprintf(atts[i], 16, "%d", kinbox_msg_attempt(msgs[i]));
+                total += atoll(vs[i]);
+                len += (size_t)snprintf(sql + len, cap - len,
+                                        "%s($%zu, $%zu, $%zu, $%zu)",
+                                        np ? ", " : "", np + 1, np + 2,
+                                        np + 3, np + 4);
+                p[np++] = keys[i];
+                p[np++] = vs[i];
+                p[np++] = kinbox_msg_id(msgs[i]);
+                p[np++] = atts[i];
+        }
+        rc = KINBOX_RESULT_OK;
+        if (!np)
+                goto out;
+        snprintf(sum, sizeof(sum), "%lld", total);
+        const char *up[1] = {sum};
+        if (kinbox_tx_exec(tx, "UPDATE kt_total SET n = n + $1", 1, up) ||
+            kinbox_tx_exec_unique(tx, NULL, sql, (int)np, p))
+                rc = KINBOX_RESULT_RETRY;
+out:
+        free(sql);
+        free(p);
+        free(keys);
+        free(vs);
+        free(atts);
+        return rc;
+}
+
+KT_SHAPES_PARAMS(dirty, attribution_exact)
+ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
+{
+        int backend = *param % 2;
+        bool batch = *param >= 2;
+        char *url = kt_fresh_db(kt_backend(backend));
+        kt_exec(url, "CREATE TABLE kt_attr (k VARCHAR(64) PRIMARY KEY, "
+                     "v INT NOT NULL CHECK (v >= 0), msg VARCHAR(64) NOT "
+                     "NULL, attempt INT NOT NULL)");
+        kt_exec(url, "CREATE TABLE kt_total (n BIGINT NOT NULL)");
+        kt_exec(url, "INSERT INTO kt_total VALUES (0)");
+        char *topic = kt_unique("tdirty");
+        kt_topic(topic, 6);
+        kt_producer_t *pr = kt_producer_new();
+        /* 1,500 events over 6 partitions: every 37th a CHECK poison, every
+         * 29th a business duplicate of an earlier key (new id), every 41st
+         * re-sent with its id (a redelivery). */
+        int good = 0, poison = 0, bizdup = 0, resent = 0;
+        long long sum = 0;
+        char id[32], payload[96];
+        for (int i = 0; i < 1500; i++) {
+                int part = i % 6;
+                if (i % 37 == 36) {
+                        snprintf(id, sizeof(id), "p-%d", i);
+                        snprintf(payload, sizeof(payload), "k-%d -1", i);
+                        poison++;
+                } else if (i % 29 == 28) {
+                        snprintf(id, sizeof(id), "b-%d", i);
+                        /* the key of an earlier good event, maybe in the
+                         * same batch */
+                        int j = i - 1 - (i % 13);
+                        while (j % 37 == 36 || j % 29 == 28)
+                                j--;
+                        snprintf(payload, sizeof(payload), "k-%d 1000", j);
+                        /* behind the original on its partition, so the
+                         * original is the one applied */
+                        part = j % 6;
+                        bizdup++;
+                } else {
+                        snprintf(id, sizeof(id), "g-%d", i);
+                        snprintf(payload, sizeof(payload), "k-%d %d", i,
+                                 i % 100);
+                        good++;
+                        sum += i % 100;
+                }
+                kt_produce(pr, topic, part, NULL, payload, id);
+                if (i % 41 == 40) {
+                        kt_produce(pr, topic, part, NULL, payload, id);
+                        resent++;
+                }
+        }
+        kt_producer_flush_destroy(pr);
+        long long produced = 1500 + resent;
+        kinbox_conf_t *c = kt_conf(url, "dirty", kt_unique("gdirty"), topic);
+        kt_set(c, "retry.max", "3");
+        kt_set(c, "batch.max", "200");
+        kt_set(c, "retry.backoff.base.ms", "10");
+        kt_set(c, "retry.backoff.max.ms", "50");
+        kt_run_t *r = kt_run_start(c, batch ? NULL : attr_handler,
+                                   batch ? attr_batch : NULL, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
+                                            "kinbox_offsets",
+                                       produced, 120),
+                     produced));
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(r), &st);
+        kt_run_stop(r);
+        /* Every good event once, at its first attempt. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
+                                       "msg NOT LIKE 'g-%'"),
+                     0));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
+                                       "attempt <> 1"),
+                     0),
+                  "a message was charged another message's failure");
+        /* The business duplicates' UPDATEs were undone. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT n FROM kt_total"), sum));
+        /* Dead letters: exactly the poison, at its first attempt, with the
+         * CHECK violation as its reason. */
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
+                                       "kinbox_dead_letter"),
+                     poison));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
+                                       "kinbox_dead_letter WHERE message_id "
+                                       "LIKE 'p-%' AND attempts = 1"),
+                     poison));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
+                                       "kinbox_dead_letter WHERE error NOT "
+                                       "LIKE '%23514%' AND error NOT LIKE "
+                                       "'%4025%'"),
+                     0));
+        /* Counted: business duplicates apart from redeliveries; nothing
+         * was retried. */
+        cr_assert(eq(u64, st.business_duplicates, (uint64_t)bizdup));
+        cr_assert(eq(u64, st.duplicates, (uint64_t)resent));
+        cr_assert(eq(u64, st.retried, 0));
+        cr_assert(eq(u64, st.dead, (uint64_t)poison));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     1500));
+}
+
+/* A handler that says "already applied" itself: KINBOX_RESULT_DUPLICATE
+ * commits what it queued, keeps the inbox row, counts the message. */
+static kinbox_result_t
+self_dup_handler(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        (void)opaque;
+        size_t n;
+        const char *p = kinbox_msg_payload(msg, &n);
+        if (n >= 3 && !memcmp(p, "dup", 3))
+                return KINBOX_RESULT_DUPLICATE;
+        const char *v[1] = {kinbox_msg_id(msg)};
+        if (kinbox_tx_exec(tx, "INSERT INTO kt_seen (id) VALUES ($1)", 1, v))
+                return KINBOX_RESULT_RETRY;
+        return KINBOX_RESULT_OK;
+}
+
+KT_BACKENDS_PARAMS(dirty, result_duplicate)
+ParameterizedTest(int *backend, dirty, result_duplicate, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "CREATE TABLE kt_seen (id VARCHAR(64) PRIMARY KEY)");
+        char *topic = kt_unique("tsd");
+        kt_topic(topic, 2);
+        kt_producer_t *pr = kt_producer_new();
+        char id[32];
+        for (int i = 0; i < 100; i++) {
+                snprintf(id, sizeof(id), "s-%d", i);
+                kt_produce(pr, topic, i % 2, NULL, i % 10 ? "new" : "dup",
+                           id);
+        }
+        kt_producer_flush_destroy(pr);
+        kinbox_conf_t *c = kt_conf(url, "selfdup", kt_unique("gsd"), topic);
+        kt_run_t *r = kt_run_start(c, self_dup_handler, NULL, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
+                                            "kinbox_offsets",
+                                       100, 60),
+                     100));
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(r), &st);
+        kt_run_stop(r);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_seen"), 90));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     100));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
+                                       "kinbox_dead_letter"),
+                     0));
+        cr_assert(eq(u64, st.business_duplicates, 10));
+        cr_assert(eq(u64, st.processed, 90));
+}
+
+/* The built-in points handlers absorb business duplicates: the order is
+ * granted once, whichever message ids carry it; order ids compare byte for
+ * byte ("o-1 " and "o-1" are two orders on both backends). */
+static void
+points_business_duplicates(int backend, bool single)
+{
+        char *url = kt_fresh_db(kt_backend(backend));
+        char *topic = kt_unique("tpb");
+        kt_topic(topic, 4);
+        kt_producer_t *pr = kt_producer_new();
+        char id[32], payload[160], key[16];
+        long long total = 0;
+        int flows = 0, dups = 0, msgs = 0;
+        for (int i = 0; i < 2000; i++) {
+                int user = 1 + i % 50;
+                bool dup = i % 25 == 24;
+                int order = dup ? i - 1 - (i % 7) : i;
+                snprintf(id, sizeof(id), "m-%d", i);
+                snprintf(payload, sizeof(payload),
+                         "{\"order_id\":\"o-%d%s\",\"user_id\":%d,"
+                         "\"grant_points\":%d}",
+                         order, order % 100 == 3 ? " " : "",
+                         dup ? 1 + (order % 50) : user, 1 + order % 9);
+                snprintf(key, sizeof(key), "%d", dup ? 1 + order % 50 : user);
+                if (dup && order % 25 == 24)
+                        continue; /* not an original: keep it simple */
+                kt_produce(pr, topic, -1, key, payload, id);
+                msgs++;
+                if (dup) {
+                        dups++;
+                } else {
+                        flows++;
+                        total += 1 + i % 9;
+                }
+        }
+        /* o-3 with a trailing blank is another order than o-3. */
+        snprintf(payload, sizeof(payload),
+                 "{\"order_id\":\"o-3\",\"user_id\":4,\"grant_points\":5}");
+        kt_produce(pr, topic, -1, "4", payload, "m-extra");
+        msgs++;
+        flows++;
+        total += 5;
+        kt_producer_flush_destroy(pr);
+        kinbox_conf_t *c = kt_conf(url, "points", kt_unique("gpb"), topic);
+        kt_run_t *r = kt_run_start(
+            c, single ? kinbox_points_single_module.handle : NULL,
+            single ? NULL : kinbox_points_module.handle_batch, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
+                                            "kinbox_offsets",
+                                       msgs, 120),
+                     msgs));
+        kinbox_consumer_stats_t st;
+        kinbox_consumer_stats(kt_run_consumer(r), &st);
+        kt_run_stop(r);
+        kt_assert_points(url, total, flows);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
+                                       "kinbox_dead_letter"),
+                     0));
+        cr_assert(eq(u64, st.business_duplicates, (uint64_t)dups));
+        cr_assert(eq(u64, st.retried, 0));
+}
+
+KT_BACKENDS_PARAMS(dirty, points_batch_business_duplicates)
+ParameterizedTest(int *backend, dirty, points_batch_business_duplicates,
+                  .timeout = 180)
+{
+        points_business_duplicates(*backend, false);
+}
+
+KT_BACKENDS_PARAMS(dirty, points_single_business_duplicates)
+ParameterizedTest(int *backend, dirty, points_single_business_duplicates,
+                  .timeout = 180)
+{
+        points_business_duplicates(*backend, true);
+}
