@@ -43,6 +43,7 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
+#include "confval.h"
 #include "db.h"
 #include "internal.h"
 #include "metrics.h"
@@ -1501,11 +1502,12 @@ wait_wakeup(kinbox_relay_t *r, int64_t ms)
 static bool
 conf_bool(const kinbox_conf_t *conf, const char *key, bool dflt)
 {
+        /* kinbox_conf_set validated the value with the same parser. */
+        bool b = dflt;
         const char *v = kinbox_conf_get(conf, key);
-        if (!v || !*v)
-                return dflt;
-        return !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes") ||
-               !strcmp(v, "on");
+        if (v && *v)
+                kinbox__confval_bool(key, v, &b, NULL, 0);
+        return b;
 }
 
 KINBOX_API kinbox_relay_t *
