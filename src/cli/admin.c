@@ -7,6 +7,7 @@
  * stdout). Exit status: see admin.h (also printed by `kinbox help`).
  */
 #include "admin.h"
+#include "confval.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -142,20 +143,8 @@ parse_id(const opts_t *o, const char *s, int64_t *id)
 static int
 parse_duration_ms(const char *s, int64_t *ms)
 {
-        char *end;
-        long long n = strtoll(s, &end, 10);
-        if (end == s || n < 0)
-                return -1;
-        int64_t mul = !*end || !strcmp(end, "s") ? 1000
-                      : !strcmp(end, "ms")       ? 1
-                      : !strcmp(end, "m")        ? 60000
-                      : !strcmp(end, "h")        ? 3600000
-                      : !strcmp(end, "d")        ? 86400000
-                                                 : 0;
-        if (!mul)
-                return -1;
-        *ms = n * mul;
-        return 0;
+        return kinbox__confval_duration("duration", s, 0, INT64_MAX, ms, NULL,
+                                        0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1101,6 +1090,14 @@ outbox_fail(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_err_t rc,
 }
 
 static int
+count_row(const kinbox_outbox_row_t *row, void *opaque)
+{
+        (void)row;
+        ++*(int *)opaque;
+        return 1;
+}
+
+static int
 outbox_pause(ctx_t *x, const char *dest, bool pause)
 {
         const char *v[1] = {dest};
@@ -1241,7 +1238,22 @@ kb_cmd_outbox(int argc, char **argv)
                                      oa, x.o.destination, &n)
                                : kinbox_outbox_cancel_destination(
                                      oa, x.o.destination, &n);
-                if (rc) {
+                /* Nothing changed: a destination without any row is a
+                 * mistake (typo) the operator must see, not "0 rows". */
+                int any = 0;
+                if (!rc && !n &&
+                    !(rc = kinbox_outbox_list(oa, KINBOX_OUTBOX_ANY,
+                                              x.o.destination, 0, 1,
+                                              count_row, &any)) &&
+                    !any)
+                        rc = KINBOX_ERR_NOT_FOUND;
+                if (rc == KINBOX_ERR_NOT_FOUND) {
+                        char what[300];
+                        snprintf(what, sizeof(what),
+                                 "no outbox row has destination \"%.200s\"",
+                                 x.o.destination);
+                        ex = outbox_fail(&x, oa, rc, what);
+                } else if (rc) {
                         ex = outbox_fail(&x, oa, rc, "");
                 } else if (x.o.json) {
                         json_out(json_pack("{s:s,s:s,s:I}", "destination",
@@ -1526,6 +1538,13 @@ kb_cmd_prune(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         x.loaded = true;
+        /* The same refusal as `kinbox run`: pruning inside the redelivery
+         * window would forget ids the broker can still redeliver. */
+        int refused = kb_retention_check(&x.cfg, "prune");
+        if (refused) {
+                ctx_close(&x);
+                return refused;
+        }
         kinbox_prune_result_t res;
         kinbox_err_t rc =
             kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res, err, sizeof(err));
@@ -1641,18 +1660,25 @@ kb_admin_usage(const char *cmd, void *fpv)
 /* kinbox run: retention check, pruner thread, metrics endpoint */
 
 int
-kb_run_check(kb_config_t *cfg)
+kb_retention_check(kb_config_t *cfg, const char *cmd)
 {
-        for (int i = 0; i < cfg->nconsumers; i++) {
+        /* Every consumer (its topics' window from the broker when it can
+         * answer), then the shared settings the pruner deletes by. */
+        for (int i = 0; i <= cfg->nconsumers; i++) {
+                kinbox_conf_t *c =
+                    i < cfg->nconsumers ? cfg->consumers[i].conf : cfg->base;
                 char err[1024];
                 int64_t window = 0;
                 const char *src = NULL;
-                if (kinbox_retention_check(cfg->consumers[i].conf, &window,
-                                           &src, err, sizeof(err))) {
-                        fprintf(stderr, "kinbox run: consumer.%s: %s\n",
+                if (!c || !kinbox_retention_check(c, &window, &src, err,
+                                                  sizeof(err)))
+                        continue;
+                if (i < cfg->nconsumers)
+                        fprintf(stderr, "kinbox %s: consumer.%s: %s\n", cmd,
                                 cfg->consumers[i].name, err);
-                        return KB_EX_USAGE;
-                }
+                else
+                        fprintf(stderr, "kinbox %s: %s\n", cmd, err);
+                return KB_EX_USAGE;
         }
         return KB_EX_OK;
 }
