@@ -8,6 +8,7 @@
  */
 #include "admin.h"
 #include "confval.h"
+#include "hdrcodec.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -780,6 +781,28 @@ dead_list(ctx_t *x)
         return KB_EX_OK;
 }
 
+/* Stored headers for people: "name: value; ..." with \xNN for bytes that
+ * are not printable UTF-8 (README's notation); the raw column when it does
+ * not decode. */
+static char *
+show_headers(const char *val, size_t n)
+{
+        kinbox__hdrs_t h;
+        char why[200];
+        char *e = NULL;
+        if (!kinbox__hdrcodec_decode(val, n, &h, why, sizeof(why))) {
+                e = kinbox__hdrcodec_display(&h, "; ");
+        } else {
+                char *raw = escape_bytes(val, n);
+                size_t l = (raw ? strlen(raw) : 0) + strlen(why) + 8;
+                if (raw && (e = malloc(l)))
+                        snprintf(e, l, "%s (%s)", raw, why);
+                free(raw);
+        }
+        kinbox__hdrs_free(&h);
+        return e;
+}
+
 static int
 dead_show(ctx_t *x, int64_t id)
 {
@@ -816,7 +839,9 @@ dead_show(ctx_t *x, int64_t id)
         for (int c = 0; c < 14; c++) {
                 size_t n = 0;
                 const char *val = kinbox_rows_value(r, 0, c, &n);
-                char *e = val ? escape_bytes(val, n) : NULL;
+                char *e = c == 7 && val ? show_headers(val, n)
+                          : val         ? escape_bytes(val, n)
+                                        : NULL;
                 if (x->o.json)
                         json_object_set_new(
                             jo, names[c],
