@@ -237,3 +237,146 @@ ParameterizedTest(int *backend, hardening, outbox_unknown_destination,
                   "%s", out);
         free(out);
 }
+
+/* ---- (5) the metrics listener: bounded, logs through kinbox ---- */
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+static pthread_mutex_t http_lock = PTHREAD_MUTEX_INITIALIZER;
+static int http_lines, http_limit_lines;
+
+static void
+http_log(int level, const char *fac, const char *msg, void *opaque)
+{
+        (void)opaque;
+        pthread_mutex_lock(&http_lock);
+        if (level == KINBOX_LOG_DEBUG && !strcmp(fac, "http")) {
+                http_lines++;
+                if (has(msg, "limit"))
+                        http_limit_lines++;
+        }
+        pthread_mutex_unlock(&http_lock);
+}
+
+static int
+connect_local(int port)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        struct timeval tv = {2, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
+/* One GET /healthz on a new connection: true on "200". */
+static bool
+healthz(int port)
+{
+        int fd = connect_local(port);
+        if (fd < 0)
+                return false;
+        const char req[] = "GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                           "Connection: close\r\n\r\n";
+        char buf[256] = "";
+        bool ok = false;
+        if (write(fd, req, sizeof(req) - 1) == (ssize_t)(sizeof(req) - 1)) {
+                ssize_t n = read(fd, buf, sizeof(buf) - 1);
+                ok = n > 12 && !strncmp(buf, "HTTP/1.1 200", 12);
+        }
+        close(fd);
+        return ok;
+}
+
+static int
+open_fds(void)
+{
+        int n = 0;
+        DIR *d = opendir("/proc/self/fd");
+        cr_assert(d != NULL);
+        while (readdir(d))
+                n++;
+        closedir(d);
+        return n;
+}
+
+Test(hardening, http_held_connections, .timeout = 300)
+{
+        enum { HELD = 1200 };
+        struct rlimit rl;
+        cr_assert(eq(int, getrlimit(RLIMIT_NOFILE, &rl), 0));
+        if (rl.rlim_cur < HELD + 600) {
+                rl.rlim_cur = rl.rlim_max < HELD + 600 ? rl.rlim_max
+                                                       : HELD + 600;
+                cr_assert(eq(int, setrlimit(RLIMIT_NOFILE, &rl), 0));
+        }
+        cr_assert(rl.rlim_cur >= HELD + 300,
+                  "descriptor limit %llu is too low for this test",
+                  (unsigned long long)rl.rlim_cur);
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        cr_assert(eq(int, kinbox_conf_set(c, "log.level", "debug", e, sizeof(e)),
+                     KINBOX_OK));
+        kinbox_conf_set_log_cb(c, http_log, NULL);
+        kinbox_http_t *h = kinbox_http_start_logged("127.0.0.1:0", c, NULL,
+                                                    NULL, NULL, e, sizeof(e));
+        cr_assert(h != NULL, "%s", e);
+        int port = kinbox_http_port(h);
+        cr_assert(healthz(port));
+        int base = open_fds();
+        static int held[HELD];
+        int nheld = 0;
+        for (int i = 0; i < HELD; i++) {
+                int fd = connect_local(port);
+                if (fd < 0)
+                        continue;
+                /* a request that never ends */
+                if (write(fd, "GET /healthz HTTP/1.1\r\n", 23) != 23) {
+                        close(fd);
+                        continue;
+                }
+                held[nheld++] = fd;
+        }
+        cr_assert(nheld >= HELD - 10, "only %d connections opened", nheld);
+        /* The server holds at most its limit, whatever the clients do:
+         * our own descriptors are base + nheld. */
+        sleep(1);
+        int server_side = open_fds() - base - nheld;
+        cr_assert(server_side <= 256 + 8,
+                  "server holds %d descriptors for %d connections",
+                  server_side, nheld);
+        /* /healthz answers while the connections are still held (they
+         * are closed by the server over the limits or when idle). */
+        bool ok = false;
+        for (int i = 0; i < 120 && !ok; i++) {
+                ok = healthz(port);
+                if (!ok)
+                        usleep(500000);
+        }
+        cr_assert(ok, "/healthz never answered with %d held connections",
+                  nheld);
+        for (int i = 0; i < nheld; i++)
+                close(held[i]);
+        kinbox_http_stop(h);
+        /* MHD's messages came through the logger, rate-limited. */
+        pthread_mutex_lock(&http_lock);
+        int lines = http_lines, limit_lines = http_limit_lines;
+        pthread_mutex_unlock(&http_lock);
+        cr_assert(limit_lines >= 1, "no limit message logged (%d lines)",
+                  lines);
+        cr_assert(lines <= 10 + 1, "%d lines: not rate-limited", lines);
+        kinbox_conf_destroy(c);
+}

@@ -1846,8 +1846,9 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                 if (!ops->rk)
                         rd_kafka_conf_destroy(kc);
         }
-        ops->http = kinbox_http_start(cfg->metrics_listen, ready_cb,
-                                      collect_cb, ops, err, sz);
+        ops->http = kinbox_http_start_logged(cfg->metrics_listen, cfg->base,
+                                             ready_cb, collect_cb, ops, err,
+                                             sz);
         if (!ops->http) {
                 kb_ops_stop(ops);
                 return NULL;
