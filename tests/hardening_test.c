@@ -380,3 +380,114 @@ Test(hardening, http_held_connections, .timeout = 300)
         cr_assert(lines <= 10 + 1, "%d lines: not rate-limited", lines);
         kinbox_conf_destroy(c);
 }
+
+/* ---- (6) SIGTERM ends kinbox run within the bound, whatever the broker
+ * and the database do ---- */
+
+#include <fcntl.h>
+
+#define SHUTDOWN_BOUND_S 30 /* src/cli/watchdog.h, README */
+
+static void
+services(const char *cmd)
+{
+        char line[512];
+        snprintf(line, sizeof(line), "\"%s\" %s >/dev/null 2>&1",
+                 kt_env("KINBOX_SERVICES"), cmd);
+        cr_assert(eq(int, system(line), 0), "scripts/services %s failed",
+                  cmd);
+}
+
+/* A private dev broker (this test stops it); returns its pid and writes
+ * its bootstrap list into bs. */
+static pid_t
+private_broker(char *bs, size_t bs_size)
+{
+        char *file = kt_tmp("bsfile");
+        unlink(file);
+        pid_t pid = fork();
+        cr_assert(pid >= 0);
+        if (pid == 0) {
+                int fd = open("/dev/null", O_RDWR);
+                dup2(fd, 1);
+                dup2(fd, 2);
+                const char *bin = getenv("KINBOX_DEVBROKER_BIN");
+                execl(bin, bin, "--brokers", "1", "--bootstrap-file", file,
+                      (char *)NULL);
+                _exit(127);
+        }
+        for (int i = 0; i < 200; i++) {
+                char *s = kt_slurp(file);
+                if (s && *s) {
+                        s[strcspn(s, "\r\n")] = '\0';
+                        const char *v = strchr(s, '=') ? strchr(s, '=') + 1
+                                                       : s;
+                        snprintf(bs, bs_size, "%s", v);
+                        free(s);
+                        return pid;
+                }
+                free(s);
+                usleep(50000);
+        }
+        kill(pid, SIGKILL);
+        cr_fatal("private dev broker did not start");
+        return -1;
+}
+
+/* Exit status, -signal, or -1000 when still running after timeout_s. */
+static int
+wait_exit(pid_t pid, int timeout_s)
+{
+        for (int i = 0; i < timeout_s * 20; i++) {
+                int st;
+                if (waitpid(pid, &st, WNOHANG) == pid)
+                        return WIFEXITED(st) ? WEXITSTATUS(st)
+                                             : -WTERMSIG(st);
+                usleep(50000);
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1000;
+}
+
+KT_BACKENDS_PARAMS(hardening, shutdown_is_bounded)
+ParameterizedTest(int *backend, hardening, shutdown_is_bounded,
+                  .timeout = 400)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        for (int round = 0; round < 3; round++) {
+                char bs[512];
+                pid_t broker = private_broker(bs, sizeof(bs));
+                char *ini = kt_tmp("shutdown_ini");
+                FILE *fp = fopen(ini, "w");
+                cr_assert(fp != NULL);
+                fprintf(fp,
+                        "[database]\nurl = %s\n[kafka]\nbootstrap.servers = "
+                        "%s\nsession.timeout.ms = 6000\n"
+                        "[metrics]\nlisten = 127.0.0.1:0\n"
+                        "[consumer.points]\ntopics = sd\nhandler = points\n"
+                        "group.id = %s\n"
+                        "[relay]\nenabled = true\n",
+                        url, bs, kt_unique("sdg"));
+                fclose(fp);
+                char *log = kt_tmp("shutdown_log");
+                pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+                /* running: joined (or joining) its group */
+                sleep(4 + round);
+                cr_assert(eq(int, waitpid(pid, NULL, WNOHANG), 0),
+                          "kinbox run exited early:\n%s", kt_slurp(log));
+                kill(pid, SIGTERM);
+                kill(broker, SIGTERM);
+                services(*backend ? "mysql-stop kill" : "pg-stop immediate");
+                int rc = wait_exit(pid, SHUTDOWN_BOUND_S + 15);
+                waitpid(broker, NULL, 0);
+                services(*backend ? "mysql-start" : "pg-start");
+                char *out = kt_slurp(log);
+                cr_assert(rc != -1000,
+                          "round %d: still running %d s after SIGTERM:\n%s",
+                          round, SHUTDOWN_BOUND_S + 15, out);
+                cr_assert(rc >= 0, "round %d: died of signal %d:\n%s", round,
+                          -rc, out);
+                free(out);
+        }
+}

@@ -19,6 +19,7 @@
 #include "../../handlers/ledger/ledger.h"
 #include "../../handlers/points/points.h"
 #include "admin.h"
+#include "watchdog.h"
 #include "config.h"
 
 #define EX_RUNTIME 1
@@ -295,6 +296,7 @@ static void
 on_signal(int sig)
 {
         (void)sig;
+        kb_watchdog_arm(); /* the shutdown is bounded from here */
         for (int i = 0; i < g_nrunners; i++)
                 kinbox_consumer_stop(g_runners[i].c);
         if (g_relay)
@@ -448,6 +450,9 @@ cmd_run(int argc, char **argv)
                 g_runners = rs;
                 g_nrunners = n;
                 g_relay = relay;
+                if (kb_watchdog_start())
+                        fprintf(stderr, "kinbox run: cannot start the "
+                                        "shutdown watchdog\n");
                 struct sigaction sa;
                 memset(&sa, 0, sizeof(sa));
                 sa.sa_handler = on_signal;
@@ -470,6 +475,8 @@ cmd_run(int argc, char **argv)
                                 break;
                         }
                 for (int i = 0; i < started; i++) {
+                        kb_watchdog_step("waiting for a consumer's last "
+                                         "batch and offset commit");
                         pthread_join(rs[i].thr, NULL);
                         if (rs[i].rc) {
                                 fprintf(stderr,
@@ -482,6 +489,8 @@ cmd_run(int argc, char **argv)
                         }
                 }
                 if (relay_started) {
+                        kb_watchdog_step("waiting for the relay's last "
+                                         "round");
                         pthread_join(relay_thr, NULL);
                         kinbox_relay_stats_t rst;
                         kinbox_relay_stats(relay, &rst);
@@ -518,14 +527,18 @@ cmd_run(int argc, char **argv)
                 }
         }
         for (int i = 0; i < n; i++) {
+                kb_watchdog_step("closing a consumer (leaving its group)");
                 kinbox_consumer_destroy(rs[i].c);
                 if (rs[i].mod && rs[i].mod->fini)
                         rs[i].mod->fini(rs[i].opaque);
         }
         g_nrunners = 0;
         g_relay = NULL;
+        kb_watchdog_step("stopping the pruner and the metrics listener");
         kb_ops_stop(ops);
+        kb_watchdog_step("closing the relay (flushing its producer)");
         kinbox_relay_destroy(relay);
+        kb_watchdog_done();
         free(rs);
         kb_config_free(&cfg);
         return status;
