@@ -367,6 +367,12 @@ Test(config_file, variable_defaults)
                        "batch.max = ${KB_T_BATCH:-8}\n",
                     &err);
         cr_assert(eq(int, rc, 3), "%s", err);
+        /* An empty default (found by the INI fuzzer: UB on an empty copy) */
+        rc = kb_ini("run", "env -u KB_T_BATCH",
+                    DB "[consumer.c]\nhandler = points\ntopics = t\n"
+                       "group.id = g${KB_T_BATCH:-}\n",
+                    &err);
+        cr_assert(eq(int, rc, 3), "%s", err);
 }
 
 Test(config_file, handler_outside_path_refused_before_loading)

@@ -49,7 +49,7 @@ typedef struct kb_buf {
 static void
 kb_buf_add(kb_buf_t *b, const char *s, size_t n)
 {
-        if (b->oom)
+        if (b->oom || !n)
                 return;
         if (b->len + n > b->cap) {
                 size_t cap = b->cap ? b->cap : 64;
