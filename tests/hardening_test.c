@@ -491,3 +491,85 @@ ParameterizedTest(int *backend, hardening, shutdown_is_bounded,
                 free(out);
         }
 }
+
+/* ---- (7) stored headers: migration 0005 and `dead show` ---- */
+
+static void
+insert_dead(const char *url, bool my, const char *msgid, const char *json)
+{
+        /* MySQL string literals take backslash escapes: double them. */
+        char lit[1024];
+        size_t k = 0;
+        for (const char *p = json; *p && k + 2 < sizeof(lit); p++) {
+                if (*p == '\\' && my)
+                        lit[k++] = '\\';
+                lit[k++] = *p;
+        }
+        lit[k] = '\0';
+        char sql[2048];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_dead_letter (consumer, message_id, "
+                 "topic, kafka_partition, kafka_offset, headers, error, "
+                 "dead_at, first_failed_at) VALUES ('c', '%s', 't', 0, 1, "
+                 "'%s', 'bad', %s, %s)",
+                 msgid, lit, my ? "CURRENT_TIMESTAMP(6)" : "now()",
+                 my ? "CURRENT_TIMESTAMP(6)" : "now()");
+        kt_exec(url, sql);
+}
+
+static char *
+dead_show(const char *ini, const char *url, const char *msgid)
+{
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "SELECT id FROM kinbox_dead_letter WHERE message_id = '%s'",
+                 msgid);
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, "dead show %lld -c %s", kt_qint(url, sql),
+                             ini),
+                     0),
+                  "%s", out);
+        return out;
+}
+
+KT_BACKENDS_PARAMS(hardening, dead_headers_stored_form)
+ParameterizedTest(int *backend, hardening, dead_headers_stored_form,
+                  .timeout = 120)
+{
+        bool my = *backend == 1;
+        char *url = kt_fresh_db(kt_backend(*backend));
+        /* the old dead-letter form, convertible */
+        insert_dead(url, my, "h1",
+                    "[{\"name\":\"a\",\"value\":\"x\\u0001\"},"
+                    "{\"name\":\"n\",\"value\":null},"
+                    "{\"value\":\"\",\"name\":\"e\"}]");
+        /* the old form with a raw byte (\u00ff = the byte 0xff) */
+        insert_dead(url, my, "h2", "[{\"name\":\"b\",\"value\":\"x\\u00ffy\"}]");
+        /* the stored form */
+        insert_dead(url, my, "h3", "[[\"c\",{\"b64\":\"/w==\"}],[\"c\",\"2\"]]");
+        kt_exec(url, "DELETE FROM kinbox_schema_migrations WHERE component = "
+                     "'kinbox' AND version = 5");
+        char *ini = kt_write_ini(url, "");
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 0), "%s", out);
+        free(out);
+        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM "
+                                       "kinbox_dead_letter WHERE message_id "
+                                       "= 'h1' AND headers LIKE '[[%'"),
+                     1),
+                  "0005 did not convert the old form");
+        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM "
+                                       "kinbox_dead_letter WHERE message_id "
+                                       "= 'h2' AND headers LIKE '[{%'"),
+                     1));
+        out = dead_show(ini, url, "h1");
+        cr_assert(has(out, "a: x\\x01; n; e: "), "%s", out);
+        free(out);
+        out = dead_show(ini, url, "h2");
+        cr_assert(has(out, "b: x\\xffy"), "%s", out);
+        cr_assert(has(out, "u00ff") == false, "%s", out);
+        free(out);
+        out = dead_show(ini, url, "h3");
+        cr_assert(has(out, "c: \\xff; c: 2"), "%s", out);
+        free(out);
+}
