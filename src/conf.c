@@ -1,6 +1,7 @@
 /*
  * conf.c -- the property table, validation, and the generated reference.
  */
+#include "confval.h"
 #include "internal.h"
 
 #include <ctype.h>
@@ -34,7 +35,7 @@ static const prop_t props[] = {
 {"group.id", P_STR, NULL, 0, 0, NULL,
  "Kafka consumer group; defaults to `name`."},
 {"handler", P_STR, NULL, 0, 0, NULL,
- "Handler name for `kinbox run`: a built-in (`points`, `ledger`) or a module found in `handler.path`."},
+ "Handler name for `kinbox run`: a built-in (`points`, `ledger`) or a module `<handler.path>/<handler>.so`; a name with `/`, `..` or a control character is refused before anything is loaded."},
 {"handler.path", P_STR, NULL, 0, 0, NULL,
  "Directory searched for handler modules (`<handler>.so`)."},
 {"message_id", P_STR, "header:message_id", 0, 0, NULL,
@@ -166,48 +167,6 @@ oom:
         return NULL;
 }
 
-/* Parse "123", "250ms", "30s", "5m", "2h", "14d" into milliseconds. */
-static int
-parse_duration(const char *s, int64_t *out)
-{
-        char *end;
-        errno = 0;
-        long long n = strtoll(s, &end, 10);
-        if (errno || end == s || n < 0)
-                return -1;
-        int64_t mul;
-        if (!*end || !strcmp(end, "ms"))
-                mul = *end ? 1 : 1000; /* bare numbers are seconds */
-        else if (!strcmp(end, "s"))
-                mul = 1000;
-        else if (!strcmp(end, "m"))
-                mul = 60000;
-        else if (!strcmp(end, "h"))
-                mul = 3600000;
-        else if (!strcmp(end, "d"))
-                mul = 86400000;
-        else
-                return -1;
-        if (n > INT64_MAX / mul)
-                return -1;
-        *out = (int64_t)n * mul;
-        return 0;
-}
-
-static int
-parse_bool(const char *s, bool *out)
-{
-        if (!strcasecmp(s, "true") || !strcmp(s, "1") ||
-            !strcasecmp(s, "yes") || !strcasecmp(s, "on"))
-                *out = true;
-        else if (!strcasecmp(s, "false") || !strcmp(s, "0") ||
-                 !strcasecmp(s, "no") || !strcasecmp(s, "off"))
-                *out = false;
-        else
-                return -1;
-        return 0;
-}
-
 static int
 check_msgid(const char *v)
 {
@@ -218,6 +177,26 @@ check_msgid(const char *v)
         if (!strncmp(v, "json:", 5) && (v[5] == '/' || !v[5]))
                 return 0;
         return -1;
+}
+
+/* A handler or module name becomes "<handler.path>/<name>.so": a name that
+ * could leave that directory is refused before anything is loaded. */
+static int
+check_module_names(const char *key, const char *v, char *errstr, size_t sz)
+{
+        size_t n = strlen(v);
+        for (size_t i = 0; i < n; i++) {
+                if (v[i] == '/' || (v[i] == '.' && v[i + 1] == '.') ||
+                    (unsigned char)v[i] < 0x20) {
+                        kinbox__errstr(errstr, sz,
+                                       "%s: \"%.80s\" is not a handler name "
+                                       "(no '/', no '..', no control "
+                                       "characters)",
+                                       key, v);
+                        return -1;
+                }
+        }
+        return 0;
 }
 
 static kinbox_err_t
@@ -233,36 +212,23 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
                                        value);
                         return KINBOX_ERR_INVALID;
                 }
+                if ((!strcmp(p->key, "handler") ||
+                     !strcmp(p->key, "relay.modules")) &&
+                    check_module_names(p->key, value, errstr, sz))
+                        return KINBOX_ERR_INVALID;
                 return KINBOX_OK;
         case P_INT: {
-                char *end;
-                errno = 0;
-                long long n = strtoll(value, &end, 10);
-                if (errno || end == value || *end) {
-                        kinbox__errstr(errstr, sz,
-                                       "%s: \"%s\" is not an integer", p->key,
-                                       value);
-                        return KINBOX_ERR_INVALID;
-                }
-                if (n < p->min || n > p->max) {
-                        kinbox__errstr(errstr, sz,
-                                       "%s: %lld is out of range [%lld, %lld]",
-                                       p->key, n, (long long)p->min,
-                                       (long long)p->max);
-                        return KINBOX_ERR_INVALID;
-                }
-                return KINBOX_OK;
+                int64_t n;
+                return kinbox__confval_int(p->key, value, p->min, p->max, &n,
+                                           errstr, sz)
+                           ? KINBOX_ERR_INVALID
+                           : KINBOX_OK;
         }
         case P_BOOL: {
                 bool b;
-                if (parse_bool(value, &b)) {
-                        kinbox__errstr(errstr, sz,
-                                       "%s: \"%s\" is not a boolean "
-                                       "(true/false)",
-                                       p->key, value);
-                        return KINBOX_ERR_INVALID;
-                }
-                return KINBOX_OK;
+                return kinbox__confval_bool(p->key, value, &b, errstr, sz)
+                           ? KINBOX_ERR_INVALID
+                           : KINBOX_OK;
         }
         case P_ENUM: {
                 size_t n = strlen(value);
@@ -279,21 +245,10 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
         }
         case P_DURATION: {
                 int64_t ms;
-                if (parse_duration(value, &ms)) {
-                        kinbox__errstr(errstr, sz,
-                                       "%s: \"%s\" is not a duration "
-                                       "(e.g. 500ms, 30s, 5m, 2h, 14d)",
-                                       p->key, value);
-                        return KINBOX_ERR_INVALID;
-                }
-                if (ms < p->min || ms > p->max) {
-                        kinbox__errstr(errstr, sz,
-                                       "%s: \"%s\" is below the minimum of "
-                                       "%lld ms",
-                                       p->key, value, (long long)p->min);
-                        return KINBOX_ERR_INVALID;
-                }
-                return KINBOX_OK;
+                return kinbox__confval_duration(p->key, value, p->min, p->max,
+                                                &ms, errstr, sz)
+                           ? KINBOX_ERR_INVALID
+                           : KINBOX_OK;
         }
         }
         return KINBOX_ERR_INVALID;
@@ -396,17 +351,19 @@ kinbox__conf_int(const kinbox_conf_t *conf, const char *key)
         const char *v = kinbox_conf_get(conf, key);
         if (i < 0 || !v)
                 return 0;
+        /* Values were validated by kinbox_conf_set; a default that fails
+         * here is a bug in the table and reads as 0. */
         if (props[i].type == P_BOOL) {
                 bool b = false;
-                parse_bool(v, &b);
+                kinbox__confval_bool(key, v, &b, NULL, 0);
                 return b;
         }
-        if (props[i].type == P_DURATION) {
-                int64_t ms = 0;
-                parse_duration(v, &ms);
-                return ms;
-        }
-        return strtoll(v, NULL, 10);
+        int64_t n = 0;
+        if (props[i].type == P_DURATION)
+                kinbox__confval_duration(key, v, 0, INT64_MAX, &n, NULL, 0);
+        else if (props[i].type == P_INT)
+                kinbox__confval_int(key, v, INT64_MIN, INT64_MAX, &n, NULL, 0);
+        return n;
 }
 
 void

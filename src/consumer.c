@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "msgid.h"
 #include "tx.h"
+#include "hdrcodec.h"
 
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -970,27 +971,6 @@ store_offsets(kinbox_consumer_t *c, worker_t *w)
         rd_kafka_topic_partition_list_destroy(l);
 }
 
-static void
-headers_json(const kinbox_msg_t *m, kinbox__buf_t *b)
-{
-        size_t n = kinbox_msg_header_count(m);
-        kinbox__buf_add(b, "[", 1);
-        for (size_t i = 0; i < n; i++) {
-                kinbox_header_t h;
-                if (kinbox_msg_header_at(m, i, &h))
-                        break;
-                kinbox__buf_adds(b, i ? ",{\"name\":" : "{\"name\":");
-                kinbox__buf_json_str(b, h.name, strlen(h.name));
-                kinbox__buf_adds(b, ",\"value\":");
-                if (h.value)
-                        kinbox__buf_json_str(b, h.value, h.size);
-                else
-                        kinbox__buf_adds(b, "null");
-                kinbox__buf_add(b, "}", 1);
-        }
-        kinbox__buf_add(b, "]", 1);
-}
-
 static int
 queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
 {
@@ -1001,7 +981,7 @@ queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
         snprintf(att, sizeof(att), "%d", m->failures);
         kinbox__buf_t h;
         kinbox__buf_init(&h);
-        headers_json(m, &h);
+        kinbox__headers_json(m, &h);
         if (h.oom) {
                 kinbox__buf_free(&h);
                 return KINBOX_ERR_NOMEM;

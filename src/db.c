@@ -64,10 +64,25 @@ kinbox__dburl_parse(const char *url, kinbox__dburl_t *u, char *errstr,
                 u->backend = KINBOX_BACKEND_MYSQL;
                 p = url + 8;
         } else {
-                kinbox__errstr(errstr, sz,
-                               "database.url: unsupported scheme in \"%.*s\" "
-                               "(use postgresql:// or mysql://)",
-                               (int)strcspn(url, ":"), url);
+                /* Never echo the value: it can be libpq's keyword form
+                 * ("host=... password=..."), or a URL with a password.
+                 * Only a scheme-shaped prefix is named. */
+                size_t n = strspn(url, "abcdefghijklmnopqrstuvwxyz"
+                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                       "0123456789+.-");
+                if (n && n <= 32 && !strncmp(url + n, "://", 3))
+                        kinbox__errstr(errstr, sz,
+                                       "database.url: unsupported scheme "
+                                       "\"%.*s://\" (use postgresql:// or "
+                                       "mysql://)",
+                                       (int)n, url);
+                else
+                        kinbox__errstr(errstr, sz,
+                                       "database.url is not a postgresql:// "
+                                       "or mysql:// URL (libpq's "
+                                       "\"key=value\" form is not supported; "
+                                       "the value is not shown as it may "
+                                       "hold a password)");
                 return -1;
         }
         const char *slash = strchr(p, '/');

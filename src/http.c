@@ -8,6 +8,9 @@
 #include "internal.h"
 
 #include <arpa/inet.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -15,8 +18,24 @@
 #include <string.h>
 #include <sys/socket.h>
 
+/* Held connections must not exhaust the process's descriptors (database
+ * and broker connections need them) nor starve /healthz: a bounded number
+ * of connections, fewer per client address, idle ones closed. Over the
+ * limits, libmicrohttpd accepts and closes at once. */
+#define HTTP_MAX_CONNECTIONS 256
+#define HTTP_MAX_PER_IP 64
+#define HTTP_IDLE_TIMEOUT_S 5
+/* libmicrohttpd's own messages (bad requests, limits reached) go to the
+ * kinbox logger at debug level, at most this many per window. */
+#define HTTP_LOG_BURST 10
+#define HTTP_LOG_WINDOW_MS 60000
+
 struct kinbox_http_s {
         struct MHD_Daemon *d;
+        kinbox__log_t lg;
+        pthread_mutex_t log_lock;
+        int64_t log_window_start;
+        unsigned log_count, log_suppressed;
         kinbox_ready_fn ready;
         kinbox_collect_fn collect;
         void *opaque;
@@ -136,10 +155,53 @@ bad:
         return -1;
 }
 
+/* MHD_OPTION_EXTERNAL_LOGGER: one kinbox log line per message, rate
+ * limited (any client can provoke these). Runs on MHD's thread. */
+static void
+mhd_log(void *cls, const char *fmt, va_list ap)
+{
+        kinbox_http_t *h = cls;
+        if (h->lg.level < KINBOX_LOG_DEBUG)
+                return;
+        char msg[512];
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        msg[strcspn(msg, "\r\n")] = '\0';
+        int64_t now = kinbox__now_ms();
+        unsigned suppressed = 0;
+        bool emit;
+        pthread_mutex_lock(&h->log_lock);
+        if (now - h->log_window_start >= HTTP_LOG_WINDOW_MS) {
+                suppressed = h->log_suppressed;
+                h->log_window_start = now;
+                h->log_count = 0;
+                h->log_suppressed = 0;
+        }
+        emit = h->log_count < HTTP_LOG_BURST;
+        if (emit)
+                h->log_count++;
+        else
+                h->log_suppressed++;
+        pthread_mutex_unlock(&h->log_lock);
+        if (suppressed)
+                kinbox__log(&h->lg, KINBOX_LOG_DEBUG, "http",
+                            "%u libmicrohttpd messages suppressed", suppressed);
+        if (emit)
+                kinbox__log(&h->lg, KINBOX_LOG_DEBUG, "http", "%s", msg);
+}
+
 kinbox_http_t *
 kinbox_http_start(const char *listen, kinbox_ready_fn ready,
                   kinbox_collect_fn collect, void *opaque, char *errstr,
                   size_t errstr_size)
+{
+        return kinbox_http_start_logged(listen, NULL, ready, collect, opaque,
+                                        errstr, errstr_size);
+}
+
+kinbox_http_t *
+kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
+                         kinbox_ready_fn ready, kinbox_collect_fn collect,
+                         void *opaque, char *errstr, size_t errstr_size)
 {
         struct sockaddr_storage ss;
         socklen_t len = 0;
@@ -153,7 +215,17 @@ kinbox_http_start(const char *listen, kinbox_ready_fn ready,
         h->ready = ready;
         h->collect = collect;
         h->opaque = opaque;
-        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+        if (conf) {
+                kinbox__conf_logger(conf, &h->lg);
+        } else {
+                h->lg.level = KINBOX_LOG_INFO;
+        }
+        pthread_mutex_init(&h->log_lock, NULL);
+        h->log_window_start = kinbox__now_ms();
+        /* poll/epoll, not select(): a descriptor above FD_SETSIZE must not
+         * stop the server. */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
+                         MHD_USE_ERROR_LOG;
         if (ss.ss_family == AF_INET6)
                 flags |= MHD_USE_IPv6;
         uint16_t port = ss.ss_family == AF_INET6
@@ -161,9 +233,16 @@ kinbox_http_start(const char *listen, kinbox_ready_fn ready,
                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
         h->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, h,
                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                                MHD_OPTION_CONNECTION_TIMEOUT,
+                                (unsigned)HTTP_IDLE_TIMEOUT_S,
+                                MHD_OPTION_CONNECTION_LIMIT,
+                                (unsigned)HTTP_MAX_CONNECTIONS,
+                                MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                (unsigned)HTTP_MAX_PER_IP,
+                                MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                                 MHD_OPTION_END);
         if (!h->d) {
+                pthread_mutex_destroy(&h->log_lock);
                 kinbox__errstr(errstr, errstr_size,
                                "metrics listen \"%s\": cannot listen (address "
                                "in use or not local?)",
@@ -189,5 +268,6 @@ kinbox_http_stop(kinbox_http_t *h)
         if (!h)
                 return;
         MHD_stop_daemon(h->d);
+        pthread_mutex_destroy(&h->log_lock);
         free(h);
 }

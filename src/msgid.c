@@ -53,6 +53,14 @@ check_id(const void *p, size_t n, const char *what, char *why, size_t wsz)
                                what, n, KINBOX__MSGID_MAX);
                 return NULL;
         }
+        const char *nul = memchr(p, '\0', n);
+        if (nul) {
+                kinbox__errstr(why, wsz,
+                               "message id from %s contains a NUL byte (at "
+                               "byte %zu)",
+                               what, (size_t)(nul - (const char *)p));
+                return NULL;
+        }
         if (!valid_text(p, n)) {
                 kinbox__errstr(why, wsz,
                                "message id from %s is not valid UTF-8 text",
@@ -70,7 +78,7 @@ kinbox__json_pointer(const char *json, size_t len, const char *ptr,
                      char *why, size_t wsz)
 {
         json_error_t jerr;
-        json_t *root = json_loadb(json, len, 0, &jerr);
+        json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
         if (!root) {
                 kinbox__errstr(why, wsz,
                                "payload is not valid JSON (line %d: %s)",
@@ -157,6 +165,21 @@ kinbox__msgid_extract(const char *spec, const kinbox__msgview_t *m,
                 if (!m->headers ||
                     rd_kafka_header_get_last(m->headers, spec + 7, &v, &n)) {
                         kinbox__errstr(why, wsz, "no header \"%s\"", spec + 7);
+                        return NULL;
+                }
+                /* Two id headers: which one the producer meant is unknown,
+                 * and picking one could apply a message twice. */
+                const void *v2;
+                size_t n2;
+                if (!rd_kafka_header_get(m->headers, 1, spec + 7, &v2, &n2)) {
+                        size_t count = 2;
+                        while (!rd_kafka_header_get(m->headers, count,
+                                                    spec + 7, &v2, &n2))
+                                count++;
+                        kinbox__errstr(why, wsz,
+                                       "ambiguous message id: %zu \"%s\" "
+                                       "headers",
+                                       count, spec + 7);
                         return NULL;
                 }
                 return check_id(v, n, spec, why, wsz);

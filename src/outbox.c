@@ -18,6 +18,7 @@
 #include <mysql.h>
 
 #include "db.h"
+#include "hdrcodec.h"
 #include "internal.h"
 #include "tx.h"
 
@@ -52,111 +53,20 @@ static const char find_id_sql[] =
 
 /* ---------------------------------------------------------------- helpers */
 
-static bool
-utf8_valid(const unsigned char *s, size_t n)
-{
-        size_t i = 0;
-        while (i < n) {
-                unsigned char c = s[i];
-                size_t k;
-                uint32_t cp;
-                if (c < 0x80) {
-                        i++;
-                        continue;
-                } else if ((c & 0xE0) == 0xC0) {
-                        k = 1;
-                        cp = c & 0x1F;
-                } else if ((c & 0xF0) == 0xE0) {
-                        k = 2;
-                        cp = c & 0x0F;
-                } else if ((c & 0xF8) == 0xF0) {
-                        k = 3;
-                        cp = c & 0x07;
-                } else {
-                        return false;
-                }
-                if (i + k >= n)
-                        return false;
-                for (size_t j = 1; j <= k; j++) {
-                        if (i + j >= n || (s[i + j] & 0xC0) != 0x80)
-                                return false;
-                        cp = (cp << 6) | (s[i + j] & 0x3F);
-                }
-                if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) ||
-                    (k == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-                    (cp >= 0xD800 && cp <= 0xDFFF))
-                        return false;
-                i += k + 1;
-        }
-        return true;
-}
-
-static void
-json_str(kinbox__buf_t *b, const char *s, size_t n)
-{
-        static const char hex[] = "0123456789abcdef";
-        kinbox__buf_add(b, "\"", 1);
-        for (size_t i = 0; i < n; i++) {
-                unsigned char c = (unsigned char)s[i];
-                if (c == '"' || c == '\\') {
-                        char e[2] = {'\\', (char)c};
-                        kinbox__buf_add(b, e, 2);
-                } else if (c < 0x20) {
-                        char e[6] = {'\\', 'u', '0', '0', hex[c >> 4],
-                                     hex[c & 15]};
-                        kinbox__buf_add(b, e, 6);
-                } else {
-                        kinbox__buf_add(b, &s[i], 1);
-                }
-        }
-        kinbox__buf_add(b, "\"", 1);
-}
-
-static void
-base64(kinbox__buf_t *b, const unsigned char *p, size_t n)
-{
-        static const char t[] =
-            "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for (size_t i = 0; i < n; i += 3) {
-                uint32_t v = (uint32_t)p[i] << 16;
-                if (i + 1 < n)
-                        v |= (uint32_t)p[i + 1] << 8;
-                if (i + 2 < n)
-                        v |= p[i + 2];
-                char o[4] = {t[(v >> 18) & 63], t[(v >> 12) & 63],
-                             i + 1 < n ? t[(v >> 6) & 63] : '=',
-                             i + 2 < n ? t[v & 63] : '='};
-                kinbox__buf_add(b, o, 4);
-        }
-}
-
 int
 kinbox__outbox_headers_json(kinbox__buf_t *b, const kinbox_header_t *h,
                             size_t n)
 {
-        kinbox__buf_add(b, "[", 1);
-        for (size_t i = 0; i < n; i++) {
+        /* Outbox headers need a name (the codec itself keeps empty ones,
+         * which consumed messages may carry). */
+        for (size_t i = 0; i < n; i++)
                 if (!h[i].name || !*h[i].name)
                         return -1;
-                if (i)
-                        kinbox__buf_add(b, ",", 1);
-                kinbox__buf_add(b, "[", 1);
-                json_str(b, h[i].name, strlen(h[i].name));
-                kinbox__buf_add(b, ",", 1);
-                if (!h[i].value) {
-                        kinbox__buf_adds(b, "null");
-                } else if (utf8_valid(h[i].value, h[i].size)) {
-                        json_str(b, h[i].value, h[i].size);
-                } else {
-                        kinbox__buf_adds(b, "{\"b64\":\"");
-                        base64(b, h[i].value, h[i].size);
-                        kinbox__buf_adds(b, "\"}");
-                }
-                kinbox__buf_add(b, "]", 1);
-        }
-        kinbox__buf_add(b, "]", 1);
-        kinbox__buf_add(b, "", 1); /* NUL, not counted */
-        b->len--;
+        char *s = kinbox__hdrcodec_encode(h, n, NULL, 0);
+        if (!s)
+                return n > KINBOX__HDRS_MAX ? -1 : -2;
+        kinbox__buf_adds(b, s);
+        free(s);
         return b->oom ? -2 : 0;
 }
 

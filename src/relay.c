@@ -43,7 +43,9 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
+#include "confval.h"
 #include "db.h"
+#include "hdrcodec.h"
 #include "internal.h"
 #include "metrics.h"
 
@@ -59,16 +61,9 @@ int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
 
 /* ---------------------------------------------------------------- types */
 
-typedef struct hdr {
-        char *name;
-        char *value; /* NULL: null header */
-        size_t size;
-} hdr_t;
-
-typedef struct hdrs {
-        hdr_t *v;
-        size_t n;
-} hdrs_t;
+/* Stored headers (hdrcodec.h). */
+typedef kinbox__hdr_t hdr_t;
+typedef kinbox__hdrs_t hdrs_t;
 
 struct kinbox_action_s {
         int64_t id;
@@ -191,266 +186,18 @@ to_i64(const char *s)
 static void
 hdrs_free(hdrs_t *h)
 {
-        for (size_t i = 0; i < h->n; i++) {
-                free(h->v[i].name);
-                free(h->v[i].value);
-        }
-        free(h->v);
-        h->v = NULL;
-        h->n = 0;
+        kinbox__hdrs_free(h);
 }
 
 /* ---------------------------------------------------------- header JSON */
 
-static const char *
-jws(const char *p)
-{
-        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-                p++;
-        return p;
-}
-
-static int
-hexval(char c)
-{
-        if (c >= '0' && c <= '9')
-                return c - '0';
-        if (c >= 'a' && c <= 'f')
-                return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F')
-                return c - 'A' + 10;
-        return -1;
-}
-
-static const char *
-hex4(const char *p, uint32_t *out)
-{
-        uint32_t v = 0;
-        for (int i = 0; i < 4; i++) {
-                int h = hexval(p[i]);
-                if (h < 0)
-                        return NULL;
-                v = (v << 4) | (uint32_t)h;
-        }
-        *out = v;
-        return p + 4;
-}
-
-static void
-put_utf8(kinbox__buf_t *b, uint32_t cp)
-{
-        char o[4];
-        size_t n;
-        if (cp < 0x80) {
-                o[0] = (char)cp;
-                n = 1;
-        } else if (cp < 0x800) {
-                o[0] = (char)(0xC0 | (cp >> 6));
-                o[1] = (char)(0x80 | (cp & 0x3F));
-                n = 2;
-        } else if (cp < 0x10000) {
-                o[0] = (char)(0xE0 | (cp >> 12));
-                o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                o[2] = (char)(0x80 | (cp & 0x3F));
-                n = 3;
-        } else {
-                o[0] = (char)(0xF0 | (cp >> 18));
-                o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-                o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                o[3] = (char)(0x80 | (cp & 0x3F));
-                n = 4;
-        }
-        kinbox__buf_add(b, o, n);
-}
-
-/* p at '"'. Decoded bytes into b (reset first). Returns past the string. */
-static const char *
-jstring(const char *p, kinbox__buf_t *b)
-{
-        kinbox__buf_reset(b);
-        if (*p != '"')
-                return NULL;
-        p++;
-        while (*p && *p != '"') {
-                if (*p != '\\') {
-                        kinbox__buf_add(b, p, 1);
-                        p++;
-                        continue;
-                }
-                p++;
-                char c = *p++;
-                switch (c) {
-                case '"': kinbox__buf_add(b, "\"", 1); break;
-                case '\\': kinbox__buf_add(b, "\\", 1); break;
-                case '/': kinbox__buf_add(b, "/", 1); break;
-                case 'b': kinbox__buf_add(b, "\b", 1); break;
-                case 'f': kinbox__buf_add(b, "\f", 1); break;
-                case 'n': kinbox__buf_add(b, "\n", 1); break;
-                case 'r': kinbox__buf_add(b, "\r", 1); break;
-                case 't': kinbox__buf_add(b, "\t", 1); break;
-                case 'u': {
-                        uint32_t cp, lo;
-                        if (!(p = hex4(p, &cp)))
-                                return NULL;
-                        if (cp >= 0xD800 && cp <= 0xDBFF && p[0] == '\\' &&
-                            p[1] == 'u') {
-                                const char *q = hex4(p + 2, &lo);
-                                if (q && lo >= 0xDC00 && lo <= 0xDFFF) {
-                                        cp = 0x10000 + ((cp - 0xD800) << 10) +
-                                             (lo - 0xDC00);
-                                        p = q;
-                                }
-                        }
-                        put_utf8(b, cp);
-                        break;
-                }
-                default:
-                        return NULL;
-                }
-        }
-        if (*p != '"')
-                return NULL;
-        kinbox__buf_add(b, "", 1);
-        b->len--;
-        return b->oom ? NULL : p + 1;
-}
-
-static int
-b64val(char c)
-{
-        if (c >= 'A' && c <= 'Z')
-                return c - 'A';
-        if (c >= 'a' && c <= 'z')
-                return c - 'a' + 26;
-        if (c >= '0' && c <= '9')
-                return c - '0' + 52;
-        if (c == '+')
-                return 62;
-        if (c == '/')
-                return 63;
-        return -1;
-}
-
-static char *
-b64decode(const char *s, size_t n, size_t *outlen)
-{
-        char *o = malloc(n / 4 * 3 + 3);
-        if (!o)
-                return NULL;
-        size_t k = 0;
-        uint32_t acc = 0;
-        int bits = 0;
-        for (size_t i = 0; i < n && s[i] != '='; i++) {
-                int v = b64val(s[i]);
-                if (v < 0) {
-                        free(o);
-                        return NULL;
-                }
-                acc = (acc << 6) | (uint32_t)v;
-                bits += 6;
-                if (bits >= 8) {
-                        bits -= 8;
-                        o[k++] = (char)((acc >> bits) & 0xFF);
-                }
-        }
-        *outlen = k;
-        return o;
-}
-
-/* Parse the headers column. Returns 0, -1 on malformed input / OOM. */
+/* Parse the headers column (hdrcodec.h). Returns 0, -1 on malformed input
+ * / OOM. */
 static int
 headers_parse(const char *json, hdrs_t *out)
 {
-        memset(out, 0, sizeof(*out));
-        if (!json)
-                return 0;
-        kinbox__buf_t s;
-        kinbox__buf_init(&s);
-        size_t cap = 0;
-        const char *p = jws(json);
-        if (*p++ != '[')
-                goto bad;
-        p = jws(p);
-        if (*p == ']')
-                goto done;
-        for (;;) {
-                hdr_t h = {NULL, NULL, 0};
-                p = jws(p);
-                if (*p++ != '[')
-                        goto bad;
-                p = jws(p);
-                if (!(p = jstring(p, &s)))
-                        goto bad;
-                h.name = kinbox__strndup(s.p, s.len);
-                if (!h.name)
-                        goto bad;
-                p = jws(p);
-                if (*p++ != ',') {
-                        free(h.name);
-                        goto bad;
-                }
-                p = jws(p);
-                if (!strncmp(p, "null", 4)) {
-                        p += 4;
-                } else if (*p == '"') {
-                        if (!(p = jstring(p, &s)) ||
-                            !(h.value = kinbox__memdup(s.p, s.len + 1))) {
-                                free(h.name);
-                                goto bad;
-                        }
-                        h.size = s.len;
-                } else if (*p == '{') {
-                        p = jws(p + 1);
-                        if (!(p = jstring(p, &s)) || strcmp(s.p, "b64")) {
-                                free(h.name);
-                                goto bad;
-                        }
-                        p = jws(p);
-                        if (*p++ != ':' || !(p = jstring(jws(p), &s)) ||
-                            !(h.value = b64decode(s.p, s.len, &h.size))) {
-                                free(h.name);
-                                goto bad;
-                        }
-                        p = jws(p);
-                        if (*p++ != '}') {
-                                free(h.name);
-                                free(h.value);
-                                goto bad;
-                        }
-                } else {
-                        free(h.name);
-                        goto bad;
-                }
-                p = jws(p);
-                if (*p++ != ']') {
-                        free(h.name);
-                        free(h.value);
-                        goto bad;
-                }
-                if (out->n == cap) {
-                        cap = cap ? cap * 2 : 4;
-                        hdr_t *nv = realloc(out->v, cap * sizeof(*nv));
-                        if (!nv) {
-                                free(h.name);
-                                free(h.value);
-                                goto bad;
-                        }
-                        out->v = nv;
-                }
-                out->v[out->n++] = h;
-                p = jws(p);
-                if (*p == ']')
-                        break;
-                if (*p++ != ',')
-                        goto bad;
-        }
-done:
-        kinbox__buf_free(&s);
-        return 0;
-bad:
-        kinbox__buf_free(&s);
-        hdrs_free(out);
-        return -1;
+        return kinbox__hdrcodec_decode(json, json ? strlen(json) : 0, out,
+                                       NULL, 0);
 }
 
 /* ---------------------------------------------------------------- Kafka */
@@ -1501,11 +1248,12 @@ wait_wakeup(kinbox_relay_t *r, int64_t ms)
 static bool
 conf_bool(const kinbox_conf_t *conf, const char *key, bool dflt)
 {
+        /* kinbox_conf_set validated the value with the same parser. */
+        bool b = dflt;
         const char *v = kinbox_conf_get(conf, key);
-        if (!v || !*v)
-                return dflt;
-        return !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes") ||
-               !strcmp(v, "on");
+        if (v && *v)
+                kinbox__confval_bool(key, v, &b, NULL, 0);
+        return b;
 }
 
 KINBOX_API kinbox_relay_t *

@@ -8,6 +8,7 @@
  * applied that id), the handler runs, the dead letter becomes `replayed`.
  */
 #include "db.h"
+#include "hdrcodec.h"
 #include "internal.h"
 #include "metrics.h"
 #include "tx.h"
@@ -164,198 +165,40 @@ kinbox_admin_collect_metrics(kinbox_admin_t *adm)
 }
 
 /* ------------------------------------------------------------------ */
-/* headers: the JSON kinbox__buf_json_str() wrote, decoded byte-exact
- * (\u00XX stands for the byte XX there, not for U+00XX). */
+/* headers: the stored form (hdrcodec.h), as kinbox_header_t for the
+ * handler. */
 
 typedef struct hlist {
+        kinbox__hdrs_t h;
         kinbox_header_t *v;
-        char **owned;
-        size_t n, cap;
+        size_t n;
 } hlist_t;
-
-static const char *
-skip_ws(const char *p)
-{
-        while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')
-                p++;
-        return p;
-}
-
-static int
-hexval(const char *p)
-{
-        int v = 0;
-        for (int i = 0; i < 4; i++) {
-                char c = p[i];
-                v <<= 4;
-                if (c >= '0' && c <= '9')
-                        v |= c - '0';
-                else if (c >= 'a' && c <= 'f')
-                        v |= c - 'a' + 10;
-                else if (c >= 'A' && c <= 'F')
-                        v |= c - 'A' + 10;
-                else
-                        return -1;
-        }
-        return v;
-}
-
-/* Parse a JSON string at p (at the opening quote). */
-static const char *
-json_str(const char *p, kinbox__buf_t *out)
-{
-        if (*p != '"')
-                return NULL;
-        for (p++; *p && *p != '"'; p++) {
-                if (*p != '\\') {
-                        kinbox__buf_add(out, p, 1);
-                        continue;
-                }
-                p++;
-                char c = 0;
-                switch (*p) {
-                case '"': c = '"'; break;
-                case '\\': c = '\\'; break;
-                case '/': c = '/'; break;
-                case 'b': c = '\b'; break;
-                case 'f': c = '\f'; break;
-                case 'n': c = '\n'; break;
-                case 'r': c = '\r'; break;
-                case 't': c = '\t'; break;
-                case 'u': {
-                        int v = hexval(p + 1);
-                        if (v < 0)
-                                return NULL;
-                        p += 4;
-                        if (v <= 0xff) {
-                                c = (char)v;
-                                break;
-                        }
-                        char u[3];
-                        if (v < 0x800) {
-                                u[0] = (char)(0xc0 | (v >> 6));
-                                u[1] = (char)(0x80 | (v & 0x3f));
-                                kinbox__buf_add(out, u, 2);
-                        } else {
-                                u[0] = (char)(0xe0 | (v >> 12));
-                                u[1] = (char)(0x80 | ((v >> 6) & 0x3f));
-                                u[2] = (char)(0x80 | (v & 0x3f));
-                                kinbox__buf_add(out, u, 3);
-                        }
-                        continue;
-                }
-                default:
-                        return NULL;
-                }
-                kinbox__buf_add(out, &c, 1);
-        }
-        return *p == '"' ? p + 1 : NULL;
-}
 
 static void
 hlist_free(hlist_t *h)
 {
-        for (size_t i = 0; i < h->n * 2; i++)
-                free(h->owned[i]);
-        free(h->owned);
+        kinbox__hdrs_free(&h->h);
         free(h->v);
+        h->v = NULL;
+        h->n = 0;
 }
 
-/* [{"name":"..","value":".."|null}, ...] */
 static int
-headers_parse(const char *s, hlist_t *h)
+headers_parse(const char *s, hlist_t *h, char *why, size_t why_size)
 {
         memset(h, 0, sizeof(*h));
-        if (!s)
-                return 0;
-        const char *p = skip_ws(s);
-        if (*p++ != '[')
+        if (kinbox__hdrcodec_decode(s, s ? strlen(s) : 0, &h->h, why,
+                                    why_size))
                 return -1;
-        p = skip_ws(p);
-        if (*p == ']')
+        if (!h->h.n)
                 return 0;
-        for (;;) {
-                if (*p++ != '{')
-                        return -1;
-                kinbox__buf_t name, value;
-                kinbox__buf_init(&name);
-                kinbox__buf_init(&value);
-                bool has_value = false;
-                for (;;) {
-                        kinbox__buf_t k;
-                        kinbox__buf_init(&k);
-                        p = json_str(skip_ws(p), &k);
-                        bool isname = p && k.p && !strcmp(k.p, "name");
-                        bool isvalue = p && k.p && !strcmp(k.p, "value");
-                        kinbox__buf_free(&k);
-                        if (!p)
-                                goto bad;
-                        p = skip_ws(p);
-                        if (*p++ != ':')
-                                goto bad;
-                        p = skip_ws(p);
-                        if (!strncmp(p, "null", 4)) {
-                                p += 4;
-                        } else {
-                                kinbox__buf_t *dst =
-                                    isname ? &name : isvalue ? &value : NULL;
-                                kinbox__buf_t junk;
-                                kinbox__buf_init(&junk);
-                                p = json_str(p, dst ? dst : &junk);
-                                kinbox__buf_free(&junk);
-                                if (!p)
-                                        goto bad;
-                                if (isvalue)
-                                        has_value = true;
-                        }
-                        p = skip_ws(p);
-                        if (*p == ',') {
-                                p++;
-                                continue;
-                        }
-                        if (*p++ == '}')
-                                break;
-                        goto bad;
-                }
-                if (h->n == h->cap) {
-                        size_t cap = h->cap ? h->cap * 2 : 8;
-                        kinbox_header_t *v =
-                            realloc(h->v, cap * sizeof(*v));
-                        char **o = v ? realloc(h->owned,
-                                               cap * 2 * sizeof(*o))
-                                     : NULL;
-                        if (v)
-                                h->v = v;
-                        if (!v || !o)
-                                goto bad;
-                        h->owned = o;
-                        h->cap = cap;
-                }
-                kinbox__buf_add(&name, "", 1);
-                char *nm = kinbox__memdup(name.p, name.len);
-                char *vl = has_value ? kinbox__memdup(value.p ? value.p : "",
-                                                      value.len + 1)
-                                     : NULL;
-                if (has_value && vl)
-                        vl[value.len] = '\0';
-                h->owned[h->n * 2] = nm;
-                h->owned[h->n * 2 + 1] = vl;
-                h->v[h->n] = (kinbox_header_t){nm ? nm : "", vl,
-                                               has_value ? value.len : 0};
-                h->n++;
-                kinbox__buf_free(&name);
-                kinbox__buf_free(&value);
-                p = skip_ws(p);
-                if (*p == ',') {
-                        p = skip_ws(p + 1);
-                        continue;
-                }
-                return *p == ']' ? 0 : -1;
-        bad:
-                kinbox__buf_free(&name);
-                kinbox__buf_free(&value);
+        if (!(h->v = calloc(h->h.n, sizeof(*h->v))))
                 return -1;
-        }
+        for (size_t i = 0; i < h->h.n; i++)
+                h->v[i] = (kinbox_header_t){h->h.v[i].name, h->h.v[i].value,
+                                            h->h.v[i].size};
+        h->n = h->h.n;
+        return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -426,11 +269,12 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                 ret = KINBOX_ERR_STATE;
                 goto out;
         }
-        if (headers_parse(v[6], &hl)) {
+        char hwhy[200] = "out of memory";
+        if (headers_parse(v[6], &hl, hwhy, sizeof(hwhy))) {
                 snprintf(adm->errstr, sizeof(adm->errstr),
                          "dead letter %" PRId64 ": stored headers do not "
-                         "parse",
-                         id);
+                         "parse: %s",
+                         id, hwhy);
                 ret = KINBOX_ERR_INVALID;
                 goto out;
         }

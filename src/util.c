@@ -335,6 +335,38 @@ redact_urls(char *msg)
         }
 }
 
+/* libpq's keyword form: "password=S3cret" (or password='S 3') becomes
+ * "password=***". */
+static void
+redact_keywords(char *msg)
+{
+        for (char *p = strstr(msg, "password="); p;
+             p = strstr(p, "password=")) {
+                p += 9;
+                char *end;
+                if (*p == '\'') {
+                        end = p + 1;
+                        while (*end && *end != '\'')
+                                end += (end[0] == '\\' && end[1]) ? 2 : 1;
+                        if (*end)
+                                end++;
+                } else {
+                        end = p + strcspn(p, " \t\"");
+                }
+                if (end - p == 3 && !strncmp(p, "***", 3))
+                        continue;
+                size_t len = (size_t)(end - p);
+                size_t tail = strlen(end) + 1;
+                if (len >= 3) {
+                        memcpy(p, "***", 3);
+                        memmove(p + 3, end, tail);
+                } else {
+                        /* shorter than the mask: drop it (no room) */
+                        memmove(p, end, tail);
+                }
+        }
+}
+
 static const char *
 level_name(int level)
 {
@@ -361,6 +393,7 @@ kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
         char msg[1024];
         vsnprintf(msg, sizeof(msg), fmt, ap);
         redact_urls(msg);
+        redact_keywords(msg);
         /* One event, one line. */
         for (char *p = msg; *p; p++)
                 if (*p == '\n' || *p == '\r')

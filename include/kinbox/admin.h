@@ -191,6 +191,24 @@ KINBOX_API kinbox_http_t *kinbox_http_start(const char *listen,
                                             void *opaque, char *errstr,
                                             size_t errstr_size);
 
+/**
+ * @brief kinbox_http_start() with a logger: libmicrohttpd's own messages
+ *        (malformed requests, connection limits reached) become kinbox log
+ *        lines at debug level (facility "http"), at most 10 a minute plus a
+ *        count of those suppressed; nothing is written to stderr directly.
+ * @param conf Read now for `log.level`, `log.format` and the log callback
+ *             (kinbox_conf_set_log_cb()); not kept. NULL: the default
+ *             logger at info level (so these messages are not shown).
+ * @remark Both start functions bound the server: at most 256 connections,
+ *         64 per client address, idle connections closed after 5 s; over a
+ *         limit a connection is accepted and closed at once. Thread-safe.
+ * @returns The server, or NULL with @p errstr set.
+ */
+KINBOX_API kinbox_http_t *kinbox_http_start_logged(
+    const char *listen, const kinbox_conf_t *conf, kinbox_ready_fn ready,
+    kinbox_collect_fn collect, void *opaque, char *errstr,
+    size_t errstr_size);
+
 /** @brief The port actually bound. */
 KINBOX_API int kinbox_http_port(const kinbox_http_t *h);
 

@@ -7,6 +7,8 @@
  * stdout). Exit status: see admin.h (also printed by `kinbox help`).
  */
 #include "admin.h"
+#include "confval.h"
+#include "hdrcodec.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -142,20 +144,8 @@ parse_id(const opts_t *o, const char *s, int64_t *id)
 static int
 parse_duration_ms(const char *s, int64_t *ms)
 {
-        char *end;
-        long long n = strtoll(s, &end, 10);
-        if (end == s || n < 0)
-                return -1;
-        int64_t mul = !*end || !strcmp(end, "s") ? 1000
-                      : !strcmp(end, "ms")       ? 1
-                      : !strcmp(end, "m")        ? 60000
-                      : !strcmp(end, "h")        ? 3600000
-                      : !strcmp(end, "d")        ? 86400000
-                                                 : 0;
-        if (!mul)
-                return -1;
-        *ms = n * mul;
-        return 0;
+        return kinbox__confval_duration("duration", s, 0, INT64_MAX, ms, NULL,
+                                        0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -791,6 +781,28 @@ dead_list(ctx_t *x)
         return KB_EX_OK;
 }
 
+/* Stored headers for people: "name: value; ..." with \xNN for bytes that
+ * are not printable UTF-8 (README's notation); the raw column when it does
+ * not decode. */
+static char *
+show_headers(const char *val, size_t n)
+{
+        kinbox__hdrs_t h;
+        char why[200];
+        char *e = NULL;
+        if (!kinbox__hdrcodec_decode(val, n, &h, why, sizeof(why))) {
+                e = kinbox__hdrcodec_display(&h, "; ");
+        } else {
+                char *raw = escape_bytes(val, n);
+                size_t l = (raw ? strlen(raw) : 0) + strlen(why) + 8;
+                if (raw && (e = malloc(l)))
+                        snprintf(e, l, "%s (%s)", raw, why);
+                free(raw);
+        }
+        kinbox__hdrs_free(&h);
+        return e;
+}
+
 static int
 dead_show(ctx_t *x, int64_t id)
 {
@@ -827,7 +839,9 @@ dead_show(ctx_t *x, int64_t id)
         for (int c = 0; c < 14; c++) {
                 size_t n = 0;
                 const char *val = kinbox_rows_value(r, 0, c, &n);
-                char *e = val ? escape_bytes(val, n) : NULL;
+                char *e = c == 7 && val ? show_headers(val, n)
+                          : val         ? escape_bytes(val, n)
+                                        : NULL;
                 if (x->o.json)
                         json_object_set_new(
                             jo, names[c],
@@ -1101,6 +1115,14 @@ outbox_fail(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_err_t rc,
 }
 
 static int
+count_row(const kinbox_outbox_row_t *row, void *opaque)
+{
+        (void)row;
+        ++*(int *)opaque;
+        return 1;
+}
+
+static int
 outbox_pause(ctx_t *x, const char *dest, bool pause)
 {
         const char *v[1] = {dest};
@@ -1241,7 +1263,22 @@ kb_cmd_outbox(int argc, char **argv)
                                      oa, x.o.destination, &n)
                                : kinbox_outbox_cancel_destination(
                                      oa, x.o.destination, &n);
-                if (rc) {
+                /* Nothing changed: a destination without any row is a
+                 * mistake (typo) the operator must see, not "0 rows". */
+                int any = 0;
+                if (!rc && !n &&
+                    !(rc = kinbox_outbox_list(oa, KINBOX_OUTBOX_ANY,
+                                              x.o.destination, 0, 1,
+                                              count_row, &any)) &&
+                    !any)
+                        rc = KINBOX_ERR_NOT_FOUND;
+                if (rc == KINBOX_ERR_NOT_FOUND) {
+                        char what[300];
+                        snprintf(what, sizeof(what),
+                                 "no outbox row has destination \"%.200s\"",
+                                 x.o.destination);
+                        ex = outbox_fail(&x, oa, rc, what);
+                } else if (rc) {
                         ex = outbox_fail(&x, oa, rc, "");
                 } else if (x.o.json) {
                         json_out(json_pack("{s:s,s:s,s:I}", "destination",
@@ -1526,6 +1563,13 @@ kb_cmd_prune(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         x.loaded = true;
+        /* The same refusal as `kinbox run`: pruning inside the redelivery
+         * window would forget ids the broker can still redeliver. */
+        int refused = kb_retention_check(&x.cfg, "prune");
+        if (refused) {
+                ctx_close(&x);
+                return refused;
+        }
         kinbox_prune_result_t res;
         kinbox_err_t rc =
             kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res, err, sizeof(err));
@@ -1641,18 +1685,25 @@ kb_admin_usage(const char *cmd, void *fpv)
 /* kinbox run: retention check, pruner thread, metrics endpoint */
 
 int
-kb_run_check(kb_config_t *cfg)
+kb_retention_check(kb_config_t *cfg, const char *cmd)
 {
-        for (int i = 0; i < cfg->nconsumers; i++) {
+        /* Every consumer (its topics' window from the broker when it can
+         * answer), then the shared settings the pruner deletes by. */
+        for (int i = 0; i <= cfg->nconsumers; i++) {
+                kinbox_conf_t *c =
+                    i < cfg->nconsumers ? cfg->consumers[i].conf : cfg->base;
                 char err[1024];
                 int64_t window = 0;
                 const char *src = NULL;
-                if (kinbox_retention_check(cfg->consumers[i].conf, &window,
-                                           &src, err, sizeof(err))) {
-                        fprintf(stderr, "kinbox run: consumer.%s: %s\n",
+                if (!c || !kinbox_retention_check(c, &window, &src, err,
+                                                  sizeof(err)))
+                        continue;
+                if (i < cfg->nconsumers)
+                        fprintf(stderr, "kinbox %s: consumer.%s: %s\n", cmd,
                                 cfg->consumers[i].name, err);
-                        return KB_EX_USAGE;
-                }
+                else
+                        fprintf(stderr, "kinbox %s: %s\n", cmd, err);
+                return KB_EX_USAGE;
         }
         return KB_EX_OK;
 }
@@ -1795,8 +1846,9 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                 if (!ops->rk)
                         rd_kafka_conf_destroy(kc);
         }
-        ops->http = kinbox_http_start(cfg->metrics_listen, ready_cb,
-                                      collect_cb, ops, err, sz);
+        ops->http = kinbox_http_start_logged(cfg->metrics_listen, cfg->base,
+                                             ready_cb, collect_cb, ops, err,
+                                             sz);
         if (!ops->http) {
                 kb_ops_stop(ops);
                 return NULL;

@@ -30,10 +30,12 @@ int kb_cmd_prune(int argc, char **argv);
 /* Help text of those commands; 0 when cmd is not one of them. */
 int kb_admin_usage(const char *cmd, void *fp);
 
-/* `kinbox run`: the start-up retention check of every consumer (prints
- * the refusal; returns an exit status), then the pruner thread and the
- * metrics endpoint (kb_ops_start/stop). */
-int kb_run_check(kb_config_t *cfg);
+/* `kinbox run` and `kinbox prune`: the retention check of every consumer
+ * and of the shared settings the pruner uses (inbox.retention must exceed
+ * the redelivery window); prints the refusal as "kinbox CMD: ..." and
+ * returns an exit status (KB_EX_USAGE on refusal). Then the pruner thread
+ * and the metrics endpoint of `kinbox run` (kb_ops_start/stop). */
+int kb_retention_check(kb_config_t *cfg, const char *cmd);
 typedef struct kb_ops kb_ops_t;
 kb_ops_t *kb_ops_start(kb_config_t *cfg, char *err, size_t sz);
 void kb_ops_stop(kb_ops_t *ops);

@@ -10,6 +10,7 @@
  * [consumer.NAME] consumer keys; name = NAME
  */
 #include "config.h"
+#include "confval.h"
 
 #include <ini.h>
 #include <stdio.h>
@@ -36,49 +37,84 @@ typedef struct load {
         int nckv;
         struct kvs relay[64];
         int nrelay;
+        char *last_section; /* to tell a repeated [consumer.NAME] */
 } load_t;
 
-/* Expand ${VAR} from the environment. */
-static char *
-expand(const char *v)
+typedef struct kb_buf {
+        char *p;
+        size_t len, cap;
+        bool oom;
+} kb_buf_t;
+
+static void
+kb_buf_add(kb_buf_t *b, const char *s, size_t n)
 {
-        size_t cap = strlen(v) + 1, len = 0;
-        char *o = malloc(cap);
-        if (!o)
-                return NULL;
-        for (const char *p = v; *p;) {
-                const char *add = p;
-                size_t n = 1;
-                char name[128];
-                if (p[0] == '$' && p[1] == '{') {
-                        const char *e = strchr(p + 2, '}');
-                        if (e && (size_t)(e - p - 2) < sizeof(name)) {
-                                memcpy(name, p + 2, (size_t)(e - p - 2));
-                                name[e - p - 2] = '\0';
-                                const char *val = getenv(name);
-                                add = val ? val : "";
-                                n = strlen(add);
-                                p = e + 1;
-                                goto append;
-                        }
+        if (b->oom || !n)
+                return;
+        if (b->len + n > b->cap) {
+                size_t cap = b->cap ? b->cap : 64;
+                while (cap < b->len + n)
+                        cap *= 2;
+                char *q = realloc(b->p, cap);
+                if (!q) {
+                        b->oom = true;
+                        return;
                 }
-                p++;
-        append:
-                if (len + n + 1 > cap) {
-                        while (len + n + 1 > cap)
-                                cap *= 2;
-                        char *q = realloc(o, cap);
-                        if (!q) {
-                                free(o);
-                                return NULL;
-                        }
-                        o = q;
-                }
-                memcpy(o + len, add, n);
-                len += n;
+                b->p = q;
+                b->cap = cap;
         }
-        o[len] = '\0';
-        return o;
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
+}
+
+/* Expand ${VAR} and ${VAR:-default} from the environment. An unset
+ * ${VAR} is an error naming the variable (an unset password variable must
+ * not become an empty password); ${VAR:-default} takes the default when VAR
+ * is unset or empty, as the shell does. Returns NULL with *bad set to the
+ * variable's name (malloc'ed) when unset, NULL with *bad NULL on OOM. */
+static char *
+expand(const char *v, char **bad)
+{
+        kb_buf_t o = {0};
+        *bad = NULL;
+        for (const char *p = v; *p;) {
+                const char *e;
+                if (p[0] != '$' || p[1] != '{' || !(e = strchr(p + 2, '}'))) {
+                        kb_buf_add(&o, p, 1);
+                        p++;
+                        continue;
+                }
+                const char *name = p + 2;
+                const char *dflt = NULL;
+                size_t nlen = (size_t)(e - name);
+                const char *sep = memchr(name, ':', nlen);
+                if (sep && sep + 1 < e && sep[1] == '-') {
+                        dflt = sep + 2;
+                        nlen = (size_t)(sep - name);
+                }
+                char *n = strndup(name, nlen);
+                if (!n)
+                        goto oom;
+                const char *val = getenv(n);
+                if (dflt && (!val || !*val)) {
+                        kb_buf_add(&o, dflt, (size_t)(e - dflt));
+                } else if (!val) {
+                        *bad = n;
+                        free(o.p);
+                        return NULL;
+                } else {
+                        kb_buf_add(&o, val, strlen(val));
+                }
+                free(n);
+                p = e + 1;
+        }
+        kb_buf_add(&o, "", 1);
+        if (o.oom)
+                goto oom;
+        return o.p;
+oom:
+        free(o.p);
+        return NULL;
 }
 
 static int
@@ -103,9 +139,41 @@ on_kv(void *user, const char *section, const char *name, const char *value)
         if (L->failed)
                 return 0;
         char key[256];
-        char *v = expand(value ? value : "");
-        if (!v)
+        /* A section's keys arrive together: a section name we saw before,
+         * after another one, is the same section written twice. */
+        bool new_section =
+            !L->last_section || strcmp(L->last_section, section);
+        if (new_section) {
+                if (!strncmp(section, "consumer.", 9) &&
+                    find_consumer(cfg, section + 9) >= 0) {
+                        snprintf(L->err, L->errsz,
+                                 "%s: [%s] appears twice (merge the two "
+                                 "sections)",
+                                 L->path, section);
+                        L->failed = true;
+                        return 0;
+                }
+                free(L->last_section);
+                if (!(L->last_section = strdup(section))) {
+                        L->failed = true;
+                        snprintf(L->err, L->errsz, "out of memory");
+                        return 0;
+                }
+        }
+        char *unset = NULL;
+        char *v = expand(value ? value : "", &unset);
+        if (!v) {
+                if (unset)
+                        snprintf(L->err, L->errsz,
+                                 "%s: %s: environment variable %s is not "
+                                 "set (write ${%s:-default} for a default)",
+                                 L->path, lineno, unset, unset);
+                else
+                        snprintf(L->err, L->errsz, "out of memory");
+                free(unset);
+                L->failed = true;
                 return 0;
+        }
         if (!strcmp(section, "database") || !strcmp(section, "log")) {
                 snprintf(key, sizeof(key), "%s.%s", section, name);
         } else if (!strcmp(section, "kafka")) {
@@ -126,9 +194,16 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                 return 1;
         } else if (!strcmp(section, "relay")) {
                 if (!strcmp(name, "enabled")) {
-                        cfg->relay_enabled = !strcmp(v, "true") ||
-                                             !strcmp(v, "1") ||
-                                             !strcmp(v, "yes");
+                        char e[300];
+                        if (kinbox__confval_bool("[relay] enabled", v,
+                                                 &cfg->relay_enabled, e,
+                                                 sizeof(e))) {
+                                snprintf(L->err, L->errsz, "%s: %s", L->path,
+                                         e);
+                                L->failed = true;
+                                free(v);
+                                return 0;
+                        }
                         free(v);
                         return 1;
                 }
@@ -250,6 +325,7 @@ out:
                 free(L->relay[i].k);
                 free(L->relay[i].v);
         }
+        free(L->last_section);
         free(L);
         if (rc)
                 kb_config_free(cfg);

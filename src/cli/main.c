@@ -19,6 +19,7 @@
 #include "../../handlers/ledger/ledger.h"
 #include "../../handlers/points/points.h"
 #include "admin.h"
+#include "watchdog.h"
 #include "config.h"
 
 #define EX_RUNTIME 1
@@ -223,54 +224,60 @@ cmd_migrate(int argc, char **argv)
                 fprintf(stderr, "kinbox migrate: %s\n", err);
                 return EX_USAGE;
         }
+        /* Every handler and relay module is found before anything is
+         * applied: a bad handler must not leave a half-migrated database. */
+        const kinbox_module_t *mods[KB_MAX_CONSUMERS + 16];
+        const kinbox_conf_t *confs[KB_MAX_CONSUMERS + 16];
+        int nmods = 0, ncons = 0;
+        int ex = 0;
+        for (int i = 0; i < cfg.nconsumers; i++) {
+                confs[nmods] = cfg.consumers[i].conf;
+                mods[nmods] = find_module(confs[nmods], err, sizeof(err));
+                if (!mods[nmods++]) {
+                        fprintf(stderr, "kinbox migrate: %s\n", err);
+                        ex = EX_USAGE;
+                        goto out;
+                }
+        }
+        ncons = nmods;
+        /* Modules named in [relay] modules (their actions' tables). */
+        const char *rm =
+            cfg.relay ? kinbox_conf_get(cfg.relay, "relay.modules") : NULL;
+        char list[512];
+        snprintf(list, sizeof(list), "%s", rm ? rm : "");
+        for (char *save = NULL, *tok = strtok_r(list, ", ", &save);
+             tok && nmods < (int)(sizeof(mods) / sizeof(mods[0]));
+             tok = strtok_r(NULL, ", ", &save)) {
+                confs[nmods] = cfg.relay;
+                mods[nmods] = find_module_named(cfg.relay, tok, err,
+                                                sizeof(err));
+                if (!mods[nmods++]) {
+                        fprintf(stderr, "kinbox migrate: [relay]: %s\n", err);
+                        ex = EX_USAGE;
+                        goto out;
+                }
+        }
         kinbox_err_t rc = kinbox_migrate(cfg.base, err, sizeof(err));
         if (rc) {
                 fprintf(stderr, "kinbox migrate: %s\n", err);
-                kb_config_free(&cfg);
-                return exit_for(rc);
+                ex = exit_for(rc);
+                goto out;
         }
         printf("kinbox schema: up to date\n");
-        for (int i = 0; i < cfg.nconsumers; i++) {
-                const kinbox_module_t *m =
-                    find_module(cfg.consumers[i].conf, err, sizeof(err));
-                if (!m) {
-                        fprintf(stderr, "kinbox migrate: %s\n", err);
-                        kb_config_free(&cfg);
-                        return EX_USAGE;
-                }
-                rc = kinbox_migrate_module(cfg.consumers[i].conf, m, err,
+        for (int i = 0; i < nmods; i++) {
+                rc = kinbox_migrate_module(confs[i], mods[i], err,
                                            sizeof(err));
                 if (rc) {
                         fprintf(stderr, "kinbox migrate: %s\n", err);
-                        kb_config_free(&cfg);
-                        return exit_for(rc);
+                        ex = exit_for(rc);
+                        goto out;
                 }
-                printf("handler %s schema: up to date\n", m->name);
+                printf("%s %s schema: up to date\n",
+                       i < ncons ? "handler" : "module", mods[i]->name);
         }
-        /* Modules named in [relay] modules (their actions' tables). */
-        const char *mods =
-            cfg.relay ? kinbox_conf_get(cfg.relay, "relay.modules") : NULL;
-        char list[512];
-        snprintf(list, sizeof(list), "%s", mods ? mods : "");
-        for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
-             tok = strtok_r(NULL, ", ", &save)) {
-                const kinbox_module_t *m =
-                    find_module_named(cfg.relay, tok, err, sizeof(err));
-                if (!m) {
-                        fprintf(stderr, "kinbox migrate: [relay]: %s\n", err);
-                        kb_config_free(&cfg);
-                        return EX_USAGE;
-                }
-                rc = kinbox_migrate_module(cfg.relay, m, err, sizeof(err));
-                if (rc) {
-                        fprintf(stderr, "kinbox migrate: %s\n", err);
-                        kb_config_free(&cfg);
-                        return exit_for(rc);
-                }
-                printf("module %s schema: up to date\n", m->name);
-        }
+out:
         kb_config_free(&cfg);
-        return 0;
+        return ex;
 }
 
 typedef struct runner {
@@ -289,6 +296,7 @@ static void
 on_signal(int sig)
 {
         (void)sig;
+        kb_watchdog_arm(); /* the shutdown is bounded from here */
         for (int i = 0; i < g_nrunners; i++)
                 kinbox_consumer_stop(g_runners[i].c);
         if (g_relay)
@@ -380,7 +388,7 @@ cmd_run(int argc, char **argv)
                 kb_config_free(&cfg);
                 return EX_USAGE;
         }
-        if (kb_run_check(&cfg)) { /* inbox.retention vs redelivery */
+        if (kb_retention_check(&cfg, "run")) { /* inbox.retention vs redelivery */
                 kb_config_free(&cfg);
                 return EX_USAGE;
         }
@@ -442,6 +450,9 @@ cmd_run(int argc, char **argv)
                 g_runners = rs;
                 g_nrunners = n;
                 g_relay = relay;
+                if (kb_watchdog_start())
+                        fprintf(stderr, "kinbox run: cannot start the "
+                                        "shutdown watchdog\n");
                 struct sigaction sa;
                 memset(&sa, 0, sizeof(sa));
                 sa.sa_handler = on_signal;
@@ -464,6 +475,8 @@ cmd_run(int argc, char **argv)
                                 break;
                         }
                 for (int i = 0; i < started; i++) {
+                        kb_watchdog_step("waiting for a consumer's last "
+                                         "batch and offset commit");
                         pthread_join(rs[i].thr, NULL);
                         if (rs[i].rc) {
                                 fprintf(stderr,
@@ -476,6 +489,8 @@ cmd_run(int argc, char **argv)
                         }
                 }
                 if (relay_started) {
+                        kb_watchdog_step("waiting for the relay's last "
+                                         "round");
                         pthread_join(relay_thr, NULL);
                         kinbox_relay_stats_t rst;
                         kinbox_relay_stats(relay, &rst);
@@ -513,14 +528,18 @@ cmd_run(int argc, char **argv)
                 }
         }
         for (int i = 0; i < n; i++) {
+                kb_watchdog_step("closing a consumer (leaving its group)");
                 kinbox_consumer_destroy(rs[i].c);
                 if (rs[i].mod && rs[i].mod->fini)
                         rs[i].mod->fini(rs[i].opaque);
         }
         g_nrunners = 0;
         g_relay = NULL;
+        kb_watchdog_step("stopping the pruner and the metrics listener");
         kb_ops_stop(ops);
+        kb_watchdog_step("closing the relay (flushing its producer)");
         kinbox_relay_destroy(relay);
+        kb_watchdog_done();
         free(rs);
         kb_config_free(&cfg);
         return status;
