@@ -177,6 +177,36 @@ my_connect(const char *url)
 
 /* ---------------------------------------------------------- main */
 
+/* A consumer of topic in group, committing only what the loop stores. */
+static rd_kafka_t *
+subscribe(const char *bootstrap, const char *group, const char *topic)
+{
+        char err[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        const char *kv[][2] = {{"bootstrap.servers", bootstrap},
+                               {"group.id", group},
+                               {"enable.auto.commit", "false"},
+                               {"enable.auto.offset.store", "false"},
+                               {"auto.offset.reset", "earliest"},
+                               {"session.timeout.ms", "6000"}};
+        for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
+                if (rd_kafka_conf_set(conf, kv[i][0], kv[i][1], err,
+                                      sizeof(err)))
+                        die("kafka conf", err);
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err,
+                                      sizeof(err));
+        if (!rk)
+                die("rd_kafka_new", err);
+        rd_kafka_poll_set_consumer(rk);
+        rd_kafka_topic_partition_list_t *sub =
+            rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(sub, topic, RD_KAFKA_PARTITION_UA);
+        if (rd_kafka_subscribe(rk, sub))
+                die("subscribe", topic);
+        rd_kafka_topic_partition_list_destroy(sub);
+        return rk;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -208,29 +238,7 @@ main(int argc, char **argv)
         signal(SIGTERM, on_sig);
         signal(SIGINT, on_sig);
 
-        char err[512];
-        rd_kafka_conf_t *conf = rd_kafka_conf_new();
-        const char *kv[][2] = {{"bootstrap.servers", bootstrap},
-                               {"group.id", group},
-                               {"enable.auto.commit", "false"},
-                               {"enable.auto.offset.store", "false"},
-                               {"auto.offset.reset", "earliest"},
-                               {"session.timeout.ms", "6000"}};
-        for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
-                if (rd_kafka_conf_set(conf, kv[i][0], kv[i][1], err,
-                                      sizeof(err)))
-                        die("kafka conf", err);
-        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err,
-                                      sizeof(err));
-        if (!rk)
-                die("rd_kafka_new", err);
-        rd_kafka_poll_set_consumer(rk);
-        rd_kafka_topic_partition_list_t *sub =
-            rd_kafka_topic_partition_list_new(1);
-        rd_kafka_topic_partition_list_add(sub, topic, RD_KAFKA_PARTITION_UA);
-        if (rd_kafka_subscribe(rk, sub))
-                die("subscribe", topic);
-        rd_kafka_topic_partition_list_destroy(sub);
+        rd_kafka_t *rk = subscribe(bootstrap, group, topic);
 
         long long applied = 0, dups = 0, bad = 0;
         while (!stop) {

@@ -209,6 +209,25 @@ kinbox__db_queryv(kinbox__db_t *db, const char *sql, int n,
         return kinbox__db_query(db, sql, n, ps, out);
 }
 
+const char *
+kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
+                const char *mysql)
+{
+        return db->ops->backend == KINBOX_BACKEND_MYSQL ? mysql : postgresql;
+}
+
+bool
+kinbox__db_is(const kinbox__db_t *db, kinbox_backend_t b)
+{
+        return db->ops->backend == b;
+}
+
+void *
+kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b)
+{
+        return db->ops->backend == b ? db->ops->native(db) : NULL;
+}
+
 void
 kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate,
                   int vendor, int tag, const char *fmt, ...)

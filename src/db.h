@@ -175,9 +175,39 @@ struct kinbox__sql {
          * row, '1'/'t' when acquired. */
         const char *try_lock;
         const char *unlock;
-        /* "now()" expression and an interval expression taking seconds. */
-        const char *now;
+        /* Migrations: the kinbox_schema_migrations table (idempotent DDL)
+         * and the text around a migration script so that it applies
+         * atomically ("" where DDL commits implicitly: those scripts are
+         * idempotent instead). */
+        const char *migrations_table;
+        const char *script_begin, *script_commit;
+        /* Pruning, [0] the inbox, [1] sent outbox rows: printf formats of
+         * (int64 age) for the count and (int64 age, int64 batch) for one
+         * batched delete returning (PG) or affecting (MySQL) the rows
+         * deleted. The age is in milliseconds times prune_age_scale. */
+        const char *prune_count[2], *prune_delete[2];
+        int prune_age_scale;
+        /* Replay: $1 id: consumer, message_id, topic, kafka_partition,
+         * kafka_offset, msg_key, headers, payload, status of the dead
+         * letter, locked FOR UPDATE. */
+        const char *dead_letter_lock;
+        /* $1 consumer $2 message_id $3 topic $4 partition $5 offset. */
+        const char *inbox_insert_one;
+        /* $1 id: the dead letter is replayed. */
+        const char *dead_letter_replayed;
+        /* Per destination: pending rows, oldest pending age (s), dead rows
+         * (gauges sampled at scrape). */
+        const char *outbox_gauges;
 };
+
+/* The one of a module's two schema texts that is this backend's. */
+const char *kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
+                            const char *mysql);
+/* Whether db is a connection of backend b. */
+bool kinbox__db_is(const kinbox__db_t *db, kinbox_backend_t b);
+/* The native connection for a handler asking for backend b (flushing
+ * what is queued), or NULL when db is another backend or is down. */
+void *kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b);
 
 /* Backends. */
 extern const struct kinbox__db_ops kinbox__pg_ops;

@@ -9,18 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const track_pg =
-    "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
-    " component text NOT NULL, version integer NOT NULL,"
-    " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),"
-    " PRIMARY KEY (component, version))";
-static const char *const track_my =
-    "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
-    " component VARCHAR(200) NOT NULL, version INT NOT NULL,"
-    " name VARCHAR(200) NOT NULL,"
-    " applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
-    " PRIMARY KEY (component, version)) ENGINE = InnoDB";
-
 static kinbox__db_t *
 open_db(const kinbox_conf_t *conf, char *errstr, size_t sz, int *rc)
 {
@@ -38,9 +26,7 @@ open_db(const kinbox_conf_t *conf, char *errstr, size_t sz, int *rc)
                 kinbox__db_destroy(db);
                 return NULL;
         }
-        const char *track =
-            db->backend == KINBOX_BACKEND_MYSQL ? track_my : track_pg;
-        if ((*rc = db->ops->script(db, track))) {
+        if ((*rc = db->ops->script(db, db->ops->sql->migrations_table))) {
                 kinbox__errstr(errstr, sz, "creating kinbox_schema_migrations: %s",
                                db->err.msg);
                 kinbox__db_destroy(db);
@@ -72,13 +58,11 @@ apply(kinbox__db_t *db, const char *component, int version, const char *name,
          * MySQL commits DDL implicitly, so its scripts are idempotent. */
         kinbox__buf_t b;
         kinbox__buf_init(&b);
-        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
-        if (pg)
-                kinbox__buf_adds(&b, "BEGIN;\n");
+        const struct kinbox__sql *d = db->ops->sql;
+        kinbox__buf_adds(&b, d->script_begin);
         kinbox__buf_adds(&b, sql);
         kinbox__buf_adds(&b, ";\n");
-        if (pg)
-                kinbox__buf_adds(&b, "COMMIT;\n");
+        kinbox__buf_adds(&b, d->script_commit);
         if (b.oom) {
                 kinbox__buf_free(&b);
                 return KINBOX_ERR_NOMEM;
@@ -86,7 +70,7 @@ apply(kinbox__db_t *db, const char *component, int version, const char *name,
         rc = db->ops->script(db, b.p);
         kinbox__buf_free(&b);
         if (rc) {
-                if (pg)
+                if (*d->script_begin) /* end the failed transaction */
                         db->ops->script(db, "ROLLBACK");
                 goto fail;
         }
@@ -114,7 +98,7 @@ kinbox_migrate(const kinbox_conf_t *conf, char *errstr, size_t sz)
         rc = KINBOX_OK;
         for (const kinbox__migration_t *m = kinbox__migrations; m->name && !rc;
              m++)
-                if (m->backend == (int)db->backend)
+                if (kinbox__db_is(db, (kinbox_backend_t)m->backend))
                         rc = apply(db, "kinbox", m->version, m->name, m->sql,
                                    errstr, sz);
         kinbox__db_destroy(db);
@@ -129,9 +113,8 @@ kinbox_migrate_module(const kinbox_conf_t *conf, const kinbox_module_t *mod,
         kinbox__db_t *db = open_db(conf, errstr, sz, &rc);
         if (!db)
                 return (kinbox_err_t)rc;
-        const char *sql = db->backend == KINBOX_BACKEND_MYSQL
-                              ? mod->schema_mysql
-                              : mod->schema_postgresql;
+        const char *sql =
+            kinbox__db_pick(db, mod->schema_postgresql, mod->schema_mysql);
         rc = KINBOX_OK;
         if (sql)
                 rc = apply(db, mod->name, mod->schema_version, "schema", sql,

@@ -25,59 +25,24 @@ int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
 #define PRUNE_LOCK "kinbox_prune"
 #define PRUNE_PAUSE_MS 20
 
-/* SQL for one table; "%lld" is the age in ms, "%lld" the batch. */
-typedef struct prune_sql {
-        const char *table;
-        const char *count_pg, *count_my;
-        const char *delete_pg, *delete_my;
-} prune_sql_t;
+/* Which of the dialect's prune statements (db.h). */
+enum { T_INBOX = 0, T_OUTBOX = 1 };
+static const char *const table_name[2] = {"inbox", "outbox"};
 
-static const prune_sql_t inbox_sql = {
-    "inbox",
-    "SELECT count(*) FROM kinbox_inbox WHERE processed_at < now() - "
-    "%" PRId64 " * interval '1 millisecond'",
-    "SELECT count(*) FROM kinbox_inbox WHERE processed_at < "
-    "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
-    "WITH d AS (DELETE FROM kinbox_inbox WHERE ctid IN (SELECT ctid FROM "
-    "kinbox_inbox WHERE processed_at < now() - %" PRId64
-    " * interval '1 millisecond' LIMIT %" PRId64 ") RETURNING 1) "
-    "SELECT count(*) FROM d",
-    "DELETE FROM kinbox_inbox WHERE processed_at < CURRENT_TIMESTAMP(6) - "
-    "INTERVAL %" PRId64 " MICROSECOND ORDER BY processed_at LIMIT %" PRId64,
-};
-
-/* Only sent rows: dead and canceled rows wait for an operator. */
-static const prune_sql_t outbox_sql = {
-    "outbox",
-    "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
-    "now() - %" PRId64 " * interval '1 millisecond'",
-    "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
-    "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
-    "WITH d AS (DELETE FROM kinbox_outbox WHERE id IN (SELECT id FROM "
-    "kinbox_outbox WHERE status = 'sent' AND sent_at < now() - %" PRId64
-    " * interval '1 millisecond' ORDER BY sent_at LIMIT %" PRId64
-    ") RETURNING 1) SELECT count(*) FROM d",
-    "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
-    "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND "
-    "ORDER BY sent_at LIMIT %" PRId64,
-};
-
-/* The formats are the constant tables above. */
+/* The formats are the dialect's constant tables (db/pg.c, db/mysql.c). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
 static int
-prune_table(kinbox__db_t *db, const prune_sql_t *q, int64_t age_ms,
+prune_table(kinbox__db_t *db, int t, int64_t age_ms,
             int64_t batch, bool dry, const volatile int *stop,
             uint64_t *total)
 {
-        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
-        /* MySQL INTERVAL in microseconds keeps sub-second ages exact. */
-        int64_t age = pg ? age_ms : age_ms * 1000;
+        const struct kinbox__sql *q = db->ops->sql;
+        int64_t age = age_ms * q->prune_age_scale;
         char sql[512];
         *total = 0;
         if (dry) {
-                snprintf(sql, sizeof(sql), pg ? q->count_pg : q->count_my,
-                         age);
+                snprintf(sql, sizeof(sql), q->prune_count[t], age);
                 struct kinbox_rows_s *rows = NULL;
                 int rc = kinbox__db_query(db, sql, 0, NULL, &rows);
                 if (!rc && rows && rows->nrows && rows->values[0])
@@ -85,10 +50,10 @@ prune_table(kinbox__db_t *db, const prune_sql_t *q, int64_t age_ms,
                 kinbox_rows_destroy(rows);
                 return rc;
         }
-        snprintf(sql, sizeof(sql), pg ? q->delete_pg : q->delete_my, age,
-                 batch);
+        snprintf(sql, sizeof(sql), q->prune_delete[t], age, batch);
         char lab[64];
-        kinbox__m_labels(lab, sizeof(lab), "table", q->table, (char *)NULL);
+        kinbox__m_labels(lab, sizeof(lab), "table", table_name[t],
+                         (char *)NULL);
         for (;;) {
                 uint64_t n = 0;
                 int rc = kinbox__outbox_affected(db, sql, 0, NULL, &n);
@@ -150,11 +115,11 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                 }
         }
         int64_t batch = kinbox__conf_int(conf, "prune.batch");
-        rc = prune_table(db, &inbox_sql,
+        rc = prune_table(db, T_INBOX,
                          kinbox__conf_int(conf, "inbox.retention"), batch,
                          dry_run, stop, &res.inbox_rows);
         if (!rc && !(stop && *stop))
-                rc = prune_table(db, &outbox_sql,
+                rc = prune_table(db, T_OUTBOX,
                                  kinbox__conf_int(conf, "outbox.retention"),
                                  batch, dry_run, stop, &res.outbox_rows);
         if (rc)

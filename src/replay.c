@@ -97,29 +97,12 @@ kinbox_admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
         return rc ? fail(adm, rc) : KINBOX_OK;
 }
 
-static const char collect_pg[] =
-    "SELECT destination, count(*) FILTER (WHERE status = 'pending'),"
-    " COALESCE(extract(epoch FROM now() - min(created_at) FILTER"
-    " (WHERE status = 'pending')), 0),"
-    " count(*) FILTER (WHERE status = 'dead')"
-    " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
-    " GROUP BY destination";
-static const char collect_my[] =
-    "SELECT destination, SUM(status = 'pending'),"
-    " COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'pending'"
-    " THEN created_at END), CURRENT_TIMESTAMP(6)) / 1000000, 0),"
-    " SUM(status = 'dead')"
-    " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
-    " GROUP BY destination";
-
 kinbox_err_t
 kinbox_admin_collect_metrics(kinbox_admin_t *adm)
 {
         kinbox_rows_t *rows = NULL;
-        bool pg = adm->db->backend == KINBOX_BACKEND_POSTGRESQL;
-        kinbox_err_t rc =
-            kinbox_admin_query(adm, pg ? collect_pg : collect_my, 0, NULL,
-                               &rows);
+        kinbox_err_t rc = kinbox_admin_query(
+            adm, adm->db->ops->sql->outbox_gauges, 0, NULL, &rows);
         if (rc)
                 return rc;
         /* Destinations that drained must read 0, not their last value. */
@@ -204,14 +187,155 @@ headers_parse(const char *s, hlist_t *h, char *why, size_t why_size)
 /* ------------------------------------------------------------------ */
 /* replay */
 
-static const char dl_select_pg[] =
-    "SELECT consumer, message_id, topic, kafka_partition, kafka_offset,"
-    " msg_key, headers, payload, status FROM kinbox_dead_letter"
-    " WHERE id = $1::bigint FOR UPDATE";
-static const char dl_select_my[] =
-    "SELECT consumer, message_id, topic, kafka_partition, kafka_offset,"
-    " msg_key, headers, payload, status FROM kinbox_dead_letter"
-    " WHERE id = $1 FOR UPDATE";
+/* The dead letter's row may be replayed: dead, with a message id. */
+static kinbox_err_t
+replay_allowed(kinbox_admin_t *adm, int64_t id, struct kinbox_rows_s *dl)
+{
+        if (!dl || !dl->nrows) {
+                snprintf(adm->errstr, sizeof(adm->errstr),
+                         "no dead letter with id %" PRId64, id);
+                return KINBOX_ERR_NOT_FOUND;
+        }
+        char **v = dl->values;
+        if (strcmp(v[8], "dead")) {
+                snprintf(adm->errstr, sizeof(adm->errstr),
+                         "dead letter %" PRId64 " is %s, not dead: nothing "
+                         "to replay",
+                         id, v[8]);
+                return KINBOX_ERR_STATE;
+        }
+        if (!v[1]) {
+                snprintf(adm->errstr, sizeof(adm->errstr),
+                         "dead letter %" PRId64 " has no message id (it "
+                         "could not be extracted), so replay could not "
+                         "deduplicate it: discard it instead",
+                         id);
+                return KINBOX_ERR_STATE;
+        }
+        return KINBOX_OK;
+}
+
+/*
+ * The id's inbox row becomes the replay's: the dead letter's own row is
+ * re-inserted; another delivery's row means that one applied the id
+ * (replaying would apply it twice): KINBOX_ERR_DUPLICATE. *rcp gets a
+ * database error.
+ */
+static kinbox_err_t
+replay_inbox(kinbox_admin_t *adm, int64_t id, char **v, size_t *len,
+             int *rcp)
+{
+        kinbox__db_t *db = adm->db;
+        struct kinbox_rows_s *ib = NULL;
+        kinbox_err_t ret = KINBOX_OK;
+        kinbox__param_t p2[2] = {{v[0], 0, 0}, {v[1], len[1], 0}};
+        int rc = db->ops->query(db,
+                                "SELECT topic, kafka_partition, kafka_offset "
+                                "FROM kinbox_inbox WHERE consumer = $1 AND "
+                                "message_id = $2 FOR UPDATE",
+                                2, p2, -1, &ib);
+        if (!rc && ib && ib->nrows) {
+                if (strcmp(ib->values[0], v[2]) ||
+                    strcmp(ib->values[1], v[3]) ||
+                    strcmp(ib->values[2], v[4])) {
+                        snprintf(adm->errstr, sizeof(adm->errstr),
+                                 "message id of dead letter %" PRId64
+                                 " was applied by another delivery (%s [%s] "
+                                 "offset %s): not replayed",
+                                 id, ib->values[0], ib->values[1],
+                                 ib->values[2]);
+                        ret = KINBOX_ERR_DUPLICATE;
+                } else {
+                        rc = db->ops->exec(db,
+                                           "DELETE FROM kinbox_inbox WHERE "
+                                           "consumer = $1 AND message_id = $2",
+                                           2, p2, -1);
+                }
+        }
+        kinbox_rows_destroy(ib);
+        kinbox__param_t p5[5] = {{v[0], 0, 0},
+                                 {v[1], len[1], 0},
+                                 {v[2], 0, 0},
+                                 {v[3], 0, 0},
+                                 {v[4], 0, 0}};
+        if (!rc && !ret)
+                rc = db->ops->exec(db, db->ops->sql->inbox_insert_one, 5, p5,
+                                   -1);
+        *rcp = rc;
+        return ret;
+}
+
+/* Run the handler on the stored copy; its verdict (DUPLICATE: "already
+ * applied", nothing left to do, counts as OK). *rcp gets a database error
+ * that is not the handler's (lost connection, deadlock). */
+static kinbox_result_t
+replay_handler(kinbox_tx_t *tx, kinbox_msg_t *msg, kinbox_handler_fn fn,
+               kinbox_batch_handler_fn bfn, void *opaque, int *rcp)
+{
+        kinbox__db_t *db = kinbox__tx_db(tx);
+        kinbox__tx_reset(tx);
+        kinbox_result_t r;
+        *rcp = KINBOX_OK;
+        if (bfn) {
+                const kinbox_msg_t *one[1] = {msg};
+                kinbox_result_t res1 = KINBOX_RESULT_OK;
+                r = bfn(tx, one, 1, &res1, opaque);
+                if (r == KINBOX_RESULT_OK)
+                        r = res1;
+        } else {
+                r = fn(tx, msg, opaque);
+        }
+        if (r == KINBOX_RESULT_DUPLICATE)
+                r = KINBOX_RESULT_OK;
+        if (r == KINBOX_RESULT_OK && kinbox__tx_failed(tx))
+                r = KINBOX_RESULT_RETRY;
+        /* The handler's queued statements: their errors are its own. */
+        int rc;
+        if (r == KINBOX_RESULT_OK && (rc = db->ops->flush(db))) {
+                if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_TRANSIENT)
+                        *rcp = rc;
+                r = KINBOX_RESULT_RETRY;
+        }
+        return r;
+}
+
+/* Why the handler did not apply the replayed message. */
+static void
+replay_refused(kinbox_admin_t *adm, int64_t id, kinbox_tx_t *tx,
+               const kinbox_msg_t *msg, kinbox_result_t r)
+{
+        kinbox__db_t *db = adm->db;
+        const char *why = kinbox__tx_reason(tx)[0]   ? kinbox__tx_reason(tx)
+                          : kinbox__msg_reason(msg) ? kinbox__msg_reason(msg)
+                          : db->err.code            ? db->err.msg
+                                                    : "no reason given";
+        if (db->err.code && !kinbox__tx_reason(tx)[0])
+                why = db->err.msg;
+        snprintf(adm->errstr, sizeof(adm->errstr),
+                 "handler returned %s: %s; rolled back, dead letter "
+                 "%" PRId64 " unchanged",
+                 r == KINBOX_RESULT_REJECT ? "REJECT" : "RETRY", why, id);
+}
+
+/* The dead letter's stored copy as a message (borrowing v and hl). */
+static kinbox_msg_t *
+replay_msg(char **v, size_t *len, const hlist_t *hl)
+{
+        kinbox__msg_parts_t parts = {
+            .id = v[1],
+            .topic = v[2],
+            .partition = (int32_t)strtol(v[3], NULL, 10),
+            .offset = strtoll(v[4], NULL, 10),
+            .timestamp = -1,
+            .key = v[5],
+            .key_len = v[5] ? len[5] : 0,
+            .payload = v[7],
+            .len = v[7] ? len[7] : 0,
+            .headers = hl->v,
+            .nheaders = hl->n,
+        };
+        return kinbox__msg_from_parts(&parts);
+}
 
 kinbox_err_t
 kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
@@ -219,7 +343,7 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                    kinbox_result_t *resultp)
 {
         kinbox__db_t *db = adm->db;
-        struct kinbox_rows_s *dl = NULL, *ib = NULL;
+        struct kinbox_rows_s *dl = NULL;
         kinbox_tx_t *tx = NULL;
         kinbox_msg_t *msg = NULL;
         hlist_t hl = {0};
@@ -239,36 +363,14 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
         if ((rc = db->ops->begin(db)))
                 return fail(adm, rc);
         kinbox__param_t p1[1] = {{ids, 0, 0}};
-        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
-        rc = db->ops->query(db, pg ? dl_select_pg : dl_select_my, 1, p1, -1,
+        rc = db->ops->query(db, db->ops->sql->dead_letter_lock, 1, p1, -1,
                             &dl);
         if (rc)
                 goto dberr;
-        if (!dl || !dl->nrows) {
-                snprintf(adm->errstr, sizeof(adm->errstr),
-                         "no dead letter with id %" PRId64, id);
-                ret = KINBOX_ERR_NOT_FOUND;
+        if ((ret = replay_allowed(adm, id, dl)))
                 goto out;
-        }
         char **v = dl->values;
         size_t *len = dl->lens;
-        if (strcmp(v[8], "dead")) {
-                snprintf(adm->errstr, sizeof(adm->errstr),
-                         "dead letter %" PRId64 " is %s, not dead: nothing "
-                         "to replay",
-                         id, v[8]);
-                ret = KINBOX_ERR_STATE;
-                goto out;
-        }
-        if (!v[1]) {
-                snprintf(adm->errstr, sizeof(adm->errstr),
-                         "dead letter %" PRId64 " has no message id (it "
-                         "could not be extracted), so replay could not "
-                         "deduplicate it: discard it instead",
-                         id);
-                ret = KINBOX_ERR_STATE;
-                goto out;
-        }
         char hwhy[200] = "out of memory";
         if (headers_parse(v[6], &hl, hwhy, sizeof(hwhy))) {
                 snprintf(adm->errstr, sizeof(adm->errstr),
@@ -278,118 +380,28 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                 ret = KINBOX_ERR_INVALID;
                 goto out;
         }
-        /* The id's inbox row: the dead letter's own, or another delivery's
-         * (then that one applied the id: replaying would apply it twice). */
-        kinbox__param_t p2[2] = {{v[0], 0, 0}, {v[1], len[1], 0}};
-        rc = db->ops->query(db,
-                            "SELECT topic, kafka_partition, kafka_offset "
-                            "FROM kinbox_inbox WHERE consumer = $1 AND "
-                            "message_id = $2 FOR UPDATE",
-                            2, p2, -1, &ib);
+        if ((ret = replay_inbox(adm, id, v, len, &rc)))
+                goto out;
         if (rc)
                 goto dberr;
-        if (ib && ib->nrows) {
-                if (strcmp(ib->values[0], v[2]) ||
-                    strcmp(ib->values[1], v[3]) ||
-                    strcmp(ib->values[2], v[4])) {
-                        snprintf(adm->errstr, sizeof(adm->errstr),
-                                 "message id of dead letter %" PRId64
-                                 " was applied by another delivery (%s [%s] "
-                                 "offset %s): not replayed",
-                                 id, ib->values[0], ib->values[1],
-                                 ib->values[2]);
-                        ret = KINBOX_ERR_DUPLICATE;
-                        goto out;
-                }
-                rc = db->ops->exec(db,
-                                   "DELETE FROM kinbox_inbox WHERE consumer "
-                                   "= $1 AND message_id = $2",
-                                   2, p2, -1);
-                if (rc)
-                        goto dberr;
-        }
-        kinbox__param_t p5[5] = {{v[0], 0, 0},
-                                 {v[1], len[1], 0},
-                                 {v[2], 0, 0},
-                                 {v[3], 0, 0},
-                                 {v[4], 0, 0}};
-        rc = db->ops->exec(db,
-                           pg ? "INSERT INTO kinbox_inbox (consumer, "
-                                "message_id, topic, kafka_partition, "
-                                "kafka_offset) VALUES ($1, $2, $3, "
-                                "$4::integer, $5::bigint)"
-                              : "INSERT INTO kinbox_inbox (consumer, "
-                                "message_id, topic, kafka_partition, "
-                                "kafka_offset) VALUES ($1, $2, $3, $4, $5)",
-                           5, p5, -1);
-        if (rc)
-                goto dberr;
-        kinbox__msg_parts_t parts = {
-            .id = v[1],
-            .topic = v[2],
-            .partition = (int32_t)strtol(v[3], NULL, 10),
-            .offset = strtoll(v[4], NULL, 10),
-            .timestamp = -1,
-            .key = v[5],
-            .key_len = v[5] ? len[5] : 0,
-            .payload = v[7],
-            .len = v[7] ? len[7] : 0,
-            .headers = hl.v,
-            .nheaders = hl.n,
-        };
-        msg = kinbox__msg_from_parts(&parts);
+        msg = replay_msg(v, len, &hl);
         tx = kinbox__tx_new(db, v[0]);
         if (!msg || !tx) {
                 ret = KINBOX_ERR_NOMEM;
                 goto out;
         }
-        kinbox__tx_reset(tx);
-        kinbox_result_t r;
-        if (bfn) {
-                const kinbox_msg_t *one[1] = {msg};
-                kinbox_result_t res1 = KINBOX_RESULT_OK;
-                r = bfn(tx, one, 1, &res1, opaque);
-                if (r == KINBOX_RESULT_OK)
-                        r = res1;
-        } else {
-                r = fn(tx, msg, opaque);
-        }
-        /* "Already applied": the replay has nothing left to do. */
-        if (r == KINBOX_RESULT_DUPLICATE)
-                r = KINBOX_RESULT_OK;
-        if (r == KINBOX_RESULT_OK && kinbox__tx_failed(tx))
-                r = KINBOX_RESULT_RETRY;
-        /* The handler's queued statements: their errors are its own. */
-        if (r == KINBOX_RESULT_OK && (rc = db->ops->flush(db))) {
-                if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_TRANSIENT)
-                        goto dberr;
-                r = KINBOX_RESULT_RETRY;
-        }
+        kinbox_result_t r = replay_handler(tx, msg, fn, bfn, opaque, &rc);
+        if (rc)
+                goto dberr;
         if (resultp)
                 *resultp = r;
         if (r != KINBOX_RESULT_OK) {
-                const char *why = kinbox__tx_reason(tx)[0]
-                                      ? kinbox__tx_reason(tx)
-                                  : kinbox__msg_reason(msg)
-                                      ? kinbox__msg_reason(msg)
-                                  : db->err.code ? db->err.msg
-                                                 : "no reason given";
-                if (db->err.code && !kinbox__tx_reason(tx)[0])
-                        why = db->err.msg;
-                snprintf(adm->errstr, sizeof(adm->errstr),
-                         "handler returned %s: %s; rolled back, dead letter "
-                         "%" PRId64 " unchanged",
-                         r == KINBOX_RESULT_REJECT ? "REJECT" : "RETRY", why,
-                         id);
+                replay_refused(adm, id, tx, msg, r);
                 ret = KINBOX_ERR_INVALID;
                 goto out;
         }
-        rc = db->ops->exec(db,
-                           pg ? "UPDATE kinbox_dead_letter SET status = "
-                                "'replayed' WHERE id = $1::bigint"
-                              : "UPDATE kinbox_dead_letter SET status = "
-                                "'replayed' WHERE id = $1",
-                           1, p1, -1);
+        rc = db->ops->exec(db, db->ops->sql->dead_letter_replayed, 1, p1,
+                           -1);
         if (!rc)
                 rc = db->ops->commit(db);
         if (rc)
@@ -406,6 +418,5 @@ done:
         kinbox__tx_destroy(tx);
         hlist_free(&hl);
         kinbox_rows_destroy(dl);
-        kinbox_rows_destroy(ib);
         return ret;
 }

@@ -754,9 +754,14 @@ Test(mysql, dialect_statements)
         cr_assert(eq(str, r->values[0], "1"));
         kinbox_rows_destroy(r);
 
-        char sql[64];
-        snprintf(sql, sizeof(sql), "SELECT %s > '2000-01-01'", d->now);
-        cr_assert(eq(long, scalar_long(db, sql), 1L));
+        /* The dialect's prune count runs (age in microseconds). */
+        char sql[256];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(sql, sizeof(sql), d->prune_count[0],
+                 (int64_t)3600 * 1000 * d->prune_age_scale);
+#pragma GCC diagnostic pop
+        cr_assert(scalar_long(db, sql) >= 0L);
         kinbox__db_destroy(other);
         kinbox__db_destroy(db);
 }

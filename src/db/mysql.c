@@ -30,6 +30,7 @@
 #include <strings.h>
 #include <sys/random.h>
 
+#include <inttypes.h>
 #include <mysql.h>
 
 /* Column widths the migration declares; checked before sending so a long
@@ -1924,7 +1925,45 @@ static const struct kinbox__sql my_sql = {
             "SELECT LAST_INSERT_ID() AS id FROM DUAL WHERE ROW_COUNT() = 1",
         .try_lock = "SELECT GET_LOCK($1, 0)",
         .unlock = "SELECT RELEASE_LOCK($1)",
-        .now = "CURRENT_TIMESTAMP(6)",
+        .migrations_table =
+            "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
+            " component VARCHAR(200) NOT NULL, version INT NOT NULL,"
+            " name VARCHAR(200) NOT NULL,"
+            " applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
+            " PRIMARY KEY (component, version)) ENGINE = InnoDB",
+        .script_begin = "",
+        .script_commit = "",
+        /* INTERVAL in microseconds keeps sub-second ages exact. */
+        .prune_count =
+            {"SELECT count(*) FROM kinbox_inbox WHERE processed_at < "
+             "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
+             "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND "
+             "sent_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
+             " MICROSECOND"},
+        .prune_delete =
+            {"DELETE FROM kinbox_inbox WHERE processed_at < "
+             "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
+             "BY processed_at LIMIT %" PRId64,
+             "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
+             "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
+             "BY sent_at LIMIT %" PRId64},
+        .prune_age_scale = 1000,
+        .dead_letter_lock =
+            "SELECT consumer, message_id, topic, kafka_partition, "
+            "kafka_offset, msg_key, headers, payload, status FROM "
+            "kinbox_dead_letter WHERE id = $1 FOR UPDATE",
+        .inbox_insert_one =
+            "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
+            "kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4, $5)",
+        .dead_letter_replayed =
+            "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = $1",
+        .outbox_gauges =
+            "SELECT destination, SUM(status = 'pending'),"
+            " COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status ="
+            " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)) /"
+            " 1000000, 0), SUM(status = 'dead')"
+            " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
+            " GROUP BY destination",
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {

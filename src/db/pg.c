@@ -12,6 +12,7 @@
 #include "../db.h"
 #include "../internal.h"
 
+#include <inttypes.h>
 #include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -749,7 +750,48 @@ static const struct kinbox__sql pg_sql = {
     .outbox_append = NULL,
     .try_lock = "SELECT pg_try_advisory_lock(hashtext($1))",
     .unlock = "SELECT pg_advisory_unlock(hashtext($1))",
-    .now = "now()",
+    .migrations_table =
+        "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
+        " component text NOT NULL, version integer NOT NULL,"
+        " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),"
+        " PRIMARY KEY (component, version))",
+    .script_begin = "BEGIN;\n",
+    .script_commit = "COMMIT;\n",
+    /* Deleting by ctid / id from an index scan of processed_at / sent_at
+     * keeps each statement to one batch of the oldest rows. */
+    .prune_count =
+        {"SELECT count(*) FROM kinbox_inbox WHERE processed_at < now() - "
+         "%" PRId64 " * interval '1 millisecond'",
+         "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND "
+         "sent_at < now() - %" PRId64 " * interval '1 millisecond'"},
+    .prune_delete =
+        {"WITH d AS (DELETE FROM kinbox_inbox WHERE ctid IN (SELECT ctid "
+         "FROM kinbox_inbox WHERE processed_at < now() - %" PRId64
+         " * interval '1 millisecond' LIMIT %" PRId64 ") RETURNING 1) "
+         "SELECT count(*) FROM d",
+         "WITH d AS (DELETE FROM kinbox_outbox WHERE id IN (SELECT id FROM "
+         "kinbox_outbox WHERE status = 'sent' AND sent_at < now() - "
+         "%" PRId64 " * interval '1 millisecond' ORDER BY sent_at LIMIT "
+         "%" PRId64 ") RETURNING 1) SELECT count(*) FROM d"},
+    .prune_age_scale = 1,
+    .dead_letter_lock =
+        "SELECT consumer, message_id, topic, kafka_partition, kafka_offset,"
+        " msg_key, headers, payload, status FROM kinbox_dead_letter"
+        " WHERE id = $1::bigint FOR UPDATE",
+    .inbox_insert_one =
+        "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
+        "kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4::integer, "
+        "$5::bigint)",
+    .dead_letter_replayed =
+        "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = "
+        "$1::bigint",
+    .outbox_gauges =
+        "SELECT destination, count(*) FILTER (WHERE status = 'pending'),"
+        " COALESCE(extract(epoch FROM now() - min(created_at) FILTER"
+        " (WHERE status = 'pending')), 0),"
+        " count(*) FILTER (WHERE status = 'dead')"
+        " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
+        " GROUP BY destination",
 };
 
 const struct kinbox__db_ops kinbox__pg_ops = {

@@ -1,0 +1,196 @@
+/*
+ * consumer_int.h -- what the consumer's files share (internal).
+ *
+ * A message travels: consumer.c (poll loop, rebalances, hands each message
+ * to the worker owning its partition; worker threads build batches) ->
+ * batch.c (one batch in one transaction: inbox insert, handlers, failure
+ * isolation and classification, dead letters, watermarks, COMMIT, offset
+ * store). Handlers read the message through msg.c and write through the
+ * transaction API in txapi.c.
+ */
+#ifndef KINBOX_CONSUMER_INT_H
+#define KINBOX_CONSUMER_INT_H
+
+#include "db.h"
+#include "internal.h"
+#include "msgid.h"
+#include "tx.h"
+
+#include <librdkafka/rdkafka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct part part_t;
+typedef struct worker worker_t;
+
+/* The message as handlers see it. */
+struct kinbox_msg_s {
+        rd_kafka_message_t *rkm;
+        part_t *part;
+        char *id;     /* NULL when the id could not be extracted */
+        char *reason; /* why it failed last (malloc), or why it has no id */
+        int attempt;  /* deliveries to the handler so far, +1 when running */
+        int failures; /* its own failed attempts (results, statements) */
+        int state;    /* per batch run, see enum mstate */
+        bool inserted; /* this transaction inserted its inbox row */
+        bool dup_ok;   /* the handler said KINBOX_RESULT_DUPLICATE */
+        kinbox_msg_t *next;
+        kinbox__msgview_t v;  /* what the accessors read */
+        int64_t ts;           /* Kafka timestamp (ms), -1 if none */
+        /* A replayed dead letter (replay.c) has no rkm: its headers are
+         * a list of its own, its other parts borrowed from the caller. */
+        rd_kafka_headers_t *own_headers;
+};
+
+/* M_RUN: run the handler; M_DUP: the inbox has its id (redelivery);
+ * M_DEAD: dead-letter it; M_CUT: not in this transaction (retried later);
+ * M_BIZDUP: a business duplicate: inbox row only, the handler's effect
+ * undone. */
+enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT, M_BIZDUP };
+
+struct part {
+        char *topic;
+        int32_t partition;
+        worker_t *w;
+        /* guarded by w->lock */
+        kinbox_msg_t *head, *tail;
+        size_t count;
+        int64_t retry_at; /* monotonic ms; 0 = not backing off */
+        bool revoked;
+        /* main thread only */
+        bool paused;
+        part_t *next; /* in the consumer's table */
+};
+
+struct worker {
+        kinbox_consumer_t *c;
+        int idx;
+        pthread_t thr;
+        bool started;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;   /* work arrived / stop / revoke */
+        pthread_cond_t idle;   /* a batch finished */
+        size_t queued;         /* messages in all its partitions */
+        bool in_batch;
+        uint64_t batch_seq;
+        bool stop;
+        kinbox__db_t *db;
+        size_t limit;          /* batch size cap */
+        int iso_left;          /* batches left in isolation mode */
+        bool iso_hit;          /* this batch had a failure */
+        bool single[32];       /* batch handler: per-message calls, by group */
+        size_t single_gsz;     /* the group size single[] was set for */
+        kinbox_msg_t **msgs;   /* current batch */
+        size_t nmsgs, capmsgs;
+        kinbox__inbox_row_t *rows;
+        bool *is_new;
+        kinbox_result_t *results;
+};
+
+/* A kinbox_tx_exec_unique() statement's key, by tag. */
+typedef struct ukey {
+        int tag;
+        char *key; /* NULL: any unique key */
+} ukey_t;
+
+struct kinbox_tx_s {
+        kinbox_consumer_t *c;
+        worker_t *w;
+        kinbox__db_t *db;
+        int tag;            /* statement tag of the running call (db.h) */
+        bool failed;        /* a statement failed during the current call */
+        bool touched;       /* the current call queued or ran statements */
+        char reason[512];   /* kinbox_tx_set_error() */
+        const char *consumer; /* when c is NULL (replay) */
+        ukey_t *ukeys;      /* this transaction's exec_unique() keys */
+        size_t nukeys, capukeys;
+};
+
+struct kinbox_consumer_s {
+        kinbox_conf_t *conf;
+        kinbox__log_t lg;
+        char *name;
+        char *msgid_spec;
+        rd_kafka_t *rk;
+        rd_kafka_topic_partition_list_t *topics;
+        kinbox_handler_fn handler;
+        kinbox_batch_handler_fn batch_handler;
+        void *opaque;
+        int nworkers;
+        worker_t *workers;
+        part_t *parts;
+        kinbox__db_t *ctl; /* main thread's connection (watermarks) */
+        size_t batch_max, queue_max;
+        int64_t batch_wait, retry_max, backoff_base, backoff_max,
+            reconnect_max;
+        atomic_bool stopping;
+        atomic_bool running;
+        atomic_bool pause_dirty;
+        /* Backpressure: while a worker's queue is full the polling thread
+         * holds off (librdkafka's own bounded queue then stops fetching);
+         * only a long stall pauses partitions, because a pause drops what
+         * librdkafka prefetched and a resume fetches it again. */
+        pthread_mutex_t drain_lock;
+        pthread_cond_t drained;
+        int64_t full_since; /* polling thread only */
+        bool stalled;       /* polling thread only */
+        /* Fetch nudge (polling thread only, see nudge_fetchers()). */
+        rd_kafka_queue_t *cq;       /* librdkafka's consumer queue */
+        size_t prefetch_msgs;       /* queued.min.messages */
+        double prefetch_bytes;      /* queued.max.messages.kbytes * 1024 */
+        double avg_bytes;           /* moving average of message size */
+        bool prefetch_full;         /* the queue reached a threshold */
+        int64_t last_nudge_check;
+        pthread_t nudger;           /* sends the wake-up requests */
+        bool nudger_started;
+        pthread_mutex_t nudge_lock;
+        pthread_cond_t nudge_cond;
+        bool nudge_req, nudge_stop; /* under nudge_lock */
+        atomic_uint_fast64_t st_processed, st_dup, st_bizdup, st_dead,
+            st_retried, st_batches, st_rolled_back;
+        char errstr[512];
+};
+
+/* ---- msg.c */
+void kinbox__msg_free(kinbox_msg_t *m);
+/* Replace the message's reason (a copy; NULL or "" -> "no reason given"). */
+void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);
+
+/* ---- txapi.c */
+/* Forget the transaction's kinbox_tx_exec_unique() keys. */
+void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
+
+/* ---- batch.c */
+/* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
+ * or was abandoned; pops the committed messages from their partitions. */
+void kinbox__batch_process(kinbox_consumer_t *c, worker_t *w);
+
+/* ---- shared by consumer.c and batch.c */
+static inline bool
+kinbox__part_backing_off(const part_t *p, int64_t now)
+{
+        return p->retry_at && p->retry_at > now;
+}
+
+/* Under w->lock: wait up to ms for w->cond. */
+static inline void
+kinbox__timed_wait(worker_t *w, int64_t ms)
+{
+        struct timespec ts;
+        kinbox__deadline(ms, &ts);
+        pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+}
+
+/* Wait up to ms, waking early on stop/revoke. */
+static inline void
+kinbox__worker_nap(worker_t *w, int64_t ms)
+{
+        pthread_mutex_lock(&w->lock);
+        if (!w->stop)
+                kinbox__timed_wait(w, ms);
+        pthread_mutex_unlock(&w->lock);
+}
+
+#endif

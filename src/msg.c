@@ -1,0 +1,168 @@
+/*
+ * msg.c -- the message view handlers read: Kafka messages and replayed dead letters alike
+ */
+#include "consumer_int.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* message accessors: one view for Kafka and replayed messages alike */
+
+const char *
+kinbox_msg_topic(const kinbox_msg_t *m)
+{
+        return m->v.topic;
+}
+
+int32_t
+kinbox_msg_partition(const kinbox_msg_t *m)
+{
+        return m->v.partition;
+}
+
+int64_t
+kinbox_msg_offset(const kinbox_msg_t *m)
+{
+        return m->v.offset;
+}
+
+int64_t
+kinbox_msg_timestamp(const kinbox_msg_t *m)
+{
+        return m->ts;
+}
+
+const void *
+kinbox_msg_key(const kinbox_msg_t *m, size_t *sizep)
+{
+        if (sizep)
+                *sizep = m->v.key_len;
+        return m->v.key;
+}
+
+const void *
+kinbox_msg_payload(const kinbox_msg_t *m, size_t *sizep)
+{
+        if (sizep)
+                *sizep = m->v.len;
+        return m->v.payload;
+}
+
+const char *
+kinbox_msg_id(const kinbox_msg_t *m)
+{
+        return m->id ? m->id : "";
+}
+
+int
+kinbox_msg_attempt(const kinbox_msg_t *m)
+{
+        return m->attempt;
+}
+
+/* librdkafka's header getters take a non-const list. */
+static rd_kafka_headers_t *
+msg_headers(const kinbox_msg_t *m)
+{
+        return (rd_kafka_headers_t *)m->v.headers;
+}
+
+size_t
+kinbox_msg_header_count(const kinbox_msg_t *m)
+{
+        return m->v.headers ? rd_kafka_header_cnt(msg_headers(m)) : 0;
+}
+
+kinbox_err_t
+kinbox_msg_header_at(const kinbox_msg_t *m, size_t idx, kinbox_header_t *hdr)
+{
+        if (!m->v.headers ||
+            rd_kafka_header_get_all(msg_headers(m), idx, &hdr->name,
+                                    &hdr->value, &hdr->size))
+                return KINBOX_ERR_NOT_FOUND;
+        return KINBOX_OK;
+}
+
+kinbox_err_t
+kinbox_msg_header(const kinbox_msg_t *m, const char *name,
+                  const void **valuep, size_t *sizep)
+{
+        if (!m->v.headers ||
+            rd_kafka_header_get_last(msg_headers(m), name, valuep, sizep))
+                return KINBOX_ERR_NOT_FOUND;
+        return KINBOX_OK;
+}
+
+void
+kinbox__msg_free(kinbox_msg_t *m)
+{
+        if (!m)
+                return;
+        if (m->rkm)
+                rd_kafka_message_destroy(m->rkm);
+        if (m->own_headers)
+                rd_kafka_headers_destroy(m->own_headers);
+        free(m->id);
+        free(m->reason);
+        free(m);
+}
+
+void
+kinbox__msg_set_reason(kinbox_msg_t *m, const char *r)
+{
+        char *n = kinbox__strdup(r && *r ? r : "no reason given");
+        if (n) {
+                free(m->reason);
+                m->reason = n;
+        }
+}
+
+/* ------------------------------------------------------------------ */
+/* stored messages and transactions outside a consumer (replay.c) */
+
+kinbox_msg_t *
+kinbox__msg_from_parts(const kinbox__msg_parts_t *parts)
+{
+        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
+        if (!m)
+                return NULL;
+        m->v = (kinbox__msgview_t){parts->topic,   parts->partition,
+                                   parts->offset,  parts->key,
+                                   parts->key_len, parts->payload,
+                                   parts->len,     NULL};
+        m->ts = parts->timestamp;
+        if (parts->nheaders) {
+                m->own_headers = rd_kafka_headers_new(parts->nheaders);
+                for (size_t i = 0; m->own_headers && i < parts->nheaders; i++)
+                        rd_kafka_header_add(
+                            m->own_headers, parts->headers[i].name, -1,
+                            parts->headers[i].value,
+                            parts->headers[i].value
+                                ? (ssize_t)parts->headers[i].size
+                                : 0);
+                m->v.headers = m->own_headers;
+        }
+        m->id = kinbox__strdup(parts->id);
+        m->attempt = 1;
+        if (!m->id || (parts->nheaders && !m->own_headers)) {
+                kinbox__msg_free(m);
+                return NULL;
+        }
+        return m;
+}
+
+void
+kinbox__msg_destroy(kinbox_msg_t *m)
+{
+        kinbox__msg_free(m);
+}
+
+const char *
+kinbox__msg_reason(const kinbox_msg_t *m)
+{
+        return m->reason;
+}

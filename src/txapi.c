@@ -1,0 +1,260 @@
+/*
+ * txapi.c -- the transaction handed to handlers (kinbox_tx_*): statements tagged with the
+ * message that queued them, so every failure is charged to its own message
+ */
+#include "consumer_int.h"
+#include <stdarg.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* the transaction handed to handlers */
+
+kinbox__db_t *
+kinbox__tx_db(kinbox_tx_t *tx)
+{
+        return tx->db;
+}
+
+int
+kinbox__tx_tag(const kinbox_tx_t *tx)
+{
+        return tx->tag;
+}
+
+kinbox_backend_t
+kinbox_tx_backend(const kinbox_tx_t *tx)
+{
+        return tx->db->backend;
+}
+
+const char *
+kinbox_tx_consumer(const kinbox_tx_t *tx)
+{
+        return tx->c ? tx->c->name : tx->consumer;
+}
+
+kinbox_tx_t *
+kinbox__tx_new(kinbox__db_t *db, const char *consumer)
+{
+        kinbox_tx_t *tx = kinbox__calloc(1, sizeof(*tx));
+        if (!tx)
+                return NULL;
+        tx->db = db;
+        tx->consumer = consumer;
+        return tx;
+}
+
+void
+kinbox__tx_clear_ukeys(kinbox_tx_t *tx)
+{
+        for (size_t i = 0; i < tx->nukeys; i++)
+                free(tx->ukeys[i].key);
+        tx->nukeys = 0;
+}
+
+void
+kinbox__tx_destroy(kinbox_tx_t *tx)
+{
+        if (!tx)
+                return;
+        kinbox__tx_clear_ukeys(tx);
+        free(tx->ukeys);
+        free(tx);
+}
+
+void
+kinbox__tx_reset(kinbox_tx_t *tx)
+{
+        tx->tag = 0;
+        tx->failed = tx->touched = false;
+        tx->reason[0] = '\0';
+        kinbox__tx_clear_ukeys(tx);
+}
+
+bool
+kinbox__tx_failed(const kinbox_tx_t *tx)
+{
+        return tx->failed;
+}
+
+const char *
+kinbox__tx_reason(const kinbox_tx_t *tx)
+{
+        return tx->reason;
+}
+
+/* Text parameters as backend parameters; *heap is set when allocated. */
+static kinbox__param_t *
+tx_params(int n, const char *const *params, kinbox__param_t *stack, int cap,
+          bool *heap)
+{
+        *heap = false;
+        if (n < 0 || (n > 0 && !params))
+                return NULL;
+        kinbox__param_t *ps = stack;
+        if (n > cap) {
+                ps = kinbox__calloc((size_t)n, sizeof(*ps));
+                if (!ps)
+                        return NULL;
+                *heap = true;
+        }
+        for (int i = 0; i < n; i++)
+                ps[i] = (kinbox__param_t){params[i], 0, 0};
+        return ps;
+}
+
+/* What the handler sees of a failure: a statement queued by another call
+ * (an earlier message) voided the transaction; its own is its own. */
+static kinbox_err_t
+tx_outcome(kinbox_tx_t *tx, int rc)
+{
+        if (!rc)
+                return KINBOX_OK;
+        tx->failed = true;
+        int t = tx->db->err.tag;
+        if (t >= 0 && tx->tag >= 0 &&
+            (t & ~KINBOX__TAG_UNIQUE) != (tx->tag & ~KINBOX__TAG_UNIQUE))
+                return KINBOX_ERR_ABORTED;
+        if (t == KINBOX__TAG_MERGED || (t < 0 && t != -1))
+                return KINBOX_ERR_ABORTED;
+        return (kinbox_err_t)rc;
+}
+
+static kinbox_err_t
+tx_exec(kinbox_tx_t *tx, int tag, const char *what, const char *sql,
+        int nparams, const char *const *params)
+{
+        kinbox__param_t stack[32] = {{0}};
+        bool heap;
+        kinbox__param_t *ps =
+            sql ? tx_params(nparams, params, stack, 32, &heap) : NULL;
+        if (!ps) {
+                snprintf(tx->reason, sizeof(tx->reason),
+                         "%s: bad arguments (%d parameters)", what, nparams);
+                tx->failed = true;
+                return KINBOX_ERR_INVALID;
+        }
+        tx->touched = true;
+        int rc = tx->db->ops->exec(tx->db, sql, nparams, ps, tag);
+        if (heap)
+                free(ps);
+        return tx_outcome(tx, rc);
+}
+
+kinbox_err_t
+kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
+               const char *const *params)
+{
+        return tx_exec(tx, tx->tag, "kinbox_tx_exec", sql, nparams, params);
+}
+
+kinbox_err_t
+kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key, const char *sql,
+                      int nparams, const char *const *params)
+{
+        if (tx->tag < 0) /* replay and kinbox's own: no batch to isolate */
+                return tx_exec(tx, tx->tag, "kinbox_tx_exec_unique", sql,
+                               nparams, params);
+        int tag = tx->tag | KINBOX__TAG_UNIQUE;
+        if (tx->nukeys == tx->capukeys) {
+                size_t cap = tx->capukeys ? tx->capukeys * 2 : 16;
+                ukey_t *u = realloc(tx->ukeys, cap * sizeof(*u));
+                if (!u) {
+                        tx->failed = true;
+                        snprintf(tx->reason, sizeof(tx->reason),
+                                 "kinbox_tx_exec_unique: out of memory");
+                        return KINBOX_ERR_NOMEM;
+                }
+                tx->ukeys = u;
+                tx->capukeys = cap;
+        }
+        char *k = NULL;
+        if (key && !(k = kinbox__strdup(key))) {
+                tx->failed = true;
+                return KINBOX_ERR_NOMEM;
+        }
+        tx->ukeys[tx->nukeys++] = (ukey_t){tag, k};
+        return tx_exec(tx, tag, "kinbox_tx_exec_unique", sql, nparams,
+                       params);
+}
+
+kinbox_err_t
+kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
+                const char *const *params, kinbox_rows_t **rowsp)
+{
+        kinbox__param_t stack[32] = {{0}};
+        bool heap;
+        if (rowsp)
+                *rowsp = NULL;
+        kinbox__param_t *ps =
+            sql ? tx_params(nparams, params, stack, 32, &heap) : NULL;
+        if (!ps) {
+                snprintf(tx->reason, sizeof(tx->reason),
+                         "kinbox_tx_query: bad arguments (%d parameters)",
+                         nparams);
+                tx->failed = true;
+                return KINBOX_ERR_INVALID;
+        }
+        tx->touched = true;
+        int rc = tx->db->ops->query(tx->db, sql, nparams, ps, tx->tag, rowsp);
+        if (heap)
+                free(ps);
+        return tx_outcome(tx, rc);
+}
+
+/* The native connection when the handler asked for this backend's. */
+static void *
+tx_native(kinbox_tx_t *tx, kinbox_backend_t b)
+{
+        if (!kinbox__db_is(tx->db, b))
+                return NULL;
+        tx->touched = true;
+        void *n = kinbox__db_native_of(tx->db, b);
+        if (!n)
+                tx->failed = true;
+        return n;
+}
+
+struct pg_conn *
+kinbox_tx_pgconn(kinbox_tx_t *tx)
+{
+        return tx_native(tx, KINBOX_BACKEND_POSTGRESQL);
+}
+
+struct st_mysql *
+kinbox_tx_mysql(kinbox_tx_t *tx)
+{
+        return tx_native(tx, KINBOX_BACKEND_MYSQL);
+}
+
+void
+kinbox_tx_set_error(kinbox_tx_t *tx, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(tx->reason, sizeof(tx->reason), fmt, ap);
+        va_end(ap);
+}
+
+void
+kinbox_tx_set_msg_error(kinbox_tx_t *tx, const kinbox_msg_t *msg,
+                        const char *fmt, ...)
+{
+        KINBOX__UNUSED(tx);
+        char b[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(b, sizeof(b), fmt, ap);
+        va_end(ap);
+        kinbox__msg_set_reason((kinbox_msg_t *)msg, b);
+}
+
+const char *
+kinbox_tx_errstr(const kinbox_tx_t *tx)
+{
+        return tx->db->err.code ? tx->db->err.msg : "";
+}
