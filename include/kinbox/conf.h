@@ -90,6 +90,18 @@ KINBOX_API void kinbox_conf_set_log_cb(kinbox_conf_t *conf, kinbox_log_cb cb,
                                        void *opaque);
 
 /**
+ * @brief Change the most verbose level logged by every kinbox logger of the
+ *        process at once, overriding each configuration's `log.level`
+ *        (`kinbox run` calls it on SIGHUP with the file's new level).
+ * @param level a ::kinbox_log_level_t; -1 returns every logger to the
+ *              `log.level` of its configuration.
+ * @remark Thread-safe and async-signal-safe (one atomic store); takes effect
+ *         from the next line. librdkafka's own `kafka.log_level` is not
+ *         changed.
+ */
+KINBOX_API void kinbox_log_set_level(int level);
+
+/**
  * @brief Write the configuration reference (Markdown) generated from the
  *        property table to @p fp (a FILE *).
  */

@@ -20,6 +20,7 @@
 #include "../../handlers/points/points.h"
 #include "admin.h"
 #include "config.h"
+#include "sdnotify.h"
 
 #define EX_RUNTIME 1
 #define EX_USAGE 2
@@ -289,6 +290,7 @@ static void
 on_signal(int sig)
 {
         (void)sig;
+        kb_sd_stopping();
         for (int i = 0; i < g_nrunners; i++)
                 kinbox_consumer_stop(g_runners[i].c);
         if (g_relay)
@@ -463,6 +465,10 @@ cmd_run(int argc, char **argv)
                                 status = EX_RUNTIME;
                                 break;
                         }
+                /* READY=1, watchdog, SIGHUP (a failure only loses those). */
+                if (!status && kb_sd_start(path))
+                        fprintf(stderr, "kinbox run: cannot start the "
+                                        "service manager thread\n");
                 for (int i = 0; i < started; i++) {
                         pthread_join(rs[i].thr, NULL);
                         if (rs[i].rc) {
@@ -516,6 +522,7 @@ cmd_run(int argc, char **argv)
                 if (rs[i].mod && rs[i].mod->fini)
                         rs[i].mod->fini(rs[i].opaque);
         }
+        kb_sd_stop();
         g_nrunners = 0;
         g_relay = NULL;
         kb_ops_stop(ops);
