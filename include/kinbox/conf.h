@@ -107,6 +107,14 @@ KINBOX_API void kinbox_log_set_level(int level);
  */
 KINBOX_API void kinbox_conf_write_reference(void *fp);
 
+/**
+ * @brief Write the same reference as kinbox_conf_write_reference() as
+ *        roff: one `.TP` paragraph per key (the body of kinbox.conf(5)).
+ * @param fp a FILE * open for writing.
+ * @remark Thread-safe.
+ */
+KINBOX_API void kinbox_conf_write_reference_man(void *fp);
+
 KINBOX_END_DECLS
 
 #endif

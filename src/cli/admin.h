@@ -27,6 +27,8 @@ int kb_cmd_dead(int argc, char **argv);
 int kb_cmd_outbox(int argc, char **argv);
 int kb_cmd_verify(int argc, char **argv);
 int kb_cmd_prune(int argc, char **argv);
+/* `kinbox config-reference [--man] [--output FILE]` (manpage.c). */
+int kb_cmd_config_reference(int argc, char **argv);
 /* Help text of those commands; 0 when cmd is not one of them. */
 int kb_admin_usage(const char *cmd, void *fp);
 

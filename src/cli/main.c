@@ -552,10 +552,8 @@ main(int argc, char **argv)
                 printf("kinbox %s\n", kinbox_version());
                 return 0;
         }
-        if (!strcmp(cmd, "config-reference")) {
-                kinbox_conf_write_reference(stdout);
-                return 0;
-        }
+        if (!strcmp(cmd, "config-reference"))
+                return kb_cmd_config_reference(argc - 1, argv + 1);
         if (!strcmp(cmd, "run"))
                 return cmd_run(argc - 1, argv + 1);
         if (!strcmp(cmd, "migrate"))
