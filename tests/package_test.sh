@@ -10,10 +10,14 @@
 # the README handler compiles and links with DIR's kinbox.pc.
 #
 # Needs root and the services of scripts/services (KINBOX_PG_URL,
-# KINBOX_BOOTSTRAP). Usage (ctest sets these): package_test.sh SOURCE_DIR WORK_DIR
+# KINBOX_BOOTSTRAP). Usage (ctest sets these):
+#   package_test.sh SOURCE_DIR WORK_DIR BUILD_DIR
+# BUILD_DIR (configured for the default prefix) is the tree installed with
+# --prefix.
 set -euo pipefail
 src=$1
 work=$2
+build=$3
 fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
 for v in KINBOX_PG_URL KINBOX_BOOTSTRAP; do
     [ -n "${!v:-}" ] || fail "$v is not set (start scripts/services and source services.env)"
@@ -156,10 +160,12 @@ done < "$work/files.txt"
 ! getent passwd kinbox >/dev/null || fail "user kinbox left after purge"
 
 echo "== cmake --install --prefix"
-cmake --install "$work/build" --prefix "$work/prefix" >/dev/null || fail "cmake --install failed"
+cmake --install "$build" --prefix "$work/prefix" >/dev/null || fail "cmake --install failed"
+[ -f "$work/prefix/etc/kinbox/kinbox.conf" ] || fail "--prefix: the sample configuration is not under the prefix"
 pc=$(find "$work/prefix" -name kinbox.pc)
 cc -o "$work/credit2" "$work/credit.c" $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs kinbox) ||
     fail "README handler does not build against kinbox.pc installed with --prefix"
 LD_LIBRARY_PATH=$(dirname "$(dirname "$pc")") ldd "$work/credit2" | grep -q "$work/prefix/.*libkinbox.so.0" ||
     fail "the --prefix build does not link the --prefix libkinbox"
+[ ! -e /etc/kinbox ] || fail "cmake --install --prefix wrote to /etc/kinbox"
 echo "package_test: all checks passed"
