@@ -56,6 +56,8 @@ usage(FILE *fp)
                 "outbox (exit 1 on a gap)\n"
                 "  prune -c FILE [--dry-run]   delete rows past their "
                 "retention\n"
+                "  reconcile -c FILE  run the handlers' business checks "
+                "(exit 1 on a discrepancy)\n"
                 "  config-reference   print the configuration reference "
                 "(Markdown)\n"
                 "  version            print the version\n"
@@ -96,7 +98,7 @@ usage_cmd(const char *cmd, FILE *fp)
                 usage(fp);
 }
 
-static const kinbox_module_t *
+const kinbox_module_t *
 find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
                   size_t sz)
 {
@@ -126,11 +128,13 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
                          name, path);
                 return NULL;
         }
-        if (m->abi_version != KINBOX_MODULE_ABI_VERSION) {
+        if (m->abi_version < KINBOX_MODULE_ABI_VERSION_MIN ||
+            m->abi_version > KINBOX_MODULE_ABI_VERSION) {
                 snprintf(err, sz,
                          "handler \"%s\": %s has module ABI version %d, this "
-                         "kinbox needs %d",
+                         "kinbox needs %d..%d",
                          name, path, m->abi_version,
+                         KINBOX_MODULE_ABI_VERSION_MIN,
                          KINBOX_MODULE_ABI_VERSION);
                 return NULL;
         }
@@ -563,7 +567,8 @@ main(int argc, char **argv)
                 int (*fn)(int, char **);
         } admin_cmds[] = {{"status", kb_cmd_status}, {"dead", kb_cmd_dead},
                           {"outbox", kb_cmd_outbox}, {"verify", kb_cmd_verify},
-                          {"prune", kb_cmd_prune}};
+                          {"prune", kb_cmd_prune},
+                          {"reconcile", kb_cmd_reconcile}};
         for (size_t i = 0; i < sizeof(admin_cmds) / sizeof(admin_cmds[0]); i++)
                 if (!strcmp(cmd, admin_cmds[i].name))
                         return admin_cmds[i].fn(argc - 1, argv + 1);
