@@ -79,6 +79,10 @@ static const family_t families[] = {
     {"kinbox_dead_letters", M_GAUGE,
      "Dead letters with status dead per consumer (sampled at scrape time).",
      NULL, 0},
+    {"kinbox_dead_letter_oldest_seconds", M_GAUGE,
+     "Age of the oldest dead letter with status dead per consumer (sampled "
+     "at scrape time).",
+     NULL, 0},
     {"kinbox_relay_published_total", M_COUNTER,
      "Outbox rows published to Kafka (or local actions done) and marked "
      "sent.",

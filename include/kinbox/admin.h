@@ -183,7 +183,8 @@ KINBOX_API kinbox_err_t kinbox_admin_query(kinbox_admin_t *adm,
 /**
  * @brief Refresh the sampled gauges of kinbox_metrics_render() from the
  *        database: outbox pending / oldest pending age / dead per
- *        destination, dead letters per consumer.
+ *        destination, dead letters and the age of the oldest per
+ *        consumer.
  * @returns As kinbox_admin_query().
  */
 KINBOX_API kinbox_err_t kinbox_admin_collect_metrics(kinbox_admin_t *adm);
