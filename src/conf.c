@@ -72,7 +72,7 @@ static const prop_t props[] = {
 {"prune.batch", P_INT, "1000", 1, 1000000, NULL,
  "Rows deleted per pruning statement."},
 {"reconcile.interval", P_DURATION, "1h", 0, MAXI, NULL,
- "How often `kinbox run` runs the reconciliation checks of its handler modules (one replica at a time, a database lock); 0 turns the periodic run off (`kinbox reconcile` still works)."},
+ "How often `kinbox run` runs the reconciliation checks of its handler modules (one replica at a time, a database lock; the first run within a minute of the start); 0 turns the periodic run off (`kinbox reconcile` still works)."},
 {"reconcile.grace", P_DURATION, "5m", 0, MAXI, NULL,
  "Reconciliation checks report only discrepancies older than this (work still in flight is not a discrepancy)."},
 {"relay.batch.size", P_INT, "100", 1, 100000, NULL,

@@ -233,11 +233,15 @@ static void *
 reconciler_main(void *arg)
 {
         kb_reconciler_t *r = arg;
-        for (;;) {
+        /* The first run comes within a minute of the start, so that a
+         * restarted process exports the gauge (and the alert can fire)
+         * without waiting a whole interval. */
+        int64_t wait_ms = r->interval_ms < 60000 ? r->interval_ms : 60000;
+        for (;; wait_ms = r->interval_ms) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_sec += r->interval_ms / 1000;
-                ts.tv_nsec += (r->interval_ms % 1000) * 1000000L;
+                ts.tv_sec += wait_ms / 1000;
+                ts.tv_nsec += (wait_ms % 1000) * 1000000L;
                 if (ts.tv_nsec >= 1000000000L) {
                         ts.tv_sec++;
                         ts.tv_nsec -= 1000000000L;

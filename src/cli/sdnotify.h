@@ -19,8 +19,8 @@
 int kb_sd_start(const char *config_path);
 
 /* Shutdown began: the thread sends STOPPING=1 and stops pinging the
- * watchdog (a shutdown that hangs past WatchdogSec is then killed by the
- * service manager). Async-signal-safe: only sets a flag. */
+ * watchdog (systemd disarms it while stopping; a shutdown that hangs is
+ * bounded by TimeoutStopSec=). Async-signal-safe: only sets a flag. */
 void kb_sd_stopping(void);
 
 /* Stop and join the thread; restore SIGHUP's default. No-op when
