@@ -72,6 +72,10 @@ static const prop_t props[] = {
  "How often the pruner runs."},
 {"prune.batch", P_INT, "1000", 1, 1000000, NULL,
  "Rows deleted per pruning statement."},
+{"reconcile.interval", P_DURATION, "1h", 0, MAXI, NULL,
+ "How often `kinbox run` runs the reconciliation checks of its handler modules (one replica at a time, a database lock; the first run within a minute of the start); 0 turns the periodic run off (`kinbox reconcile` still works)."},
+{"reconcile.grace", P_DURATION, "5m", 0, MAXI, NULL,
+ "Reconciliation checks report only discrepancies older than this (work still in flight is not a discrepancy)."},
 {"relay.batch.size", P_INT, "100", 1, 100000, NULL,
  "Outbox rows claimed per relay round."},
 {"relay.lease.ms", P_INT, "30000", 100, 86400000, NULL,
@@ -459,4 +463,57 @@ kinbox_conf_write_reference(void *fpv)
         fprintf(fp, "| `kafka.*` | string | — | | Passed to librdkafka "
                     "unchanged without the `kafka.` prefix (see librdkafka's "
                     "CONFIGURATION.md). |\n");
+}
+
+/* roff text: `code` becomes bold, backslashes are escaped, and a line
+ * never starts with a control character. */
+static void
+man_text(FILE *fp, const char *s)
+{
+        bool bold = false;
+        if (*s == '.' || *s == '\'')
+                fputs("\\&", fp);
+        for (; *s; s++) {
+                if (*s == '`') {
+                        fputs(bold ? "\\fR" : "\\fB", fp);
+                        bold = !bold;
+                } else if (*s == '\\') {
+                        fputs("\\e", fp);
+                } else if (*s == '-') {
+                        fputs("\\-", fp);
+                } else {
+                        fputc(*s, fp);
+                }
+        }
+        if (bold)
+                fputs("\\fR", fp);
+}
+
+void
+kinbox_conf_write_reference_man(void *fpv)
+{
+        FILE *fp = fpv;
+        for (size_t i = 0; i < NPROPS; i++) {
+                const prop_t *p = &props[i];
+                fprintf(fp, ".TP\n.B ");
+                man_text(fp, p->key);
+                fprintf(fp, " \\fR(%s", type_name(p->type));
+                if (p->def) {
+                        fprintf(fp, ", default ");
+                        man_text(fp, p->def);
+                }
+                if (p->type == P_INT)
+                        fprintf(fp, ", %lld..%lld", (long long)p->min,
+                                (long long)p->max);
+                else if (p->type == P_ENUM) {
+                        fprintf(fp, ", one of ");
+                        man_text(fp, p->enums);
+                }
+                fprintf(fp, ")\n");
+                man_text(fp, p->doc);
+                fputc('\n', fp);
+        }
+        fprintf(fp, ".TP\n.B kafka.*\n\\fR(string) Passed to librdkafka "
+                    "unchanged without the \\fBkafka.\\fR prefix (see "
+                    "librdkafka's CONFIGURATION.md).\n");
 }

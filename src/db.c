@@ -300,6 +300,14 @@ kinbox_rows_columns(const kinbox_rows_t *rows)
 }
 
 const char *
+kinbox_rows_column_name(const kinbox_rows_t *rows, int col)
+{
+        if (!rows || col < 0 || col >= rows->ncols || !rows->names)
+                return NULL;
+        return rows->names[col];
+}
+
+const char *
 kinbox_rows_value(const kinbox_rows_t *rows, size_t row, int col,
                   size_t *sizep)
 {

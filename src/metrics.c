@@ -79,6 +79,10 @@ static const family_t families[] = {
     {"kinbox_dead_letters", M_GAUGE,
      "Dead letters with status dead per consumer (sampled at scrape time).",
      NULL, 0},
+    {"kinbox_dead_letter_oldest_seconds", M_GAUGE,
+     "Age of the oldest dead letter with status dead per consumer (sampled "
+     "at scrape time).",
+     NULL, 0},
     {"kinbox_relay_published_total", M_COUNTER,
      "Outbox rows published to Kafka (or local actions done) and marked "
      "sent.",
@@ -98,6 +102,13 @@ static const family_t families[] = {
      HIST(b_latency)},
     {"kinbox_pruned_rows_total", M_COUNTER,
      "Rows deleted by the pruner (table = inbox or outbox).", NULL, 0},
+    {"kinbox_reconcile_discrepancies", M_GAUGE,
+     "Rows the reconciliation check returned in its last run (0: clean).",
+     NULL, 0},
+    {"kinbox_reconcile_runs_total", M_COUNTER,
+     "Reconciliation runs by result (done, skipped: another instance held "
+     "the lock, failed).",
+     NULL, 0},
     {"kinbox_prune_runs_total", M_COUNTER,
      "Pruner runs by result (done, skipped: another instance held the "
      "lock, failed).",

@@ -126,22 +126,31 @@ kinbox_admin_collect_metrics(kinbox_admin_t *adm)
         }
         kinbox_rows_destroy(rows);
         rows = NULL;
-        rc = kinbox_admin_query(adm,
-                                "SELECT consumer, count(*) FROM "
-                                "kinbox_dead_letter WHERE status = 'dead' "
-                                "GROUP BY consumer",
-                                0, NULL, &rows);
+        rc = kinbox_admin_query(
+            adm,
+            pg ? "SELECT consumer, count(*), extract(epoch FROM now() - "
+                 "min(dead_at)) FROM kinbox_dead_letter WHERE status = "
+                 "'dead' GROUP BY consumer"
+               : "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
+                 "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "
+                 "kinbox_dead_letter WHERE status = 'dead' GROUP BY "
+                 "consumer",
+            0, NULL, &rows);
         if (rc)
                 return rc;
         kinbox__m_drop("kinbox_dead_letters", "");
+        kinbox__m_drop("kinbox_dead_letter_oldest_seconds", "");
         for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
                 char l[300];
                 const char *cn = kinbox_rows_value(rows, i, 0, NULL);
                 const char *n = kinbox_rows_value(rows, i, 1, NULL);
-                kinbox__m_set("kinbox_dead_letters",
-                              kinbox__m_labels(l, sizeof(l), "consumer",
-                                               cn ? cn : "", (char *)NULL),
+                const char *age = kinbox_rows_value(rows, i, 2, NULL);
+                kinbox__m_labels(l, sizeof(l), "consumer", cn ? cn : "",
+                                 (char *)NULL);
+                kinbox__m_set("kinbox_dead_letters", l,
                               n ? strtod(n, NULL) : 0);
+                kinbox__m_set("kinbox_dead_letter_oldest_seconds", l,
+                              age ? strtod(age, NULL) : 0);
         }
         kinbox_rows_destroy(rows);
         return KINBOX_OK;

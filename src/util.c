@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +308,15 @@ kinbox__errstr(char *errstr, size_t size, const char *fmt, ...)
 }
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+/* kinbox_log_set_level(): -1 = each logger's own level. */
+static atomic_int log_level_override = -1;
+
+void
+kinbox_log_set_level(int level)
+{
+        atomic_store_explicit(&log_level_override, level < 0 ? -1 : level,
+                              memory_order_relaxed);
+}
 
 /* Passwords never reach a log line: every "scheme://user:password@" in a
  * message becomes "scheme://user:***@". */
@@ -388,7 +398,9 @@ void
 kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
              const char *fmt, va_list ap)
 {
-        if (lg && level > lg->level)
+        int ov = atomic_load_explicit(&log_level_override,
+                                      memory_order_relaxed);
+        if (ov >= 0 ? level > ov : lg && level > lg->level)
                 return;
         char msg[1024];
         vsnprintf(msg, sizeof(msg), fmt, ap);

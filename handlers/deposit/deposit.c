@@ -422,4 +422,5 @@ const kinbox_module_t kinbox_deposit_module = {
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .actions = actions,
+    .checks = kinbox_deposit_checks,
 };

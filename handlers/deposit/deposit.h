@@ -10,4 +10,6 @@
 #define DEPOSIT_PAY_ACTION "payment.initiate"
 
 extern const kinbox_module_t kinbox_deposit_module;
+/* Reconciliation checks (deposit_checks.c), NULL-name terminated. */
+extern const kinbox_check_t kinbox_deposit_checks[];
 #endif

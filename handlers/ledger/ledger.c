@@ -359,4 +359,5 @@ const kinbox_module_t kinbox_ledger_module = {
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .handle = ledger_handle,
+    .checks = kinbox_ledger_checks,
 };

@@ -7,4 +7,6 @@
 #define LEDGER_APPLIED_TOPIC "ledger.applied"
 
 extern const kinbox_module_t kinbox_ledger_module;
+/* Reconciliation checks (ledger_checks.c), NULL-name terminated. */
+extern const kinbox_check_t kinbox_ledger_checks[];
 #endif

@@ -513,6 +513,7 @@ const kinbox_module_t kinbox_points_module = {
     .schema_mysql = schema_mysql,
     .handle = points_handle,
     .handle_batch = points_handle_batch,
+    .checks = kinbox_points_checks,
 };
 
 /* The same handler, per message only (for benchmarks and batch.max=1). */
@@ -523,4 +524,5 @@ const kinbox_module_t kinbox_points_single_module = {
     .schema_postgresql = schema_pg,
     .schema_mysql = schema_mysql,
     .handle = points_handle,
+    .checks = kinbox_points_checks,
 };

@@ -77,6 +77,71 @@ KINBOX_API kinbox_err_t kinbox_retention_check(const kinbox_conf_t *conf,
                                                size_t errstr_size);
 
 /* ------------------------------------------------------------------------
+ * Reconciliation
+ */
+
+/**
+ * A named business check: one query per backend that returns one row per
+ * discrepancy (for example a deposit marked paid without its ledger
+ * posting), and no rows when all is well.
+ *
+ * The query gets one parameter, `$1`: `reconcile.grace` in whole seconds.
+ * It should return only discrepancies older than that, so that work still
+ * in flight (an event not yet consumed) is not reported. Queries run in
+ * autocommit on their own connection and must only read.
+ */
+typedef struct kinbox_check {
+        const char *name;           /**< e.g. "ledger.unbalanced_postings";
+                                         the `check` label of the gauge */
+        const char *description;    /**< one line for humans */
+        const char *sql_postgresql; /**< NULL: not available there */
+        const char *sql_mysql;      /**< NULL: not available there */
+} kinbox_check_t;
+
+/**
+ * @brief Called by kinbox_reconcile() once per check that ran.
+ * @param rows the discrepancy rows (0 rows: clean); owned by kinbox, valid
+ *             only during the call.
+ * @remark Runs on the thread that called kinbox_reconcile().
+ */
+typedef void (*kinbox_reconcile_cb)(const kinbox_check_t *check,
+                                    const kinbox_rows_t *rows, void *opaque);
+
+/** What one reconciliation run found. */
+typedef struct kinbox_reconcile_result {
+        int checks;             /**< checks that ran */
+        uint64_t discrepancies; /**< rows returned by all checks */
+        int skipped;            /**< 1: another instance holds the lock */
+} kinbox_reconcile_result_t;
+
+/**
+ * @brief Run reconciliation checks against the configured database.
+ *
+ * Each check's query for the backend of `database.url` runs with `$1` =
+ * `reconcile.grace` in seconds; a check without SQL for that backend is
+ * left out. After each check the gauge
+ * `kinbox_reconcile_discrepancies{check="NAME"}` is set to its row count,
+ * and @p cb (if not NULL) sees the rows.
+ * @param checks  @p nchecks pointers; neither array nor checks are kept.
+ * @param lock    non-zero: first take the named database lock
+ *                `kinbox_reconcile` (PostgreSQL advisory lock, MySQL
+ *                `GET_LOCK`) on the run's own connection; when another
+ *                instance holds it nothing runs and `skipped = 1` (what
+ *                `kinbox run` does on every replica).
+ * @returns ::KINBOX_OK (discrepancies are results, not errors);
+ *          ::KINBOX_ERR_CONFIG (bad URL or password file);
+ *          ::KINBOX_ERR_DB_CONN; ::KINBOX_ERR_DB (a check's query failed;
+ *          @p errstr names the check; checks before it have reported).
+ * @remark Thread-safe (own connection).
+ */
+KINBOX_API kinbox_err_t kinbox_reconcile(const kinbox_conf_t *conf,
+                                         const kinbox_check_t *const *checks,
+                                         size_t nchecks, int lock,
+                                         kinbox_reconcile_cb cb, void *opaque,
+                                         kinbox_reconcile_result_t *out,
+                                         char *errstr, size_t errstr_size);
+
+/* ------------------------------------------------------------------------
  * An operator's database handle
  */
 
@@ -118,7 +183,8 @@ KINBOX_API kinbox_err_t kinbox_admin_query(kinbox_admin_t *adm,
 /**
  * @brief Refresh the sampled gauges of kinbox_metrics_render() from the
  *        database: outbox pending / oldest pending age / dead per
- *        destination, dead letters per consumer.
+ *        destination, dead letters and the age of the oldest per
+ *        consumer.
  * @returns As kinbox_admin_query().
  */
 KINBOX_API kinbox_err_t kinbox_admin_collect_metrics(kinbox_admin_t *adm);

@@ -90,10 +90,30 @@ KINBOX_API void kinbox_conf_set_log_cb(kinbox_conf_t *conf, kinbox_log_cb cb,
                                        void *opaque);
 
 /**
+ * @brief Change the most verbose level logged by every kinbox logger of the
+ *        process at once, overriding each configuration's `log.level`
+ *        (`kinbox run` calls it on SIGHUP with the file's new level).
+ * @param level a ::kinbox_log_level_t; -1 returns every logger to the
+ *              `log.level` of its configuration.
+ * @remark Thread-safe and async-signal-safe (one atomic store); takes effect
+ *         from the next line. librdkafka's own `kafka.log_level` is not
+ *         changed.
+ */
+KINBOX_API void kinbox_log_set_level(int level);
+
+/**
  * @brief Write the configuration reference (Markdown) generated from the
  *        property table to @p fp (a FILE *).
  */
 KINBOX_API void kinbox_conf_write_reference(void *fp);
+
+/**
+ * @brief Write the same reference as kinbox_conf_write_reference() as
+ *        roff: one `.TP` paragraph per key (the body of kinbox.conf(5)).
+ * @param fp a FILE * open for writing.
+ * @remark Thread-safe.
+ */
+KINBOX_API void kinbox_conf_write_reference_man(void *fp);
 
 KINBOX_END_DECLS
 

@@ -226,6 +226,12 @@ KINBOX_API size_t kinbox_rows_count(const kinbox_rows_t *rows);
 /** @brief Number of columns. */
 KINBOX_API int kinbox_rows_columns(const kinbox_rows_t *rows);
 /**
+ * @brief Name of column @p col as the server reported it, owned by
+ *        @p rows; NULL when @p col is out of range.
+ */
+KINBOX_API const char *kinbox_rows_column_name(const kinbox_rows_t *rows,
+                                               int col);
+/**
  * @brief Value as text (bytea/blob columns: the raw bytes, NUL-terminated),
  *        NULL for SQL NULL; owned by @p rows. Length in @p sizep if not NULL.
  */

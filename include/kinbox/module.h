@@ -14,11 +14,18 @@
 #include "conf.h"
 #include "handler.h"
 #include "outbox.h"
+#include "admin.h"
 
 KINBOX_BEGIN_DECLS
 
-/** Bumped whenever ::kinbox_module_t changes shape. */
-#define KINBOX_MODULE_ABI_VERSION 1
+/**
+ * Bumped whenever ::kinbox_module_t changes shape. Version 2 appended
+ * `checks`; `kinbox run` still loads version 1 modules (they have no
+ * checks), since the fields before it did not move.
+ */
+#define KINBOX_MODULE_ABI_VERSION 2
+/** The oldest module ABI version `kinbox run` loads. */
+#define KINBOX_MODULE_ABI_VERSION_MIN 1
 
 /** A local action a module provides to the relay (`action:NAME` rows). */
 typedef struct kinbox_module_action {
@@ -56,6 +63,12 @@ typedef struct kinbox_module {
          *  relay of `kinbox run` registers those of the modules listed in
          *  `relay.modules`. */
         const kinbox_module_action_t *actions;
+        /** Reconciliation checks (ABI version 2), terminated by an entry
+         *  whose name is NULL; may be NULL. `kinbox reconcile` and the
+         *  periodic run of `kinbox run` execute those of the configured
+         *  consumers' modules and of `relay.modules` (see
+         *  kinbox_reconcile()). Only read when abi_version >= 2. */
+        const kinbox_check_t *checks;
 } kinbox_module_t;
 
 KINBOX_END_DECLS

@@ -148,6 +148,12 @@ parse_duration_ms(const char *s, int64_t *ms)
                                         0);
 }
 
+int
+kb_duration_ms(const char *s, int64_t *ms)
+{
+        return parse_duration_ms(s, ms);
+}
+
 /* ------------------------------------------------------------------ */
 /* output */
 
@@ -1673,10 +1679,20 @@ kb_admin_usage(const char *cmd, void *fpv)
                         "Only one\ninstance prunes at a time (a database "
                         "lock); dead rows and dead letters are\nnever "
                         "deleted. --dry-run counts what would go.\n");
+        else if (!strcmp(cmd, "reconcile"))
+                fprintf(fp,
+                        "usage: kinbox reconcile -c FILE [--json]\n\n"
+                        "Runs the reconciliation checks of the configured "
+                        "handler modules (consumers'\nhandlers and [relay] "
+                        "modules): one query per check that returns the "
+                        "business\ndiscrepancies older than "
+                        "reconcile.grace (e.g. a paid deposit without its "
+                        "ledger\nposting). Prints every discrepancy row; "
+                        "exit status 1 when there is one.\n");
         else
                 return 0;
         fprintf(fp, "\nExit status: 0 ok, 1 runtime failure (verify: gap "
-                    "found), 2 usage or configuration\nerror, 3 database "
+                    "found; reconcile: discrepancy), 2 usage or configuration\nerror, 3 database "
                     "unreachable, 4 not found.\n");
         return 1;
 }
@@ -1720,6 +1736,7 @@ struct kb_ops {
         rd_kafka_t *rk;      /* broker reachability */
         char **consumers;
         int nconsumers;
+        kb_reconciler_t *reconciler;
 };
 
 static void *
@@ -1825,6 +1842,11 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                 return NULL;
         }
         ops->pruner_started = true;
+        ops->reconciler = kb_reconciler_start(cfg, err, sz);
+        if (!ops->reconciler && err[0]) {
+                kb_ops_stop(ops);
+                return NULL;
+        }
         if (!cfg->metrics_listen)
                 return ops;
         ops->adm = kinbox_admin_new(cfg->base, err, sz);
@@ -1871,6 +1893,7 @@ kb_ops_stop(kb_ops_t *ops)
         pthread_mutex_unlock(&ops->lock);
         if (ops->pruner_started)
                 pthread_join(ops->pruner, NULL);
+        kb_reconciler_stop(ops->reconciler);
         if (ops->rk)
                 rd_kafka_destroy(ops->rk);
         kinbox_admin_destroy(ops->adm);

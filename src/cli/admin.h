@@ -17,9 +17,16 @@
 #define KB_EX_DB 3       /* database unreachable */
 #define KB_EX_NOTFOUND 4 /* no such id / destination */
 
-/* In main.c: the handler module configured for a consumer. */
+/* In main.c: the handler module configured for a consumer; a module by
+ * name (built in, or handler.path/NAME.so). */
 const kinbox_module_t *find_module(const kinbox_conf_t *conf, char *err,
                                    size_t sz);
+const kinbox_module_t *find_module_named(const kinbox_conf_t *conf,
+                                         const char *name, char *err,
+                                         size_t sz);
+
+/* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
+int kb_duration_ms(const char *s, int64_t *ms);
 
 /* `kinbox status|dead|outbox|verify|prune ...`: argv[0] is the command. */
 int kb_cmd_status(int argc, char **argv);
@@ -27,6 +34,22 @@ int kb_cmd_dead(int argc, char **argv);
 int kb_cmd_outbox(int argc, char **argv);
 int kb_cmd_verify(int argc, char **argv);
 int kb_cmd_prune(int argc, char **argv);
+/* `kinbox reconcile` (reconcile.c). */
+int kb_cmd_reconcile(int argc, char **argv);
+/* The reconciliation checks of cfg's modules (consumers' handlers, then
+ * relay.modules), each module once, into out (max entries). Returns their
+ * number, or -1 with err (a module that cannot be loaded). */
+int kb_reconcile_checks(kb_config_t *cfg, const kinbox_check_t **out,
+                        size_t max, char *err, size_t sz);
+/* `kinbox run`: a thread running the checks every reconcile.interval with
+ * the database lock (one replica). NULL with err "" when there is nothing
+ * to run (no checks, interval 0); NULL with err set on failure. */
+typedef struct kb_reconciler kb_reconciler_t;
+kb_reconciler_t *kb_reconciler_start(kb_config_t *cfg, char *err,
+                                     size_t sz);
+void kb_reconciler_stop(kb_reconciler_t *r);
+/* `kinbox config-reference [--man] [--output FILE]` (manpage.c). */
+int kb_cmd_config_reference(int argc, char **argv);
 /* Help text of those commands; 0 when cmd is not one of them. */
 int kb_admin_usage(const char *cmd, void *fp);
 

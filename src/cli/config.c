@@ -5,6 +5,7 @@
  * [kafka]    any librdkafka property → kafka.*
  * [log]      level, format           → log.*
  * [prune]    inbox.retention, ...     (keys as in the reference)
+ * [reconcile] interval, grace         → reconcile.*
  * [relay]    enabled, and relay.* keys without the prefix
  * [metrics]  listen
  * [consumer.NAME] consumer keys; name = NAME
@@ -180,6 +181,8 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                 snprintf(key, sizeof(key), "kafka.%s", name);
         } else if (!strcmp(section, "prune")) {
                 snprintf(key, sizeof(key), "%s", name);
+        } else if (!strcmp(section, "reconcile")) {
+                snprintf(key, sizeof(key), "reconcile.%s", name);
         } else if (!strcmp(section, "metrics")) {
                 if (strcmp(name, "listen")) {
                         snprintf(L->err, L->errsz,
@@ -306,6 +309,12 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                         goto out;
                 }
         }
+        for (int i = 0; i < cfg->nconsumers; i++)
+                if (!(cfg->consumers[i].settings =
+                          kinbox_conf_dup(cfg->consumers[i].conf))) {
+                        snprintf(errstr, sz, "out of memory");
+                        goto out;
+                }
         cfg->relay = kinbox_conf_dup(cfg->base);
         for (int i = 0; cfg->relay && i < L->nrelay; i++) {
                 char e[300];
@@ -340,6 +349,7 @@ kb_config_free(kb_config_t *cfg)
         for (int i = 0; i < cfg->nconsumers; i++) {
                 free(cfg->consumers[i].name);
                 kinbox_conf_destroy(cfg->consumers[i].conf);
+                kinbox_conf_destroy(cfg->consumers[i].settings);
         }
         free(cfg->metrics_listen);
         memset(cfg, 0, sizeof(*cfg));

@@ -17,6 +17,9 @@ typedef struct kb_config {
         struct {
                 char *name;
                 kinbox_conf_t *conf;
+                /* A copy that stays here when `kinbox run` hands conf
+                 * over to the consumer (the reconciler reads it). */
+                kinbox_conf_t *settings;
         } consumers[KB_MAX_CONSUMERS];
         int nconsumers;
         bool relay_enabled;

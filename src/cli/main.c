@@ -21,6 +21,7 @@
 #include "admin.h"
 #include "watchdog.h"
 #include "config.h"
+#include "sdnotify.h"
 
 #define EX_RUNTIME 1
 #define EX_USAGE 2
@@ -56,6 +57,8 @@ usage(FILE *fp)
                 "outbox (exit 1 on a gap)\n"
                 "  prune -c FILE [--dry-run]   delete rows past their "
                 "retention\n"
+                "  reconcile -c FILE  run the handlers' business checks "
+                "(exit 1 on a discrepancy)\n"
                 "  config-reference   print the configuration reference "
                 "(Markdown)\n"
                 "  version            print the version\n"
@@ -96,7 +99,7 @@ usage_cmd(const char *cmd, FILE *fp)
                 usage(fp);
 }
 
-static const kinbox_module_t *
+const kinbox_module_t *
 find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
                   size_t sz)
 {
@@ -126,11 +129,13 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
                          name, path);
                 return NULL;
         }
-        if (m->abi_version != KINBOX_MODULE_ABI_VERSION) {
+        if (m->abi_version < KINBOX_MODULE_ABI_VERSION_MIN ||
+            m->abi_version > KINBOX_MODULE_ABI_VERSION) {
                 snprintf(err, sz,
                          "handler \"%s\": %s has module ABI version %d, this "
-                         "kinbox needs %d",
+                         "kinbox needs %d..%d",
                          name, path, m->abi_version,
+                         KINBOX_MODULE_ABI_VERSION_MIN,
                          KINBOX_MODULE_ABI_VERSION);
                 return NULL;
         }
@@ -297,6 +302,7 @@ on_signal(int sig)
 {
         (void)sig;
         kb_watchdog_arm(); /* the shutdown is bounded from here */
+        kb_sd_stopping();
         for (int i = 0; i < g_nrunners; i++)
                 kinbox_consumer_stop(g_runners[i].c);
         if (g_relay)
@@ -474,6 +480,10 @@ cmd_run(int argc, char **argv)
                                 status = EX_RUNTIME;
                                 break;
                         }
+                /* READY=1, watchdog, SIGHUP (a failure only loses those). */
+                if (!status && kb_sd_start(path))
+                        fprintf(stderr, "kinbox run: cannot start the "
+                                        "service manager thread\n");
                 for (int i = 0; i < started; i++) {
                         kb_watchdog_step("waiting for a consumer's last "
                                          "batch and offset commit");
@@ -533,6 +543,7 @@ cmd_run(int argc, char **argv)
                 if (rs[i].mod && rs[i].mod->fini)
                         rs[i].mod->fini(rs[i].opaque);
         }
+        kb_sd_stop();
         g_nrunners = 0;
         g_relay = NULL;
         kb_watchdog_step("stopping the pruner and the metrics listener");
@@ -565,10 +576,8 @@ main(int argc, char **argv)
                 printf("kinbox %s\n", kinbox_version());
                 return 0;
         }
-        if (!strcmp(cmd, "config-reference")) {
-                kinbox_conf_write_reference(stdout);
-                return 0;
-        }
+        if (!strcmp(cmd, "config-reference"))
+                return kb_cmd_config_reference(argc - 1, argv + 1);
         if (!strcmp(cmd, "run"))
                 return cmd_run(argc - 1, argv + 1);
         if (!strcmp(cmd, "migrate"))
@@ -578,7 +587,8 @@ main(int argc, char **argv)
                 int (*fn)(int, char **);
         } admin_cmds[] = {{"status", kb_cmd_status}, {"dead", kb_cmd_dead},
                           {"outbox", kb_cmd_outbox}, {"verify", kb_cmd_verify},
-                          {"prune", kb_cmd_prune}};
+                          {"prune", kb_cmd_prune},
+                          {"reconcile", kb_cmd_reconcile}};
         for (size_t i = 0; i < sizeof(admin_cmds) / sizeof(admin_cmds[0]); i++)
                 if (!strcmp(cmd, admin_cmds[i].name))
                         return admin_cmds[i].fn(argc - 1, argv + 1);

@@ -1,0 +1,319 @@
+/*
+ * reconcile.c -- `kinbox reconcile -c FILE [--json]` and the periodic
+ * reconciliation thread of `kinbox run`.
+ *
+ * The checks are those of the handler modules the file configures: each
+ * [consumer.NAME]'s handler and each module of [relay] modules, once each.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <kinbox/kinbox.h>
+
+#include "admin.h"
+#include "config.h"
+
+#define MAX_CHECKS 64
+
+static void
+add_module(const kinbox_module_t *m, const kinbox_module_t **seen, int *nseen,
+           const kinbox_check_t **out, size_t *n)
+{
+        for (int i = 0; i < *nseen; i++)
+                if (seen[i] == m)
+                        return;
+        if (*nseen < 64)
+                seen[(*nseen)++] = m;
+        if (m->abi_version < 2 || !m->checks)
+                return;
+        for (const kinbox_check_t *c = m->checks; c->name && *n < MAX_CHECKS;
+             c++)
+                out[(*n)++] = c;
+}
+
+int
+kb_reconcile_checks(kb_config_t *cfg, const kinbox_check_t **out, size_t max,
+                    char *err, size_t sz)
+{
+        (void)max; /* out has MAX_CHECKS entries */
+        const kinbox_module_t *seen[64];
+        int nseen = 0;
+        size_t n = 0;
+        for (int i = 0; i < cfg->nconsumers; i++) {
+                const kinbox_module_t *m =
+                    find_module(cfg->consumers[i].settings, err, sz);
+                if (!m)
+                        return -1;
+                add_module(m, seen, &nseen, out, &n);
+        }
+        const char *mods =
+            cfg->relay ? kinbox_conf_get(cfg->relay, "relay.modules") : NULL;
+        char list[512];
+        snprintf(list, sizeof(list), "%s", mods ? mods : "");
+        for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
+             tok = strtok_r(NULL, ", ", &save)) {
+                const kinbox_module_t *m =
+                    find_module_named(cfg->relay, tok, err, sz);
+                if (!m)
+                        return -1;
+                add_module(m, seen, &nseen, out, &n);
+        }
+        return (int)n;
+}
+
+typedef struct report {
+        bool json;
+        json_t *arr;
+} report_t;
+
+static void
+on_check(const kinbox_check_t *c, const kinbox_rows_t *rows, void *opaque)
+{
+        report_t *r = opaque;
+        size_t n = kinbox_rows_count(rows);
+        int nc = kinbox_rows_columns(rows);
+        if (r->json) {
+                json_t *jr = json_array();
+                for (size_t i = 0; i < n; i++) {
+                        json_t *o = json_object();
+                        for (int k = 0; k < nc; k++) {
+                                const char *v =
+                                    kinbox_rows_value(rows, i, k, NULL);
+                                const char *name =
+                                    kinbox_rows_column_name(rows, k);
+                                json_object_set_new(
+                                    o, name ? name : "?",
+                                    v ? json_string(v) : json_null());
+                        }
+                        json_array_append_new(jr, o);
+                }
+                json_array_append_new(
+                    r->arr, json_pack("{s:s, s:s, s:I, s:o}", "check",
+                                      c->name, "description",
+                                      c->description ? c->description : "",
+                                      "discrepancies", (json_int_t)n, "rows",
+                                      jr));
+                return;
+        }
+        printf("%-40s %s\n", c->name, n ? "DISCREPANCIES" : "ok");
+        if (!n)
+                return;
+        if (c->description)
+                printf("  %s\n", c->description);
+        for (size_t i = 0; i < n; i++) {
+                printf("  -");
+                for (int k = 0; k < nc; k++) {
+                        const char *v = kinbox_rows_value(rows, i, k, NULL);
+                        const char *name = kinbox_rows_column_name(rows, k);
+                        printf(" %s=%s", name ? name : "?", v ? v : "NULL");
+                }
+                printf("\n");
+        }
+}
+
+int
+kb_cmd_reconcile(int argc, char **argv)
+{
+        static const struct option opts[] = {
+            {"config", required_argument, NULL, 'c'},
+            {"json", no_argument, NULL, 'j'},
+            {"help", no_argument, NULL, 'h'},
+            {NULL, 0, NULL, 0}};
+        const char *path = NULL;
+        report_t rep = {false, NULL};
+        int ch;
+        optind = 1;
+        while ((ch = getopt_long(argc, argv, "c:jh", opts, NULL)) != -1) {
+                switch (ch) {
+                case 'c':
+                        path = optarg;
+                        break;
+                case 'j':
+                        rep.json = true;
+                        break;
+                case 'h':
+                        kb_admin_usage("reconcile", stdout);
+                        return KB_EX_OK;
+                default:
+                        kb_admin_usage("reconcile", stderr);
+                        return KB_EX_USAGE;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "kinbox reconcile: unexpected argument \"%s\"\n",
+                        argv[optind]);
+                return KB_EX_USAGE;
+        }
+        if (!path) {
+                fprintf(stderr, "kinbox reconcile: -c FILE is required\n");
+                return KB_EX_USAGE;
+        }
+        kb_config_t cfg;
+        char err[2048];
+        if (kb_config_load(path, &cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox reconcile: %s\n", err);
+                return KB_EX_USAGE;
+        }
+        const kinbox_check_t *checks[MAX_CHECKS];
+        int n = kb_reconcile_checks(&cfg, checks, MAX_CHECKS, err,
+                                    sizeof(err));
+        if (n < 0) {
+                fprintf(stderr, "kinbox reconcile: %s\n", err);
+                kb_config_free(&cfg);
+                return KB_EX_USAGE;
+        }
+        if (n == 0 && !rep.json)
+                fprintf(stderr, "kinbox reconcile: the configured handlers "
+                                "declare no reconciliation checks\n");
+        if (rep.json)
+                rep.arr = json_array();
+        kinbox_reconcile_result_t res;
+        kinbox_err_t rc = kinbox_reconcile(cfg.base, checks, (size_t)n, 0,
+                                           on_check, &rep, &res, err,
+                                           sizeof(err));
+        int status = KB_EX_OK;
+        if (rc) {
+                fprintf(stderr, "kinbox reconcile: %s\n", err);
+                status = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB
+                         : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
+                                                   : KB_EX_RUNTIME;
+        } else if (res.discrepancies) {
+                status = KB_EX_RUNTIME;
+        }
+        if (rep.json) {
+                json_t *doc = json_pack(
+                    "{s:o, s:I, s:b}", "checks", rep.arr, "discrepancies",
+                    (json_int_t)res.discrepancies, "ok", status == KB_EX_OK);
+                char *s = json_dumps(doc, JSON_INDENT(2));
+                if (s)
+                        puts(s);
+                free(s);
+                json_decref(doc);
+        } else if (!rc) {
+                printf("%d check(s), %llu discrepancy row(s)\n", res.checks,
+                       (unsigned long long)res.discrepancies);
+        }
+        kb_config_free(&cfg);
+        return status;
+}
+
+/* ------------------------------------------------------------------ */
+/* kinbox run: every reconcile.interval, on the replica holding the lock */
+
+struct kb_reconciler {
+        kinbox_conf_t *conf;
+        const kinbox_check_t *checks[MAX_CHECKS];
+        size_t n;
+        int64_t interval_ms;
+        pthread_t thr;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool stop;
+};
+
+static void
+log_check(const kinbox_check_t *c, const kinbox_rows_t *rows, void *opaque)
+{
+        (void)opaque;
+        size_t n = kinbox_rows_count(rows);
+        if (n)
+                fprintf(stderr,
+                        "kinbox run: reconcile: %s: %zu discrepancy row(s) "
+                        "(kinbox reconcile -c FILE lists them)\n",
+                        c->name, n);
+}
+
+static void *
+reconciler_main(void *arg)
+{
+        kb_reconciler_t *r = arg;
+        /* The first run comes within a minute of the start, so that a
+         * restarted process exports the gauge (and the alert can fire)
+         * without waiting a whole interval. */
+        int64_t wait_ms = r->interval_ms < 60000 ? r->interval_ms : 60000;
+        for (;; wait_ms = r->interval_ms) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += wait_ms / 1000;
+                ts.tv_nsec += (wait_ms % 1000) * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                pthread_mutex_lock(&r->lock);
+                while (!r->stop &&
+                       pthread_cond_timedwait(&r->cond, &r->lock, &ts) == 0)
+                        ;
+                bool stop = r->stop;
+                pthread_mutex_unlock(&r->lock);
+                if (stop)
+                        return NULL;
+                char err[1024];
+                if (kinbox_reconcile(r->conf, r->checks, r->n, 1, log_check,
+                                     NULL, NULL, err, sizeof(err)))
+                        fprintf(stderr, "kinbox run: %s\n", err);
+        }
+}
+
+kb_reconciler_t *
+kb_reconciler_start(kb_config_t *cfg, char *err, size_t sz)
+{
+        kb_reconciler_t *r = calloc(1, sizeof(*r));
+        if (!r) {
+                snprintf(err, sz, "out of memory");
+                return NULL;
+        }
+        int n = kb_reconcile_checks(cfg, r->checks, MAX_CHECKS, err, sz);
+        if (n < 0) {
+                free(r);
+                return NULL;
+        }
+        const char *iv = kinbox_conf_get(cfg->base, "reconcile.interval");
+        if (n == 0 || !iv) { /* nothing to run */
+                free(r);
+                err[0] = '\0';
+                return NULL;
+        }
+        r->n = (size_t)n;
+        r->interval_ms = 3600000;
+        kb_duration_ms(iv, &r->interval_ms);
+        if (r->interval_ms <= 0) {
+                free(r);
+                err[0] = '\0';
+                return NULL;
+        }
+        r->conf = kinbox_conf_dup(cfg->base);
+        pthread_mutex_init(&r->lock, NULL);
+        pthread_cond_init(&r->cond, NULL);
+        if (!r->conf || pthread_create(&r->thr, NULL, reconciler_main, r)) {
+                kinbox_conf_destroy(r->conf);
+                pthread_mutex_destroy(&r->lock);
+                pthread_cond_destroy(&r->cond);
+                free(r);
+                snprintf(err, sz, "cannot start the reconciliation thread");
+                return NULL;
+        }
+        return r;
+}
+
+void
+kb_reconciler_stop(kb_reconciler_t *r)
+{
+        if (!r)
+                return;
+        pthread_mutex_lock(&r->lock);
+        r->stop = true;
+        pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+        pthread_join(r->thr, NULL);
+        kinbox_conf_destroy(r->conf);
+        pthread_mutex_destroy(&r->lock);
+        pthread_cond_destroy(&r->cond);
+        free(r);
+}

@@ -1,0 +1,120 @@
+/*
+ * reconcile.c -- business reconciliation checks: run each check's query
+ * for the configured backend, report its rows and export the count as
+ * kinbox_reconcile_discrepancies{check}. With `lock`, only the instance
+ * holding the named database lock runs (the pruner's pattern, prune.c).
+ */
+#include "db.h"
+#include "internal.h"
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RECONCILE_LOCK "kinbox_reconcile"
+
+static void
+count_run(const char *result)
+{
+        char lab[64];
+        kinbox__m_add("kinbox_reconcile_runs_total",
+                      kinbox__m_labels(lab, sizeof(lab), "result", result,
+                                       (char *)NULL),
+                      1);
+}
+
+kinbox_err_t
+kinbox_reconcile(const kinbox_conf_t *conf,
+                 const kinbox_check_t *const *checks, size_t nchecks,
+                 int lock, kinbox_reconcile_cb cb, void *opaque,
+                 kinbox_reconcile_result_t *out, char *errstr, size_t sz)
+{
+        kinbox_reconcile_result_t res = {0, 0, 0};
+        if (out)
+                *out = res;
+        char *pw = NULL;
+        if (kinbox__conf_password(conf, &pw, errstr, sz))
+                return KINBOX_ERR_CONFIG;
+        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
+                                          pw, errstr, sz);
+        free(pw);
+        if (!db)
+                return KINBOX_ERR_CONFIG;
+        const char *failed_check = NULL;
+        bool locked = false;
+        int rc = kinbox__db_connect(db);
+        if (rc)
+                goto fail;
+        if (lock) {
+                const char *name = RECONCILE_LOCK;
+                struct kinbox_rows_s *rows = NULL;
+                rc = kinbox__db_queryv(db, db->ops->sql->try_lock, 1, &name,
+                                       &rows);
+                const char *v = !rc && rows && rows->nrows ? rows->values[0]
+                                                          : NULL;
+                locked = v && (!strcmp(v, "t") || !strcmp(v, "1"));
+                kinbox_rows_destroy(rows);
+                if (rc)
+                        goto fail;
+                if (!locked) {
+                        res.skipped = 1;
+                        count_run("skipped");
+                        goto done;
+                }
+        }
+        char grace[32];
+        snprintf(grace, sizeof(grace), "%" PRId64,
+                 kinbox__conf_int(conf, "reconcile.grace") / 1000);
+        const char *params[1] = {grace};
+        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
+        for (size_t i = 0; i < nchecks; i++) {
+                const kinbox_check_t *c = checks[i];
+                const char *sql = pg ? c->sql_postgresql : c->sql_mysql;
+                if (!c->name || !sql)
+                        continue;
+                struct kinbox_rows_s *rows = NULL;
+                /* Only the statement's own parameter count may be sent. */
+                int np = strstr(sql, "$1") ? 1 : 0;
+                rc = kinbox__db_queryv(db, sql, np, params, &rows);
+                if (rc) {
+                        kinbox_rows_destroy(rows);
+                        failed_check = c->name;
+                        goto fail;
+                }
+                size_t n = rows ? rows->nrows : 0;
+                res.checks++;
+                res.discrepancies += n;
+                char lab[256];
+                kinbox__m_set("kinbox_reconcile_discrepancies",
+                              kinbox__m_labels(lab, sizeof(lab), "check",
+                                               c->name, (char *)NULL),
+                              (double)n);
+                if (cb)
+                        cb(c, rows, opaque);
+                kinbox_rows_destroy(rows);
+        }
+        count_run("done");
+done:
+        if (locked) {
+                const char *name = RECONCILE_LOCK;
+                kinbox__db_queryv(db, db->ops->sql->unlock, 1, &name, NULL);
+        }
+        kinbox__db_destroy(db);
+        if (out)
+                *out = res;
+        return KINBOX_OK;
+fail:
+        if (failed_check)
+                kinbox__errstr(errstr, sz, "reconcile: check %s: %s",
+                               failed_check, db->err.msg);
+        else
+                kinbox__errstr(errstr, sz, "reconcile: %s", db->err.msg);
+        count_run("failed");
+        /* Closing the connection releases a session lock too. */
+        kinbox__db_destroy(db);
+        if (out)
+                *out = res;
+        return rc == KINBOX_ERR_DB_CONN ? KINBOX_ERR_DB_CONN : KINBOX_ERR_DB;
+}
