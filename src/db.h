@@ -198,6 +198,8 @@ struct kinbox__sql {
         /* Per destination: pending rows, oldest pending age (s), dead rows
          * (gauges sampled at scrape). */
         const char *outbox_gauges;
+        /* Per consumer: dead letters (status dead), oldest one's age (s). */
+        const char *dead_letter_gauges;
 };
 
 /* The one of a module's two schema texts that is this backend's. */

@@ -68,10 +68,10 @@ kinbox_reconcile(const kinbox_conf_t *conf,
         snprintf(grace, sizeof(grace), "%" PRId64,
                  kinbox__conf_int(conf, "reconcile.grace") / 1000);
         const char *params[1] = {grace};
-        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
         for (size_t i = 0; i < nchecks; i++) {
                 const kinbox_check_t *c = checks[i];
-                const char *sql = pg ? c->sql_postgresql : c->sql_mysql;
+                const char *sql =
+                    kinbox__db_pick(db, c->sql_postgresql, c->sql_mysql);
                 if (!c->name || !sql)
                         continue;
                 struct kinbox_rows_s *rows = NULL;

@@ -126,16 +126,8 @@ kinbox_admin_collect_metrics(kinbox_admin_t *adm)
         }
         kinbox_rows_destroy(rows);
         rows = NULL;
-        rc = kinbox_admin_query(
-            adm,
-            pg ? "SELECT consumer, count(*), extract(epoch FROM now() - "
-                 "min(dead_at)) FROM kinbox_dead_letter WHERE status = "
-                 "'dead' GROUP BY consumer"
-               : "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
-                 "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "
-                 "kinbox_dead_letter WHERE status = 'dead' GROUP BY "
-                 "consumer",
-            0, NULL, &rows);
+        rc = kinbox_admin_query(adm, adm->db->ops->sql->dead_letter_gauges, 0,
+                                NULL, &rows);
         if (rc)
                 return rc;
         kinbox__m_drop("kinbox_dead_letters", "");

@@ -1964,6 +1964,10 @@ static const struct kinbox__sql my_sql = {
             " 1000000, 0), SUM(status = 'dead')"
             " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
             " GROUP BY destination",
+        .dead_letter_gauges =
+            "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
+            "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "
+            "kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {

@@ -792,6 +792,9 @@ static const struct kinbox__sql pg_sql = {
         " count(*) FILTER (WHERE status = 'dead')"
         " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
         " GROUP BY destination",
+    .dead_letter_gauges =
+        "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
+        "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
 };
 
 const struct kinbox__db_ops kinbox__pg_ops = {
