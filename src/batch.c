@@ -525,6 +525,12 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                 failure_t b = {FL_BATCH, 0, F_RETRY, false};
                 return recover(c, w, wk, &b);
         }
+        /* Claims of the messages rolled back are void. */
+        size_t keep = 0;
+        for (size_t k = 0; k < db->nnone; k++)
+                if ((size_t)KINBOX__TAG_LOW(db->none_tags[k]) < g * wk->gsz)
+                        db->none_tags[keep++] = db->none_tags[k];
+        db->nnone = keep;
         wk->g = g;
         wk->sp_done = true;
         return RUN_AGAIN;
@@ -609,6 +615,7 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
                 w->rows[n++] = (kinbox__inbox_row_t){
                     m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
         }
+        db->nnone = 0;
         int rc = db->ops->begin(db);
         if (!rc && n)
                 rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
@@ -738,6 +745,13 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                             "after_commit: SIGKILL before the offset store");
                 raise(SIGKILL);
         }
+        /* kinbox_tx_exec_claim() statements that found the key taken. */
+        for (size_t k = 0; k < db->nnone; k++) {
+                size_t i = (size_t)KINBOX__TAG_LOW(db->none_tags[k]);
+                if (i < w->nmsgs && w->msgs[i]->state == M_RUN)
+                        w->msgs[i]->dup_ok = true;
+        }
+        db->nnone = 0;
         store_offsets(c, w);
         batch_committed(c, w, mlab, t_begin);
         return RUN_DONE;

@@ -171,6 +171,7 @@ kinbox__db_destroy(kinbox__db_t *db)
                 db->ops->release(db);
         free(db->url);
         free(db->password);
+        free(db->none_tags);
         free(db);
 }
 
@@ -214,6 +215,20 @@ kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
                 const char *mysql)
 {
         return db->ops->backend == KINBOX_BACKEND_MYSQL ? mysql : postgresql;
+}
+
+void
+kinbox__db_note_none(kinbox__db_t *db, int tag)
+{
+        if (db->nnone == db->capnone) {
+                size_t cap = db->capnone ? db->capnone * 2 : 64;
+                int *t = realloc(db->none_tags, cap * sizeof(*t));
+                if (!t)
+                        return; /* counted as processed, not as duplicate */
+                db->none_tags = t;
+                db->capnone = cap;
+        }
+        db->none_tags[db->nnone++] = tag;
 }
 
 bool

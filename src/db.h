@@ -41,12 +41,17 @@ typedef struct kinbox__db kinbox__db_t;
  *        (low bits), whose set-based statements no one message owns;
  *   KINBOX__TAG_UNIQUE may be or'ed into either: the statement's unique
  *        violation means "already applied" (kinbox_tx_exec_unique());
+ *   KINBOX__TAG_CLAIM likewise: no row affected means "already applied"
+ *        (kinbox_tx_exec_claim());
  *   -1: kinbox's own statements; KINBOX__TAG_MERGED(_AT): see below.
  */
 #define KINBOX__TAG_UNIQUE (1 << 28)
 #define KINBOX__TAG_GROUP (1 << 29)
 #define KINBOX__TAG_MERGED_BIT (1 << 27)
-#define KINBOX__TAG_LOW(t) ((t) & ((1 << 27) - 1))
+/* A kinbox_tx_exec_claim() statement: the backend notes it in
+ * db->none_tags when it affected no row. */
+#define KINBOX__TAG_CLAIM (1 << 26)
+#define KINBOX__TAG_LOW(t) ((t) & ((1 << 26) - 1))
 /* A merged statement (MySQL) whose first row came from message i: no one
  * message is to blame, but all its rows lie in i's savepoint group. */
 #define KINBOX__TAG_MERGED_AT(i) (KINBOX__TAG_MERGED_BIT | KINBOX__TAG_LOW(i))
@@ -106,6 +111,10 @@ struct kinbox__db {
         bool in_tx;
         /* MySQL: merge single-row INSERTs of a transaction (db/mysql.c). */
         bool coalesce;
+        /* Tags of KINBOX__TAG_CLAIM statements that affected no row, in
+         * the order their results were read (the consumer empties it). */
+        int *none_tags;
+        size_t nnone, capnone;
         kinbox__dberr_t err;
         void (*log)(void *ctx, int level, const char *fmt, ...);
         void *log_ctx;
@@ -256,6 +265,9 @@ struct kinbox_rows_s *kinbox__rows_new(size_t nrows, int ncols);
 int kinbox__rows_set(struct kinbox_rows_s *r, size_t row, int col,
                      const char *v, size_t len);
 int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
+
+/* Note a claim statement that affected no row (see none_tags). */
+void kinbox__db_note_none(kinbox__db_t *db, int tag);
 
 /* Fill db->err. */
 void kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate,

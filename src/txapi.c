@@ -117,7 +117,8 @@ tx_outcome(kinbox_tx_t *tx, int rc)
         tx->failed = true;
         int t = tx->db->err.tag;
         if (t >= 0 && tx->tag >= 0 &&
-            (t & ~KINBOX__TAG_UNIQUE) != (tx->tag & ~KINBOX__TAG_UNIQUE))
+            (t & ~(KINBOX__TAG_UNIQUE | KINBOX__TAG_CLAIM)) !=
+                (tx->tag & ~(KINBOX__TAG_UNIQUE | KINBOX__TAG_CLAIM)))
                 return KINBOX_ERR_ABORTED;
         if (t == KINBOX__TAG_MERGED || (t < 0 && t != -1))
                 return KINBOX_ERR_ABORTED;
@@ -150,6 +151,17 @@ kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
                const char *const *params)
 {
         return tx_exec(tx, tx->tag, "kinbox_tx_exec", sql, nparams, params);
+}
+
+kinbox_err_t
+kinbox_tx_exec_claim(kinbox_tx_t *tx, const char *sql, int nparams,
+                     const char *const *params)
+{
+        int tag = tx->tag;
+        if (tag >= 0 && !(tag & KINBOX__TAG_GROUP))
+                tag |= KINBOX__TAG_CLAIM; /* a batch handler's: no one */
+        return tx_exec(tx, tag, "kinbox_tx_exec_claim", sql, nparams,
+                       params);
 }
 
 kinbox_err_t

@@ -10,9 +10,10 @@
  * A grant for an order that already has its flow row (a business
  * duplicate: the same order re-sent under a new message id) is "already
  * done": counted as a duplicate, the account is not credited again. The
- * per-message handler marks its flow INSERT with kinbox_tx_exec_unique();
- * the batch handler inserts with ON CONFLICT DO NOTHING (PostgreSQL) or
- * looks the orders up first (MySQL) and credits only the rows it inserted.
+ * per-message handler claims the order with kinbox_tx_exec_claim() (one
+ * CTE on PostgreSQL, a ROW_COUNT()-guarded credit on MySQL); the batch
+ * handler inserts with ON CONFLICT DO NOTHING (PostgreSQL) or looks the
+ * orders up first (MySQL) and credits only the rows it inserted.
  *
  * It ships both handler shapes: `handle` (per message, statements pipelined
  * by kinbox) and `handle_batch` (two set-based statements per batch), and
@@ -78,18 +79,6 @@ parse(const kinbox_msg_t *msg, grant_t *g, char *why, size_t wsz)
         return rc;
 }
 
-static const char *
-upsert_sql(kinbox_backend_t b)
-{
-        return b == KINBOX_BACKEND_MYSQL
-                   ? "INSERT INTO user_account (user_id, points) VALUES "
-                     "($1, $2) ON DUPLICATE KEY UPDATE points = points + "
-                     "VALUES(points)"
-                   : "INSERT INTO user_account (user_id, points) VALUES "
-                     "($1, $2) ON CONFLICT (user_id) DO UPDATE SET points = "
-                     "user_account.points + EXCLUDED.points";
-}
-
 static kinbox_result_t
 points_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
 {
@@ -104,15 +93,36 @@ points_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
         snprintf(uid, sizeof(uid), "%lld", g.user_id);
         snprintf(pts, sizeof(pts), "%lld", g.points);
         const char *flow[3] = {uid, g.order_id, pts};
-        /* Its unique key is the business idempotency check. */
-        if (kinbox_tx_exec_unique(tx, NULL,
-                                  "INSERT INTO user_points_flow (user_id, "
-                                  "order_id, biz_type, points_delta) VALUES "
-                                  "($1, $2, 'ORDER_REWARD', $3)",
-                                  3, flow))
-                return KINBOX_RESULT_RETRY;
+        /* The flow row's unique key is the business idempotency check: a
+         * taken key inserts nothing and credits nothing, and the claim's
+         * empty row count counts the message as a business duplicate. */
+        if (kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL)
+                return kinbox_tx_exec_claim(
+                           tx,
+                           "WITH f AS (INSERT INTO user_points_flow (user_id, "
+                           "order_id, biz_type, points_delta) VALUES ($1, $2, "
+                           "'ORDER_REWARD', $3) ON CONFLICT (order_id, "
+                           "biz_type) DO NOTHING RETURNING user_id, "
+                           "points_delta) INSERT INTO user_account (user_id, "
+                           "points) SELECT user_id, points_delta FROM f ON "
+                           "CONFLICT (user_id) DO UPDATE SET points = "
+                           "user_account.points + EXCLUDED.points",
+                           3, flow)
+                           ? KINBOX_RESULT_RETRY
+                           : KINBOX_RESULT_OK;
         const char *acct[2] = {uid, pts};
-        if (kinbox_tx_exec(tx, upsert_sql(kinbox_tx_backend(tx)), 2, acct))
+        if (kinbox_tx_exec_claim(tx,
+                                 "INSERT INTO user_points_flow (user_id, "
+                                 "order_id, biz_type, points_delta) VALUES "
+                                 "($1, $2, 'ORDER_REWARD', $3) ON DUPLICATE "
+                                 "KEY UPDATE order_id = order_id",
+                                 3, flow) ||
+            kinbox_tx_exec(tx,
+                           "INSERT INTO user_account (user_id, points) "
+                           "SELECT $1, $2 FROM DUAL WHERE ROW_COUNT() > 0 "
+                           "ON DUPLICATE KEY UPDATE points = points + "
+                           "VALUES(points)",
+                           2, acct))
                 return KINBOX_RESULT_RETRY;
         return KINBOX_RESULT_OK;
 }

@@ -175,6 +175,35 @@ KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
                                        const char *const *params);
 
 /**
+ * @brief Queue the statement that claims a message's business key, at
+ *        full speed.
+ *
+ * Like kinbox_tx_exec(), for a statement written so that a taken business
+ * key makes it affect no row instead of failing: PostgreSQL
+ * `INSERT ... ON CONFLICT (order_id, biz_type) DO NOTHING`, MySQL
+ * `INSERT ... ON DUPLICATE KEY UPDATE order_id = order_id`. When it
+ * affects no row the event was already applied: the message is counted as
+ * a *business duplicate* (as with ::KINBOX_RESULT_DUPLICATE, decided when
+ * the result is read, after the handler returned). Nothing is undone, so
+ * write the handler's other statements to change nothing in that case:
+ * on PostgreSQL one statement whose second part reads the first's
+ * `RETURNING` (a data-modifying CTE), on MySQL a following statement
+ * guarded by `ROW_COUNT() > 0` (see `handlers/points`). It costs no round
+ * trip, no savepoint and no rollback: use it when business duplicates are
+ * frequent; kinbox_tx_exec_unique() when the handler cannot be written so.
+ *
+ * @returns as kinbox_tx_exec().
+ * @remark Per-message handlers only: in a batch handler the statement is
+ *         queued like kinbox_tx_exec() (its row count names no one
+ *         message; set `results[i] = KINBOX_RESULT_DUPLICATE` instead). On
+ *         MySQL the statement is never merged with others (its row count
+ *         must be its own).
+ */
+KINBOX_API kinbox_err_t kinbox_tx_exec_claim(kinbox_tx_t *tx,
+                                             const char *sql, int nparams,
+                                             const char *const *params);
+
+/**
  * @brief Queue the statement that records a message's business key.
  *
  * Like kinbox_tx_exec(), for the statement whose unique key is the business

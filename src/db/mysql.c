@@ -589,6 +589,10 @@ roundtrip(kinbox__db_t *db, const char *sql, size_t len, const int *tags,
                         if (out)
                                 *out = NULL;
                         return my_fail(db, TAG_AT(idx), in_commit, NULL);
+                } else if (TAG_AT(idx) >= 0 &&
+                           (TAG_AT(idx) & KINBOX__TAG_CLAIM) &&
+                           mysql_affected_rows(m) == 0) {
+                        kinbox__db_note_none(db, TAG_AT(idx));
                 }
                 int st = mysql_next_result(m);
                 if (st < 0)
@@ -1199,10 +1203,11 @@ m_try(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                         return M_NOT_MERGED;
         }
         struct mergestate *ms = s->merge;
-        /* A kinbox_tx_exec_unique() statement's violation must name its
+        /* A kinbox_tx_exec_unique() statement's violation, a
+         * kinbox_tx_exec_claim() statement's row count must name its
          * message: never merged. */
         if (ms->off || !sql || n < 0 || (n > 0 && !p) ||
-            (tag >= 0 && (tag & KINBOX__TAG_UNIQUE)))
+            (tag >= 0 && (tag & (KINBOX__TAG_UNIQUE | KINBOX__TAG_CLAIM))))
                 return M_NOT_MERGED;
         struct mtmpl *t = m_tmpl_find(ms, sql);
         if (!t) {

@@ -275,6 +275,10 @@ drain(kinbox__db_t *db)
                         rc = fail_res(db, res, p.tag);
                 if (!ok && p.kind == K_PREPARE)
                         pg->stmts[p.stmt].prepared = false;
+                if (ok && p.kind == K_EXEC && p.tag >= 0 &&
+                    (p.tag & KINBOX__TAG_CLAIM) &&
+                    !strcmp(PQcmdTuples(res), "0"))
+                        kinbox__db_note_none(db, p.tag);
                 if (ok && p.kind == K_QUERY && rc == KINBOX_OK) {
                         if (pg->want)
                                 PQclear(pg->want);
