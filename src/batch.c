@@ -255,6 +255,10 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
  * lasts ISO_BATCHES batches after the last failure.
  */
 #define ISO_GROUPS 32
+/* A batch handler's group call is a set-based statement (often with a
+ * round trip for its RETURNING): fewer, larger groups; a failing group is
+ * handed to the handler one message at a time. */
+#define ISO_GROUPS_BATCH 8
 #define ISO_MIN_GROUP 4
 #define ISO_BATCHES 16
 
@@ -415,8 +419,9 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                         run[j]->attempt = run[j]->failures + 1;
                         run[j]->dup_ok = false;
                 }
-                tx->tag = single ? (int)idx[j0]
-                                 : (int)(KINBOX__TAG_GROUP | wk->g);
+                /* A one-message call's statements are that message's. */
+                tx->tag = cnt == 1 ? (int)idx[j0]
+                                   : (int)(KINBOX__TAG_GROUP | wk->g);
                 tx->failed = tx->touched = false;
                 tx->reason[0] = '\0';
                 db->err = (kinbox__dberr_t){.tag = -1};
@@ -698,7 +703,8 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         wk.iso = w->iso_left > 0;
         wk.gsz = w->nmsgs;
         if (wk.iso) {
-                wk.gsz = (w->nmsgs + ISO_GROUPS - 1) / ISO_GROUPS;
+                size_t ng = c->batch_handler ? ISO_GROUPS_BATCH : ISO_GROUPS;
+                wk.gsz = (w->nmsgs + ng - 1) / ng;
                 if (wk.gsz < ISO_MIN_GROUP)
                         wk.gsz = ISO_MIN_GROUP;
         }

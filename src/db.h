@@ -209,6 +209,13 @@ struct kinbox__sql {
         const char *outbox_gauges;
         /* Per consumer: dead letters (status dead), oldest one's age (s). */
         const char *dead_letter_gauges;
+        /* $1 destination: pause it (no error when paused already). */
+        const char *outbox_pause;
+        /* After a resume: wake listening relays, or NULL. */
+        const char *outbox_wake;
+        /* See kinbox_admin_outbox_summary() / kinbox_admin_outbox_stuck()
+         * ($1 older than, in ms). */
+        const char *outbox_summary, *outbox_stuck;
 };
 
 /* The one of a module's two schema texts that is this backend's. */

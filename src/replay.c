@@ -1,5 +1,5 @@
 /*
- * replay.c -- the operator's database handle and dead-letter replay.
+ * replay.c -- dead-letter replay.
  *
  * Replay runs the consumer's handler on the stored copy of a dead letter in
  * one transaction with its inbox row, so the effect is applied once: the
@@ -7,6 +7,7 @@
  * message id's inbox row is taken over (or refused when another delivery
  * applied that id), the handler runs, the dead letter becomes `replayed`.
  */
+#include "admin_int.h"
 #include "db.h"
 #include "hdrcodec.h"
 #include "internal.h"
@@ -17,136 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct kinbox_admin_s {
-        kinbox__db_t *db;
-        char errstr[1024];
-};
-
-kinbox_admin_t *
-kinbox_admin_new(const kinbox_conf_t *conf, char *errstr, size_t sz)
-{
-        const char *url = conf ? kinbox_conf_get(conf, "database.url") : NULL;
-        if (!url || !*url) {
-                kinbox__errstr(errstr, sz, "database.url is required");
-                return NULL;
-        }
-        kinbox_admin_t *adm = kinbox__calloc(1, sizeof(*adm));
-        char *pw = NULL;
-        if (!adm) {
-                kinbox__errstr(errstr, sz, "out of memory");
-                return NULL;
-        }
-        if (kinbox__conf_password(conf, &pw, errstr, sz)) {
-                free(adm);
-                return NULL;
-        }
-        adm->db = kinbox__db_new(url, pw, errstr, sz);
-        free(pw);
-        if (!adm->db) {
-                free(adm);
-                return NULL;
-        }
-        return adm;
-}
-
-void
-kinbox_admin_destroy(kinbox_admin_t *adm)
-{
-        if (!adm)
-                return;
-        kinbox__db_destroy(adm->db);
-        free(adm);
-}
-
-const char *
-kinbox_admin_errstr(const kinbox_admin_t *adm)
-{
-        return adm ? adm->errstr : "";
-}
-
-kinbox_backend_t
-kinbox_admin_backend(const kinbox_admin_t *adm)
-{
-        return adm->db->backend;
-}
-
-static kinbox_err_t
-fail(kinbox_admin_t *adm, int rc)
-{
-        snprintf(adm->errstr, sizeof(adm->errstr), "%s",
-                 adm->db->err.msg[0] ? adm->db->err.msg
-                                     : kinbox_strerror((kinbox_err_t)rc));
-        if (adm->db->in_tx)
-                adm->db->ops->rollback(adm->db);
-        if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_COMMIT_UNKNOWN) {
-                adm->db->ops->disconnect(adm->db);
-                return KINBOX_ERR_DB_CONN;
-        }
-        return (kinbox_err_t)rc;
-}
-
-kinbox_err_t
-kinbox_admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
-                   const char *const *params, kinbox_rows_t **rowsp)
-{
-        adm->errstr[0] = '\0';
-        if (rowsp)
-                *rowsp = NULL;
-        int rc = kinbox__db_queryv(adm->db, sql, nparams, params, rowsp);
-        return rc ? fail(adm, rc) : KINBOX_OK;
-}
-
-kinbox_err_t
-kinbox_admin_collect_metrics(kinbox_admin_t *adm)
-{
-        kinbox_rows_t *rows = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            adm, adm->db->ops->sql->outbox_gauges, 0, NULL, &rows);
-        if (rc)
-                return rc;
-        /* Destinations that drained must read 0, not their last value. */
-        kinbox__m_drop("kinbox_outbox_pending", "");
-        kinbox__m_drop("kinbox_outbox_oldest_pending_seconds", "");
-        kinbox__m_drop("kinbox_outbox_dead", "");
-        for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
-                char l[600];
-                const char *d = kinbox_rows_value(rows, i, 0, NULL);
-                kinbox__m_labels(l, sizeof(l), "destination", d ? d : "",
-                                 (char *)NULL);
-                const char *v1 = kinbox_rows_value(rows, i, 1, NULL);
-                const char *v2 = kinbox_rows_value(rows, i, 2, NULL);
-                const char *v3 = kinbox_rows_value(rows, i, 3, NULL);
-                kinbox__m_set("kinbox_outbox_pending", l,
-                              v1 ? strtod(v1, NULL) : 0);
-                kinbox__m_set("kinbox_outbox_oldest_pending_seconds", l,
-                              v2 ? strtod(v2, NULL) : 0);
-                kinbox__m_set("kinbox_outbox_dead", l,
-                              v3 ? strtod(v3, NULL) : 0);
-        }
-        kinbox_rows_destroy(rows);
-        rows = NULL;
-        rc = kinbox_admin_query(adm, adm->db->ops->sql->dead_letter_gauges, 0,
-                                NULL, &rows);
-        if (rc)
-                return rc;
-        kinbox__m_drop("kinbox_dead_letters", "");
-        kinbox__m_drop("kinbox_dead_letter_oldest_seconds", "");
-        for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
-                char l[300];
-                const char *cn = kinbox_rows_value(rows, i, 0, NULL);
-                const char *n = kinbox_rows_value(rows, i, 1, NULL);
-                const char *age = kinbox_rows_value(rows, i, 2, NULL);
-                kinbox__m_labels(l, sizeof(l), "consumer", cn ? cn : "",
-                                 (char *)NULL);
-                kinbox__m_set("kinbox_dead_letters", l,
-                              n ? strtod(n, NULL) : 0);
-                kinbox__m_set("kinbox_dead_letter_oldest_seconds", l,
-                              age ? strtod(age, NULL) : 0);
-        }
-        kinbox_rows_destroy(rows);
-        return KINBOX_OK;
-}
 
 /* ------------------------------------------------------------------ */
 /* headers: the stored form (hdrcodec.h), as kinbox_header_t for the
@@ -360,9 +231,9 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
         }
         snprintf(ids, sizeof(ids), "%" PRId64, id);
         if (!db->native && (rc = kinbox__db_connect(db)))
-                return fail(adm, rc);
+                return kinbox__admin_fail(adm, rc);
         if ((rc = db->ops->begin(db)))
-                return fail(adm, rc);
+                return kinbox__admin_fail(adm, rc);
         kinbox__param_t p1[1] = {{ids, 0, 0}};
         rc = db->ops->query(db, db->ops->sql->dead_letter_lock, 1, p1, -1,
                             &dl);
@@ -409,7 +280,7 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                 goto dberr;
         goto done;
 dberr:
-        ret = fail(adm, rc);
+        ret = kinbox__admin_fail(adm, rc);
         goto done;
 out:
         if (db->in_tx)

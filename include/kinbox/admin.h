@@ -181,6 +181,40 @@ KINBOX_API kinbox_err_t kinbox_admin_query(kinbox_admin_t *adm,
                                            kinbox_rows_t **rowsp);
 
 /**
+ * @brief Pause (@p pause true) or resume relays claiming @p destination's
+ *        outbox rows, for every relay at once (stored in the database).
+ *        Paused rows stay pending and keep their order; resuming wakes
+ *        listening relays (PostgreSQL NOTIFY).
+ * @param was_paused receives whether it was paused before; may be NULL.
+ * @returns As kinbox_admin_query().
+ */
+KINBOX_API kinbox_err_t kinbox_admin_outbox_pause(kinbox_admin_t *adm,
+                                                  const char *destination,
+                                                  int pause, int *was_paused);
+
+/**
+ * @brief The outbox per destination, ordered by destination: columns
+ *        destination, pending rows, age of the oldest pending row
+ *        (whole seconds), dead rows, rows sent in the last hour, paused
+ *        (1/0).
+ * @param rowsp receives the rows (kinbox_rows_destroy()).
+ * @returns As kinbox_admin_query().
+ */
+KINBOX_API kinbox_err_t kinbox_admin_outbox_summary(kinbox_admin_t *adm,
+                                                    kinbox_rows_t **rowsp);
+
+/**
+ * @brief Destinations with rows pending longer than @p older_ms:
+ *        destination, such rows, their smallest id, the oldest one's age
+ *        (whole seconds), ordered by destination.
+ * @param rowsp receives the rows (kinbox_rows_destroy()).
+ * @returns As kinbox_admin_query().
+ */
+KINBOX_API kinbox_err_t kinbox_admin_outbox_stuck(kinbox_admin_t *adm,
+                                                  int64_t older_ms,
+                                                  kinbox_rows_t **rowsp);
+
+/**
  * @brief Refresh the sampled gauges of kinbox_metrics_render() from the
  *        database: outbox pending / oldest pending age / dead per
  *        destination, dead letters and the age of the oldest per

@@ -193,9 +193,11 @@ KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
  * frequent; kinbox_tx_exec_unique() when the handler cannot be written so.
  *
  * @returns as kinbox_tx_exec().
- * @remark Per-message handlers only: in a batch handler the statement is
- *         queued like kinbox_tx_exec() (its row count names no one
- *         message; set `results[i] = KINBOX_RESULT_DUPLICATE` instead). On
+ * @remark Per-message handlers, and batch handlers called with one message
+ *         (kinbox hands a failing group's messages over one at a time): in
+ *         a batch handler called with several the statement is queued like
+ *         kinbox_tx_exec() (its row count names no one message; set
+ *         `results[i] = KINBOX_RESULT_DUPLICATE` instead). On
  *         MySQL the statement is never merged with others (its row count
  *         must be its own).
  */

@@ -329,12 +329,6 @@ db_fail(ctx_t *x, kinbox_err_t rc)
         return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
 }
 
-static bool
-is_pg(ctx_t *x)
-{
-        return kinbox_admin_backend(x->adm) == KINBOX_BACKEND_POSTGRESQL;
-}
-
 static const char *
 rv(kinbox_rows_t *r, size_t i, int c)
 {
@@ -483,40 +477,170 @@ local_metrics(const char *listen)
         return buf;
 }
 
-/* A consumer's duplicate counter in a /metrics text, -1 when absent. */
+/* A consumer's counter of messages with result in a /metrics text, -1
+ * when absent. */
 static long long
-dedup_hits(const char *text, const char *consumer)
+dedup_hits(const char *text, const char *consumer, const char *result)
 {
         char series[400];
         snprintf(series, sizeof(series),
                  "\nkinbox_consumer_messages_total{consumer=\"%s\","
-                 "result=\"duplicate\"} ",
-                 consumer);
+                 "result=\"%s\"} ",
+                 consumer, result);
         const char *p = text ? strstr(text, series) : NULL;
         return p ? strtoll(p + strlen(series), NULL, 10) : -1;
 }
 
-static const char status_outbox_pg[] =
-    "SELECT destination,"
-    " count(*) FILTER (WHERE status = 'pending'),"
-    " COALESCE(floor(extract(epoch FROM now() - min(created_at) FILTER"
-    "  (WHERE status = 'pending')))::bigint, 0),"
-    " count(*) FILTER (WHERE status = 'dead'),"
-    " count(*) FILTER (WHERE status = 'sent' AND sent_at >="
-    "  now() - interval '1 hour'),"
-    " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-    "  WHERE z.destination = o.destination)"
-    " FROM kinbox_outbox o GROUP BY destination ORDER BY destination";
-static const char status_outbox_my[] =
-    "SELECT destination, SUM(status = 'pending'),"
-    " COALESCE(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status = 'pending' THEN"
-    "  created_at END), CURRENT_TIMESTAMP(6)), 0),"
-    " SUM(status = 'dead'),"
-    " SUM(status = 'sent' AND sent_at >= CURRENT_TIMESTAMP(6) -"
-    "  INTERVAL 1 HOUR),"
-    " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-    "  WHERE z.destination = o.destination)"
-    " FROM kinbox_outbox o GROUP BY destination ORDER BY destination";
+
+/* A consumer's dead letters by status. */
+static kinbox_err_t
+dead_counts(ctx_t *x, const char *name, long long n[3])
+{
+        const char *v[1] = {name};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(x->adm,
+                                             "SELECT status, count(*) FROM "
+                                             "kinbox_dead_letter WHERE "
+                                             "consumer = $1 GROUP BY status",
+                                             1, v, &r);
+        n[0] = n[1] = n[2] = 0;
+        for (size_t k = 0; !rc && k < kinbox_rows_count(r); k++) {
+                long long c = strtoll(rv(r, k, 1), NULL, 10);
+                if (!strcmp(rv(r, k, 0), "dead"))
+                        n[0] = c;
+                else if (!strcmp(rv(r, k, 0), "replayed"))
+                        n[1] = c;
+                else
+                        n[2] = c;
+        }
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+/* Committed offsets, high watermarks and lag of a consumer's group, into
+ * jo ("partitions", "lag" or "lag_error"); the lag as text in lagbuf. */
+static void
+status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
+           char *lagbuf, size_t lsz)
+{
+        char err[512] = "";
+        int64_t *highs = NULL;
+        rd_kafka_topic_partition_list_t *l =
+            broker_offsets(conf, &highs, err, sizeof(err));
+        json_t *parts = json_array();
+        long long lag = 0;
+        for (int k = 0; l && k < l->cnt; k++) {
+                int64_t c = l->elems[k].offset < 0 ? 0 : l->elems[k].offset;
+                int64_t pl = highs[k] >= 0 && highs[k] > c ? highs[k] - c : 0;
+                lag += pl;
+                json_array_append_new(
+                    parts, json_pack("{s:s,s:i,s:I,s:I,s:I}", "topic",
+                                     l->elems[k].topic, "partition",
+                                     (int)l->elems[k].partition, "committed",
+                                     (json_int_t)l->elems[k].offset, "high",
+                                     (json_int_t)highs[k], "lag",
+                                     (json_int_t)pl));
+        }
+        json_object_set_new(jo, "partitions", parts);
+        if (l) {
+                snprintf(lagbuf, lsz, "%lld", lag);
+                json_object_set_new(jo, "lag", json_integer(lag));
+                rd_kafka_topic_partition_list_destroy(l);
+        } else {
+                snprintf(lagbuf, lsz, "unknown");
+                json_object_set_new(jo, "lag_error", json_string(err));
+                if (!x->o.json)
+                        fprintf(stderr,
+                                "kinbox status: %s: lag unknown: %s\n", name,
+                                err);
+        }
+        free(highs);
+}
+
+/* One consumer's line of `kinbox status`. */
+static kinbox_err_t
+status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
+{
+        kinbox_conf_t *conf = x->cfg.consumers[i].conf;
+        const char *name = x->cfg.consumers[i].name;
+        const char *v[1] = {name};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm, "SELECT count(*) FROM kinbox_inbox WHERE consumer = $1", 1,
+            v, &r);
+        if (rc)
+                return rc;
+        long long inbox = strtoll(rv(r, 0, 0), NULL, 10);
+        kinbox_rows_destroy(r);
+        long long dl[3];
+        if ((rc = dead_counts(x, name, dl)))
+                return rc;
+        json_t *jo = json_pack(
+            "{s:s,s:s,s:I,s:I,s:I,s:I,s:s}", "consumer", name, "group",
+            group_of(conf), "inbox_rows", (json_int_t)inbox, "dead_letters",
+            (json_int_t)dl[0], "replayed", (json_int_t)dl[1], "discarded",
+            (json_int_t)dl[2], "dedup_hits_note",
+            "duplicates are not stored: counted by the running process "
+            "since its start (kinbox_consumer_messages_total{result="
+            "\"duplicate\"} and {result=\"business_duplicate\"} on "
+            "/metrics)");
+        char lagbuf[64];
+        status_lag(x, conf, name, jo, lagbuf, sizeof(lagbuf));
+        long long hits = dedup_hits(live, name, "duplicate");
+        long long biz = dedup_hits(live, name, "business_duplicate");
+        json_object_set_new(jo, "dedup_hits",
+                            hits >= 0 ? json_integer(hits) : json_null());
+        json_object_set_new(jo, "business_duplicates",
+                            biz >= 0 ? json_integer(biz) : json_null());
+        json_array_append_new(jc, jo);
+        tbl_add(tc, "%s", name);
+        tbl_add(tc, "%s", group_of(conf));
+        tbl_add(tc, "%s", lagbuf);
+        tbl_add(tc, "%lld", inbox);
+        for (int k = 0; k < 2; k++) {
+                long long n = k ? biz : hits;
+                if (n >= 0)
+                        tbl_add(tc, "%lld", n);
+                else
+                        tbl_add(tc, "n/a");
+        }
+        tbl_add(tc, "%lld", dl[0]);
+        tbl_add(tc, "%lld", dl[1]);
+        tbl_add(tc, "%lld", dl[2]);
+        return KINBOX_OK;
+}
+
+/* The outbox part of `kinbox status`; *inbox_total the inbox's size. */
+static kinbox_err_t
+status_outbox(ctx_t *x, json_t *jd, table_t *td, long long *inbox_total)
+{
+        kinbox_rows_t *r = NULL, *ri = NULL;
+        kinbox_err_t rc = kinbox_admin_outbox_summary(x->adm, &r);
+        if (!rc)
+                rc = kinbox_admin_query(
+                    x->adm, "SELECT count(*) FROM kinbox_inbox", 0, NULL, &ri);
+        for (size_t i = 0; !rc && i < kinbox_rows_count(r); i++) {
+                bool paused = !strcmp(rv(r, i, 5), "t") ||
+                              !strcmp(rv(r, i, 5), "1");
+                json_array_append_new(
+                    jd, json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
+                                  rv(r, i, 0), "pending", jval(rv(r, i, 1)),
+                                  "oldest_pending_age_s", jval(rv(r, i, 2)),
+                                  "dead", jval(rv(r, i, 3)), "sent_last_hour",
+                                  jval(rv(r, i, 4)), "paused", paused));
+                tbl_add(td, "%s", rv(r, i, 0));
+                tbl_add(td, "%s", rv(r, i, 1));
+                tbl_add(td, "%ss", rv(r, i, 2));
+                tbl_add(td, "%s", rv(r, i, 3));
+                tbl_add(td, "%s", rv(r, i, 4));
+                tbl_add(td, "%s", paused ? "yes" : "no");
+        }
+        if (!rc)
+                *inbox_total = strtoll(rv(ri, 0, 0), NULL, 10);
+        kinbox_rows_destroy(r);
+        kinbox_rows_destroy(ri);
+        return rc;
+}
 
 int
 kb_cmd_status(int argc, char **argv)
@@ -533,152 +657,28 @@ kb_cmd_status(int argc, char **argv)
         int ex = ctx_open(&x);
         if (ex)
                 goto out;
-        json_t *jc = json_array();
-        table_t tc;
-        tbl_init(&tc, 8, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
-                 "DEDUP HITS", "DEAD", "REPLAYED", "DISCARDED");
+        json_t *jc = json_array(), *jd = json_array();
+        table_t tc, td;
+        tbl_init(&tc, 9, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
+                 "DEDUP HITS", "BUSINESS DUPS", "DEAD", "REPLAYED",
+                 "DISCARDED");
+        tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING", "DEAD",
+                 "SENT 1H", "PAUSED");
         live = local_metrics(x.cfg.metrics_listen);
-        for (int i = 0; i < x.cfg.nconsumers; i++) {
-                kinbox_conf_t *conf = x.cfg.consumers[i].conf;
-                const char *name = x.cfg.consumers[i].name;
-                const char *v[1] = {name};
-                kinbox_rows_t *r = NULL;
-                kinbox_err_t rc = kinbox_admin_query(
-                    x.adm,
-                    "SELECT count(*) FROM kinbox_inbox WHERE consumer = $1",
-                    1, v, &r);
-                if (rc) {
-                        json_decref(jc);
-                        tbl_print(&tc, NULL);
-                        ex = db_fail(&x, rc);
-                        goto out;
-                }
-                long long inbox = strtoll(rv(r, 0, 0), NULL, 10);
-                kinbox_rows_destroy(r);
-                rc = kinbox_admin_query(x.adm,
-                                        "SELECT status, count(*) FROM "
-                                        "kinbox_dead_letter WHERE consumer "
-                                        "= $1 GROUP BY status",
-                                        1, v, &r);
-                if (rc) {
-                        json_decref(jc);
-                        tbl_print(&tc, NULL);
-                        ex = db_fail(&x, rc);
-                        goto out;
-                }
-                long long dead = 0, replayed = 0, discarded = 0;
-                for (size_t k = 0; k < kinbox_rows_count(r); k++) {
-                        long long n = strtoll(rv(r, k, 1), NULL, 10);
-                        if (!strcmp(rv(r, k, 0), "dead"))
-                                dead = n;
-                        else if (!strcmp(rv(r, k, 0), "replayed"))
-                                replayed = n;
-                        else
-                                discarded = n;
-                }
-                kinbox_rows_destroy(r);
-                char err[512] = "";
-                int64_t *highs = NULL;
-                rd_kafka_topic_partition_list_t *l =
-                    broker_offsets(conf, &highs, err, sizeof(err));
-                json_t *parts = json_array();
-                long long lag = 0;
-                for (int k = 0; l && k < l->cnt; k++) {
-                        int64_t c = l->elems[k].offset < 0
-                                        ? 0
-                                        : l->elems[k].offset;
-                        int64_t pl = highs[k] >= 0 && highs[k] > c
-                                         ? highs[k] - c
-                                         : 0;
-                        lag += pl;
-                        json_t *jp = json_pack(
-                            "{s:s,s:i,s:I,s:I,s:I}", "topic",
-                            l->elems[k].topic, "partition",
-                            (int)l->elems[k].partition, "committed",
-                            (json_int_t)l->elems[k].offset, "high",
-                            (json_int_t)highs[k], "lag", (json_int_t)pl);
-                        json_array_append_new(parts, jp);
-                }
-                char lagbuf[64];
-                if (l)
-                        snprintf(lagbuf, sizeof(lagbuf), "%lld", lag);
-                else
-                        snprintf(lagbuf, sizeof(lagbuf), "unknown");
-                json_t *jo = json_pack(
-                    "{s:s,s:s,s:I,s:I,s:I,s:I,s:o,s:s}", "consumer", name,
-                    "group", group_of(conf), "inbox_rows", (json_int_t)inbox,
-                    "dead_letters", (json_int_t)dead, "replayed",
-                    (json_int_t)replayed, "discarded", (json_int_t)discarded,
-                    "partitions", parts, "dedup_hits_note",
-                    "duplicates are not stored: counted by the running "
-                    "process since its start (kinbox_consumer_messages_total"
-                    "{result=\"duplicate\"} on /metrics)");
-                long long hits = dedup_hits(live, name);
-                json_object_set_new(jo, "dedup_hits",
-                                    hits >= 0 ? json_integer(hits)
-                                              : json_null());
-                if (l)
-                        json_object_set_new(jo, "lag", json_integer(lag));
-                else
-                        json_object_set_new(jo, "lag_error",
-                                            json_string(err));
-                json_array_append_new(jc, jo);
-                tbl_add(&tc, "%s", name);
-                tbl_add(&tc, "%s", group_of(conf));
-                tbl_add(&tc, "%s", lagbuf);
-                tbl_add(&tc, "%lld", inbox);
-                if (hits >= 0)
-                        tbl_add(&tc, "%lld", hits);
-                else
-                        tbl_add(&tc, "n/a");
-                tbl_add(&tc, "%lld", dead);
-                tbl_add(&tc, "%lld", replayed);
-                tbl_add(&tc, "%lld", discarded);
-                if (l)
-                        rd_kafka_topic_partition_list_destroy(l);
-                free(highs);
-                if (!l && !x.o.json)
-                        fprintf(stderr, "kinbox status: %s: lag unknown: %s\n",
-                                name, err);
-        }
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x.adm, is_pg(&x) ? status_outbox_pg : status_outbox_my, 0, NULL,
-            &r);
-        kinbox_rows_t *ri = NULL;
+        kinbox_err_t rc = KINBOX_OK;
+        for (int i = 0; i < x.cfg.nconsumers && !rc; i++)
+                rc = status_consumer(&x, i, live, jc, &tc);
+        long long inbox_total = 0;
         if (!rc)
-                rc = kinbox_admin_query(
-                    x.adm, "SELECT count(*) FROM kinbox_inbox", 0, NULL, &ri);
+                rc = status_outbox(&x, jd, &td, &inbox_total);
         if (rc) {
                 json_decref(jc);
+                json_decref(jd);
                 tbl_print(&tc, NULL);
-                kinbox_rows_destroy(r);
+                tbl_print(&td, NULL);
                 ex = db_fail(&x, rc);
                 goto out;
         }
-        json_t *jd = json_array();
-        table_t td;
-        tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING",
-                 "DEAD", "SENT 1H", "PAUSED");
-        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
-                bool paused = !strcmp(rv(r, i, 5), "t") ||
-                              !strcmp(rv(r, i, 5), "1");
-                json_array_append_new(
-                    jd, json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
-                                  rv(r, i, 0), "pending", jval(rv(r, i, 1)),
-                                  "oldest_pending_age_s", jval(rv(r, i, 2)),
-                                  "dead", jval(rv(r, i, 3)), "sent_last_hour",
-                                  jval(rv(r, i, 4)), "paused", paused));
-                tbl_add(&td, "%s", rv(r, i, 0));
-                tbl_add(&td, "%s", rv(r, i, 1));
-                tbl_add(&td, "%ss", rv(r, i, 2));
-                tbl_add(&td, "%s", rv(r, i, 3));
-                tbl_add(&td, "%s", rv(r, i, 4));
-                tbl_add(&td, "%s", paused ? "yes" : "no");
-        }
-        long long inbox_total = strtoll(rv(ri, 0, 0), NULL, 10);
-        kinbox_rows_destroy(r);
-        kinbox_rows_destroy(ri);
         if (x.o.json) {
                 json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc,
                                    "outbox", jd, "inbox_rows",
@@ -688,9 +688,9 @@ kb_cmd_status(int argc, char **argv)
         } else {
                 json_decref(jc);
                 json_decref(jd);
-                printf("Consumers (dedup hits: counted by the local "
-                       "`kinbox run` since its start, from [metrics] listen; "
-                       "n/a when not reachable)\n");
+                printf("Consumers (dedup hits and business duplicates: "
+                       "counted by the local `kinbox run` since its start, "
+                       "from [metrics] listen; n/a when not reachable)\n");
                 tbl_print(&tc, stdout);
                 printf("\nOutbox\n");
                 tbl_print(&td, stdout);
@@ -723,25 +723,18 @@ dead_list(ctx_t *x)
         snprintf(lim, sizeof(lim), "%ld", x->o.limit);
         const char *v[3] = {x->o.consumer, x->o.status, lim};
         kinbox_rows_t *r = NULL;
-        /* $1/$2 NULL = no filter; LIMIT spelled per backend. */
+        /* $1/$2 NULL = no filter (COALESCE gives the parameter its
+         * column's type on PostgreSQL, no cast per backend). */
         char sql[1024];
         snprintf(sql, sizeof(sql),
                  "SELECT id, consumer, topic, kafka_partition, kafka_offset,"
                  " message_id, status, attempts, dead_at, error"
                  " FROM kinbox_dead_letter"
-                 " WHERE ($1 IS NULL OR consumer = $1)"
-                 " AND ($2 IS NULL OR status = $2)"
+                 " WHERE COALESCE($1, consumer) = consumer"
+                 " AND COALESCE($2, status) = status"
                  " ORDER BY id LIMIT %ld",
                  x->o.limit);
-        if (is_pg(x))
-                snprintf(sql, sizeof(sql),
-                         "SELECT id, consumer, topic, kafka_partition,"
-                         " kafka_offset, message_id, status, attempts,"
-                         " dead_at, error FROM kinbox_dead_letter"
-                         " WHERE ($1::text IS NULL OR consumer = $1)"
-                         " AND ($2::text IS NULL OR status = $2)"
-                         " ORDER BY id LIMIT %ld",
-                         x->o.limit);
+
         kinbox_err_t rc = kinbox_admin_query(x->adm, sql, 2, v, &r);
         if (rc)
                 return db_fail(x, rc);
@@ -818,14 +811,10 @@ dead_show(ctx_t *x, int64_t id)
         kinbox_rows_t *r = NULL;
         kinbox_err_t rc = kinbox_admin_query(
             x->adm,
-            is_pg(x) ? "SELECT id, consumer, message_id, topic, "
-                       "kafka_partition, kafka_offset, msg_key, headers, "
-                       "payload, error, attempts, first_failed_at, dead_at, "
-                       "status FROM kinbox_dead_letter WHERE id = $1::bigint"
-                     : "SELECT id, consumer, message_id, topic, "
-                       "kafka_partition, kafka_offset, msg_key, headers, "
-                       "payload, error, attempts, first_failed_at, dead_at, "
-                       "status FROM kinbox_dead_letter WHERE id = $1",
+            "SELECT id, consumer, message_id, topic, kafka_partition, "
+            "kafka_offset, msg_key, headers, payload, error, attempts, "
+            "first_failed_at, dead_at, status FROM kinbox_dead_letter "
+            "WHERE id = $1",
             1, v, &r);
         if (rc)
                 return db_fail(x, rc);
@@ -902,10 +891,8 @@ dead_discard(ctx_t *x, int64_t id)
         kinbox_rows_destroy(r);
         rc = kinbox_admin_query(
             x->adm,
-            is_pg(x) ? "UPDATE kinbox_dead_letter SET status = 'discarded' "
-                       "WHERE id = $1::bigint AND status = 'dead'"
-                     : "UPDATE kinbox_dead_letter SET status = 'discarded' "
-                       "WHERE id = $1 AND status = 'dead'",
+            "UPDATE kinbox_dead_letter SET status = 'discarded' WHERE id = "
+            "$1 AND status = 'dead'",
             1, v, NULL);
         if (rc)
                 return db_fail(x, rc);
@@ -926,9 +913,7 @@ dead_replay(ctx_t *x, int64_t id)
         kinbox_rows_t *r = NULL;
         kinbox_err_t rc = kinbox_admin_query(
             x->adm,
-            is_pg(x) ? "SELECT consumer FROM kinbox_dead_letter WHERE id = "
-                       "$1::bigint"
-                     : "SELECT consumer FROM kinbox_dead_letter WHERE id = $1",
+            "SELECT consumer FROM kinbox_dead_letter WHERE id = $1",
             1, v, &r);
         if (rc)
                 return db_fail(x, rc);
@@ -1131,16 +1116,11 @@ count_row(const kinbox_outbox_row_t *row, void *opaque)
 static int
 outbox_pause(ctx_t *x, const char *dest, bool pause)
 {
-        const char *v[1] = {dest};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm,
-            "SELECT count(*) FROM kinbox_outbox_paused WHERE destination = $1",
-            1, v, &r);
+        int paused = 0;
+        kinbox_err_t rc =
+            kinbox_admin_outbox_pause(x->adm, dest, pause, &paused);
         if (rc)
                 return db_fail(x, rc);
-        bool paused = strcmp(rv(r, 0, 0), "0") != 0;
-        kinbox_rows_destroy(r);
         if (!pause && !paused) {
                 fprintf(stderr,
                         "kinbox outbox resume: destination \"%s\" is not "
@@ -1148,27 +1128,6 @@ outbox_pause(ctx_t *x, const char *dest, bool pause)
                         dest);
                 return KB_EX_NOTFOUND;
         }
-        if (pause && !paused)
-                rc = kinbox_admin_query(
-                    x->adm,
-                    is_pg(x) ? "INSERT INTO kinbox_outbox_paused (destination)"
-                               " VALUES ($1) ON CONFLICT DO NOTHING"
-                             : "INSERT INTO kinbox_outbox_paused (destination)"
-                               " VALUES ($1) ON DUPLICATE KEY UPDATE"
-                               " destination = destination",
-                    1, v, NULL);
-        else if (!pause)
-                rc = kinbox_admin_query(x->adm,
-                                        "DELETE FROM kinbox_outbox_paused "
-                                        "WHERE destination = $1",
-                                        1, v, NULL);
-        if (rc)
-                return db_fail(x, rc);
-        /* Wake listening relays on resume (PostgreSQL). */
-        if (!pause && is_pg(x))
-                kinbox_admin_query(x->adm,
-                                   "SELECT pg_notify('kinbox_outbox', '')", 0,
-                                   NULL, NULL);
         if (x->o.json)
                 json_out(json_pack("{s:s,s:b}", "destination", dest, "paused",
                                    pause));
@@ -1176,6 +1135,130 @@ outbox_pause(ctx_t *x, const char *dest, bool pause)
                 printf("destination %s: %s\n", dest,
                        pause ? (paused ? "already paused" : "paused")
                              : "resumed");
+        return KB_EX_OK;
+}
+
+/* Check `kinbox outbox SUB`'s options and arguments; KB_EX_OK or usage. */
+static int
+outbox_args(ctx_t *x, int kind, const char *sub, kinbox_outbox_status_t *st,
+            int64_t *id)
+{
+        *st = KINBOX_OUTBOX_ANY;
+        if (x->o.status) {
+                int k = 0;
+                for (int i = 1; i <= 4; i++)
+                        if (!strcmp(x->o.status, st_names[i]))
+                                k = i;
+                if (!k) {
+                        fprintf(stderr, "kinbox outbox list: --status must be "
+                                        "pending, sent, dead or canceled\n");
+                        return KB_EX_USAGE;
+                }
+                *st = (kinbox_outbox_status_t)k;
+        }
+        if (kind == 1 && x->o.nargs) {
+                fprintf(stderr, "kinbox outbox list: unexpected argument "
+                                "\"%s\"\n",
+                        x->o.args[0]);
+                return KB_EX_USAGE;
+        }
+        if ((kind == 2 || kind == 3) &&
+            !((x->o.nargs == 1 && !x->o.destination &&
+               !parse_id(&x->o, x->o.args[0], id)) ||
+              (x->o.nargs == 0 && x->o.destination))) {
+                fprintf(stderr, "usage: kinbox outbox %s (ID | --destination "
+                                "DEST) -c FILE\n",
+                        sub);
+                return KB_EX_USAGE;
+        }
+        if ((kind == 4 || kind == 5) && x->o.nargs != 1) {
+                fprintf(stderr, "usage: kinbox outbox %s DESTINATION -c "
+                                "FILE\n",
+                        sub);
+                return KB_EX_USAGE;
+        }
+        return KB_EX_OK;
+}
+
+/* kinbox outbox list */
+static int
+outbox_list(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_outbox_status_t st)
+{
+        list_ctx_t l = {.json = x->o.json, .ja = json_array()};
+        tbl_init(&l.t, 8, "ID", "STATUS", "DESTINATION", "IDEM KEY",
+                 "AGGREGATE", "ATTEMPTS", "CREATED", "LAST ERROR");
+        kinbox_err_t rc =
+            kinbox_outbox_list(oa, st, x->o.destination, x->o.after,
+                               (size_t)x->o.limit, on_row, &l);
+        if (rc) {
+                tbl_print(&l.t, NULL);
+                json_decref(l.ja);
+                return outbox_fail(x, oa, rc, "");
+        }
+        if (x->o.json) {
+                tbl_print(&l.t, NULL);
+                json_out(l.ja);
+        } else {
+                json_decref(l.ja);
+                tbl_print(&l.t, stdout);
+        }
+        return KB_EX_OK;
+}
+
+/* kinbox outbox requeue|cancel --destination DEST (kind 2|3) */
+static int
+outbox_destination(ctx_t *x, kinbox_outbox_admin_t *oa, int kind)
+{
+        uint64_t n = 0;
+        const char *dest = x->o.destination;
+        kinbox_err_t rc =
+            kind == 2 ? kinbox_outbox_requeue_destination(oa, dest, &n)
+                      : kinbox_outbox_cancel_destination(oa, dest, &n);
+        /* Nothing changed: a destination without any row is a mistake
+         * (typo) the operator must see, not "0 rows". */
+        int any = 0;
+        if (!rc && !n &&
+            !(rc = kinbox_outbox_list(oa, KINBOX_OUTBOX_ANY, dest, 0, 1,
+                                      count_row, &any)) &&
+            !any)
+                rc = KINBOX_ERR_NOT_FOUND;
+        if (rc == KINBOX_ERR_NOT_FOUND) {
+                char what[300];
+                snprintf(what, sizeof(what),
+                         "no outbox row has destination \"%.200s\"", dest);
+                return outbox_fail(x, oa, rc, what);
+        }
+        if (rc)
+                return outbox_fail(x, oa, rc, "");
+        if (x->o.json)
+                json_out(json_pack("{s:s,s:s,s:I}", "destination", dest,
+                                   "action",
+                                   kind == 2 ? "requeued" : "canceled",
+                                   "count", (json_int_t)n));
+        else
+                printf("destination %s: %" PRIu64 " rows %s\n", dest, n,
+                       kind == 2 ? "requeued" : "canceled");
+        return KB_EX_OK;
+}
+
+/* kinbox outbox requeue|cancel ID (kind 2|3) */
+static int
+outbox_row(ctx_t *x, kinbox_outbox_admin_t *oa, int kind, int64_t id)
+{
+        kinbox_err_t rc = kind == 2 ? kinbox_outbox_requeue(oa, id)
+                                    : kinbox_outbox_cancel(oa, id);
+        char what[160];
+        snprintf(what, sizeof(what), "no %s outbox row with id %" PRId64,
+                 kind == 2 ? "dead or canceled" : "pending", id);
+        if (rc)
+                return outbox_fail(x, oa, rc, what);
+        if (x->o.json)
+                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id,
+                                   "status",
+                                   kind == 2 ? "pending" : "canceled"));
+        else
+                printf("outbox row %" PRId64 ": %s\n", id,
+                       kind == 2 ? "requeued" : "canceled");
         return KB_EX_OK;
 }
 
@@ -1192,48 +1275,14 @@ kb_cmd_outbox(int argc, char **argv)
         if (parse_opts(argc - 1, argv + 1, &x.o,
                        kind == 1 ? "jsdla" : kind <= 3 ? "jd" : "j"))
                 return KB_EX_USAGE;
-        kinbox_outbox_status_t st = KINBOX_OUTBOX_ANY;
-        if (x.o.status) {
-                int k = 0;
-                for (int i = 1; i <= 4; i++)
-                        if (!strcmp(x.o.status, st_names[i]))
-                                k = i;
-                if (!k) {
-                        fprintf(stderr, "kinbox outbox list: --status must be "
-                                        "pending, sent, dead or canceled\n");
-                        return KB_EX_USAGE;
-                }
-                st = (kinbox_outbox_status_t)k;
-        }
+        kinbox_outbox_status_t st;
         int64_t id = 0;
-        if (kind == 1 && x.o.nargs) {
-                fprintf(stderr, "kinbox outbox list: unexpected argument "
-                                "\"%s\"\n",
-                        x.o.args[0]);
-                return KB_EX_USAGE;
-        }
-        if ((kind == 2 || kind == 3) &&
-            !((x.o.nargs == 1 && !x.o.destination &&
-               !parse_id(&x.o, x.o.args[0], &id)) ||
-              (x.o.nargs == 0 && x.o.destination))) {
-                fprintf(stderr, "usage: kinbox outbox %s (ID | --destination "
-                                "DEST) -c FILE\n",
-                        sub);
-                return KB_EX_USAGE;
-        }
-        if ((kind == 4 || kind == 5) && x.o.nargs != 1) {
-                fprintf(stderr, "usage: kinbox outbox %s DESTINATION -c "
-                                "FILE\n",
-                        sub);
-                return KB_EX_USAGE;
-        }
-        ex = ctx_open(&x);
-        if (ex) {
-                ctx_close(&x);
+        if ((ex = outbox_args(&x, kind, sub, &st, &id)))
                 return ex;
-        }
-        if (kind >= 4) {
-                ex = outbox_pause(&x, x.o.args[0], kind == 4);
+        ex = ctx_open(&x);
+        if (ex || kind >= 4) {
+                if (!ex)
+                        ex = outbox_pause(&x, x.o.args[0], kind == 4);
                 ctx_close(&x);
                 return ex;
         }
@@ -1245,77 +1294,12 @@ kb_cmd_outbox(int argc, char **argv)
                 ctx_close(&x);
                 return KB_EX_USAGE;
         }
-        kinbox_err_t rc;
-        if (kind == 1) {
-                list_ctx_t l = {.json = x.o.json, .ja = json_array()};
-                tbl_init(&l.t, 8, "ID", "STATUS", "DESTINATION", "IDEM KEY",
-                         "AGGREGATE", "ATTEMPTS", "CREATED", "LAST ERROR");
-                rc = kinbox_outbox_list(oa, st, x.o.destination, x.o.after,
-                                        (size_t)x.o.limit, on_row, &l);
-                if (rc) {
-                        tbl_print(&l.t, NULL);
-                        json_decref(l.ja);
-                        ex = outbox_fail(&x, oa, rc, "");
-                } else if (x.o.json) {
-                        tbl_print(&l.t, NULL);
-                        json_out(l.ja);
-                } else {
-                        json_decref(l.ja);
-                        tbl_print(&l.t, stdout);
-                }
-        } else if (x.o.destination) {
-                uint64_t n = 0;
-                rc = kind == 2 ? kinbox_outbox_requeue_destination(
-                                     oa, x.o.destination, &n)
-                               : kinbox_outbox_cancel_destination(
-                                     oa, x.o.destination, &n);
-                /* Nothing changed: a destination without any row is a
-                 * mistake (typo) the operator must see, not "0 rows". */
-                int any = 0;
-                if (!rc && !n &&
-                    !(rc = kinbox_outbox_list(oa, KINBOX_OUTBOX_ANY,
-                                              x.o.destination, 0, 1,
-                                              count_row, &any)) &&
-                    !any)
-                        rc = KINBOX_ERR_NOT_FOUND;
-                if (rc == KINBOX_ERR_NOT_FOUND) {
-                        char what[300];
-                        snprintf(what, sizeof(what),
-                                 "no outbox row has destination \"%.200s\"",
-                                 x.o.destination);
-                        ex = outbox_fail(&x, oa, rc, what);
-                } else if (rc) {
-                        ex = outbox_fail(&x, oa, rc, "");
-                } else if (x.o.json) {
-                        json_out(json_pack("{s:s,s:s,s:I}", "destination",
-                                           x.o.destination, "action",
-                                           kind == 2 ? "requeued"
-                                                     : "canceled",
-                                           "count", (json_int_t)n));
-                } else {
-                        printf("destination %s: %" PRIu64 " rows %s\n",
-                               x.o.destination, n,
-                               kind == 2 ? "requeued" : "canceled");
-                }
-        } else {
-                rc = kind == 2 ? kinbox_outbox_requeue(oa, id)
-                               : kinbox_outbox_cancel(oa, id);
-                char what[160];
-                snprintf(what, sizeof(what),
-                         "no %s outbox row with id %" PRId64, kind == 2
-                             ? "dead or canceled"
-                             : "pending",
-                         id);
-                if (rc)
-                        ex = outbox_fail(&x, oa, rc, what);
-                else if (x.o.json)
-                        json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id,
-                                           "status", kind == 2 ? "pending"
-                                                               : "canceled"));
-                else
-                        printf("outbox row %" PRId64 ": %s\n", id,
-                               kind == 2 ? "requeued" : "canceled");
-        }
+        if (kind == 1)
+                ex = outbox_list(&x, oa, st);
+        else if (x.o.destination)
+                ex = outbox_destination(&x, oa, kind);
+        else
+                ex = outbox_row(&x, oa, kind, id);
         kinbox_outbox_admin_destroy(oa);
         ctx_close(&x);
         return ex;
@@ -1494,26 +1478,8 @@ kb_cmd_verify(int argc, char **argv)
                 goto out;
         }
         /* The outbox: rows pending longer than the threshold. */
-        char ms[24];
-        snprintf(ms, sizeof(ms), "%" PRId64, older);
-        const char *v[1] = {ms};
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            &*x.adm,
-            is_pg(&x) ? "SELECT destination, count(*), min(id),"
-                        " floor(extract(epoch FROM now() - min(created_at)))"
-                        "::bigint FROM kinbox_outbox WHERE status = 'pending'"
-                        " AND created_at < now() - $1::bigint * interval"
-                        " '1 millisecond' GROUP BY destination"
-                        " ORDER BY destination"
-                      : "SELECT destination, count(*), min(id),"
-                        " TIMESTAMPDIFF(SECOND, min(created_at),"
-                        " CURRENT_TIMESTAMP(6)) FROM kinbox_outbox"
-                        " WHERE status = 'pending' AND created_at <"
-                        " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000)"
-                        " MICROSECOND GROUP BY destination"
-                        " ORDER BY destination",
-            1, v, &r);
+        kinbox_err_t rc = kinbox_admin_outbox_stuck(x.adm, older, &r);
         if (rc) {
                 json_decref(jc);
                 ex = db_fail(&x, rc);

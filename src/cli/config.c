@@ -127,6 +127,30 @@ find_consumer(kb_config_t *cfg, const char *name)
         return -1;
 }
 
+/* A section's keys arrive together: a section name we saw before, after
+ * another one, is the same section written twice (an error). */
+static bool
+section_seen(load_t *L, const char *section)
+{
+        if (L->last_section && !strcmp(L->last_section, section))
+                return true;
+        if (!strncmp(section, "consumer.", 9) &&
+            find_consumer(L->cfg, section + 9) >= 0) {
+                snprintf(L->err, L->errsz,
+                         "%s: [%s] appears twice (merge the two sections)",
+                         L->path, section);
+                L->failed = true;
+                return false;
+        }
+        free(L->last_section);
+        if (!(L->last_section = strdup(section))) {
+                L->failed = true;
+                snprintf(L->err, L->errsz, "out of memory");
+                return false;
+        }
+        return true;
+}
+
 static int
 on_kv(void *user, const char *section, const char *name, const char *value)
 {
@@ -140,27 +164,8 @@ on_kv(void *user, const char *section, const char *name, const char *value)
         if (L->failed)
                 return 0;
         char key[256];
-        /* A section's keys arrive together: a section name we saw before,
-         * after another one, is the same section written twice. */
-        bool new_section =
-            !L->last_section || strcmp(L->last_section, section);
-        if (new_section) {
-                if (!strncmp(section, "consumer.", 9) &&
-                    find_consumer(cfg, section + 9) >= 0) {
-                        snprintf(L->err, L->errsz,
-                                 "%s: [%s] appears twice (merge the two "
-                                 "sections)",
-                                 L->path, section);
-                        L->failed = true;
-                        return 0;
-                }
-                free(L->last_section);
-                if (!(L->last_section = strdup(section))) {
-                        L->failed = true;
-                        snprintf(L->err, L->errsz, "out of memory");
-                        return 0;
-                }
-        }
+        if (!section_seen(L, section))
+                return 0;
         char *unset = NULL;
         char *v = expand(value ? value : "", &unset);
         if (!v) {

@@ -376,6 +376,112 @@ run_thread(void *arg)
         return NULL;
 }
 
+/* A consumer per [consumer.NAME] with its handler module; *n counts the
+ * created ones (to be destroyed). Returns 0 or EX_USAGE. */
+static int
+runners_create(kb_config_t *cfg, runner_t *rs, int *np)
+{
+        char err[2048];
+        int n = 0, status = 0;
+        for (; n < cfg->nconsumers; n++) {
+                runner_t *r = &rs[n];
+                kinbox_conf_t *conf = cfg->consumers[n].conf;
+                r->mod = find_module(conf, err, sizeof(err));
+                if (!r->mod) {
+                        fprintf(stderr, "kinbox run: %s\n", err);
+                        status = EX_USAGE;
+                        break;
+                }
+                if (r->mod->init &&
+                    r->mod->init(conf, &r->opaque, err, sizeof(err))) {
+                        fprintf(stderr, "kinbox run: handler %s: %s\n",
+                                r->mod->name, err);
+                        status = EX_USAGE;
+                        break;
+                }
+                r->c = kinbox_consumer_new(conf, err, sizeof(err));
+                if (!r->c) {
+                        fprintf(stderr, "kinbox run: consumer.%s: %s\n",
+                                cfg->consumers[n].name, err);
+                        status = EX_USAGE;
+                        if (r->mod->fini)
+                                r->mod->fini(r->opaque);
+                        break;
+                }
+                cfg->consumers[n].conf = NULL; /* owned by the consumer */
+                if (r->mod->handle_batch)
+                        kinbox_consumer_set_batch_handler(
+                            r->c, r->mod->handle_batch, r->opaque);
+                else
+                        kinbox_consumer_set_handler(r->c, r->mod->handle,
+                                                    r->opaque);
+        }
+        *np = n;
+        return status;
+}
+
+/* Wait for the consumers (and the relay) to finish and print what each
+ * did; returns the exit status (the first failure's). */
+static int
+runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
+             pthread_t *relay_thr, int status)
+{
+        bool relay_started = relay_thr != NULL;
+        for (int i = 0; i < started; i++) {
+                kb_watchdog_step("waiting for a consumer's last "
+                                 "batch and offset commit");
+                pthread_join(rs[i].thr, NULL);
+                if (rs[i].rc) {
+                        fprintf(stderr,
+                                "kinbox run: consumer %s: %s: %s\n",
+                                kinbox_consumer_name(rs[i].c),
+                                kinbox_err_name(rs[i].rc),
+                                kinbox_consumer_errstr(rs[i].c));
+                        if (!status)
+                                status = exit_for(rs[i].rc);
+                }
+        }
+        if (relay_started) {
+                kb_watchdog_step("waiting for the relay's last "
+                                 "round");
+                pthread_join(*relay_thr, NULL);
+                kinbox_relay_stats_t rst;
+                kinbox_relay_stats(relay, &rst);
+                if (g_relay_rc) {
+                        fprintf(stderr, "kinbox run: relay: %s: %s\n",
+                                kinbox_err_name(g_relay_rc),
+                                kinbox_relay_errstr(relay));
+                        if (!status)
+                                status = exit_for(g_relay_rc);
+                }
+                fprintf(stderr,
+                        "kinbox run: relay: published %llu, actions "
+                        "%llu, retried %llu, dead %llu, conflicts "
+                        "%llu\n",
+                        (unsigned long long)rst.published,
+                        (unsigned long long)rst.actions_ok,
+                        (unsigned long long)rst.retried,
+                        (unsigned long long)rst.dead,
+                        (unsigned long long)rst.conflicts);
+        }
+        for (int i = 0; i < n; i++) {
+                kinbox_consumer_stats_t st;
+                kinbox_consumer_stats(rs[i].c, &st);
+                fprintf(stderr,
+                        "kinbox run: %s: processed %llu, duplicates "
+                        "%llu (redelivered) + %llu (business), dead "
+                        "%llu, retried %llu, batches %llu\n",
+                        kinbox_consumer_name(rs[i].c),
+                        (unsigned long long)st.processed,
+                        (unsigned long long)st.duplicates,
+                        (unsigned long long)st.business_duplicates,
+                        (unsigned long long)st.dead,
+                        (unsigned long long)st.retried,
+                        (unsigned long long)st.batches);
+        }
+        return status;
+}
+
 static int
 cmd_run(int argc, char **argv)
 {
@@ -405,39 +511,7 @@ cmd_run(int argc, char **argv)
                 return EX_RUNTIME;
         }
         int n = 0;
-        for (; n < cfg.nconsumers; n++) {
-                runner_t *r = &rs[n];
-                kinbox_conf_t *conf = cfg.consumers[n].conf;
-                r->mod = find_module(conf, err, sizeof(err));
-                if (!r->mod) {
-                        fprintf(stderr, "kinbox run: %s\n", err);
-                        status = EX_USAGE;
-                        break;
-                }
-                if (r->mod->init &&
-                    r->mod->init(conf, &r->opaque, err, sizeof(err))) {
-                        fprintf(stderr, "kinbox run: handler %s: %s\n",
-                                r->mod->name, err);
-                        status = EX_USAGE;
-                        break;
-                }
-                r->c = kinbox_consumer_new(conf, err, sizeof(err));
-                if (!r->c) {
-                        fprintf(stderr, "kinbox run: consumer.%s: %s\n",
-                                cfg.consumers[n].name, err);
-                        status = EX_USAGE;
-                        if (r->mod->fini)
-                                r->mod->fini(r->opaque);
-                        break;
-                }
-                cfg.consumers[n].conf = NULL; /* owned by the consumer */
-                if (r->mod->handle_batch)
-                        kinbox_consumer_set_batch_handler(
-                            r->c, r->mod->handle_batch, r->opaque);
-                else
-                        kinbox_consumer_set_handler(r->c, r->mod->handle,
-                                                    r->opaque);
-        }
+        status = runners_create(&cfg, rs, &n);
         kinbox_relay_t *relay = NULL;
         pthread_t relay_thr;
         if (!status && cfg.relay_enabled) {
@@ -484,58 +558,9 @@ cmd_run(int argc, char **argv)
                 if (!status && kb_sd_start(path))
                         fprintf(stderr, "kinbox run: cannot start the "
                                         "service manager thread\n");
-                for (int i = 0; i < started; i++) {
-                        kb_watchdog_step("waiting for a consumer's last "
-                                         "batch and offset commit");
-                        pthread_join(rs[i].thr, NULL);
-                        if (rs[i].rc) {
-                                fprintf(stderr,
-                                        "kinbox run: consumer %s: %s: %s\n",
-                                        kinbox_consumer_name(rs[i].c),
-                                        kinbox_err_name(rs[i].rc),
-                                        kinbox_consumer_errstr(rs[i].c));
-                                if (!status)
-                                        status = exit_for(rs[i].rc);
-                        }
-                }
-                if (relay_started) {
-                        kb_watchdog_step("waiting for the relay's last "
-                                         "round");
-                        pthread_join(relay_thr, NULL);
-                        kinbox_relay_stats_t rst;
-                        kinbox_relay_stats(relay, &rst);
-                        if (g_relay_rc) {
-                                fprintf(stderr, "kinbox run: relay: %s: %s\n",
-                                        kinbox_err_name(g_relay_rc),
-                                        kinbox_relay_errstr(relay));
-                                if (!status)
-                                        status = exit_for(g_relay_rc);
-                        }
-                        fprintf(stderr,
-                                "kinbox run: relay: published %llu, actions "
-                                "%llu, retried %llu, dead %llu, conflicts "
-                                "%llu\n",
-                                (unsigned long long)rst.published,
-                                (unsigned long long)rst.actions_ok,
-                                (unsigned long long)rst.retried,
-                                (unsigned long long)rst.dead,
-                                (unsigned long long)rst.conflicts);
-                }
-                for (int i = 0; i < n; i++) {
-                        kinbox_consumer_stats_t st;
-                        kinbox_consumer_stats(rs[i].c, &st);
-                        fprintf(stderr,
-                                "kinbox run: %s: processed %llu, duplicates "
-                                "%llu (redelivered) + %llu (business), dead "
-                                "%llu, retried %llu, batches %llu\n",
-                                kinbox_consumer_name(rs[i].c),
-                                (unsigned long long)st.processed,
-                                (unsigned long long)st.duplicates,
-                                (unsigned long long)st.business_duplicates,
-                                (unsigned long long)st.dead,
-                                (unsigned long long)st.retried,
-                                (unsigned long long)st.batches);
-                }
+                status = runners_join(rs, n, started, relay,
+                                      relay_started ? &relay_thr : NULL,
+                                      status);
         }
         for (int i = 0; i < n; i++) {
                 kb_watchdog_step("closing a consumer (leaving its group)");

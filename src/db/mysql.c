@@ -1969,6 +1969,26 @@ static const struct kinbox__sql my_sql = {
             " 1000000, 0), SUM(status = 'dead')"
             " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
             " GROUP BY destination",
+        .outbox_pause =
+            "INSERT INTO kinbox_outbox_paused (destination) VALUES ($1) ON "
+            "DUPLICATE KEY UPDATE destination = destination",
+        .outbox_wake = NULL,
+        .outbox_summary =
+            "SELECT destination, SUM(status = 'pending'),"
+            " COALESCE(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status ="
+            " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)), 0),"
+            " SUM(status = 'dead'),"
+            " SUM(status = 'sent' AND sent_at >= CURRENT_TIMESTAMP(6) -"
+            "  INTERVAL 1 HOUR),"
+            " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+            "  WHERE z.destination = o.destination)"
+            " FROM kinbox_outbox o GROUP BY destination ORDER BY destination",
+        .outbox_stuck =
+            "SELECT destination, count(*), min(id),"
+            " TIMESTAMPDIFF(SECOND, min(created_at), CURRENT_TIMESTAMP(6))"
+            " FROM kinbox_outbox WHERE status = 'pending' AND created_at <"
+            " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000) MICROSECOND"
+            " GROUP BY destination ORDER BY destination",
         .dead_letter_gauges =
             "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
             "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "

@@ -796,6 +796,26 @@ static const struct kinbox__sql pg_sql = {
         " count(*) FILTER (WHERE status = 'dead')"
         " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
         " GROUP BY destination",
+    .outbox_pause = "INSERT INTO kinbox_outbox_paused (destination) VALUES "
+                    "($1) ON CONFLICT DO NOTHING",
+    .outbox_wake = "SELECT pg_notify('kinbox_outbox', '')",
+    .outbox_summary =
+        "SELECT destination,"
+        " count(*) FILTER (WHERE status = 'pending'),"
+        " COALESCE(floor(extract(epoch FROM now() - min(created_at) FILTER"
+        "  (WHERE status = 'pending')))::bigint, 0),"
+        " count(*) FILTER (WHERE status = 'dead'),"
+        " count(*) FILTER (WHERE status = 'sent' AND sent_at >="
+        "  now() - interval '1 hour'),"
+        " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+        "  WHERE z.destination = o.destination)::int"
+        " FROM kinbox_outbox o GROUP BY destination ORDER BY destination",
+    .outbox_stuck =
+        "SELECT destination, count(*), min(id),"
+        " floor(extract(epoch FROM now() - min(created_at)))::bigint"
+        " FROM kinbox_outbox WHERE status = 'pending' AND created_at <"
+        " now() - $1::bigint * interval '1 millisecond'"
+        " GROUP BY destination ORDER BY destination",
     .dead_letter_gauges =
         "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
         "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
