@@ -22,17 +22,11 @@ kinbox_admin_new(const kinbox_conf_t *conf, char *errstr, size_t sz)
                 return NULL;
         }
         kinbox_admin_t *adm = kinbox__calloc(1, sizeof(*adm));
-        char *pw = NULL;
         if (!adm) {
                 kinbox__errstr(errstr, sz, "out of memory");
                 return NULL;
         }
-        if (kinbox__conf_password(conf, &pw, errstr, sz)) {
-                free(adm);
-                return NULL;
-        }
-        adm->db = kinbox__db_new(url, pw, errstr, sz);
-        free(pw);
+        adm->db = kinbox__db_new_conf(conf, errstr, sz);
         if (!adm->db) {
                 free(adm);
                 return NULL;

@@ -9,25 +9,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "errstr.h"
 #include <strings.h>
 
 /* Self-contained (no internal.h): the kinbox command compiles this file in
  * too, since the library does not export it. */
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void
-err(char *errstr, size_t size, const char *fmt, ...)
-{
-        if (!errstr || !size)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errstr, size, fmt, ap);
-        va_end(ap);
-}
+#define err kinbox__errstr
 
 /* Values are quoted in messages; keep a runaway value from hiding the rest
  * of the message. */

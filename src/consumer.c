@@ -336,12 +336,7 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
 static kinbox__db_t *
 db_open(kinbox_consumer_t *c, char *errstr, size_t sz)
 {
-        char *pw = NULL;
-        if (kinbox__conf_password(c->conf, &pw, errstr, sz))
-                return NULL;
-        kinbox__db_t *db = kinbox__db_new(
-            kinbox_conf_get(c->conf, "database.url"), pw, errstr, sz);
-        free(pw);
+        kinbox__db_t *db = kinbox__db_new_conf(c->conf, errstr, sz);
         if (db) {
                 db->log = db_log;
                 db->log_ctx = c;

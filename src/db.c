@@ -161,6 +161,18 @@ kinbox__db_new(const char *url, const char *password, char *errstr,
         return db;
 }
 
+kinbox__db_t *
+kinbox__db_new_conf(const kinbox_conf_t *conf, char *errstr, size_t sz)
+{
+        char *pw = NULL;
+        if (kinbox__conf_password(conf, &pw, errstr, sz))
+                return NULL;
+        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
+                                          pw, errstr, sz);
+        free(pw);
+        return db;
+}
+
 void
 kinbox__db_destroy(kinbox__db_t *db)
 {

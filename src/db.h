@@ -238,6 +238,11 @@ extern const struct kinbox__db_ops kinbox__mysql_ops;
 kinbox__db_t *kinbox__db_new(const char *url, const char *password,
                              char *errstr, size_t errstr_size);
 void kinbox__db_destroy(kinbox__db_t *db);
+/* kinbox__db_new() for a configuration's `database.url` and
+ * `database.password_file` (read now, not kept). */
+struct kinbox_conf_s;
+kinbox__db_t *kinbox__db_new_conf(const struct kinbox_conf_s *conf,
+                                  char *errstr, size_t errstr_size);
 
 /* Convenience wrappers (dispatch through ops). */
 int kinbox__db_connect(kinbox__db_t *db);

@@ -14,19 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void
-err(char *errstr, size_t size, const char *fmt, ...)
-{
-        if (!errstr || !size)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errstr, size, fmt, ap);
-        va_end(ap);
-}
+#include "errstr.h"
+
+#define err kinbox__errstr
 
 /* ------------------------------------------------------------- lists */
 

@@ -52,8 +52,7 @@ void kinbox__buf_printf(kinbox__buf_t *b, const char *fmt, ...)
 void kinbox__buf_json_str(kinbox__buf_t *b, const char *s, size_t n);
 
 /* ---- snprintf into a caller's errstr (NULL-safe) */
-void kinbox__errstr(char *errstr, size_t size, const char *fmt, ...)
-    KINBOX_PRINTF(3, 4);
+#include "errstr.h"
 
 /* ---- logging: a logger captured from a conf */
 typedef struct kinbox__log {

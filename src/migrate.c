@@ -12,13 +12,8 @@
 static kinbox__db_t *
 open_db(const kinbox_conf_t *conf, char *errstr, size_t sz, int *rc)
 {
-        char *pw = NULL;
         *rc = KINBOX_ERR_CONFIG;
-        if (kinbox__conf_password(conf, &pw, errstr, sz))
-                return NULL;
-        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
-                                          pw, errstr, sz);
-        free(pw);
+        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
         if (!db)
                 return NULL;
         if ((*rc = kinbox__db_connect(db))) {

@@ -83,12 +83,7 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
         char lab[64];
         if (out)
                 *out = res;
-        char *pw = NULL;
-        if (kinbox__conf_password(conf, &pw, errstr, sz))
-                return KINBOX_ERR_CONFIG;
-        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
-                                          pw, errstr, sz);
-        free(pw);
+        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
         if (!db)
                 return KINBOX_ERR_CONFIG;
         int rc = kinbox__db_connect(db);

@@ -34,12 +34,7 @@ kinbox_reconcile(const kinbox_conf_t *conf,
         kinbox_reconcile_result_t res = {0, 0, 0};
         if (out)
                 *out = res;
-        char *pw = NULL;
-        if (kinbox__conf_password(conf, &pw, errstr, sz))
-                return KINBOX_ERR_CONFIG;
-        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
-                                          pw, errstr, sz);
-        free(pw);
+        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
         if (!db)
                 return KINBOX_ERR_CONFIG;
         const char *failed_check = NULL;

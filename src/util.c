@@ -296,17 +296,6 @@ kinbox__buf_json_str(kinbox__buf_t *b, const char *s, size_t n)
         kinbox__buf_add(b, "\"", 1);
 }
 
-void
-kinbox__errstr(char *errstr, size_t size, const char *fmt, ...)
-{
-        if (!errstr || !size)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errstr, size, fmt, ap);
-        va_end(ap);
-}
-
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 /* kinbox_log_set_level(): -1 = each logger's own level. */
 static atomic_int log_level_override = -1;

@@ -26,29 +26,11 @@ has(const char *hay, const char *needle)
 static int
 kb(char **out, const char *fmt, ...)
 {
-        char args[2048], cmd[4096];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(args, sizeof(args), fmt, ap);
+        int rc = kt_kinboxv(out, NULL, true, fmt, ap);
         va_end(ap);
-        snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>&1 </dev/null",
-                 kt_env("KINBOX_BIN"), args);
-        FILE *fp = popen(cmd, "r");
-        cr_assert(fp != NULL);
-        size_t cap = 1 << 16, n = 0;
-        char *buf = malloc(cap);
-        for (size_t r; (r = fread(buf + n, 1, cap - n - 1, fp)) > 0;) {
-                n += r;
-                if (n + 1 == cap)
-                        buf = realloc(buf, cap *= 2);
-        }
-        buf[n] = '\0';
-        int st = pclose(fp);
-        if (out)
-                *out = buf;
-        else
-                free(buf);
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return rc;
 }
 
 /* ---- (1) kinbox prune refuses like kinbox run ---- */

@@ -519,3 +519,52 @@ kt_slurp(const char *path)
         fclose(fp);
         return b;
 }
+
+int
+kt_kinboxv(char **out, char **err, bool merge, const char *fmt, va_list ap)
+{
+        char args[2048], cmd[4096];
+        vsnprintf(args, sizeof(args), fmt, ap);
+        char *errf = kt_tmp("kinbox_err");
+        if (merge)
+                snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>&1 </dev/null",
+                         kt_env("KINBOX_BIN"), args);
+        else
+                snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>%s </dev/null",
+                         kt_env("KINBOX_BIN"), args, errf);
+        FILE *fp = popen(cmd, "r");
+        cr_assert(fp != NULL);
+        size_t cap = 1 << 16, n = 0;
+        char *buf = malloc(cap);
+        cr_assert(buf != NULL);
+        for (size_t r; (r = fread(buf + n, 1, cap - n - 1, fp)) > 0;) {
+                n += r;
+                if (n + 1 == cap) {
+                        buf = realloc(buf, cap *= 2);
+                        cr_assert(buf != NULL);
+                }
+        }
+        buf[n] = '\0';
+        int st = pclose(fp);
+        char *e = merge ? NULL : kt_slurp(errf);
+        unlink(errf);
+        if (out)
+                *out = buf;
+        else
+                free(buf);
+        if (err)
+                *err = e ? e : strdup("");
+        else
+                free(e);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int
+kt_kinbox(char **out, char **err, bool merge, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        int rc = kt_kinboxv(out, err, merge, fmt, ap);
+        va_end(ap);
+        return rc;
+}

@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <criterion/parameterized.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -110,6 +111,14 @@ long long kt_committed_sum(const char *group, const char *topic,
                            int partitions);
 /* Sum of high watermarks of topic (messages produced). */
 long long kt_high_sum(const char *topic, int partitions);
+
+/* Run `kinbox ARGS` (ARGS a printf format; KINBOX_BIN): stdout into *out
+ * and stderr into *err (malloc'ed; NULL drops it), or, with merge, stderr
+ * into *out too. Returns the exit status (-1: killed). */
+int kt_kinbox(char **out, char **err, bool merge, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int kt_kinboxv(char **out, char **err, bool merge, const char *fmt,
+               va_list ap);
 
 /* Read a whole file (malloc'ed, NUL-terminated) or NULL. */
 char *kt_slurp(const char *path);

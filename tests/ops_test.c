@@ -24,36 +24,11 @@
 static int
 kb(char **out, char **err, const char *fmt, ...)
 {
-        char args[2048], cmd[4096];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(args, sizeof(args), fmt, ap);
+        int rc = kt_kinboxv(out, err, false, fmt, ap);
         va_end(ap);
-        char *errf = kt_tmp("ops_err");
-        snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>%s", kt_env("KINBOX_BIN"),
-                 args, errf);
-        FILE *fp = popen(cmd, "r");
-        cr_assert(fp != NULL);
-        size_t cap = 1 << 16, n = 0;
-        char *buf = malloc(cap);
-        for (size_t r; (r = fread(buf + n, 1, cap - n - 1, fp)) > 0;) {
-                n += r;
-                if (n + 1 == cap)
-                        buf = realloc(buf, cap *= 2);
-        }
-        buf[n] = '\0';
-        int st = pclose(fp);
-        char *e = kt_slurp(errf);
-        unlink(errf);
-        if (out)
-                *out = buf;
-        else
-                free(buf);
-        if (err)
-                *err = e ? e : strdup("");
-        else
-                free(e);
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return rc;
 }
 
 static json_t *

@@ -24,24 +24,7 @@
 static int
 kb(char **out, const char *args)
 {
-        char cmd[4096];
-        char *errf = kt_tmp("reconcile_err");
-        snprintf(cmd, sizeof(cmd), "\"%s\" %s 2>%s", kt_env("KINBOX_BIN"),
-                 args, errf);
-        FILE *fp = popen(cmd, "r");
-        cr_assert(fp != NULL);
-        size_t cap = 1 << 16, n = 0;
-        char *buf = malloc(cap);
-        for (size_t r; (r = fread(buf + n, 1, cap - n - 1, fp)) > 0;) {
-                n += r;
-                if (n + 1 == cap)
-                        buf = realloc(buf, cap *= 2);
-        }
-        buf[n] = '\0';
-        int st = pclose(fp);
-        unlink(errf);
-        *out = buf;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return kt_kinbox(out, NULL, false, "%s", args);
 }
 
 static json_t *
