@@ -322,7 +322,7 @@ savepoint_name(char *b, size_t sz, size_t g)
  * its statements undone). */
 static bool
 run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
-            const walk_t *wk, size_t i, const char *mlab, failure_t *f)
+            const walk_t *wk, size_t i, failure_t *f)
 {
         kinbox__db_t *db = w->db;
         kinbox_msg_t *m = w->msgs[i];
@@ -334,10 +334,9 @@ run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
         db->err = (kinbox__dberr_t){.tag = -1};
         m->attempt = m->failures + 1;
         m->dup_ok = false;
-        int64_t t_h = kinbox__now_ms();
+        int64_t t_h = kinbox__now_us();
         kinbox_result_t r = c->handler(tx, m, c->opaque);
-        kinbox__m_observe("kinbox_handler_seconds", mlab,
-                          (double)(kinbox__now_ms() - t_h) / 1000.0);
+        w->handler_us += kinbox__now_us() - t_h;
         if (tx->failed && db->err.code) {
                 /* A statement failed: whose? Its result decides nothing. */
                 *f = failure_of(w, wk, &db->err, tx);
@@ -400,8 +399,7 @@ batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
  * message once a set-based statement of the group failed. */
 static bool
 run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
-                const walk_t *wk, size_t lo, size_t hi, const char *mlab,
-                failure_t *f)
+                const walk_t *wk, size_t lo, size_t hi, failure_t *f)
 {
         kinbox__db_t *db = w->db;
         kinbox_msg_t *run[hi - lo + 1];
@@ -425,12 +423,11 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 tx->failed = tx->touched = false;
                 tx->reason[0] = '\0';
                 db->err = (kinbox__dberr_t){.tag = -1};
-                int64_t t_h = kinbox__now_ms();
+                int64_t t_h = kinbox__now_us();
                 kinbox_result_t r = c->batch_handler(
                     tx, (const kinbox_msg_t *const *)run + j0, cnt,
                     w->results, c->opaque);
-                kinbox__m_observe("kinbox_handler_seconds", mlab,
-                                  (double)(kinbox__now_ms() - t_h) / 1000.0);
+                w->handler_us += kinbox__now_us() - t_h;
                 if (tx->failed && db->err.code) {
                         *f = failure_of(w, wk, &db->err, tx);
                         return false;
@@ -453,7 +450,7 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
  * Returns false with *f when the walk must stop. */
 static bool
 run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
-          const walk_t *wk, const char *mlab, failure_t *f)
+          const walk_t *wk, failure_t *f)
 {
         size_t lo = wk->g * wk->gsz;
         size_t hi = lo + wk->gsz < w->nmsgs ? lo + wk->gsz : w->nmsgs;
@@ -467,11 +464,11 @@ run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                         continue;
                 }
                 if (m->state == M_RUN && c->handler &&
-                    !run_handler(c, w, tx, wk, i, mlab, f))
+                    !run_handler(c, w, tx, wk, i, f))
                         return false;
         }
         if (c->batch_handler && !c->handler)
-                return run_batch_group(c, w, tx, wk, lo, hi, mlab, f);
+                return run_batch_group(c, w, tx, wk, lo, hi, f);
         return true;
 }
 
@@ -604,6 +601,9 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
                           (double)(done + dups + biz + dead));
         kinbox__m_observe("kinbox_consumer_transaction_seconds", mlab,
                           (double)(kinbox__now_ms() - t_begin) / 1000.0);
+        /* Once per transaction: the metrics lock is process-wide. */
+        kinbox__m_observe("kinbox_handler_seconds", mlab,
+                          (double)w->handler_us / 1e6);
 }
 
 /* BEGIN and the inbox insert: which messages of the batch are new. */
@@ -621,6 +621,7 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
                     m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
         }
         db->nnone = 0;
+        w->handler_us = 0;
         int rc = db->ops->begin(db);
         if (!rc && n)
                 rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
@@ -643,8 +644,7 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
 /* Walk every group from wk->g on; RUN_AGAIN means "committed nothing yet,
  * the walk may go on" only inside; returns RUN_DONE when all ran. */
 static enum run_rc
-walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk,
-            const char *mlab)
+walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
 {
         kinbox__db_t *db = w->db;
         bool coalesce = db->coalesce;
@@ -661,7 +661,7 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk,
                 }
                 wk->sp_done = false;
                 db->coalesce = coalesce && !wk->no_merge;
-                bool ok = run_group(c, w, tx, wk, mlab, &f);
+                bool ok = run_group(c, w, tx, wk, &f);
                 db->coalesce = coalesce;
                 wk->no_merge = false;
                 if (ok) {
@@ -721,7 +721,7 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                 return recover(c, w, &wk, &f);
         }
         int64_t t_inbox = kinbox__now_us();
-        enum run_rc rc = walk_groups(c, w, tx, &wk, mlab);
+        enum run_rc rc = walk_groups(c, w, tx, &wk);
         if (rc != RUN_DONE)
                 return rc;
         int64_t t_handlers = kinbox__now_us();

@@ -79,6 +79,7 @@ struct worker {
         kinbox__db_t *db;
         size_t limit;          /* batch size cap */
         int iso_left;          /* batches left in isolation mode */
+        int64_t handler_us;    /* in handler calls, this transaction */
         bool iso_hit;          /* this batch had a failure */
         bool single[32];       /* batch handler: per-message calls, by group */
         size_t single_gsz;     /* the group size single[] was set for */

@@ -80,8 +80,8 @@ void kinbox__conf_kafka_each(const struct kinbox_conf_s *conf,
 int kinbox__conf_password(const struct kinbox_conf_s *conf, char **out,
                           char *errstr, size_t errstr_size);
 
-/* ---- fault injection for the crash-window tests (env KINBOX_FAULT or
- * conf debug.fault): returns true when the named point should fire. */
+/* ---- fault injection for the crash-window tests (env KINBOX_FAULT,
+ * "POINT:N"): returns true when the named point should fire. */
 bool kinbox__fault(const char *point);
 
 #endif

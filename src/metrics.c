@@ -57,8 +57,8 @@ static const family_t families[] = {
      "Duration of a committed consumer transaction, BEGIN to COMMIT.",
      HIST(b_seconds)},
     {"kinbox_handler_seconds", M_HIST,
-     "Duration of one handler call (per message, or per batch for a batch "
-     "handler).",
+     "Time spent in handler calls per committed consumer transaction "
+     "(all its per-message calls, or its batch handler calls).",
      HIST(b_seconds)},
     {"kinbox_consumer_lag", M_GAUGE,
      "Messages behind the partition's high watermark after the last "

@@ -23,9 +23,6 @@
 #include "config.h"
 #include "sdnotify.h"
 
-#define EX_RUNTIME 1
-#define EX_USAGE 2
-#define EX_DB 3
 
 static const kinbox_module_t *const builtins[] = {
     &kinbox_points_module,
@@ -186,17 +183,17 @@ config_arg(int argc, char **argv, const char *cmd)
                         exit(0);
                 default:
                         usage_cmd(cmd, stderr);
-                        exit(EX_USAGE);
+                        exit(KB_EX_USAGE);
                 }
         }
         if (optind < argc) {
                 fprintf(stderr, "kinbox %s: unexpected argument \"%s\"\n", cmd,
                         argv[optind]);
-                exit(EX_USAGE);
+                exit(KB_EX_USAGE);
         }
         if (!path) {
                 fprintf(stderr, "kinbox %s: -c FILE is required\n", cmd);
-                exit(EX_USAGE);
+                exit(KB_EX_USAGE);
         }
         return path;
 }
@@ -208,14 +205,14 @@ exit_for(kinbox_err_t err)
         case KINBOX_OK:
                 return 0;
         case KINBOX_ERR_DB_CONN:
-                return EX_DB;
+                return KB_EX_DB;
         case KINBOX_ERR_CONFIG:
         case KINBOX_ERR_INVALID:
         case KINBOX_ERR_UNKNOWN_KEY:
         case KINBOX_ERR_ABI:
-                return EX_USAGE;
+                return KB_EX_USAGE;
         default:
-                return EX_RUNTIME;
+                return KB_EX_RUNTIME;
         }
 }
 
@@ -227,7 +224,7 @@ cmd_migrate(int argc, char **argv)
         char err[2048];
         if (kb_config_load(path, &cfg, err, sizeof(err))) {
                 fprintf(stderr, "kinbox migrate: %s\n", err);
-                return EX_USAGE;
+                return KB_EX_USAGE;
         }
         /* Every handler and relay module is found before anything is
          * applied: a bad handler must not leave a half-migrated database. */
@@ -240,7 +237,7 @@ cmd_migrate(int argc, char **argv)
                 mods[nmods] = find_module(confs[nmods], err, sizeof(err));
                 if (!mods[nmods++]) {
                         fprintf(stderr, "kinbox migrate: %s\n", err);
-                        ex = EX_USAGE;
+                        ex = KB_EX_USAGE;
                         goto out;
                 }
         }
@@ -258,7 +255,7 @@ cmd_migrate(int argc, char **argv)
                                                 sizeof(err));
                 if (!mods[nmods++]) {
                         fprintf(stderr, "kinbox migrate: [relay]: %s\n", err);
-                        ex = EX_USAGE;
+                        ex = KB_EX_USAGE;
                         goto out;
                 }
         }
@@ -377,7 +374,7 @@ run_thread(void *arg)
 }
 
 /* A consumer per [consumer.NAME] with its handler module; *n counts the
- * created ones (to be destroyed). Returns 0 or EX_USAGE. */
+ * created ones (to be destroyed). Returns 0 or KB_EX_USAGE. */
 static int
 runners_create(kb_config_t *cfg, runner_t *rs, int *np)
 {
@@ -389,21 +386,21 @@ runners_create(kb_config_t *cfg, runner_t *rs, int *np)
                 r->mod = find_module(conf, err, sizeof(err));
                 if (!r->mod) {
                         fprintf(stderr, "kinbox run: %s\n", err);
-                        status = EX_USAGE;
+                        status = KB_EX_USAGE;
                         break;
                 }
                 if (r->mod->init &&
                     r->mod->init(conf, &r->opaque, err, sizeof(err))) {
                         fprintf(stderr, "kinbox run: handler %s: %s\n",
                                 r->mod->name, err);
-                        status = EX_USAGE;
+                        status = KB_EX_USAGE;
                         break;
                 }
                 r->c = kinbox_consumer_new(conf, err, sizeof(err));
                 if (!r->c) {
                         fprintf(stderr, "kinbox run: consumer.%s: %s\n",
                                 cfg->consumers[n].name, err);
-                        status = EX_USAGE;
+                        status = KB_EX_USAGE;
                         if (r->mod->fini)
                                 r->mod->fini(r->opaque);
                         break;
@@ -490,7 +487,7 @@ cmd_run(int argc, char **argv)
         char err[2048];
         if (kb_config_load(path, &cfg, err, sizeof(err))) {
                 fprintf(stderr, "kinbox run: %s\n", err);
-                return EX_USAGE;
+                return KB_EX_USAGE;
         }
         if (!cfg.nconsumers && !cfg.relay_enabled) {
                 fprintf(stderr,
@@ -498,17 +495,17 @@ cmd_run(int argc, char **argv)
                         "no enabled [relay]\n",
                         path);
                 kb_config_free(&cfg);
-                return EX_USAGE;
+                return KB_EX_USAGE;
         }
         if (kb_retention_check(&cfg, "run")) { /* inbox.retention vs redelivery */
                 kb_config_free(&cfg);
-                return EX_USAGE;
+                return KB_EX_USAGE;
         }
         runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
         int status = 0;
         if (!rs) {
                 kb_config_free(&cfg);
-                return EX_RUNTIME;
+                return KB_EX_RUNTIME;
         }
         int n = 0;
         status = runners_create(&cfg, rs, &n);
@@ -518,13 +515,13 @@ cmd_run(int argc, char **argv)
                 relay = relay_create(&cfg, err, sizeof(err));
                 if (!relay) {
                         fprintf(stderr, "kinbox run: [relay]: %s\n", err);
-                        status = EX_USAGE;
+                        status = KB_EX_USAGE;
                 }
         }
         kb_ops_t *ops = NULL; /* pruner thread, [metrics] listen */
         if (!status && !(ops = kb_ops_start(&cfg, err, sizeof(err)))) {
                 fprintf(stderr, "kinbox run: %s\n", err);
-                status = EX_USAGE;
+                status = KB_EX_USAGE;
         }
         if (!status) {
                 g_runners = rs;
@@ -542,7 +539,7 @@ cmd_run(int argc, char **argv)
                 if (relay) {
                         if (pthread_create(&relay_thr, NULL, relay_thread,
                                            relay))
-                                status = EX_RUNTIME;
+                                status = KB_EX_RUNTIME;
                         else
                                 relay_started = true;
                 }
@@ -551,7 +548,7 @@ cmd_run(int argc, char **argv)
                         if (pthread_create(&rs[started].thr, NULL, run_thread,
                                            &rs[started])) {
                                 on_signal(0);
-                                status = EX_RUNTIME;
+                                status = KB_EX_RUNTIME;
                                 break;
                         }
                 /* READY=1, watchdog, SIGHUP (a failure only loses those). */
@@ -586,7 +583,7 @@ main(int argc, char **argv)
 {
         if (argc < 2) {
                 usage(stderr);
-                return EX_USAGE;
+                return KB_EX_USAGE;
         }
         const char *cmd = argv[1];
         if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") ||
@@ -619,5 +616,5 @@ main(int argc, char **argv)
                         return admin_cmds[i].fn(argc - 1, argv + 1);
         fprintf(stderr, "kinbox: unknown command \"%s\"\n\n", cmd);
         usage(stderr);
-        return EX_USAGE;
+        return KB_EX_USAGE;
 }
