@@ -73,6 +73,8 @@ static const prop_t props[] = {
  "Rows deleted per pruning statement."},
 {"relay.batch.size", P_INT, "1000", 1, 100000, NULL,
  "Most outbox rows one relay claim takes. Claims follow the backlog: they start at 16 rows, double after a full claim and halve after a claim less than half full, within this bound. Also bounds the run of one aggregate's consecutive rows claimed together."},
+{"relay.run.max", P_INT, "1000", 1, 100000, NULL,
+ "Most consecutive pending rows of one aggregate (same destination, in order) one claim takes together; 1 claims only the oldest pending row of each aggregate. If a row of a run fails, the rows after it go back to pending untouched (no attempt charged) and stay behind it."},
 {"relay.pipeline", P_INT, "2", 1, 4, NULL,
  "Claimed batches a relay keeps in flight: the next batch is claimed and published while the previous one waits for its delivery reports."},
 {"relay.lease.ms", P_INT, "30000", 100, 86400000, NULL,

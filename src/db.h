@@ -160,11 +160,13 @@ struct kinbox__sql {
 
 /* One claim: up to limit rows, heads of their aggregates first, then runs
  * of those aggregates' next pending rows (same destination, due, in id
- * order). Leases for lease_ms to owner. */
+ * order; run_max rows of one aggregate at most). Leases for lease_ms to
+ * owner. $4 of the PostgreSQL claim is run_max. */
 typedef struct kinbox__claim_req {
         int64_t limit;
         int64_t lease_ms;
         const char *owner;
+        int64_t run_max; /* rows of one aggregate at most, head included */
 } kinbox__claim_req_t;
 
 /* Columns of a claim result row, in this order. */
@@ -203,6 +205,10 @@ struct kinbox__outbox_ops {
         /* LISTEN channel the table's trigger notifies on commit (NULL:
          * none, the relay polls). */
         const char *notify_channel;
+        /* The claim's walk over pending rows (its first step), LIMIT 1000,
+         * no parameters: for EXPLAIN in tests and benchmarks, which check
+         * that it reads the pending-rows index only. */
+        const char *heads_scan;
         /* Cheap index-only probe: *due = some pending row is due now. */
         int (*probe)(kinbox__db_t *db, bool *due);
         /* An UPDATE (sql in this backend's dialect, $n placeholders) and

@@ -124,6 +124,7 @@ struct kinbox_relay_s {
         kinbox__log_t log;
         char *owner;
         int64_t batch, lease_ms, poll_ms, base_ms, cap_ms, action_ms;
+        int64_t run_max;   /* rows of one aggregate per claim */
         int64_t cur_batch; /* claim size now, follows the backlog */
         int depth;         /* batches in flight at most */
         batch_t pipe[PIPE_MAX];
@@ -961,7 +962,8 @@ static int
 batch_claim(kinbox_relay_t *r, batch_t *b)
 {
         memset(b, 0, sizeof(*b));
-        kinbox__claim_req_t req = {r->cur_batch, r->lease_ms, r->owner};
+        kinbox__claim_req_t req = {r->cur_batch, r->lease_ms, r->owner,
+                                   r->run_max};
         int rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);
         if (rc) {
                 kinbox_rows_destroy(b->rows);
@@ -1199,9 +1201,10 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
         return t.finished;
 }
 
-/* Past the delivery deadline (librdkafka checks message timeouts only
- * about once a second), purge what is left: purged messages are reported
- * at once and are retried like any failure. Reports are written into the
+/* Past the batch's delivery deadline (kafka.message.timeout.ms, enforced
+ * here, see kinbox_relay_new), purge everything queued and in flight at
+ * once, so no later row of a partition is sent after an earlier one gave
+ * up: purged messages are reported at once and retried like any failure. Reports are written into the
  * items, so none may be left outstanding when a batch is freed. */
 static void
 batch_expire(kinbox_relay_t *r, batch_t *b)
@@ -1560,6 +1563,9 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         pthread_cond_init(&r->jobs_cv, NULL);
         r->batch = kinbox__conf_int(conf, "relay.batch.size");
         r->depth = (int)kinbox__conf_int(conf, "relay.pipeline");
+        r->run_max = kinbox__conf_int(conf, "relay.run.max");
+        if (r->run_max < 1)
+                r->run_max = 1;
         if (r->depth < 1 || r->depth > PIPE_MAX)
                 r->depth = 2;
         r->lease_ms = kinbox__conf_int(conf, "relay.lease.ms");
@@ -1607,10 +1613,20 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
         if (ks.failed)
                 goto fail;
-        char tmo[24];
-        snprintf(tmo, sizeof(tmo), "%" PRId64, r->msg_timeout_ms);
+        /* Runs of one aggregate are in flight together: a row must never
+         * be written after an earlier row of its partition failed.
+         *  - The gapless guarantee turns a failed batch that would leave a
+         *    gap into a fatal error (all outstanding messages fail, the
+         *    relay makes a new producer) instead of writing later rows.
+         *  - It does not cover message timeouts, which librdkafka applies
+         *    message by message (an earlier row can time out while a later
+         *    one is still sent). So librdkafka never times messages out
+         *    (message.timeout.ms = 0); the relay enforces
+         *    kafka.message.timeout.ms itself, per batch, by purging
+         *    everything queued and in flight at one instant. */
         const char *forced[][2] = {{"enable.idempotence", "true"},
-                                   {"message.timeout.ms", tmo}};
+                                   {"enable.gapless.guarantee", "true"},
+                                   {"message.timeout.ms", "0"}};
         for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
                 kafka_set_one(forced[i][0], forced[i][1], &ks);
                 if (ks.failed)

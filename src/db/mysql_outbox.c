@@ -26,6 +26,19 @@
 #include "../internal.h"
 #include "../outbox_int.h"
 
+#define HEADS_SCAN                                                             \
+        "SELECT o.id FROM kinbox_outbox o"                                     \
+        " FORCE INDEX (kinbox_outbox_pending)"                                 \
+        " WHERE o.status = 'pending'"                                          \
+        " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
+        " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                         \
+        "  SELECT 1 FROM kinbox_outbox p"                                      \
+        "  WHERE p.aggregate_id = o.aggregate_id"                              \
+        "  AND p.status = 'pending' AND p.id < o.id))"                         \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
+        "  WHERE z.destination = o.destination)"                               \
+        " ORDER BY o.id LIMIT "
+
 static int64_t
 i64(const char *s)
 {
@@ -81,19 +94,7 @@ lock_heads(kinbox__db_t *db, int64_t limit, struct kinbox_rows_s **heads)
         struct kinbox_rows_s *cand = NULL;
         /* More candidates than wanted: relays racing for the same heads
          * each get a share instead of nothing. */
-        snprintf(sql, sizeof(sql),
-                 "SELECT o.id FROM kinbox_outbox o"
-                 " FORCE INDEX (kinbox_outbox_pending)"
-                 " WHERE o.status = 'pending'"
-                 " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"
-                 " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
-                 "  SELECT 1 FROM kinbox_outbox p"
-                 "  WHERE p.aggregate_id = o.aggregate_id"
-                 "  AND p.status = 'pending' AND p.id < o.id))"
-                 " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-                 "  WHERE z.destination = o.destination)"
-                 " ORDER BY o.id LIMIT %" PRId64,
-                 limit * 4);
+        snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
         int rc = db->ops->query(db, sql, 0, NULL, -1, &cand);
         if (rc || !cand || !cand->nrows) {
                 kinbox_rows_destroy(cand);
@@ -240,6 +241,8 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 rc = cs_add(&cs, i64(c[0]), truthy(c[3]));
         }
         int64_t per = (req->limit - (int64_t)h->nrows) / (int64_t)h->nrows;
+        if (per > req->run_max - 1)
+                per = req->run_max - 1;
         if (!rc && per > 0)
                 rc = add_runs(db, h, per, &cs);
         if (!rc)
@@ -387,6 +390,7 @@ const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
     .fail = my_fail,
     .probe = my_probe,
     .notify_channel = NULL,
+    .heads_scan = HEADS_SCAN "1000",
     .affected = my_affected,
     .append = append_sql,
     .append_id = my_append_id,

@@ -21,7 +21,7 @@
 #include "../outbox_int.h"
 
 /*
- * $1 limit, $2 lease ms, $3 owner.
+ * $1 limit, $2 lease ms, $3 owner, $4 run_max.
  *
  * c: candidate heads, no locks. Due pending rows in id order with no older
  *    pending row of their aggregate, destination not paused. NOT IN (a
@@ -35,16 +35,18 @@
  *    locks them; no other relay can take them meanwhile, since their head
  *    is locked by this statement and still pending for everyone else.
  */
+#define HEADS_SCAN                                                             \
+    " SELECT o.id FROM kinbox_outbox o"                                        \
+    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"               \
+    " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                             \
+    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"    \
+    "  AND p.status = 'pending' AND p.id < o.id))"                             \
+    " AND o.destination NOT IN (SELECT z.destination"                          \
+    "  FROM kinbox_outbox_paused z)"                                           \
+    " ORDER BY o.id LIMIT "
+
 static const char claim_sql[] =
-    "WITH c AS MATERIALIZED ("
-    " SELECT o.id FROM kinbox_outbox o"
-    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
-    " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
-    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
-    "  AND p.status = 'pending' AND p.id < o.id))"
-    " AND o.destination NOT IN (SELECT z.destination"
-    "  FROM kinbox_outbox_paused z)"
-    " ORDER BY o.id LIMIT $1::integer),"
+    "WITH c AS MATERIALIZED (" HEADS_SCAN "$1::integer),"
     " h AS MATERIALIZED ("
     " SELECT t.id, t.aggregate_id, t.destination,"
     "  t.lease_owner IS NOT NULL AS reclaimed"
@@ -62,7 +64,8 @@ static const char claim_sql[] =
     "     AS ok"
     "   FROM kinbox_outbox r WHERE r.aggregate_id = h.aggregate_id"
     "   AND r.status = 'pending' AND r.id > h.id ORDER BY r.id"
-    "   LIMIT (SELECT ($1::integer - n.k) / greatest(n.k, 1) FROM n)) q"
+    "   LIMIT (SELECT least(($1::integer - n.k) / greatest(n.k, 1),"
+    "    $4::integer - 1) FROM n)) q"
     "  WHERE h.aggregate_id IS NOT NULL) x WHERE x.run),"
     " u AS (SELECT h.id, h.reclaimed FROM h"
     "  UNION ALL SELECT f.id, f.reclaimed FROM f)"
@@ -78,11 +81,15 @@ static int
 pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
          struct kinbox_rows_s **out)
 {
-        char lim[24], lease[24];
+        char lim[24], lease[24], run[24];
         snprintf(lim, sizeof(lim), "%" PRId64, req->limit);
         snprintf(lease, sizeof(lease), "%" PRId64, req->lease_ms);
-        kinbox__param_t p[3] = {{lim, 0, 0}, {lease, 0, 0}, {req->owner, 0, 0}};
-        return db->ops->query(db, claim_sql, 3, p, -1, out);
+        snprintf(run, sizeof(run), "%" PRId64, req->run_max);
+        kinbox__param_t p[4] = {{lim, 0, 0},
+                                {lease, 0, 0},
+                                {req->owner, 0, 0},
+                                {run, 0, 0}};
+        return db->ops->query(db, claim_sql, 4, p, -1, out);
 }
 
 /* "{1,2,3}" */
@@ -228,6 +235,7 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .fail = pg_fail,
     .probe = pg_probe,
     .notify_channel = "kinbox_outbox",
+    .heads_scan = HEADS_SCAN "1000",
     .affected = pg_affected,
     .append = append_sql,
     .append_id = pg_append_id,
