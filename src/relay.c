@@ -1567,7 +1567,7 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         if (r->run_max < 1)
                 r->run_max = 1;
         if (r->depth < 1 || r->depth > PIPE_MAX)
-                r->depth = 2;
+                r->depth = 1;
         r->lease_ms = kinbox__conf_int(conf, "relay.lease.ms");
         r->poll_ms = kinbox__conf_int(conf, "relay.poll.ms");
         r->base_ms = kinbox__conf_int(conf, "relay.backoff.base.ms");
