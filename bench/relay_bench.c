@@ -14,7 +14,11 @@
  *       The plain SQL drain limit of kinbox_outbox, no Kafka: one
  *       connection claims 100 pending rows in id order FOR UPDATE SKIP
  *       LOCKED, marks them sent in one statement and commits, until none
- *       is left. Prints "seconds rate rows".
+ *       is left. Both backends walk the pending-rows index of migration
+ *       0004 like the relay (PostgreSQL: an index-only read of the ids,
+ *       then the lock; the plain one-step form walks the primary key on an
+ *       analyzed table and steps over every sent row). Prints
+ *       "seconds rate rows".
  *
  *   relay_bench latency --url URL -b BOOTSTRAP -t TOPIC -n N --rate R
  *         --notify true|false [--poll-ms MS]
@@ -261,9 +265,13 @@ drain(void)
                 if (pg) {
                         PGresult *res = PQexec(
                             pg,
-                            "WITH c AS (SELECT id FROM kinbox_outbox WHERE "
-                            "status = 'pending' ORDER BY id LIMIT 100 FOR "
-                            "UPDATE SKIP LOCKED) UPDATE kinbox_outbox o SET "
+                            "WITH w AS MATERIALIZED (SELECT id FROM "
+                            "kinbox_outbox WHERE status = 'pending' AND "
+                            "next_attempt_at <= now() ORDER BY id LIMIT "
+                            "100), c AS (SELECT id FROM kinbox_outbox WHERE "
+                            "id IN (SELECT id FROM w) AND status = "
+                            "'pending' FOR UPDATE SKIP LOCKED) "
+                            "UPDATE kinbox_outbox o SET "
                             "status = 'sent', sent_at = now(), version = "
                             "o.version + 1 FROM c WHERE o.id = c.id");
                         if (PQresultStatus(res) != PGRES_COMMAND_OK) {
@@ -282,6 +290,8 @@ drain(void)
                                          "version + 1 WHERE id IN (");
                         mysql_query(my, "START TRANSACTION");
                         if (mysql_query(my, "SELECT id FROM kinbox_outbox "
+                                            "FORCE INDEX "
+                                            "(kinbox_outbox_pending) "
                                             "WHERE status = 'pending' ORDER "
                                             "BY id LIMIT 100 FOR UPDATE SKIP "
                                             "LOCKED")) {
