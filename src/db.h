@@ -167,6 +167,10 @@ typedef struct kinbox__claim_req {
         int64_t lease_ms;
         const char *owner;
         int64_t run_max; /* rows of one aggregate at most, head included */
+        /* > 0: look for heads among the first window due pending rows
+         * only (cheap when a hot aggregate's rows fill the front of the
+         * backlog); 0: walk every pending row. */
+        int64_t window;
 } kinbox__claim_req_t;
 
 /* Columns of a claim result row, in this order. */

@@ -117,6 +117,7 @@ typedef struct batch {
         item_t *v;
         size_t n;
         int64_t t0; /* claimed at (monotonic ms) */
+        int64_t us_claim; /* the claim took */
 } batch_t;
 
 struct kinbox_relay_s {
@@ -962,9 +963,20 @@ static int
 batch_claim(kinbox_relay_t *r, batch_t *b)
 {
         memset(b, 0, sizeof(*b));
+        /* Heads among the first rows of the backlog first; everything
+         * when that found nothing (an aggregate whose head waits for a
+         * retry can fill the front of the backlog with its rows). */
         kinbox__claim_req_t req = {r->cur_batch, r->lease_ms, r->owner,
-                                   r->run_max};
+                                   r->run_max, 2 * r->cur_batch};
+        int64_t us = kinbox__now_us();
         int rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);
+        if (!rc && (!b->rows || !b->rows->nrows)) {
+                kinbox_rows_destroy(b->rows);
+                b->rows = NULL;
+                req.window = 0;
+                rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);
+        }
+        b->us_claim = kinbox__now_us() - us;
         if (rc) {
                 kinbox_rows_destroy(b->rows);
                 b->rows = NULL;
@@ -1178,7 +1190,14 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
                 raise(SIGKILL);
         }
         tally_t t = {0};
+        int64_t t_mark = kinbox__now_us();
         int rc = batch_mark(r, b, &t);
+        rlog(r, KINBOX_LOG_DEBUG,
+             "batch of %zu rows: claim %lld us, published in %lld ms, "
+             "marks %lld us",
+             b->n, (long long)b->us_claim,
+             (long long)(kinbox__now_ms() - b->t0),
+             (long long)(kinbox__now_us() - t_mark));
         if (t.conflicts)
                 rlog(r, KINBOX_LOG_NOTICE,
                      "%" PRIu64 " outbox rows were taken over by another "

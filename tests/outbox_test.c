@@ -1391,8 +1391,8 @@ ParameterizedTest(int *bidx, outbox_cas_takeover, backends, .timeout = 120)
         kinbox__db_t *b = kinbox__db_new(url, NULL, e, sizeof(e));
         cr_assert(a && b && !kinbox__db_connect(a) && !kinbox__db_connect(b));
         /* A claims the whole run with a lease that is over at once. */
-        kinbox__claim_req_t ra = {100, 0, "relay-a", 100},
-                            rb = {100, 60000, "relay-b", 100};
+        kinbox__claim_req_t ra = {100, 0, "relay-a", 100, 0},
+                            rb = {100, 60000, "relay-b", 100, 0};
         struct kinbox_rows_s *ca = NULL, *cb = NULL;
         cr_assert(eq(int, a->ops->outbox->claim(a, &ra, &ca), 0), "%s",
                   a->err.msg);

@@ -39,6 +39,21 @@
         "  WHERE z.destination = o.destination)"                               \
         " ORDER BY o.id LIMIT "
 
+/* HEADS_SCAN over the first window due pending rows only. */
+#define WINDOW_SCAN                                                            \
+        "SELECT o.id FROM (SELECT w.id, w.aggregate_id, w.destination"         \
+        " FROM kinbox_outbox w FORCE INDEX (kinbox_outbox_pending)"            \
+        " WHERE w.status = 'pending'"                                          \
+        " AND w.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
+        " ORDER BY w.id LIMIT %" PRId64 ") o"                                  \
+        " WHERE (o.aggregate_id IS NULL OR NOT EXISTS ("                       \
+        "  SELECT 1 FROM kinbox_outbox p"                                      \
+        "  WHERE p.aggregate_id = o.aggregate_id"                              \
+        "  AND p.status = 'pending' AND p.id < o.id))"                         \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
+        "  WHERE z.destination = o.destination)"                               \
+        " ORDER BY o.id LIMIT %" PRId64
+
 static int64_t
 i64(const char *s)
 {
@@ -88,13 +103,18 @@ truthy(const char *s)
 
 /* Steps 1 and 2: locked heads (id, aggregate_id, destination). */
 static int
-lock_heads(kinbox__db_t *db, int64_t limit, struct kinbox_rows_s **heads)
+lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
+           struct kinbox_rows_s **heads)
 {
-        char sql[1024];
+        char sql[1536];
         struct kinbox_rows_s *cand = NULL;
         /* More candidates than wanted: relays racing for the same heads
          * each get a share instead of nothing. */
-        snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
+        if (window > 0)
+                snprintf(sql, sizeof(sql), WINDOW_SCAN, window,
+                         limit * 4);
+        else
+                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
         int rc = db->ops->query(db, sql, 0, NULL, -1, &cand);
         if (rc || !cand || !cand->nrows) {
                 kinbox_rows_destroy(cand);
@@ -233,7 +253,7 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         *out = NULL;
         struct kinbox_rows_s *h = NULL;
         claimset_t cs = {0};
-        int rc = lock_heads(db, req->limit, &h);
+        int rc = lock_heads(db, req->limit, req->window, &h);
         if (rc || !h || !h->nrows)
                 goto out;
         for (size_t i = 0; !rc && i < h->nrows; i++) {

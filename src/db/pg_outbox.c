@@ -21,13 +21,19 @@
 #include "../outbox_int.h"
 
 /*
- * $1 limit, $2 lease ms, $3 owner, $4 run_max.
+ * $1 limit, $2 lease ms, $3 owner, $4 run_max, $5 window (NULL: all).
  *
+ * w: the first $5 due pending rows in id order (index-only, pending rows
+ *    only). A window keeps the walk short when one aggregate's rows fill
+ *    the front of the backlog; the relay walks everything when a window
+ *    gave nothing (see relay.c).
  * c: candidate heads, no locks. Due pending rows in id order with no older
  *    pending row of their aggregate, destination not paused. NOT IN (a
  *    hashed subplan) for the paused table keeps the walk in id order.
  * h: the candidates still pending and due once locked (SKIP LOCKED: a row
- *    another relay is claiming right now is left to it).
+ *    another relay is claiming right now is left to it). "= ANY (ARRAY(
+ *    ...))" here and in the UPDATE: primary-key lookups whatever the
+ *    estimates (a join let the planner hash the whole table).
  * f: each head's run: the aggregate's next pending rows in id order, as
  *    long as they are due and go to the head's destination (the running
  *    bool_and stops the run at the first row that does not). Heads share
@@ -46,11 +52,22 @@
     " ORDER BY o.id LIMIT "
 
 static const char claim_sql[] =
-    "WITH c AS MATERIALIZED (" HEADS_SCAN "$1::integer),"
+    "WITH w AS MATERIALIZED ("
+    " SELECT o.id, o.aggregate_id, o.destination FROM kinbox_outbox o"
+    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
+    " ORDER BY o.id LIMIT $5::integer),"
+    " c AS MATERIALIZED ("
+    " SELECT o.id FROM w o"
+    " WHERE (o.aggregate_id IS NULL OR NOT EXISTS ("
+    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
+    "  AND p.status = 'pending' AND p.id < o.id))"
+    " AND o.destination NOT IN (SELECT z.destination"
+    "  FROM kinbox_outbox_paused z)"
+    " ORDER BY o.id LIMIT $1::integer),"
     " h AS MATERIALIZED ("
     " SELECT t.id, t.aggregate_id, t.destination,"
     "  t.lease_owner IS NOT NULL AS reclaimed"
-    " FROM kinbox_outbox t WHERE t.id IN (SELECT c.id FROM c)"
+    " FROM kinbox_outbox t WHERE t.id = ANY (ARRAY(SELECT c.id FROM c))"
     " AND t.status = 'pending' AND t.next_attempt_at <= now()"
     " ORDER BY t.id FOR UPDATE OF t SKIP LOCKED),"
     " n AS (SELECT count(*) AS k FROM h),"
@@ -72,24 +89,44 @@ static const char claim_sql[] =
     " UPDATE kinbox_outbox t SET"
     " next_attempt_at = now() + $2::bigint * interval '1 millisecond',"
     " version = t.version + 1, lease_owner = $3"
-    " FROM u WHERE t.id = u.id AND t.status = 'pending'"
+    " WHERE t.id = ANY (ARRAY(SELECT u.id FROM u)) AND t.status = 'pending'"
     " RETURNING t.id, t.version, t.kind, t.destination, t.idem_key,"
     " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"
-    " u.reclaimed, (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
+    " t.id = ANY (ARRAY(SELECT u.id FROM u WHERE u.reclaimed)),"
+    " (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
 
 static int
 pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
          struct kinbox_rows_s **out)
 {
-        char lim[24], lease[24], run[24];
+        char lim[24], lease[24], run[24], win[24];
         snprintf(lim, sizeof(lim), "%" PRId64, req->limit);
         snprintf(lease, sizeof(lease), "%" PRId64, req->lease_ms);
         snprintf(run, sizeof(run), "%" PRId64, req->run_max);
-        kinbox__param_t p[4] = {{lim, 0, 0},
+        snprintf(win, sizeof(win), "%" PRId64, req->window);
+        kinbox__param_t p[5] = {{lim, 0, 0},
                                 {lease, 0, 0},
                                 {req->owner, 0, 0},
-                                {run, 0, 0}};
-        return db->ops->query(db, claim_sql, 4, p, -1, out);
+                                {run, 0, 0},
+                                {req->window > 0 ? win : NULL, 0, 0}};
+        /* No sequential scans: the per-aggregate check of each walked row
+         * must probe an index; with a hot aggregate the planner otherwise
+         * scans the heap from its start (over every sent row) per row. */
+        int rc = db->ops->begin(db);
+        if (!rc)
+                rc = db->ops->exec(db, "SET LOCAL enable_seqscan = off", 0,
+                                   NULL, -1);
+        if (!rc)
+                rc = db->ops->query(db, claim_sql, 5, p, -1, out);
+        if (!rc)
+                rc = db->ops->commit(db);
+        if (rc && db->in_tx)
+                db->ops->rollback(db);
+        if (rc) {
+                kinbox_rows_destroy(*out);
+                *out = NULL;
+        }
+        return rc;
 }
 
 /* "{1,2,3}" */
