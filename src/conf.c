@@ -72,7 +72,7 @@ static const prop_t props[] = {
 {"prune.batch", P_INT, "1000", 1, 1000000, NULL,
  "Rows deleted per pruning statement."},
 {"relay.batch.size", P_INT, "1000", 1, 100000, NULL,
- "Most outbox rows one relay claim takes. Claims follow the backlog: they start at 16 rows, double after a full claim and halve after a claim less than half full, within this bound. Also bounds the run of one aggregate's consecutive rows claimed together."},
+ "Most outbox rows one relay claim takes. Claims follow the backlog: they start at this size, halve after a claim less than half full (down to 16) and double after a full one. Also bounds the run of one aggregate's consecutive rows claimed together."},
 {"relay.run.max", P_INT, "1000", 1, 100000, NULL,
  "Most consecutive pending rows of one aggregate (same destination, in order) one claim takes together; 1 claims only the oldest pending row of each aggregate. If a row of a run fails, the rows after it go back to pending untouched (no attempt charged) and stay behind it."},
 {"relay.pipeline", P_INT, "1", 1, 4, NULL,

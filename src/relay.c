@@ -1266,8 +1266,10 @@ reap(kinbox_relay_t *r)
         return finished;
 }
 
-/* Batch size follows the backlog: doubled after a full claim, halved
- * after a claim that filled less than half, within [BATCH_MIN, batch]. */
+/* Batch size follows the backlog: it starts at relay.batch.size, is
+ * halved after a claim that filled less than half of it and doubled after
+ * a full one, within [BATCH_MIN, batch]. A small claim keeps the window
+ * of the next one (and the MariaDB candidate read) short. */
 static void
 resize(kinbox_relay_t *r, int64_t claimed)
 {
@@ -1747,7 +1749,7 @@ kinbox_relay_run(kinbox_relay_t *r)
         producer_warm(r);
         listen_open(r);
         poke_register(r, true);
-        r->cur_batch = BATCH_MIN < r->batch ? BATCH_MIN : r->batch;
+        r->cur_batch = r->batch;
         r->idle_ms = POLL_MIN_MS;
         rlog(r, KINBOX_LOG_INFO,
              "relay %s started (%s, batch %" PRId64 ", lease %" PRId64
