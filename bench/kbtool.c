@@ -13,6 +13,14 @@
  *       Prints "low_sum high_sum committed_sum" over the topic's partitions
  *       (committed offsets of GROUP; a partition without one counts 0).
  *
+ *   kbtool order -b BOOTSTRAP -t TOPIC -n N
+ *       Reads the whole topic (every partition from the start) and checks
+ *       per-aggregate order: per key, the number after "o-" in the payload
+ *       (the row's append sequence) never goes back (a repeat of the last
+ *       one, an at-least-once duplicate, is allowed). Prints
+ *       "messages keys violations duplicates"; exit 1 on a violation or
+ *       fewer than N messages.
+ *
  *   kbtool produce -b BOOTSTRAP -t TOPIC -n N [-a AGGREGATES]
  *       A plain librdkafka idempotent producer pushing N messages shaped as
  *       the relay's (key = aggregate, message_id header, ~60-byte payload).
@@ -221,6 +229,106 @@ dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *o)
                 delivered++;
 }
 
+typedef struct keyseq {
+        char *key;
+        long long last;
+} keyseq_t;
+
+static int
+cmp_ks(const void *a, const void *b)
+{
+        return strcmp(((const keyseq_t *)a)->key, ((const keyseq_t *)b)->key);
+}
+
+static int
+cmd_order(int argc, char **argv)
+{
+        const char *b = NULL, *t = NULL;
+        long long want = 0;
+        for (int i = 0; i + 1 < argc; i += 2) {
+                if (!strcmp(argv[i], "-b")) b = argv[i + 1];
+                else if (!strcmp(argv[i], "-t")) t = argv[i + 1];
+                else if (!strcmp(argv[i], "-n")) want = atoll(argv[i + 1]);
+        }
+        if (!b || !t)
+                return 2;
+        rd_kafka_t *rk = mk(RD_KAFKA_CONSUMER, b, "kbtool-order");
+        if (!rk)
+                return 1;
+        const struct rd_kafka_metadata *md = NULL;
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, t, NULL);
+        if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) || !md->topic_cnt)
+                return 1;
+        int np = md->topics[0].partition_cnt;
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(rkt);
+        rd_kafka_topic_partition_list_t *l =
+            rd_kafka_topic_partition_list_new(np);
+        long long total = 0;
+        for (int p = 0; p < np; p++) {
+                int64_t lo = 0, hi = 0;
+                rd_kafka_query_watermark_offsets(rk, t, p, &lo, &hi, 10000);
+                total += hi - lo;
+                rd_kafka_topic_partition_list_add(l, t, p)->offset = lo;
+        }
+        rd_kafka_assign(rk, l);
+        rd_kafka_topic_partition_list_destroy(l);
+        size_t cap = 1024, nk = 0;
+        keyseq_t *ks = calloc(cap, sizeof(*ks));
+        long long got = 0, bad = 0, dups = 0;
+        double t0 = now_rt();
+        while (got < total && now_rt() - t0 < 300) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 500);
+                if (!m)
+                        continue;
+                if (m->err) {
+                        rd_kafka_message_destroy(m);
+                        continue;
+                }
+                got++;
+                char key[256] = "", val[512] = "";
+                snprintf(key, sizeof(key), "%.*s", (int)m->key_len,
+                         m->key ? (const char *)m->key : "");
+                snprintf(val, sizeof(val), "%.*s", (int)m->len,
+                         m->payload ? (const char *)m->payload : "");
+                rd_kafka_message_destroy(m);
+                const char *o = strstr(val, "o-");
+                long long seq = o ? atoll(o + 2) : -1;
+                keyseq_t probe = {key, 0};
+                keyseq_t *k = nk ? bsearch(&probe, ks, nk, sizeof(*ks), cmp_ks)
+                                 : NULL;
+                if (!k) {
+                        if (nk == cap)
+                                ks = realloc(ks, (cap *= 2) * sizeof(*ks));
+                        size_t lo = 0, hi = nk;
+                        while (lo < hi) {
+                                size_t mid = (lo + hi) / 2;
+                                if (strcmp(ks[mid].key, key) < 0)
+                                        lo = mid + 1;
+                                else
+                                        hi = mid;
+                        }
+                        memmove(ks + lo + 1, ks + lo, (nk - lo) * sizeof(*ks));
+                        ks[lo].key = strdup(key);
+                        ks[lo].last = seq;
+                        nk++;
+                        continue;
+                }
+                if (seq == k->last)
+                        dups++;
+                else if (seq < k->last)
+                        bad++;
+                k->last = seq;
+        }
+        rd_kafka_consumer_close(rk);
+        rd_kafka_destroy(rk);
+        printf("%lld %zu %lld %lld\n", got, nk, bad, dups);
+        for (size_t i = 0; i < nk; i++)
+                free(ks[i].key);
+        free(ks);
+        return bad || got < want ? 1 : 0;
+}
+
 static int
 cmd_produce(int argc, char **argv)
 {
@@ -296,6 +404,8 @@ main(int argc, char **argv)
                 return cmd_wait(argc - 2, argv + 2);
         if (!strcmp(argv[1], "offsets"))
                 return cmd_offsets(argc - 2, argv + 2);
+        if (!strcmp(argv[1], "order"))
+                return cmd_order(argc - 2, argv + 2);
         if (!strcmp(argv[1], "produce"))
                 return cmd_produce(argc - 2, argv + 2);
         fprintf(stderr, "kbtool: unknown command %s\n", argv[1]);

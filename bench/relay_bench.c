@@ -10,9 +10,21 @@
  *       moment the relays' counters say N rows were acknowledged by the
  *       broker and marked sent. Prints "seconds rate conflicts".
  *
+ *   relay_bench drain --url URL
+ *       The plain SQL drain limit of kinbox_outbox, no Kafka: one
+ *       connection claims 100 pending rows in id order FOR UPDATE SKIP
+ *       LOCKED, marks them sent in one statement and commits, until none
+ *       is left. Both backends walk the pending-rows index of migration
+ *       0004 like the relay (PostgreSQL: an index-only read of the ids,
+ *       then the lock; the plain one-step form walks the primary key on an
+ *       analyzed table and steps over every sent row). Prints
+ *       "seconds rate rows".
+ *
  *   relay_bench latency --url URL -b BOOTSTRAP -t TOPIC -n N --rate R
  *         --notify true|false [--poll-ms MS]
- *       One relay; this process appends N rows at R rows/s, each in its own
+ *       One relay, started together with the appends (the relay's first
+ *       second is measured too); this process appends N rows at R rows/s,
+ *       each in its own
  *       committed transaction (kinbox_outbox_append_pg/_mysql), waits until
  *       all are sent, and prints "p50_ms p99_ms max_ms" of sent_at -
  *       created_at (database clock: the single-row appending transaction's
@@ -155,7 +167,6 @@ latency(void)
         kinbox_relay_t *r = mk_relay(1);
         pthread_t th;
         pthread_create(&th, NULL, run_relay, r);
-        sleep(1); /* connected and listening */
         double t0 = now_mono();
         for (long i = 0; i < n; i++) {
                 double due = t0 + (double)i / rate;
@@ -230,6 +241,92 @@ latency(void)
         return 0;
 }
 
+static int
+drain(void)
+{
+        int is_my = !strncmp(url, "mysql://", 8);
+        char err[512];
+        PGconn *pg = NULL;
+        MYSQL *my = NULL;
+        if (is_my) {
+                if (!(my = bench_mysql_connect(url, err, sizeof(err)))) {
+                        fprintf(stderr, "relay_bench: %s\n", err);
+                        return 1;
+                }
+        } else {
+                pg = PQconnectdb(url);
+                if (PQstatus(pg) != CONNECTION_OK)
+                        return 1;
+        }
+        long total = 0;
+        double t0 = now_mono();
+        for (;;) {
+                long got = 0;
+                if (pg) {
+                        PGresult *res = PQexec(
+                            pg,
+                            "WITH w AS MATERIALIZED (SELECT id FROM "
+                            "kinbox_outbox WHERE status = 'pending' AND "
+                            "next_attempt_at <= now() ORDER BY id LIMIT "
+                            "100), c AS (SELECT id FROM kinbox_outbox WHERE "
+                            "id IN (SELECT id FROM w) AND status = "
+                            "'pending' FOR UPDATE SKIP LOCKED) "
+                            "UPDATE kinbox_outbox o SET "
+                            "status = 'sent', sent_at = now(), version = "
+                            "o.version + 1 FROM c WHERE o.id = c.id");
+                        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+                                fprintf(stderr, "relay_bench: %s",
+                                        PQresultErrorMessage(res));
+                                return 1;
+                        }
+                        got = atol(PQcmdTuples(res));
+                        PQclear(res);
+                } else {
+                        char q[8192];
+                        int k = snprintf(q, sizeof(q),
+                                         "UPDATE kinbox_outbox SET status = "
+                                         "'sent', sent_at = "
+                                         "CURRENT_TIMESTAMP(6), version = "
+                                         "version + 1 WHERE id IN (");
+                        mysql_query(my, "START TRANSACTION");
+                        if (mysql_query(my, "SELECT id FROM kinbox_outbox "
+                                            "FORCE INDEX "
+                                            "(kinbox_outbox_pending) "
+                                            "WHERE status = 'pending' ORDER "
+                                            "BY id LIMIT 100 FOR UPDATE SKIP "
+                                            "LOCKED")) {
+                                fprintf(stderr, "relay_bench: %s\n",
+                                        mysql_error(my));
+                                return 1;
+                        }
+                        MYSQL_RES *res = mysql_store_result(my);
+                        MYSQL_ROW row;
+                        while ((row = mysql_fetch_row(res)))
+                                k += snprintf(q + k, sizeof(q) - (size_t)k,
+                                              "%s%s", got++ ? "," : "",
+                                              row[0]);
+                        mysql_free_result(res);
+                        snprintf(q + k, sizeof(q) - (size_t)k, ")");
+                        if (got && mysql_query(my, q)) {
+                                fprintf(stderr, "relay_bench: %s\n",
+                                        mysql_error(my));
+                                return 1;
+                        }
+                        mysql_query(my, "COMMIT");
+                }
+                if (!got)
+                        break;
+                total += got;
+        }
+        double dt = now_mono() - t0;
+        printf("%.6f %.1f %ld\n", dt, total / dt, total);
+        if (pg)
+                PQfinish(pg);
+        else
+                mysql_close(my);
+        return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -248,6 +345,8 @@ main(int argc, char **argv)
                 else if (!strcmp(a, "--batch")) batch = v;
                 else { fprintf(stderr, "relay_bench: unknown %s\n", a); return 2; }
         }
+        if (url && !strcmp(argv[1], "drain"))
+                return drain();
         if (!url || !bootstrap || n <= 0 || nrelays < 1 || nrelays > 8)
                 return 2;
         if (!strcmp(argv[1], "throughput"))

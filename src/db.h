@@ -162,6 +162,9 @@ struct kinbox__db_ops {
                             bool *is_new);
         /* Dialect SQL for the statements that differ. */
         const struct kinbox__sql *sql;
+        /* The outbox's and relay's statements (db/pg_outbox.c,
+         * db/mysql_outbox.c). */
+        const struct kinbox__outbox_ops *outbox;
 };
 
 /*
@@ -226,6 +229,97 @@ bool kinbox__db_is(const kinbox__db_t *db, kinbox_backend_t b);
 /* The native connection for a handler asking for backend b (flushing
  * what is queued), or NULL when db is another backend or is down. */
 void *kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b);
+
+/*
+ * The outbox writer's, operator calls' and relay's statements, one table
+ * per backend, so outbox.c and relay.c hold no dialect SQL. Every call runs
+ * on db's connection in the calling thread; return codes as for
+ * kinbox__db_ops. Counts (done) say how many rows a guarded UPDATE changed:
+ * fewer than asked means another relay or an operator changed them first.
+ */
+
+/* One claim: up to limit rows, heads of their aggregates first, then runs
+ * of those aggregates' next pending rows (same destination, due, in id
+ * order; run_max rows of one aggregate at most). Leases for lease_ms to
+ * owner. $4 of the PostgreSQL claim is run_max. */
+typedef struct kinbox__claim_req {
+        int64_t limit;
+        int64_t lease_ms;
+        const char *owner;
+        int64_t run_max; /* rows of one aggregate at most, head included */
+        /* > 0: look for heads among the first window due pending rows
+         * only (cheap when a hot aggregate's rows fill the front of the
+         * backlog); 0: walk every pending row. */
+        int64_t window;
+} kinbox__claim_req_t;
+
+/* Columns of a claim result row, in this order. */
+enum {
+        KINBOX__CL_ID,          /* bigint */
+        KINBOX__CL_VERSION,     /* version after the claim's bump */
+        KINBOX__CL_KIND,        /* 'event' / 'action' */
+        KINBOX__CL_DESTINATION,
+        KINBOX__CL_IDEM_KEY,
+        KINBOX__CL_AGGREGATE,   /* NULL: no aggregate */
+        KINBOX__CL_PAYLOAD,     /* binary, NULL allowed */
+        KINBOX__CL_HEADERS,     /* JSON text, NULL allowed */
+        KINBOX__CL_ATTEMPTS,
+        KINBOX__CL_MAX_ATTEMPTS,
+        KINBOX__CL_RECLAIMED,   /* 't'/'1': a lease of another relay expired */
+        KINBOX__CL_AGE_MS,      /* now - created_at at claim time */
+        KINBOX__CL_NCOLS
+};
+
+struct kinbox__outbox_ops {
+        /* Claim and commit (opens and ends its own transaction). *out gets
+         * the claimed rows (NULL or 0 rows: nothing due). */
+        int (*claim)(kinbox__db_t *db, const kinbox__claim_req_t *req,
+                     struct kinbox_rows_s **out);
+        /* Set-based, autocommit: status sent / lease handed back (pending,
+         * due now, no attempt charged) for the rows whose (id, version)
+         * still match and that are still pending. */
+        int (*mark_sent)(kinbox__db_t *db, size_t n, const int64_t *ids,
+                         const int64_t *versions, uint64_t *done);
+        int (*release)(kinbox__db_t *db, size_t n, const int64_t *ids,
+                       const int64_t *versions, uint64_t *done);
+        /* One failed attempt: attempts + 1, status 'dead' or 'pending'
+         * with next_attempt_at = now + delay_ms, last_error = err. */
+        int (*fail)(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
+                    const char *err, int64_t delay_ms, uint64_t *done);
+        /* LISTEN channel the table's trigger notifies on commit (NULL:
+         * none, the relay polls). */
+        const char *notify_channel;
+        /* The claim's walk over pending rows (its first step), LIMIT 1000,
+         * no parameters: for EXPLAIN in tests and benchmarks, which check
+         * that it reads the pending-rows index only. */
+        const char *heads_scan;
+        /* Cheap index-only probe: *due = some pending row is due now. */
+        int (*probe)(kinbox__db_t *db, bool *due);
+        /* An UPDATE (sql in this backend's dialect, $n placeholders) and
+         * the number of rows it changed. */
+        int (*affected)(kinbox__db_t *db, const char *sql, int n,
+                        const kinbox__param_t *p, uint64_t *count);
+        /* Append, queued like exec() (a duplicate is a silent no-op):
+         * $1 kind $2 destination $3 idem_key $4 aggregate_id $5 payload
+         * (binary) $6 headers (JSON) $7 max_attempts. */
+        const char *append;
+        /* The same append, run now in the open transaction; *idp = the new
+         * id, or 0 for a duplicate. */
+        int (*append_id)(kinbox__db_t *db, const kinbox__param_t *p, int tag,
+                         int64_t *idp);
+        /* Operator statements ($1 id / destination, '' = all). Each is an
+         * UPDATE for affected(). */
+        const char *requeue_id, *cancel_id, *requeue_dest, *cancel_dest;
+        /* List: $1 after id, $2 status ('' any), $3 destination ('' any);
+         * the caller appends " LIMIT n". Columns: id, status, destination, idem_key,
+         * aggregate_id, attempts, max_attempts, last_error, created_at,
+         * next_attempt_at (NULL unless pending), payload size, sent_at,
+         * version. */
+        const char *list;
+};
+
+extern const struct kinbox__outbox_ops kinbox__pg_outbox_ops;
+extern const struct kinbox__outbox_ops kinbox__mysql_outbox_ops;
 
 /* Backends. */
 extern const struct kinbox__db_ops kinbox__pg_ops;

@@ -1,7 +1,9 @@
 /*
- * outbox.c -- the outbox writer (append in a kinbox transaction or on the
- * caller's own PGconn / MYSQL) and the operator calls (requeue, cancel,
- * list). The relay lives in relay.c.
+ * outbox.c -- the outbox writer (append in a kinbox transaction; the
+ * appends on the caller's own PGconn / MYSQL live with their backend's
+ * statements in db/pg_outbox.c and db/mysql_outbox.c) and the operator
+ * calls (requeue, cancel, list). The relay lives in relay.c. No dialect
+ * SQL here: every statement comes from db->ops->outbox.
  *
  * Headers are stored as JSON text so operators can read them:
  *   [["name","utf-8 value"],["name",null],["name",{"b64":"..."}]]
@@ -14,42 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <libpq-fe.h>
-#include <mysql.h>
-
 #include "db.h"
 #include "hdrcodec.h"
 #include "internal.h"
+#include "outbox_int.h"
 #include "tx.h"
 
-/* Shared with relay.c. */
-kinbox__db_t *kinbox__outbox_db_open(const kinbox_conf_t *conf, char *errstr,
-                                     size_t errstr_size);
-int kinbox__outbox_headers_json(kinbox__buf_t *b, const kinbox_header_t *h,
-                                size_t n);
-int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
-                            const kinbox__param_t *p, uint64_t *countp);
-
-/* ---------------------------------------------------------------- SQL */
-
-#define OUTBOX_COLS                                                            \
-        "kind, destination, idem_key, aggregate_id, payload, headers, "        \
-        "max_attempts"
-
-static const char pg_append_sql[] =
-    "INSERT INTO kinbox_outbox (" OUTBOX_COLS ") "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7::integer) "
-    "ON CONFLICT (destination, idem_key) DO NOTHING RETURNING id";
-
-/* The duplicate branch sets LAST_INSERT_ID() to 0, so that a following
- * SELECT LAST_INSERT_ID() says "new id" or "duplicate" exactly. */
-static const char my_append_sql[] =
-    "INSERT INTO kinbox_outbox (" OUTBOX_COLS ") "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7) "
-    "ON DUPLICATE KEY UPDATE id = id + LAST_INSERT_ID(0)";
-
-static const char find_id_sql[] =
-    "SELECT id FROM kinbox_outbox WHERE destination = $1 AND idem_key = $2";
+#define OB(db) ((db)->ops->outbox)
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -70,17 +43,10 @@ kinbox__outbox_headers_json(kinbox__buf_t *b, const kinbox_header_t *h,
         return b->oom ? -2 : 0;
 }
 
-/* Validated, ready-to-bind form of a message. */
-typedef struct prepared {
-        const char *kind;
-        char maxbuf[16];
-        kinbox__buf_t headers;
-        bool has_headers;
-} prepared_t;
-
-static kinbox_err_t
-prepare(const kinbox_outbox_msg_t *m, prepared_t *pr, char *errstr,
-        size_t errstr_size)
+kinbox_err_t
+kinbox__outbox_prepare(const kinbox_outbox_msg_t *m,
+                       kinbox__outbox_prepared_t *pr, char *errstr,
+                       size_t errstr_size)
 {
         memset(pr, 0, sizeof(*pr));
         kinbox__buf_init(&pr->headers);
@@ -140,15 +106,16 @@ prepare(const kinbox_outbox_msg_t *m, prepared_t *pr, char *errstr,
         return KINBOX_OK;
 }
 
-static void
-prepared_free(prepared_t *pr)
+void
+kinbox__outbox_prepared_free(kinbox__outbox_prepared_t *pr)
 {
         kinbox__buf_free(&pr->headers);
 }
 
-static void
-fill_params(const kinbox_outbox_msg_t *m, const prepared_t *pr,
-            kinbox__param_t p[7])
+void
+kinbox__outbox_params(const kinbox_outbox_msg_t *m,
+                      const kinbox__outbox_prepared_t *pr,
+                      kinbox__param_t p[7])
 {
         memset(p, 0, sizeof(kinbox__param_t) * 7);
         p[0].v = pr->kind;
@@ -184,7 +151,8 @@ find_existing(kinbox__db_t *db, const kinbox_outbox_msg_t *m, int tag,
 {
         kinbox__param_t p[2] = {{m->destination, 0, 0}, {m->idem_key, 0, 0}};
         struct kinbox_rows_s *rows = NULL;
-        int rc = db->ops->query(db, find_id_sql, 2, p, tag, &rows);
+        int rc = db->ops->query(db, KINBOX__OUTBOX_FIND_ID_SQL, 2, p, tag,
+                                &rows);
         if (rc)
                 return (kinbox_err_t)rc;
         *idp = rows && rows->nrows ? parse_i64(rows->values[0]) : 0;
@@ -200,246 +168,36 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
                 return KINBOX_ERR_INVALID;
         kinbox__db_t *db = kinbox__tx_db(tx);
         int tag = kinbox__tx_tag(tx);
-        prepared_t pr;
+        kinbox__outbox_prepared_t pr;
         char err[256];
-        kinbox_err_t rc = prepare(m, &pr, err, sizeof(err));
+        kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, err, sizeof(err));
         if (rc) {
                 kinbox__db_seterr(db, rc, "", 0, tag, "%s", err);
                 return rc;
         }
         kinbox__param_t p[7];
-        fill_params(m, &pr, p);
-        bool pg = db->backend == KINBOX_BACKEND_POSTGRESQL;
-        struct kinbox_rows_s *rows = NULL;
-
+        kinbox__outbox_params(m, &pr, p);
+        int64_t id = 0;
         if (!idp) {
                 /* Pipelined: ON CONFLICT / ON DUPLICATE KEY make a duplicate
                  * a no-op, so nothing needs to be read back. */
-                rc = (kinbox_err_t)db->ops->exec(
-                    db, pg ? pg_append_sql : my_append_sql, 7, p, tag);
-                prepared_free(&pr);
-                return rc;
-        }
-        if (pg) {
-                rc = (kinbox_err_t)db->ops->query(db, pg_append_sql, 7, p, tag,
-                                                  &rows);
+                rc = (kinbox_err_t)db->ops->exec(db, OB(db)->append, 7, p,
+                                                 tag);
         } else {
-                rc = (kinbox_err_t)db->ops->exec(db, my_append_sql, 7, p, tag);
-                if (!rc)
-                        rc = (kinbox_err_t)db->ops->query(
-                            db, "SELECT LAST_INSERT_ID()", 0, NULL, tag,
-                            &rows);
+                rc = (kinbox_err_t)OB(db)->append_id(db, p, tag, &id);
         }
-        prepared_free(&pr);
-        if (rc) {
-                kinbox_rows_destroy(rows);
+        kinbox__outbox_prepared_free(&pr);
+        if (rc)
                 return rc;
-        }
-        int64_t id = rows && rows->nrows ? parse_i64(rows->values[0]) : 0;
-        kinbox_rows_destroy(rows);
+        /* Not committed yet: local relays poll closely for a while. */
+        kinbox__relay_poke();
+        if (!idp)
+                return KINBOX_OK;
         if (id > 0) {
                 *idp = id;
                 return KINBOX_OK;
         }
         return find_existing(db, m, tag, idp);
-}
-
-KINBOX_API kinbox_err_t
-kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
-                        int64_t *idp, char *errstr, size_t errstr_size)
-{
-        if (!conn) {
-                kinbox__errstr(errstr, errstr_size, "no connection");
-                return KINBOX_ERR_INVALID;
-        }
-        prepared_t pr;
-        kinbox_err_t rc = prepare(m, &pr, errstr, errstr_size);
-        if (rc)
-                return rc;
-        kinbox__param_t p[7];
-        fill_params(m, &pr, p);
-        const char *vals[7];
-        int lens[7], fmts[7];
-        for (int i = 0; i < 7; i++) {
-                vals[i] = p[i].v;
-                lens[i] = p[i].binary ? (int)p[i].len : 0;
-                fmts[i] = p[i].binary;
-        }
-        PGresult *res = PQexecParams(conn, pg_append_sql, 7, NULL, vals, lens,
-                                     fmts, 0);
-        prepared_free(&pr);
-        ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
-        if (st != PGRES_TUPLES_OK) {
-                const char *sqlstate =
-                    res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-                bool conn_lost = PQstatus(conn) != CONNECTION_OK ||
-                                 (sqlstate && !strncmp(sqlstate, "08", 2));
-                kinbox__errstr(errstr, errstr_size,
-                               "outbox append: SQLSTATE %s: %s",
-                               sqlstate ? sqlstate : "?????",
-                               res ? PQresultErrorMessage(res)
-                                   : PQerrorMessage(conn));
-                PQclear(res);
-                return conn_lost ? KINBOX_ERR_DB_CONN : KINBOX_ERR_DB;
-        }
-        int64_t id = PQntuples(res) ? parse_i64(PQgetvalue(res, 0, 0)) : 0;
-        PQclear(res);
-        if (id > 0) {
-                if (idp)
-                        *idp = id;
-                return KINBOX_OK;
-        }
-        if (idp) {
-                const char *fv[2] = {m->destination, m->idem_key};
-                res = PQexecParams(conn, find_id_sql, 2, NULL, fv, NULL, NULL,
-                                   0);
-                if (res && PQresultStatus(res) == PGRES_TUPLES_OK &&
-                    PQntuples(res))
-                        *idp = parse_i64(PQgetvalue(res, 0, 0));
-                else
-                        *idp = 0;
-                PQclear(res);
-        }
-        return KINBOX_ERR_DUPLICATE;
-}
-
-/* Append 'text' as a quoted, escaped MySQL literal (or NULL). */
-static int
-my_literal(kinbox__buf_t *b, MYSQL *conn, const char *s, size_t n, bool bin)
-{
-        if (!s) {
-                kinbox__buf_adds(b, "NULL");
-                return b->oom ? -1 : 0;
-        }
-        if (bin) {
-                /* Hex literal: independent of sql_mode and charset. */
-                static const char hex[] = "0123456789abcdef";
-                kinbox__buf_adds(b, "X'");
-                for (size_t i = 0; i < n; i++) {
-                        unsigned char c = (unsigned char)s[i];
-                        char h[2] = {hex[c >> 4], hex[c & 15]};
-                        kinbox__buf_add(b, h, 2);
-                }
-                kinbox__buf_add(b, "'", 1);
-                return b->oom ? -1 : 0;
-        }
-        char *tmp = malloc(2 * n + 1);
-        if (!tmp)
-                return -1;
-        unsigned long k = mysql_real_escape_string(conn, tmp, s,
-                                                   (unsigned long)n);
-        kinbox__buf_add(b, "'", 1);
-        kinbox__buf_add(b, tmp, k);
-        kinbox__buf_add(b, "'", 1);
-        free(tmp);
-        return b->oom ? -1 : 0;
-}
-
-static kinbox_err_t
-my_error(MYSQL *conn, const char *what, char *errstr, size_t errstr_size)
-{
-        unsigned int e = mysql_errno(conn);
-        kinbox__errstr(errstr, errstr_size, "outbox append: %s: MySQL %u: %s",
-                       what, e, mysql_error(conn));
-        if (e == 2006 || e == 2013 || e == 2002 || e == 2003)
-                return KINBOX_ERR_DB_CONN;
-        return KINBOX_ERR_DB;
-}
-
-static kinbox_err_t
-my_scalar(MYSQL *conn, const char *sql, size_t len, int64_t *out,
-          char *errstr, size_t errstr_size)
-{
-        if (mysql_real_query(conn, sql, (unsigned long)len))
-                return my_error(conn, "query", errstr, errstr_size);
-        MYSQL_RES *res = mysql_store_result(conn);
-        if (!res)
-                return my_error(conn, "result", errstr, errstr_size);
-        MYSQL_ROW row = mysql_fetch_row(res);
-        *out = row && row[0] ? parse_i64(row[0]) : 0;
-        mysql_free_result(res);
-        return KINBOX_OK;
-}
-
-KINBOX_API kinbox_err_t
-kinbox_outbox_append_mysql(struct st_mysql *conn,
-                           const kinbox_outbox_msg_t *m, int64_t *idp,
-                           char *errstr, size_t errstr_size)
-{
-        if (!conn) {
-                kinbox__errstr(errstr, errstr_size, "no connection");
-                return KINBOX_ERR_INVALID;
-        }
-        prepared_t pr;
-        kinbox_err_t rc = prepare(m, &pr, errstr, errstr_size);
-        if (rc)
-                return rc;
-        kinbox__buf_t q;
-        kinbox__buf_init(&q);
-        kinbox__buf_adds(&q, "INSERT INTO kinbox_outbox (" OUTBOX_COLS
-                             ") VALUES (");
-        int bad = 0;
-        bad |= my_literal(&q, conn, pr.kind, strlen(pr.kind), false);
-        kinbox__buf_add(&q, ",", 1);
-        bad |= my_literal(&q, conn, m->destination, strlen(m->destination),
-                          false);
-        kinbox__buf_add(&q, ",", 1);
-        bad |= my_literal(&q, conn, m->idem_key, strlen(m->idem_key), false);
-        kinbox__buf_add(&q, ",", 1);
-        bad |= my_literal(&q, conn, m->aggregate_id,
-                          m->aggregate_id ? strlen(m->aggregate_id) : 0, false);
-        kinbox__buf_add(&q, ",", 1);
-        bad |= my_literal(&q, conn,
-                          m->payload ? (const char *)m->payload : NULL,
-                          m->payload_size, true);
-        kinbox__buf_add(&q, ",", 1);
-        bad |= my_literal(&q, conn, pr.has_headers ? pr.headers.p : NULL,
-                          pr.headers.len, false);
-        kinbox__buf_printf(&q,
-                           ",%d) "
-                           "ON DUPLICATE KEY UPDATE id = id + "
-                           "LAST_INSERT_ID(0)",
-                           m->max_attempts);
-        prepared_free(&pr);
-        if (bad || q.oom) {
-                kinbox__buf_free(&q);
-                kinbox__errstr(errstr, errstr_size, "out of memory");
-                return KINBOX_ERR_NOMEM;
-        }
-        if (mysql_real_query(conn, q.p, (unsigned long)q.len)) {
-                kinbox__buf_free(&q);
-                return my_error(conn, "insert", errstr, errstr_size);
-        }
-        kinbox__buf_free(&q);
-        int64_t id = 0;
-        static const char lid[] = "SELECT LAST_INSERT_ID()";
-        rc = my_scalar(conn, lid, sizeof(lid) - 1, &id, errstr, errstr_size);
-        if (rc)
-                return rc;
-        if (id > 0) {
-                if (idp)
-                        *idp = id;
-                return KINBOX_OK;
-        }
-        if (idp) {
-                kinbox__buf_t s;
-                kinbox__buf_init(&s);
-                kinbox__buf_adds(&s, "SELECT id FROM kinbox_outbox WHERE "
-                                     "destination = ");
-                bad = my_literal(&s, conn, m->destination,
-                                 strlen(m->destination), false);
-                kinbox__buf_adds(&s, " AND idem_key = ");
-                bad |= my_literal(&s, conn, m->idem_key, strlen(m->idem_key),
-                                  false);
-                *idp = 0;
-                if (!bad && !s.oom)
-                        rc = my_scalar(conn, s.p, s.len, idp, errstr,
-                                       errstr_size);
-                kinbox__buf_free(&s);
-                if (rc)
-                        return rc;
-        }
-        return KINBOX_ERR_DUPLICATE;
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -462,32 +220,12 @@ kinbox__outbox_db_open(const kinbox_conf_t *conf, char *errstr,
         return db;
 }
 
-/*
- * Run an UPDATE and tell how many rows it changed. PostgreSQL: sql must be
- * "WITH u AS (UPDATE ... RETURNING 1) SELECT count(*) FROM u"; MySQL: the
- * plain UPDATE, followed by SELECT ROW_COUNT() on the same connection.
- */
+/* Run an UPDATE and tell how many rows it changed (prune.c). */
 int
 kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
                         const kinbox__param_t *p, uint64_t *countp)
 {
-        struct kinbox_rows_s *rows = NULL;
-        int rc;
-        if (db->backend == KINBOX_BACKEND_POSTGRESQL) {
-                rc = db->ops->query(db, sql, n, p, -1, &rows);
-        } else {
-                rc = db->ops->exec(db, sql, n, p, -1);
-                if (!rc)
-                        rc = db->ops->query(db, "SELECT ROW_COUNT()", 0, NULL,
-                                            -1, &rows);
-        }
-        if (!rc && countp) {
-                int64_t v = rows && rows->nrows ? parse_i64(rows->values[0])
-                                                : 0;
-                *countp = v > 0 ? (uint64_t)v : 0;
-        }
-        kinbox_rows_destroy(rows);
-        return rc;
+        return OB(db)->affected(db, sql, n, p, countp);
 }
 
 /* ---------------------------------------------------------------- admin */
@@ -561,33 +299,20 @@ admin_connect(kinbox_outbox_admin_t *adm)
 }
 
 static kinbox_err_t
-admin_update(kinbox_outbox_admin_t *adm, const char *pg_sql,
-             const char *my_sql, int n, const kinbox__param_t *p,
-             uint64_t *countp)
+admin_update(kinbox_outbox_admin_t *adm, const char *sql, int n,
+             const kinbox__param_t *p, uint64_t *countp)
 {
         kinbox_err_t rc = admin_connect(adm);
         if (rc)
                 return rc;
-        bool pg = adm->db->backend == KINBOX_BACKEND_POSTGRESQL;
         uint64_t count = 0;
-        int r = kinbox__outbox_affected(adm->db, pg ? pg_sql : my_sql, n, p,
-                                        &count);
+        int r = OB(adm->db)->affected(adm->db, sql, n, p, &count);
         if (r)
                 return admin_fail(adm, r);
         if (countp)
                 *countp = count;
         return KINBOX_OK;
 }
-
-#define PG_REQUEUE_SET                                                         \
-        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "          \
-        "next_attempt_at = now(), version = version + 1, lease_owner = NULL "
-#define MY_REQUEUE_SET                                                         \
-        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "          \
-        "next_attempt_at = CURRENT_TIMESTAMP(6), version = version + 1, "          \
-        "lease_owner = NULL "
-#define PG_COUNT_NOTIFY                                                        \
-        " RETURNING 1) SELECT count(*), pg_notify('kinbox_outbox', '') FROM u"
 
 KINBOX_API kinbox_err_t
 kinbox_outbox_requeue(kinbox_outbox_admin_t *adm, int64_t id)
@@ -598,12 +323,7 @@ kinbox_outbox_requeue(kinbox_outbox_admin_t *adm, int64_t id)
         snprintf(idbuf, sizeof(idbuf), "%" PRId64, id);
         kinbox__param_t p[1] = {{idbuf, 0, 0}};
         uint64_t n = 0;
-        kinbox_err_t rc = admin_update(
-            adm,
-            "WITH u AS (" PG_REQUEUE_SET
-            "WHERE id = $1::bigint AND status IN ('dead', 'canceled')" PG_COUNT_NOTIFY,
-            MY_REQUEUE_SET "WHERE id = $1 AND status IN ('dead', 'canceled')",
-            1, p, &n);
+        kinbox_err_t rc = admin_update(adm, OB(adm->db)->requeue_id, 1, p, &n);
         if (!rc && n == 0) {
                 snprintf(adm->errstr, sizeof(adm->errstr),
                          "no dead or canceled outbox row with id %" PRId64, id);
@@ -621,16 +341,7 @@ kinbox_outbox_cancel(kinbox_outbox_admin_t *adm, int64_t id)
         snprintf(idbuf, sizeof(idbuf), "%" PRId64, id);
         kinbox__param_t p[1] = {{idbuf, 0, 0}};
         uint64_t n = 0;
-        kinbox_err_t rc = admin_update(
-            adm,
-            "WITH u AS (UPDATE kinbox_outbox SET status = 'canceled', "
-            "version = version + 1, lease_owner = NULL "
-            "WHERE id = $1::bigint AND status = 'pending' RETURNING 1) "
-            "SELECT count(*) FROM u",
-            "UPDATE kinbox_outbox SET status = 'canceled', "
-            "version = version + 1, lease_owner = NULL "
-            "WHERE id = $1 AND status = 'pending'",
-            1, p, &n);
+        kinbox_err_t rc = admin_update(adm, OB(adm->db)->cancel_id, 1, p, &n);
         if (!rc && n == 0) {
                 snprintf(adm->errstr, sizeof(adm->errstr),
                          "no pending outbox row with id %" PRId64, id);
@@ -646,13 +357,7 @@ kinbox_outbox_requeue_destination(kinbox_outbox_admin_t *adm,
         if (!adm)
                 return KINBOX_ERR_INVALID;
         kinbox__param_t p[1] = {{destination ? destination : "", 0, 0}};
-        return admin_update(
-            adm,
-            "WITH u AS (" PG_REQUEUE_SET
-            "WHERE status = 'dead' AND ($1 = '' OR destination = $1)" PG_COUNT_NOTIFY,
-            MY_REQUEUE_SET
-            "WHERE status = 'dead' AND ($1 = '' OR destination = $1)",
-            1, p, countp);
+        return admin_update(adm, OB(adm->db)->requeue_dest, 1, p, countp);
 }
 
 KINBOX_API kinbox_err_t
@@ -662,16 +367,7 @@ kinbox_outbox_cancel_destination(kinbox_outbox_admin_t *adm,
         if (!adm || !destination || !*destination)
                 return KINBOX_ERR_INVALID;
         kinbox__param_t p[1] = {{destination, 0, 0}};
-        return admin_update(
-            adm,
-            "WITH u AS (UPDATE kinbox_outbox SET status = 'canceled', "
-            "version = version + 1, lease_owner = NULL "
-            "WHERE status = 'pending' AND destination = $1 RETURNING 1) "
-            "SELECT count(*) FROM u",
-            "UPDATE kinbox_outbox SET status = 'canceled', "
-            "version = version + 1, lease_owner = NULL "
-            "WHERE status = 'pending' AND destination = $1",
-            1, p, countp);
+        return admin_update(adm, OB(adm->db)->cancel_dest, 1, p, countp);
 }
 
 static const char *const status_names[] = {"", "pending", "sent", "dead",
@@ -698,26 +394,15 @@ kinbox_outbox_list(kinbox_outbox_admin_t *adm, kinbox_outbox_status_t status,
                 return rc;
         if (limit == 0 || limit > 100000)
                 limit = 100000;
-        char idbuf[24], limbuf[24];
+        char idbuf[24];
         snprintf(idbuf, sizeof(idbuf), "%" PRId64, after_id);
-        snprintf(limbuf, sizeof(limbuf), "%zu", limit);
-        kinbox__param_t p[4] = {{idbuf, 0, 0},
+        kinbox__param_t p[3] = {{idbuf, 0, 0},
                                 {status_names[status], 0, 0},
-                                {destination ? destination : "", 0, 0},
-                                {limbuf, 0, 0}};
-        bool pg = adm->db->backend == KINBOX_BACKEND_POSTGRESQL;
+                                {destination ? destination : "", 0, 0}};
         char sql[1024];
-        snprintf(sql, sizeof(sql),
-                 "SELECT id, status, destination, idem_key, aggregate_id, "
-                 "attempts, max_attempts, last_error, created_at, "
-                 "next_attempt_at, COALESCE(%s(payload), 0) "
-                 "FROM kinbox_outbox WHERE id > %s "
-                 "AND ($2 = '' OR status = $2) "
-                 "AND ($3 = '' OR destination = $3) ORDER BY id LIMIT %s",
-                 pg ? "octet_length" : "LENGTH",
-                 pg ? "$1::bigint" : "$1", pg ? "$4::bigint" : limbuf);
+        snprintf(sql, sizeof(sql), "%s LIMIT %zu", OB(adm->db)->list, limit);
         struct kinbox_rows_s *rows = NULL;
-        int r = adm->db->ops->query(adm->db, sql, pg ? 4 : 3, p, -1, &rows);
+        int r = adm->db->ops->query(adm->db, sql, 3, p, -1, &rows);
         if (r) {
                 kinbox_rows_destroy(rows);
                 return admin_fail(adm, r);
@@ -736,6 +421,8 @@ kinbox_outbox_list(kinbox_outbox_admin_t *adm, kinbox_outbox_status_t status,
                     .created_at = v[8],
                     .next_attempt_at = v[9],
                     .payload_size = (size_t)parse_i64(v[10]),
+                    .sent_at = v[11],
+                    .version = parse_i64(v[12]),
                 };
                 if (fn(&row, opaque))
                         break;

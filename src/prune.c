@@ -11,6 +11,7 @@
 #include "db.h"
 #include "internal.h"
 #include "metrics.h"
+#include "outbox_int.h"
 
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -18,9 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* In outbox.c. */
-int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
-                            const kinbox__param_t *p, uint64_t *countp);
 
 #define PRUNE_LOCK "kinbox_prune"
 #define PRUNE_PAUSE_MS 20

@@ -48,16 +48,15 @@
 #include "hdrcodec.h"
 #include "internal.h"
 #include "metrics.h"
-
-/* From outbox.c. */
-kinbox__db_t *kinbox__outbox_db_open(const kinbox_conf_t *conf, char *errstr,
-                                     size_t errstr_size);
-int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
-                            const kinbox__param_t *p, uint64_t *countp);
+#include "outbox_int.h"
 
 #define ERR_MAX 500       /* last_error bytes kept */
 #define MARGIN_MS 1000    /* lease time kept for marking */
 #define MSGID_HEADER "message_id"
+#define PIPE_MAX 4        /* batches in flight at most */
+#define BATCH_MIN 16      /* smallest claim */
+#define POLL_MIN_MS 1     /* polling: interval while rows keep coming */
+#define HOT_MS 200        /* polling: close interval after a local append */
 
 /* ---------------------------------------------------------------- types */
 
@@ -99,17 +98,36 @@ typedef struct item {
         size_t payload_size;
         int attempts, max_attempts;
         bool produced, dr_done;
+        bool held;      /* released behind an earlier row of its run */
+        bool reclaimed; /* another relay's lease had expired */
+        int64_t age_ms; /* since created_at, at claim time */
         rd_kafka_resp_err_t dr_err;
         outcome_t out;
         char err[ERR_MAX + 1];
 } item_t;
 
+/* A claimed batch in flight: items point into rows. n == 0: free slot. */
+typedef struct batch {
+        struct kinbox_rows_s *rows;
+        item_t *v;
+        size_t n;
+        int64_t t0; /* claimed at (monotonic ms) */
+        int64_t us_claim; /* the claim took */
+} batch_t;
+
 struct kinbox_relay_s {
         kinbox_conf_t *conf;
         kinbox__log_t log;
         char *owner;
-        bool pg;
         int64_t batch, lease_ms, poll_ms, base_ms, cap_ms, action_ms;
+        int64_t run_max;   /* rows of one aggregate per claim */
+        int64_t cur_batch; /* claim size now, follows the backlog */
+        int depth;         /* batches in flight at most */
+        batch_t pipe[PIPE_MAX];
+        int inflight;
+        int64_t idle_ms;   /* polling: the current interval */
+        int64_t hot_until; /* polling: close intervals until then */
+        atomic_bool sleeping;
         int64_t msg_timeout_ms;
         int max_attempts;
         bool notify;
@@ -589,82 +607,6 @@ kinbox_action_set_error(kinbox_action_t *a, const char *fmt, ...)
         set_err(a->error, buf);
 }
 
-/* ---------------------------------------------------------------- SQL */
-
-static const char pg_claim_sql[] =
-    "WITH c AS ("
-    " SELECT o.id, o.lease_owner IS NOT NULL AS reclaimed"
-    " FROM kinbox_outbox o"
-    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
-    " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
-    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
-    "  AND p.status = 'pending' AND p.id < o.id))"
-    /* NOT IN (a hashed subplan), not NOT EXISTS: an anti-join makes the
-     * planner sort every pending row instead of walking the id index to
-     * the first $1 (100 ms instead of 2 ms with 50k rows pending). The
-     * paused table's destination is its primary key: never NULL. */
-    " AND o.destination NOT IN (SELECT z.destination"
-    "  FROM kinbox_outbox_paused z)"
-    " ORDER BY o.id LIMIT $1::integer"
-    " FOR UPDATE OF o SKIP LOCKED)"
-    " UPDATE kinbox_outbox t SET"
-    " next_attempt_at = now() + $2::bigint * interval '1 millisecond',"
-    " version = t.version + 1, lease_owner = $3"
-    " FROM c WHERE t.id = c.id"
-    " RETURNING t.id, t.version, t.kind, t.destination, t.idem_key,"
-    " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"
-    " c.reclaimed, (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
-
-/* MySQL step 1, a plain (non-locking) read: heads of their aggregates. The
- * locking read of step 2 has no subquery, so SKIP LOCKED cannot make the
- * "older pending row" check skip a row another relay holds. */
-static const char my_candidates_fmt[] =
-    "SELECT o.id FROM kinbox_outbox o"
-    " WHERE o.status = 'pending' AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"
-    " AND (o.aggregate_id IS NULL OR NOT EXISTS ("
-    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
-    "  AND p.status = 'pending' AND p.id < o.id))"
-    " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-    "  WHERE z.destination = o.destination)"
-    " ORDER BY o.id LIMIT %" PRId64;
-
-#define CLAIM_COLS                                                             \
-        "id, version, kind, destination, idem_key, aggregate_id, payload, "    \
-        "headers, attempts, max_attempts"
-
-static const char pg_sent_sql[] =
-    "WITH u AS (UPDATE kinbox_outbox o SET status = 'sent', sent_at = now(),"
-    " lease_owner = NULL, version = o.version + 1"
-    " FROM unnest($1::bigint[], $2::bigint[]) AS x(id, v)"
-    " WHERE o.id = x.id AND o.version = x.v AND o.status = 'pending'"
-    " RETURNING 1) SELECT count(*) FROM u";
-
-static const char pg_fail_sql[] =
-    "WITH u AS (UPDATE kinbox_outbox SET attempts = attempts + 1,"
-    " status = $3, last_error = $4,"
-    " next_attempt_at = now() + $5::bigint * interval '1 millisecond',"
-    " version = version + 1, lease_owner = NULL"
-    " WHERE id = $1::bigint AND version = $2::bigint AND status = 'pending'"
-    " RETURNING 1) SELECT count(*) FROM u";
-
-static const char my_fail_fmt[] =
-    "UPDATE kinbox_outbox SET attempts = attempts + 1,"
-    " status = $1, last_error = $2,"
-    " next_attempt_at = CURRENT_TIMESTAMP(6) + INTERVAL %" PRId64 " MICROSECOND,"
-    " version = version + 1, lease_owner = NULL"
-    " WHERE id = %" PRId64 " AND version = %" PRId64 " AND status = 'pending'";
-
-static const char pg_release_sql[] =
-    "WITH u AS (UPDATE kinbox_outbox SET next_attempt_at = now(),"
-    " version = version + 1, lease_owner = NULL"
-    " WHERE id = $1::bigint AND version = $2::bigint AND status = 'pending'"
-    " RETURNING 1) SELECT count(*) FROM u";
-
-static const char my_release_fmt[] =
-    "UPDATE kinbox_outbox SET next_attempt_at = CURRENT_TIMESTAMP(6),"
-    " version = version + 1, lease_owner = NULL"
-    " WHERE id = %" PRId64 " AND version = %" PRId64 " AND status = 'pending'";
-
 /* ---------------------------------------------------------------- claim */
 
 static int
@@ -674,14 +616,16 @@ cmp_item(const void *a, const void *b)
         return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Turn claim rows (CLAIM_COLS, version already bumped when bumped=true)
- * into items pointing into rows. */
+/* Turn claim rows (KINBOX__CL_* columns) into items pointing into rows,
+ * in id order (so a run's rows are produced in order). */
 static item_t *
-items_from_rows(struct kinbox_rows_s *rows, bool bumped, size_t *np)
+items_from_rows(struct kinbox_rows_s *rows, size_t *np)
 {
         size_t n = rows ? rows->nrows : 0;
         *np = n;
         if (!n)
+                return NULL;
+        if (rows->ncols < KINBOX__CL_NCOLS)
                 return NULL;
         item_t *v = kinbox__calloc(n, sizeof(*v));
         if (!v)
@@ -689,339 +633,350 @@ items_from_rows(struct kinbox_rows_s *rows, bool bumped, size_t *np)
         for (size_t i = 0; i < n; i++) {
                 char **c = rows->values + i * (size_t)rows->ncols;
                 size_t *l = rows->lens + i * (size_t)rows->ncols;
-                v[i].id = to_i64(c[0]);
-                v[i].version = to_i64(c[1]) + (bumped ? 0 : 1);
-                v[i].action = c[2] && !strcmp(c[2], "action");
-                v[i].destination = c[3];
-                v[i].idem_key = c[4];
-                v[i].aggregate_id = c[5];
-                v[i].payload = c[6];
-                v[i].payload_size = c[6] ? l[6] : 0;
-                v[i].headers_json = c[7];
-                v[i].attempts = (int)to_i64(c[8]);
-                v[i].max_attempts = (int)to_i64(c[9]);
+                v[i].id = to_i64(c[KINBOX__CL_ID]);
+                v[i].version = to_i64(c[KINBOX__CL_VERSION]);
+                v[i].action = c[KINBOX__CL_KIND] &&
+                              !strcmp(c[KINBOX__CL_KIND], "action");
+                v[i].destination = c[KINBOX__CL_DESTINATION];
+                v[i].idem_key = c[KINBOX__CL_IDEM_KEY];
+                v[i].aggregate_id = c[KINBOX__CL_AGGREGATE];
+                v[i].payload = c[KINBOX__CL_PAYLOAD];
+                v[i].payload_size =
+                    c[KINBOX__CL_PAYLOAD] ? l[KINBOX__CL_PAYLOAD] : 0;
+                v[i].headers_json = c[KINBOX__CL_HEADERS];
+                v[i].attempts = (int)to_i64(c[KINBOX__CL_ATTEMPTS]);
+                v[i].max_attempts = (int)to_i64(c[KINBOX__CL_MAX_ATTEMPTS]);
+                v[i].age_ms = to_i64(c[KINBOX__CL_AGE_MS]);
+                const char *re = c[KINBOX__CL_RECLAIMED];
+                v[i].reclaimed = re && (!strcmp(re, "t") || !strcmp(re, "1"));
         }
         qsort(v, n, sizeof(*v), cmp_item);
         return v;
 }
 
+/* Items of the same aggregate as v[i] that come after it in the batch
+ * (the rest of its run) go back untouched: released, no attempt charged,
+ * still behind v[i], which stays pending (retry) or is dead/sent. */
 static void
-list_ids(kinbox__buf_t *b, struct kinbox_rows_s *rows)
+hold_rest_of_run(batch_t *b, size_t i)
 {
-        for (size_t i = 0; i < rows->nrows; i++)
-                kinbox__buf_printf(b, "%s%" PRId64, i ? "," : "",
-                                   to_i64(rows->values[i * (size_t)rows->ncols]));
+        const char *agg = b->v[i].aggregate_id;
+        if (!agg)
+                return;
+        for (size_t k = i + 1; k < b->n; k++) {
+                item_t *it = &b->v[k];
+                if (it->aggregate_id && !strcmp(it->aggregate_id, agg) &&
+                    !it->produced && it->out == OUT_NONE) {
+                        it->out = OUT_RELEASE;
+                        it->held = true;
+                }
+        }
 }
 
-static int
-claim(kinbox_relay_t *r, int64_t limit, struct kinbox_rows_s **rowsp)
+/* Produce every event, then run the actions (a run never mixes the two:
+ * same destination). A row that cannot be produced holds the rest of its
+ * aggregate's run back, so nothing overtakes it. */
+static void
+batch_start(kinbox_relay_t *r, batch_t *b)
 {
-        kinbox__db_t *db = r->db;
-        char lim[24], lease[24];
-        snprintf(lim, sizeof(lim), "%" PRId64, limit);
-        snprintf(lease, sizeof(lease), "%" PRId64, r->lease_ms);
-        if (r->pg) {
-                kinbox__param_t p[3] = {
-                    {lim, 0, 0}, {lease, 0, 0}, {r->owner, 0, 0}};
-                return db->ops->query(db, pg_claim_sql, 3, p, -1, rowsp);
+        for (size_t i = 0; i < b->n; i++) {
+                item_t *it = &b->v[i];
+                if (it->action || it->out != OUT_NONE)
+                        continue;
+                produce(r, it);
+                if (!it->produced)
+                        hold_rest_of_run(b, i);
         }
+        for (size_t i = 0; i < b->n; i++) {
+                item_t *it = &b->v[i];
+                if (!it->action || it->out != OUT_NONE)
+                        continue;
+                /* Never start an action that could outlive the lease. */
+                if (kinbox__now_ms() + r->action_ms + MARGIN_MS >
+                        b->t0 + r->lease_ms ||
+                    atomic_load(&r->stop)) {
+                        it->out = OUT_RELEASE;
+                        continue;
+                }
+                run_action(r, it);
+                if (it->out != OUT_SENT)
+                        hold_rest_of_run(b, i);
+                rd_kafka_poll(r->rk, 0);
+        }
+}
 
-        char sql[1024];
-        struct kinbox_rows_s *cand = NULL, *locked = NULL;
-        kinbox__buf_t b;
-        kinbox__buf_init(&b);
-        /* Read more candidates than wanted: relays racing for the same
-         * heads each get a share instead of nothing. */
-        snprintf(sql, sizeof(sql), my_candidates_fmt, limit * 4);
-        int rc = db->ops->query(db, sql, 0, NULL, -1, &cand);
-        if (rc || !cand || !cand->nrows)
-                goto out;
-        rc = db->ops->begin(db);
-        if (rc)
-                goto out;
-        /* + metrics columns: lease reclaimed, age in ms. */
-        kinbox__buf_adds(&b, "SELECT " CLAIM_COLS ", lease_owner IS NOT NULL,"
-                             " TIMESTAMPDIFF(MICROSECOND, created_at,"
-                             " CURRENT_TIMESTAMP(6)) DIV 1000"
-                             " FROM kinbox_outbox "
-                             "WHERE id IN (");
-        list_ids(&b, cand);
-        kinbox__buf_printf(&b,
-                           ") AND status = 'pending' AND next_attempt_at <= "
-                           "CURRENT_TIMESTAMP(6) ORDER BY id LIMIT %" PRId64
-                           " FOR UPDATE SKIP LOCKED",
-                           limit);
-        if (b.oom) {
-                rc = KINBOX_ERR_NOMEM;
-                goto out;
+/* Claim a batch into b. Returns <0 on error, else the rows claimed. */
+static int
+batch_claim(kinbox_relay_t *r, batch_t *b)
+{
+        memset(b, 0, sizeof(*b));
+        /* Heads among the first rows of the backlog first; everything
+         * when that found nothing (an aggregate whose head waits for a
+         * retry can fill the front of the backlog with its rows). */
+        kinbox__claim_req_t req = {r->cur_batch, r->lease_ms, r->owner,
+                                   r->run_max, 2 * r->cur_batch};
+        int64_t us = kinbox__now_us();
+        int rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);
+        if (!rc && (!b->rows || !b->rows->nrows)) {
+                kinbox_rows_destroy(b->rows);
+                b->rows = NULL;
+                req.window = 0;
+                rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);
         }
-        rc = db->ops->query(db, b.p, 0, NULL, -1, &locked);
-        if (rc)
-                goto out;
-        if (locked && locked->nrows) {
-                kinbox__buf_reset(&b);
-                kinbox__buf_printf(&b,
-                                   "UPDATE kinbox_outbox SET version = "
-                                   "version + 1, next_attempt_at = "
-                                   "CURRENT_TIMESTAMP(6) + INTERVAL %" PRId64
-                                   " MICROSECOND, lease_owner = $1 "
-                                   "WHERE id IN (",
-                                   r->lease_ms * 1000);
-                list_ids(&b, locked);
-                kinbox__buf_adds(&b, ")");
-                kinbox__param_t p[1] = {{r->owner, 0, 0}};
-                rc = b.oom ? KINBOX_ERR_NOMEM
-                           : db->ops->exec(db, b.p, 1, p, -1);
-                if (rc)
-                        goto out;
-        }
-        rc = db->ops->commit(db);
-out:
-        if (rc && db->in_tx)
-                db->ops->rollback(db);
-        kinbox__buf_free(&b);
-        kinbox_rows_destroy(cand);
+        b->us_claim = kinbox__now_us() - us;
         if (rc) {
-                kinbox_rows_destroy(locked);
-                locked = NULL;
+                kinbox_rows_destroy(b->rows);
+                b->rows = NULL;
+                return rc > 0 ? -rc : rc;
         }
-        *rowsp = locked;
-        return rc;
+        b->v = items_from_rows(b->rows, &b->n);
+        if (b->n && !b->v) {
+                /* The claim committed: the leases just expire. */
+                kinbox_rows_destroy(b->rows);
+                b->rows = NULL;
+                b->n = 0;
+                return KINBOX_ERR_NOMEM;
+        }
+        b->t0 = kinbox__now_ms();
+        if (b->n) {
+                STAT_ADD(r, claimed, b->n);
+                STAT_ADD(r, batches, 1);
+        }
+        return (int)b->n;
 }
 
 /* ---------------------------------------------------------------- marking */
 
-static int
-mark_sent(kinbox_relay_t *r, item_t *v, size_t n, uint64_t *conflicts)
-{
-        kinbox__buf_t a, b;
-        kinbox__buf_init(&a);
-        kinbox__buf_init(&b);
-        size_t k = 0;
-        int rc = 0;
-        for (size_t i = 0; i < n; i++) {
-                if (v[i].out != OUT_SENT)
-                        continue;
-                if (r->pg) {
-                        kinbox__buf_printf(&a, "%s%" PRId64, k ? "," : "{",
-                                           v[i].id);
-                        kinbox__buf_printf(&b, "%s%" PRId64, k ? "," : "{",
-                                           v[i].version);
-                } else {
-                        kinbox__buf_printf(&a, "%s%" PRId64, k ? "," : "",
-                                           v[i].id);
-                        kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
-                                           k ? "," : "", v[i].id,
-                                           v[i].version);
-                }
-                k++;
-        }
-        if (!k)
-                goto out;
-        uint64_t done = 0;
-        if (r->pg) {
-                kinbox__buf_adds(&a, "}");
-                kinbox__buf_adds(&b, "}");
-                if (a.oom || b.oom) {
-                        rc = KINBOX_ERR_NOMEM;
-                        goto out;
-                }
-                kinbox__param_t p[2] = {{a.p, 0, 0}, {b.p, 0, 0}};
-                rc = kinbox__outbox_affected(r->db, pg_sent_sql, 2, p, &done);
-        } else {
-                kinbox__buf_t s;
-                kinbox__buf_init(&s);
-                kinbox__buf_printf(&s,
-                                   "UPDATE kinbox_outbox SET status = 'sent', "
-                                   "sent_at = CURRENT_TIMESTAMP(6), lease_owner = "
-                                   "NULL, version = version + 1 WHERE id IN "
-                                   "(%s) AND status = 'pending' AND "
-                                   "(id, version) IN (%s)",
-                                   a.p, b.p);
-                rc = s.oom || a.oom || b.oom
-                         ? KINBOX_ERR_NOMEM
-                         : kinbox__outbox_affected(r->db, s.p, 0, NULL, &done);
-                kinbox__buf_free(&s);
-        }
-        if (!rc && done < k)
-                *conflicts += k - done;
-out:
-        kinbox__buf_free(&a);
-        kinbox__buf_free(&b);
-        return rc;
-}
-
-static int
-mark_one(kinbox_relay_t *r, item_t *it, uint64_t *conflicts)
-{
-        char id[24], ver[24], delay[24];
-        char sql[1024];
-        uint64_t done = 0;
-        int rc;
-        snprintf(id, sizeof(id), "%" PRId64, it->id);
-        snprintf(ver, sizeof(ver), "%" PRId64, it->version);
-        if (it->out == OUT_RELEASE) {
-                if (r->pg) {
-                        kinbox__param_t p[2] = {{id, 0, 0}, {ver, 0, 0}};
-                        rc = kinbox__outbox_affected(r->db, pg_release_sql, 2,
-                                                     p, &done);
-                } else {
-                        snprintf(sql, sizeof(sql), my_release_fmt, it->id,
-                                 it->version);
-                        rc = kinbox__outbox_affected(r->db, sql, 0, NULL,
-                                                     &done);
-                }
-        } else {
-                int attempts = it->attempts + 1;
-                int max = it->max_attempts > 0 ? it->max_attempts
-                                               : r->max_attempts;
-                if (it->out == OUT_RETRY && attempts >= max)
-                        it->out = OUT_DEAD;
-                int64_t d = it->out == OUT_DEAD
-                                ? 0
-                                : kinbox__backoff_ms(attempts - 1, r->base_ms,
-                                                     r->cap_ms);
-                snprintf(delay, sizeof(delay), "%" PRId64, d);
-                const char *st = it->out == OUT_DEAD ? "dead" : "pending";
-                if (r->pg) {
-                        kinbox__param_t p[5] = {{id, 0, 0},
-                                                {ver, 0, 0},
-                                                {st, 0, 0},
-                                                {it->err, 0, 0},
-                                                {delay, 0, 0}};
-                        rc = kinbox__outbox_affected(r->db, pg_fail_sql, 5, p,
-                                                     &done);
-                } else {
-                        snprintf(sql, sizeof(sql), my_fail_fmt, d * 1000,
-                                 it->id, it->version);
-                        kinbox__param_t p[2] = {{st, 0, 0}, {it->err, 0, 0}};
-                        rc = kinbox__outbox_affected(r->db, sql, 2, p, &done);
-                }
-                if (!rc && done)
-                        rlog(r,
-                             it->out == OUT_DEAD ? KINBOX_LOG_WARNING
-                                                 : KINBOX_LOG_INFO,
-                             "outbox row %" PRId64 " (%s) attempt %d %s: %s",
-                             it->id, it->destination, attempts,
-                             it->out == OUT_DEAD ? "dead" : "failed", it->err);
-        }
-        if (!rc && !done)
-                (*conflicts)++;
-        return rc ? rc : (done ? 1 : 0);
-}
-
-/* ---------------------------------------------------------------- cycle */
-
 static bool
-all_reported(item_t *v, size_t n)
+batch_reported(const batch_t *b)
 {
-        for (size_t i = 0; i < n; i++)
-                if (v[i].produced && !v[i].dr_done)
+        for (size_t i = 0; i < b->n; i++)
+                if (b->v[i].produced && !b->v[i].dr_done)
                         return false;
         return true;
 }
 
-/* Metrics of one round; claim rows carry two extra columns (lease
- * reclaimed, age in ms at claim time). */
+/* Delivery reports into outcomes. Within an aggregate's run, the first
+ * failure is charged an attempt; the rows after it go back untouched
+ * (released), behind it. With the idempotent producer's gapless guarantee
+ * a later row of the same partition is not written after an earlier one
+ * failed; should one have been acknowledged anyway, it is on the topic and
+ * is marked sent. */
 static void
-relay_metrics(kinbox_relay_t *r, struct kinbox_rows_s *rows, item_t *v,
-              size_t n, int64_t t0, bool marked, uint64_t published,
-              uint64_t actions_ok, uint64_t retried, uint64_t dead,
-              uint64_t conflicts)
+batch_outcomes(batch_t *b)
+{
+        for (size_t i = 0; i < b->n; i++) {
+                item_t *it = &b->v[i];
+                if (!it->produced)
+                        continue;
+                if (!it->dr_done) {
+                        it->out = OUT_NONE; /* lease expires, retried */
+                        continue;
+                }
+                if (!it->dr_err) {
+                        it->out = OUT_SENT;
+                        continue;
+                }
+                char e[256];
+                snprintf(e, sizeof(e), "delivery: %s: %s",
+                         rd_kafka_err2name(it->dr_err),
+                         rd_kafka_err2str(it->dr_err));
+                set_err(it->err, e);
+                it->out = OUT_RETRY;
+        }
+        for (size_t i = 0; i < b->n; i++) {
+                item_t *it = &b->v[i];
+                if (it->out != OUT_RETRY || !it->aggregate_id || it->held)
+                        continue;
+                for (size_t k = i + 1; k < b->n; k++) {
+                        item_t *x = &b->v[k];
+                        if (x->aggregate_id &&
+                            !strcmp(x->aggregate_id, it->aggregate_id) &&
+                            (x->out == OUT_RETRY || x->out == OUT_NONE)) {
+                                x->out = OUT_RELEASE;
+                                x->held = true;
+                        }
+                }
+        }
+}
+
+/* One set-based statement for every item with outcome out. */
+static int
+mark_group(kinbox_relay_t *r, batch_t *b, outcome_t out, uint64_t *asked,
+           uint64_t *done)
+{
+        int64_t *ids = malloc(b->n * sizeof(*ids) * 2);
+        if (!ids)
+                return KINBOX_ERR_NOMEM;
+        int64_t *vers = ids + b->n;
+        size_t k = 0;
+        for (size_t i = 0; i < b->n; i++) {
+                if (b->v[i].out != out)
+                        continue;
+                ids[k] = b->v[i].id;
+                vers[k++] = b->v[i].version;
+        }
+        int rc = 0;
+        *asked = k;
+        *done = 0;
+        if (k) {
+                const struct kinbox__outbox_ops *o = r->db->ops->outbox;
+                rc = out == OUT_SENT ? o->mark_sent(r->db, k, ids, vers, done)
+                                     : o->release(r->db, k, ids, vers, done);
+        }
+        free(ids);
+        return rc;
+}
+
+/* A failed attempt: retry later with backoff, or dead. */
+static int
+mark_failed(kinbox_relay_t *r, item_t *it, uint64_t *done)
+{
+        int attempts = it->attempts + 1;
+        int max = it->max_attempts > 0 ? it->max_attempts : r->max_attempts;
+        if (it->out == OUT_RETRY && attempts >= max)
+                it->out = OUT_DEAD;
+        bool dead = it->out == OUT_DEAD;
+        int64_t d =
+            dead ? 0 : kinbox__backoff_ms(attempts - 1, r->base_ms, r->cap_ms);
+        int rc = r->db->ops->outbox->fail(r->db, it->id, it->version, dead,
+                                          it->err, d, done);
+        if (!rc && *done)
+                rlog(r, dead ? KINBOX_LOG_WARNING : KINBOX_LOG_INFO,
+                     "outbox row %" PRId64 " (%s) attempt %d %s: %s", it->id,
+                     it->destination, attempts, dead ? "dead" : "failed",
+                     it->err);
+        return rc;
+}
+
+typedef struct tally {
+        uint64_t published, actions_ok, retried, dead, released, conflicts;
+        int finished;
+} tally_t;
+
+static int
+batch_mark(kinbox_relay_t *r, batch_t *b, tally_t *t)
+{
+        uint64_t asked = 0, done = 0;
+        int rc = mark_group(r, b, OUT_SENT, &asked, &done);
+        if (rc)
+                return rc;
+        t->conflicts += asked - done;
+        for (size_t i = 0; i < b->n; i++) {
+                if (b->v[i].out != OUT_SENT)
+                        continue;
+                if (b->v[i].action)
+                        t->actions_ok++;
+                else
+                        t->published++;
+        }
+        /* Sent rows whose version check failed belong to another relay
+         * now; it counts them. */
+        uint64_t lost = asked - done;
+        t->published -= lost < t->published ? lost : t->published;
+        t->finished += (int)done;
+        for (size_t i = 0; i < b->n; i++) {
+                item_t *it = &b->v[i];
+                if (it->out != OUT_RETRY && it->out != OUT_DEAD)
+                        continue;
+                if ((rc = mark_failed(r, it, &done)))
+                        return rc;
+                if (!done)
+                        t->conflicts++;
+                else if (it->out == OUT_DEAD)
+                        t->dead++, t->finished++;
+                else
+                        t->retried++;
+        }
+        rc = mark_group(r, b, OUT_RELEASE, &asked, &done);
+        if (rc)
+                return rc;
+        t->released += done;
+        t->conflicts += asked - done;
+        return 0;
+}
+
+static void
+batch_metrics(kinbox_relay_t *r, const batch_t *b, const tally_t *t,
+              bool marked)
 {
         char l[300];
         const char *name = kinbox_conf_get(r->conf, "name");
         kinbox__m_labels(l, sizeof(l), "relay", name ? name : "",
                          (char *)NULL);
         kinbox__m_add("kinbox_relay_published_total", l,
-                      (double)(published + actions_ok));
-        kinbox__m_add("kinbox_relay_failed_total", l, (double)retried);
-        kinbox__m_add("kinbox_relay_dead_total", l, (double)dead);
+                      (double)(t->published + t->actions_ok));
+        kinbox__m_add("kinbox_relay_failed_total", l, (double)t->retried);
+        kinbox__m_add("kinbox_relay_dead_total", l, (double)t->dead);
         kinbox__m_add("kinbox_relay_cas_conflicts_total", l,
-                      (double)conflicts);
-        if (!rows || rows->ncols < 12)
-                return;
+                      (double)t->conflicts);
         uint64_t reclaims = 0;
         int64_t now = kinbox__now_ms();
-        for (size_t i = 0; i < rows->nrows; i++) {
-                char **c = rows->values + i * (size_t)rows->ncols;
-                if (c[10] && (!strcmp(c[10], "t") || !strcmp(c[10], "1")))
-                        reclaims++;
-                if (!marked || !c[11])
-                        continue;
-                int64_t id = to_i64(c[0]);
-                for (size_t k = 0; k < n; k++)
-                        if (v[k].id == id && v[k].out == OUT_SENT)
-                                kinbox__m_observe(
-                                    "kinbox_relay_commit_to_publish_seconds",
-                                    l,
-                                    (double)(to_i64(c[11]) + (now - t0)) /
-                                        1000.0);
+        for (size_t i = 0; i < b->n; i++) {
+                reclaims += b->v[i].reclaimed;
+                if (marked && b->v[i].out == OUT_SENT)
+                        kinbox__m_observe(
+                            "kinbox_relay_commit_to_publish_seconds", l,
+                            (double)(b->v[i].age_ms + (now - b->t0)) /
+                                1000.0);
         }
         kinbox__m_add("kinbox_relay_lease_reclaims_total", l,
                       (double)reclaims);
 }
 
-/*
- * One claim → work → mark round. Returns <0 (a kinbox_err_t) on a database
- * error, else the number of rows finished (sent or dead); *claimedp gets
- * the number claimed.
- */
+/* Mark a fully reported batch and free it. Returns <0 on a database
+ * error, else the rows finished (sent or dead). */
 static int
-cycle(kinbox_relay_t *r, size_t *claimedp)
+batch_finish(kinbox_relay_t *r, batch_t *b)
 {
-        *claimedp = 0;
-        int64_t limit = r->batch;
-        struct kinbox_rows_s *rows = NULL;
-        int64_t us_claim = kinbox__now_us();
-        int rc = claim(r, limit, &rows);
-        us_claim = kinbox__now_us() - us_claim;
-        if (rc) {
-                kinbox_rows_destroy(rows);
-                return rc;
+        batch_outcomes(b);
+        /* Crash window for the tests: published, not yet marked sent. */
+        if (kinbox__fault("relay_after_publish")) {
+                rlog(r, KINBOX_LOG_WARNING,
+                     "fault relay_after_publish: SIGKILL before the marks");
+                raise(SIGKILL);
         }
-        size_t n = 0;
-        item_t *v = items_from_rows(rows, r->pg, &n);
-        if (n && !v) {
-                /* The claim committed: the leases just expire. */
-                kinbox_rows_destroy(rows);
-                return KINBOX_ERR_NOMEM;
-        }
-        *claimedp = n;
-        if (!n) {
-                kinbox_rows_destroy(rows);
-                return 0;
-        }
-        int64_t t0 = kinbox__now_ms();
-        STAT_ADD(r, claimed, n);
-        STAT_ADD(r, batches, 1);
+        tally_t t = {0};
+        int64_t t_mark = kinbox__now_us();
+        int rc = batch_mark(r, b, &t);
+        rlog(r, KINBOX_LOG_DEBUG,
+             "batch of %zu rows: claim %lld us, published in %lld ms, "
+             "marks %lld us",
+             b->n, (long long)b->us_claim,
+             (long long)(kinbox__now_ms() - b->t0),
+             (long long)(kinbox__now_us() - t_mark));
+        if (t.conflicts)
+                rlog(r, KINBOX_LOG_NOTICE,
+                     "%" PRIu64 " outbox rows were taken over by another "
+                     "relay (lease expired)",
+                     t.conflicts);
+        pthread_mutex_lock(&r->lock);
+        r->stats.published += t.published;
+        r->stats.actions_ok += t.actions_ok;
+        r->stats.retried += t.retried;
+        r->stats.dead += t.dead;
+        r->stats.released += t.released;
+        r->stats.conflicts += t.conflicts;
+        pthread_mutex_unlock(&r->lock);
+        batch_metrics(r, b, &t, rc == 0);
+        free(b->v);
+        kinbox_rows_destroy(b->rows);
+        memset(b, 0, sizeof(*b));
+        if (rc)
+                return rc > 0 ? -rc : rc;
+        return t.finished;
+}
 
-        for (size_t i = 0; i < n; i++)
-                if (!v[i].action)
-                        produce(r, &v[i]);
-        for (size_t i = 0; i < n; i++) {
-                if (!v[i].action)
-                        continue;
-                /* Never start an action that could outlive the lease. */
-                if (kinbox__now_ms() + r->action_ms + MARGIN_MS >
-                        t0 + r->lease_ms ||
-                    atomic_load(&r->stop)) {
-                        v[i].out = OUT_RELEASE;
-                        continue;
-                }
-                run_action(r, &v[i]);
-                rd_kafka_poll(r->rk, 0);
-        }
-        int64_t us_wait = kinbox__now_us();
-        int64_t dl = t0 + r->msg_timeout_ms + MARGIN_MS;
-        while (!all_reported(v, n) && kinbox__now_ms() < dl)
-                rd_kafka_flush(r->rk, 100);
-        /* Reports are written into v: none may arrive after v is freed.
-         * Past the deadline (librdkafka checks message timeouts only about
-         * once a second), purge what is left: purged messages are reported
-         * at once and are retried like any failure. */
-        for (int k = 0; !all_reported(v, n); k++) {
-                if (k == 0 || k % 50 == 0) {
+/* Past the batch's delivery deadline (kafka.message.timeout.ms, enforced
+ * here, see kinbox_relay_new), purge everything queued and in flight at
+ * once, so no later row of a partition is sent after an earlier one gave
+ * up: purged messages are reported at once and retried like any failure. Reports are written into the
+ * items, so none may be left outstanding when a batch is freed. */
+static void
+batch_expire(kinbox_relay_t *r, batch_t *b)
+{
+        for (int k = 0; !batch_reported(b); k++) {
+                if (k % 50 == 0) {
                         if (k)
                                 rlog(r, KINBOX_LOG_WARNING,
                                      "waiting for delivery reports");
@@ -1031,109 +986,120 @@ cycle(kinbox_relay_t *r, size_t *claimedp)
                 }
                 rd_kafka_flush(r->rk, 100);
         }
-        for (size_t i = 0; i < n; i++) {
-                if (!v[i].produced)
-                        continue;
-                if (!v[i].dr_done) {
-                        v[i].out = OUT_NONE; /* lease expires, retried */
-                        continue;
-                }
-                if (!v[i].dr_err) {
-                        v[i].out = OUT_SENT;
-                } else {
-                        char e[256];
-                        snprintf(e, sizeof(e), "delivery: %s: %s",
-                                 rd_kafka_err2name(v[i].dr_err),
-                                 rd_kafka_err2str(v[i].dr_err));
-                        set_err(v[i].err, e);
-                        v[i].out = OUT_RETRY;
-                }
-        }
+}
 
-        us_wait = kinbox__now_us() - us_wait;
-        int64_t us_mark = kinbox__now_us();
-        /* Crash window for the tests: published, not yet marked sent. */
-        if (kinbox__fault("relay_after_publish")) {
-                rlog(r, KINBOX_LOG_WARNING,
-                     "fault relay_after_publish: SIGKILL before the marks");
-                raise(SIGKILL);
-        }
-
-        uint64_t conflicts = 0, sconf = 0, published = 0, actions_ok = 0,
-                 retried = 0, dead = 0, released = 0;
+/* Finish every batch whose reports are all in (or whose deadline passed).
+ * Returns <0 on a database error, else the rows finished. */
+static int
+reap(kinbox_relay_t *r)
+{
         int finished = 0;
-        rc = mark_sent(r, v, n, &sconf);
-        conflicts = sconf;
-        if (!rc) {
-                for (size_t i = 0; i < n; i++) {
-                        if (v[i].out == OUT_SENT) {
-                                finished++;
-                                if (v[i].action)
-                                        actions_ok++;
-                                else
-                                        published++;
-                        }
-                }
-        }
-        for (size_t i = 0; !rc && i < n; i++) {
-                if (v[i].out == OUT_RETRY || v[i].out == OUT_DEAD ||
-                    v[i].out == OUT_RELEASE) {
-                        int m = mark_one(r, &v[i], &conflicts);
-                        if (m < 0) {
-                                rc = m;
-                                break;
-                        }
-                        if (m == 0)
+        for (int i = 0; i < PIPE_MAX; i++) {
+                batch_t *b = &r->pipe[i];
+                if (!b->n)
+                        continue;
+                if (!batch_reported(b)) {
+                        if (kinbox__now_ms() <
+                            b->t0 + r->msg_timeout_ms + MARGIN_MS)
                                 continue;
-                        if (v[i].out == OUT_DEAD) {
-                                dead++;
-                                finished++;
-                        } else if (v[i].out == OUT_RETRY) {
-                                retried++;
-                        } else {
-                                released++;
-                        }
+                        batch_expire(r, b);
                 }
+                int rc = batch_finish(r, b);
+                r->inflight--;
+                if (rc < 0)
+                        return rc;
+                finished += rc;
         }
-        us_mark = kinbox__now_us() - us_mark;
-        rlog(r, KINBOX_LOG_DEBUG,
-             "cycle of %zu rows: claim %lld us, delivery %lld us, marks "
-             "%lld us",
-             n, (long long)us_claim, (long long)us_wait, (long long)us_mark);
-        /* Counted after the marks, so conflicts are not double counted. */
-        if (conflicts) {
-                rlog(r, KINBOX_LOG_NOTICE,
-                     "%" PRIu64 " outbox rows were taken over by another "
-                     "relay (lease expired)",
-                     conflicts);
-                /* Sent rows whose version check failed belong to another
-                 * relay now; it will count them. */
-                published -= sconf < published ? sconf : published;
-        }
-        pthread_mutex_lock(&r->lock);
-        r->stats.published += published;
-        r->stats.actions_ok += actions_ok;
-        r->stats.retried += retried;
-        r->stats.dead += dead;
-        r->stats.released += released;
-        r->stats.conflicts += conflicts;
-        pthread_mutex_unlock(&r->lock);
-        relay_metrics(r, rows, v, n, t0, rc == 0, published, actions_ok,
-                      retried, dead, conflicts);
+        return finished;
+}
 
-        if (atomic_load(&r->rk_fatal)) {
+/* Batch size follows the backlog: it starts at relay.batch.size, is
+ * halved after a claim that filled less than half of it and doubled after
+ * a full one, within [BATCH_MIN, batch]. A small claim keeps the window
+ * of the next one (and the MariaDB candidate read) short. */
+static void
+resize(kinbox_relay_t *r, int64_t claimed)
+{
+        if (claimed >= r->cur_batch)
+                r->cur_batch *= 2;
+        else if (claimed < r->cur_batch / 2)
+                r->cur_batch /= 2;
+        if (r->cur_batch > r->batch)
+                r->cur_batch = r->batch;
+        if (r->cur_batch < BATCH_MIN)
+                r->cur_batch = r->batch < BATCH_MIN ? r->batch : BATCH_MIN;
+}
+
+/*
+ * One step of the pipeline: claim another batch while fewer than
+ * relay.pipeline batches are in flight and rows may be waiting, serve
+ * delivery reports, mark finished batches. Returns <0 on error, else 1
+ * when more work may be waiting (go again at once), 0 when idle.
+ */
+static int
+step(kinbox_relay_t *r, bool *more)
+{
+        int claimed = -1;
+        if (*more && r->inflight < r->depth && !atomic_load(&r->stop)) {
+                batch_t *slot = NULL;
+                for (int i = 0; i < PIPE_MAX && !slot; i++)
+                        if (!r->pipe[i].n)
+                                slot = &r->pipe[i];
+                int64_t limit = r->cur_batch;
+                claimed = batch_claim(r, slot);
+                if (claimed < 0)
+                        return claimed;
+                resize(r, claimed);
+                if (claimed > 0) {
+                        r->inflight++;
+                        batch_start(r, slot);
+                }
+                /* A full claim: more rows are waiting. A partial one took
+                 * every claimable row; the next ones become claimable when
+                 * these are marked. */
+                *more = claimed >= limit;
+        }
+        if (r->inflight) {
+                /* Claiming again at once when the last claim was full;
+                 * otherwise wait a little for delivery reports. */
+                rd_kafka_poll(r->rk, *more && r->inflight < r->depth ? 0 : 1);
+                int fin = reap(r);
+                if (fin < 0)
+                        return fin;
+                if (fin > 0)
+                        *more = true; /* next rows of those aggregates */
+        }
+        if (atomic_load(&r->rk_fatal) && !r->inflight) {
                 /* The idempotent producer cannot continue: new one. */
                 rd_kafka_flush(r->rk, 1000);
                 rd_kafka_destroy(r->rk);
                 r->rk = producer_new(r);
                 if (!r->rk)
-                        rc = KINBOX_ERR_KAFKA;
+                        return KINBOX_ERR_KAFKA;
         }
-        free(v);
-        kinbox_rows_destroy(rows);
-        if (rc)
-                return rc > 0 ? -rc : rc;
-        return finished;
+        return *more || r->inflight ? 1 : 0;
+}
+
+/* Drop whatever is in flight (stop, error): wait for the reports, mark. */
+static void
+drain(kinbox_relay_t *r)
+{
+        int64_t until = kinbox__now_ms() + r->msg_timeout_ms + MARGIN_MS;
+        while (r->inflight && kinbox__now_ms() < until) {
+                rd_kafka_poll(r->rk, 10);
+                if (reap(r) < 0)
+                        break;
+        }
+        for (int i = 0; i < PIPE_MAX; i++) {
+                batch_t *b = &r->pipe[i];
+                if (!b->n)
+                        continue;
+                batch_expire(r, b);
+                if (batch_finish(r, b) < 0) {
+                        /* Marks failed: leases expire, rows are retried. */
+                }
+                r->inflight--;
+        }
 }
 
 /* ---------------------------------------------------------------- wakeup */
@@ -1150,7 +1116,7 @@ listen_close(kinbox_relay_t *r)
 static void
 listen_open(kinbox_relay_t *r)
 {
-        if (!r->notify || !r->pg || r->listen ||
+        if (!r->notify || !r->db->ops->outbox->notify_channel || r->listen ||
             kinbox__now_ms() < r->listen_retry_at)
                 return;
         r->listen_retry_at = kinbox__now_ms() + 5000;
@@ -1172,7 +1138,10 @@ listen_open(kinbox_relay_t *r)
                 PQfinish(c);
                 return;
         }
-        PGresult *res = PQexec(c, "LISTEN kinbox_outbox");
+        char q[96];
+        snprintf(q, sizeof(q), "LISTEN %s",
+                 r->db->ops->outbox->notify_channel);
+        PGresult *res = PQexec(c, q);
         if (PQresultStatus(res) != PGRES_COMMAND_OK) {
                 rlog(r, KINBOX_LOG_WARNING, "LISTEN failed: %s",
                      PQresultErrorMessage(res));
@@ -1203,27 +1172,29 @@ listen_drain(kinbox_relay_t *r, bool *woken)
         return true;
 }
 
-/* Sleep up to ms, or until stop / a NOTIFY. */
-static void
+/* Sleep up to ms, or until stop / a NOTIFY / a local append. Returns true
+ * when woken by a NOTIFY or a local append. */
+static bool
 wait_wakeup(kinbox_relay_t *r, int64_t ms)
 {
         listen_open(r);
         int64_t until = kinbox__now_ms() + ms;
-        while (!atomic_load(&r->stop)) {
+        bool woken = false;
+        atomic_store(&r->sleeping, true);
+        while (!atomic_load(&r->stop) && !woken) {
                 int64_t left = until - kinbox__now_ms();
                 if (left <= 0)
-                        return;
+                        break;
                 struct pollfd pf[2];
                 nfds_t nf = 0;
                 pf[nf].fd = r->pipefd[0];
                 pf[nf++].events = POLLIN;
                 if (r->listen) {
-                        bool woken = false;
                         /* Notifications that arrived during the cycle. */
                         if (!listen_drain(r, &woken))
                                 continue;
                         if (woken)
-                                return;
+                                break;
                         pf[nf].fd = PQsocket(r->listen);
                         pf[nf++].events = POLLIN;
                 }
@@ -1234,13 +1205,101 @@ wait_wakeup(kinbox_relay_t *r, int64_t ms)
                         char buf[64];
                         while (read(r->pipefd[0], buf, sizeof(buf)) > 0)
                                 ;
+                        woken = true; /* a local append (or stop) */
+                        r->hot_until = kinbox__now_ms() + HOT_MS;
                 }
-                if (nf > 1 && pf[1].revents) {
-                        bool woken = false;
-                        if (listen_drain(r, &woken) && woken)
-                                return;
+                if (nf > 1 && pf[1].revents)
+                        listen_drain(r, &woken);
+        }
+        atomic_store(&r->sleeping, false);
+        return woken;
+}
+
+/*
+ * Idle: nothing in flight, the last claim found nothing. With LISTEN/NOTIFY
+ * wait for a notification (relay.poll.ms at most). Polling: the interval
+ * starts at POLL_MIN_MS while rows keep coming (and for HOT_MS after a
+ * local append) and doubles up to relay.poll.ms while claims come back
+ * empty; an index-only probe saves the claim when no row is due.
+ */
+static void
+idle(kinbox_relay_t *r, bool *more, bool last_claim_empty)
+{
+        if (r->listen) {
+                wait_wakeup(r, r->poll_ms);
+                *more = true;
+                return;
+        }
+        if (kinbox__now_ms() < r->hot_until)
+                r->idle_ms = POLL_MIN_MS;
+        else if (last_claim_empty)
+                r->idle_ms = r->idle_ms * 2 > r->poll_ms ? r->poll_ms
+                                                         : r->idle_ms * 2;
+        wait_wakeup(r, r->idle_ms);
+        bool due = true;
+        if (r->db->ops->outbox->probe(r->db, &due))
+                due = true; /* the claim reports the error */
+        *more = due;
+}
+
+/* In-process wake-up (kinbox__relay_poke): the relays of this process. */
+static pthread_mutex_t poke_mu = PTHREAD_MUTEX_INITIALIZER;
+static kinbox_relay_t *poke_list[16];
+static atomic_int poke_n;
+
+static void
+poke_register(kinbox_relay_t *r, bool on)
+{
+        pthread_mutex_lock(&poke_mu);
+        for (int i = 0; i < 16; i++) {
+                if (on && !poke_list[i]) {
+                        poke_list[i] = r;
+                        atomic_fetch_add(&poke_n, 1);
+                        break;
+                }
+                if (!on && poke_list[i] == r) {
+                        poke_list[i] = NULL;
+                        atomic_fetch_sub(&poke_n, 1);
+                        break;
                 }
         }
+        pthread_mutex_unlock(&poke_mu);
+}
+
+void
+kinbox__relay_poke(void)
+{
+        if (!atomic_load(&poke_n))
+                return;
+        pthread_mutex_lock(&poke_mu);
+        for (int i = 0; i < 16; i++) {
+                kinbox_relay_t *r = poke_list[i];
+                if (r && atomic_load(&r->sleeping) && r->pipefd[1] >= 0) {
+                        ssize_t w = write(r->pipefd[1], "p", 1);
+                        (void)w;
+                }
+        }
+        pthread_mutex_unlock(&poke_mu);
+}
+
+/* The producer is ready before the first claim: brokers connected,
+ * metadata known, the idempotent producer id requested. */
+static void
+producer_warm(kinbox_relay_t *r)
+{
+        const struct rd_kafka_metadata *md = NULL;
+        int64_t t0 = kinbox__now_ms();
+        if (rd_kafka_metadata(r->rk, 1, NULL, &md, 5000) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR)
+                rd_kafka_metadata_destroy(md);
+        else
+                rlog(r, KINBOX_LOG_WARNING,
+                     "no broker metadata yet (publishing will wait)");
+        /* The producer id is requested once a broker is up. */
+        for (int i = 0; i < 10 && !atomic_load(&r->stop); i++)
+                rd_kafka_poll(r->rk, 10);
+        rlog(r, KINBOX_LOG_DEBUG, "producer ready in %" PRId64 " ms",
+             kinbox__now_ms() - t0);
 }
 
 /* ---------------------------------------------------------------- API */
@@ -1272,6 +1331,12 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         pthread_mutex_init(&r->lock, NULL);
         pthread_cond_init(&r->jobs_cv, NULL);
         r->batch = kinbox__conf_int(conf, "relay.batch.size");
+        r->depth = (int)kinbox__conf_int(conf, "relay.pipeline");
+        r->run_max = kinbox__conf_int(conf, "relay.run.max");
+        if (r->run_max < 1)
+                r->run_max = 1;
+        if (r->depth < 1 || r->depth > PIPE_MAX)
+                r->depth = 1;
         r->lease_ms = kinbox__conf_int(conf, "relay.lease.ms");
         r->poll_ms = kinbox__conf_int(conf, "relay.poll.ms");
         r->base_ms = kinbox__conf_int(conf, "relay.backoff.base.ms");
@@ -1280,7 +1345,7 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         r->action_ms = kinbox__conf_int(conf, "relay.action.timeout.ms");
         r->notify = conf_bool(conf, "relay.notify", true);
         if (r->batch <= 0)
-                r->batch = 100;
+                r->batch = 1000;
         if (r->poll_ms <= 0)
                 r->poll_ms = 500;
         if (r->max_attempts <= 0)
@@ -1317,10 +1382,20 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
         if (ks.failed)
                 goto fail;
-        char tmo[24];
-        snprintf(tmo, sizeof(tmo), "%" PRId64, r->msg_timeout_ms);
+        /* Runs of one aggregate are in flight together: a row must never
+         * be written after an earlier row of its partition failed.
+         *  - The gapless guarantee turns a failed batch that would leave a
+         *    gap into a fatal error (all outstanding messages fail, the
+         *    relay makes a new producer) instead of writing later rows.
+         *  - It does not cover message timeouts, which librdkafka applies
+         *    message by message (an earlier row can time out while a later
+         *    one is still sent). So librdkafka never times messages out
+         *    (message.timeout.ms = 0); the relay enforces
+         *    kafka.message.timeout.ms itself, per batch, by purging
+         *    everything queued and in flight at one instant. */
         const char *forced[][2] = {{"enable.idempotence", "true"},
-                                   {"message.timeout.ms", tmo}};
+                                   {"enable.gapless.guarantee", "true"},
+                                   {"message.timeout.ms", "0"}};
         for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
                 kafka_set_one(forced[i][0], forced[i][1], &ks);
                 if (ks.failed)
@@ -1334,7 +1409,6 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         r->db = kinbox__outbox_db_open(conf, errstr, errstr_size);
         if (!r->db)
                 goto fail;
-        r->pg = r->db->backend == KINBOX_BACKEND_POSTGRESQL;
 
         char host[128] = "localhost";
         gethostname(host, sizeof(host) - 1);
@@ -1420,15 +1494,19 @@ kinbox_relay_run(kinbox_relay_t *r)
                 ret = KINBOX_ERR_KAFKA;
                 goto out;
         }
+        producer_warm(r);
         listen_open(r);
+        poke_register(r, true);
+        r->cur_batch = r->batch;
+        r->idle_ms = POLL_MIN_MS;
         rlog(r, KINBOX_LOG_INFO,
              "relay %s started (%s, batch %" PRId64 ", lease %" PRId64
              " ms, %s)",
-             r->owner, r->pg ? "postgresql" : "mysql", r->batch, r->lease_ms,
+             r->owner, r->db->ops->name, r->batch, r->lease_ms,
              r->listen ? "LISTEN/NOTIFY" : "polling");
 
         int failures = 0;
-        bool connected = true;
+        bool connected = true, more = true;
         while (!atomic_load(&r->stop)) {
                 if (!connected) {
                         rc = kinbox__db_connect(r->db);
@@ -1441,8 +1519,8 @@ kinbox_relay_run(kinbox_relay_t *r)
                         }
                         connected = true;
                 }
-                size_t claimed = 0;
-                rc = cycle(r, &claimed);
+                bool asked = more;
+                rc = step(r, &more);
                 if (rc < 0) {
                         STAT_ADD(r, db_errors, 1);
                         rlog(r, KINBOX_LOG_WARNING, "relay: %s: %s",
@@ -1457,16 +1535,20 @@ kinbox_relay_run(kinbox_relay_t *r)
                                 connected = false;
                         wait_wakeup(r, kinbox__backoff_ms(
                                            failures++, r->base_ms, r->cap_ms));
+                        more = true;
                         continue;
                 }
                 failures = 0;
-                /* Progress (or a full batch): go again at once, the next
-                 * row of each aggregate is claimable now. */
-                if ((int64_t)claimed >= r->batch || rc > 0)
+                if (rc > 0) {
+                        if (more)
+                                r->idle_ms = POLL_MIN_MS;
                         continue;
-                wait_wakeup(r, r->poll_ms);
+                }
+                idle(r, &more, asked);
         }
+        drain(r);
 out:
+        poke_register(r, false);
         listen_close(r);
         if (r->rk) {
                 rd_kafka_flush(r->rk, 5000);

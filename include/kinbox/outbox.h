@@ -76,8 +76,10 @@ typedef struct kinbox_outbox_msg {
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DUPLICATE (only when @p idp is not
  *          NULL) when the row already existed — the transaction stays
  *          usable; ::KINBOX_ERR_INVALID for a missing/over-long destination
- *          or key; a database error as kinbox_tx_query() (details in
- *          kinbox_tx_errstr(); the transaction is aborted then).
+ *          or key; a database error as kinbox_tx_query(), among them
+ *          ::KINBOX_ERR_TRANSIENT for a deadlock, serialization failure or
+ *          lock wait timeout (details in kinbox_tx_errstr(); the
+ *          transaction is aborted then and kinbox runs the batch again).
  * @remark Handler thread only, during the handler call.
  */
 KINBOX_API kinbox_err_t kinbox_outbox_append(kinbox_tx_t *tx,
@@ -96,8 +98,11 @@ KINBOX_API kinbox_err_t kinbox_outbox_append(kinbox_tx_t *tx,
  * @param idp receives the new (or, for a duplicate, existing) id; may be
  *            NULL.
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DUPLICATE; ::KINBOX_ERR_INVALID;
- *          ::KINBOX_ERR_DB (SQLSTATE in @p errstr; the transaction is
- *          aborted); ::KINBOX_ERR_DB_CONN.
+ *          ::KINBOX_ERR_TRANSIENT for a deadlock (40P01), serialization
+ *          failure (40001) or lock timeout (55P03): the transaction is
+ *          aborted, roll back and run it again; ::KINBOX_ERR_DB for any
+ *          other statement error (SQLSTATE in @p errstr; the transaction
+ *          is aborted); ::KINBOX_ERR_DB_CONN when the connection is lost.
  * @remark Thread-safe for different connections.
  */
 KINBOX_API kinbox_err_t kinbox_outbox_append_pg(struct pg_conn *conn,
@@ -112,7 +117,9 @@ KINBOX_API kinbox_err_t kinbox_outbox_append_pg(struct pg_conn *conn,
  * Uses `INSERT ... ON DUPLICATE KEY UPDATE` (not INSERT IGNORE, which would
  * hide other errors): a duplicate leaves the transaction usable. Two round
  * trips (the insert, then the id).
- * @returns as kinbox_outbox_append_pg() (MySQL errno in @p errstr).
+ * @returns as kinbox_outbox_append_pg() (MySQL errno in @p errstr);
+ *          ::KINBOX_ERR_TRANSIENT for a deadlock (1213) or lock wait
+ *          timeout (1205): roll back and run the transaction again.
  */
 KINBOX_API kinbox_err_t kinbox_outbox_append_mysql(
     struct st_mysql *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
@@ -285,8 +292,18 @@ typedef struct kinbox_outbox_row {
         int max_attempts;         /**< 0 = relay default */
         const char *last_error;   /**< NULL if none */
         const char *created_at;   /**< database text form */
+        /** Pending rows: when the row is due (a retry's backoff, or the
+         *  end of a relay's lease while it is being published). NULL for
+         *  sent, dead and canceled rows, whose next_attempt_at column
+         *  only holds a stale lease deadline. */
         const char *next_attempt_at;
         size_t payload_size;
+        /** When the relay marked the row sent (database text form); NULL
+         *  unless sent. */
+        const char *sent_at;
+        /** The row's version: bumped by every claim and every mark (the
+         *  relays' compare-and-set guard). */
+        int64_t version;
 } kinbox_outbox_row_t;
 
 /** List callback: return 0 to continue, non-zero to stop. */

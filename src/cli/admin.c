@@ -1067,7 +1067,8 @@ on_row(const kinbox_outbox_row_t *row, void *opaque)
         if (l->json) {
                 json_array_append_new(
                     l->ja,
-                    json_pack("{s:I,s:s,s:s,s:s,s:s?,s:i,s:i,s:s?,s:s,s:s,s:I}",
+                    json_pack("{s:I,s:s,s:s,s:s,s:s?,s:i,s:i,s:s?,s:s,s:s?,"
+                              "s:I,s:s?,s:I}",
                               "id", (json_int_t)row->id, "status", st,
                               "destination", row->destination, "idem_key",
                               row->idem_key, "aggregate_id",
@@ -1075,7 +1076,9 @@ on_row(const kinbox_outbox_row_t *row, void *opaque)
                               "max_attempts", row->max_attempts, "last_error",
                               row->last_error, "created_at", row->created_at,
                               "next_attempt_at", row->next_attempt_at,
-                              "payload_size", (json_int_t)row->payload_size));
+                              "payload_size", (json_int_t)row->payload_size,
+                              "sent_at", row->sent_at, "version",
+                              (json_int_t)row->version));
                 return 0;
         }
         char e[61];

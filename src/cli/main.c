@@ -79,6 +79,13 @@ usage_cmd(const char *cmd, FILE *fp)
                         "cleanly on SIGTERM/SIGINT:\n"
                         "batches in flight finish, offsets are committed, "
                         "the groups are left.\n\n"
+                        "With a [relay] section holding enabled = true, the "
+                        "same process also runs the\n"
+                        "outbox relay (relay.* keys without the prefix, e.g. "
+                        "batch.size, lease.ms,\n"
+                        "modules); a file with an enabled [relay] and no "
+                        "[consumer.NAME] runs the relay\n"
+                        "alone.\n\n"
                         "  -c, --config FILE  configuration file (INI)\n"
                         "  -h, --help         this text\n");
         else if (!strcmp(cmd, "migrate"))

@@ -2012,4 +2012,5 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
         .script = my_script,
         .inbox_insert = my_inbox_insert,
         .sql = &my_sql,
+        .outbox = &kinbox__mysql_outbox_ops,
 };

@@ -839,4 +839,5 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .script = pg_script,
     .inbox_insert = pg_inbox_insert,
     .sql = &pg_sql,
+    .outbox = &kinbox__pg_outbox_ops,
 };

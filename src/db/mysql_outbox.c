@@ -1,0 +1,585 @@
+/*
+ * mysql_outbox.c -- the outbox's and relay's statements on MariaDB/MySQL
+ * (struct kinbox__outbox_ops), and kinbox_outbox_append_mysql() on the
+ * caller's own MYSQL handle.
+ *
+ * The claim takes a few statements (MariaDB has no LATERAL, and a locking
+ * read's subquery must not see rows skipped by SKIP LOCKED):
+ *   1. candidate heads, a plain read walking kinbox_outbox_pending
+ *      (status, id, ...) over the 'pending' prefix only, index-only;
+ *   2. in a transaction: lock the candidates still pending and due
+ *      (FOR UPDATE SKIP LOCKED), at most limit;
+ *   3. the heads' runs: each aggregate's next pending rows in id order,
+ *      kept while due and going to the head's destination;
+ *   4. lease heads and runs in one UPDATE (which locks the run rows: no
+ *      other relay can claim them, their head being locked and pending);
+ *   5. read the claimed rows back and commit.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mysql.h>
+
+#include "../db.h"
+#include "../internal.h"
+#include "../outbox_int.h"
+
+#define HEADS_SCAN                                                             \
+        "SELECT o.id FROM kinbox_outbox o"                                     \
+        " FORCE INDEX (kinbox_outbox_pending)"                                 \
+        " WHERE o.status = 'pending'"                                          \
+        " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
+        " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                         \
+        "  SELECT 1 FROM kinbox_outbox p"                                      \
+        "  WHERE p.aggregate_id = o.aggregate_id"                              \
+        "  AND p.status = 'pending' AND p.id < o.id))"                         \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
+        "  WHERE z.destination = o.destination)"                               \
+        " ORDER BY o.id LIMIT "
+
+/* HEADS_SCAN over the first window due pending rows only. */
+#define WINDOW_SCAN                                                            \
+        "SELECT o.id FROM (SELECT w.id, w.aggregate_id, w.destination"         \
+        " FROM kinbox_outbox w FORCE INDEX (kinbox_outbox_pending)"            \
+        " WHERE w.status = 'pending'"                                          \
+        " AND w.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
+        " ORDER BY w.id LIMIT %" PRId64 ") o"                                  \
+        " WHERE (o.aggregate_id IS NULL OR NOT EXISTS ("                       \
+        "  SELECT 1 FROM kinbox_outbox p"                                      \
+        "  WHERE p.aggregate_id = o.aggregate_id"                              \
+        "  AND p.status = 'pending' AND p.id < o.id))"                         \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
+        "  WHERE z.destination = o.destination)"                               \
+        " ORDER BY o.id LIMIT %" PRId64
+
+static int64_t
+i64(const char *s)
+{
+        return s ? (int64_t)strtoll(s, NULL, 10) : 0;
+}
+
+static void
+id_list(kinbox__buf_t *b, const int64_t *v, size_t n)
+{
+        for (size_t i = 0; i < n; i++)
+                kinbox__buf_printf(b, "%s%" PRId64, i ? "," : "", v[i]);
+}
+
+typedef struct claimset {
+        int64_t *ids;
+        size_t n, cap;
+        int64_t *reclaimed;
+        size_t nre;
+} claimset_t;
+
+static int
+cs_add(claimset_t *cs, int64_t id, bool reclaimed)
+{
+        if (cs->n == cs->cap) {
+                size_t cap = cs->cap ? cs->cap * 2 : 64;
+                int64_t *a = realloc(cs->ids, cap * sizeof(*a));
+                if (!a)
+                        return KINBOX_ERR_NOMEM;
+                cs->ids = a;
+                int64_t *b = realloc(cs->reclaimed, cap * sizeof(*b));
+                if (!b)
+                        return KINBOX_ERR_NOMEM;
+                cs->reclaimed = b;
+                cs->cap = cap;
+        }
+        cs->ids[cs->n++] = id;
+        if (reclaimed)
+                cs->reclaimed[cs->nre++] = id;
+        return 0;
+}
+
+static bool
+truthy(const char *s)
+{
+        return s && (!strcmp(s, "1") || !strcmp(s, "t"));
+}
+
+/* Steps 1 and 2: locked heads (id, aggregate_id, destination). */
+static int
+lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
+           struct kinbox_rows_s **heads)
+{
+        char sql[1536];
+        struct kinbox_rows_s *cand = NULL;
+        /* More candidates than wanted: relays racing for the same heads
+         * each get a share instead of nothing. */
+        if (window > 0)
+                snprintf(sql, sizeof(sql), WINDOW_SCAN, window,
+                         limit * 4);
+        else
+                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
+        int rc = db->ops->query(db, sql, 0, NULL, -1, &cand);
+        if (rc || !cand || !cand->nrows) {
+                kinbox_rows_destroy(cand);
+                return rc;
+        }
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_adds(&b, "SELECT id, aggregate_id, destination,"
+                             " lease_owner IS NOT NULL FROM kinbox_outbox"
+                             " WHERE id IN (");
+        for (size_t i = 0; i < cand->nrows; i++)
+                kinbox__buf_printf(&b, "%s%s", i ? "," : "",
+                                   cand->values[i * (size_t)cand->ncols]);
+        kinbox__buf_printf(&b,
+                           ") AND status = 'pending' AND next_attempt_at <= "
+                           "CURRENT_TIMESTAMP(6) ORDER BY id LIMIT %" PRId64
+                           " FOR UPDATE SKIP LOCKED",
+                           limit);
+        kinbox_rows_destroy(cand);
+        rc = b.oom ? KINBOX_ERR_NOMEM : db->ops->begin(db);
+        if (!rc)
+                rc = db->ops->query(db, b.p, 0, NULL, -1, heads);
+        kinbox__buf_free(&b);
+        return rc;
+}
+
+/* Step 3: add each head's run to cs. per: run rows per head at most. */
+static int
+add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
+         claimset_t *cs)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_printf(&b,
+                           "SELECT id, aggregate_id, destination, due,"
+                           " reclaimed FROM (SELECT id, aggregate_id,"
+                           " destination, next_attempt_at <="
+                           " CURRENT_TIMESTAMP(6) AS due, lease_owner IS NOT"
+                           " NULL AS reclaimed, ROW_NUMBER() OVER (PARTITION"
+                           " BY aggregate_id ORDER BY id) AS rn"
+                           " FROM kinbox_outbox WHERE status = 'pending'"
+                           " AND aggregate_id IN (");
+        size_t k = 0;
+        for (size_t i = 0; i < h->nrows; i++) {
+                char **c = h->values + i * (size_t)h->ncols;
+                size_t *l = h->lens + i * (size_t)h->ncols;
+                if (!c[1])
+                        continue;
+                if (k++)
+                        kinbox__buf_adds(&b, ",");
+                kinbox__buf_adds(&b, "X'");
+                for (size_t j = 0; j < l[1]; j++)
+                        kinbox__buf_printf(&b, "%02x",
+                                           (unsigned char)c[1][j]);
+                kinbox__buf_adds(&b, "'");
+        }
+        kinbox__buf_printf(&b, ")) x WHERE rn <= %" PRId64
+                               " ORDER BY aggregate_id, id", per + 1);
+        struct kinbox_rows_s *r = NULL;
+        int rc = 0;
+        if (k)
+                rc = b.oom ? KINBOX_ERR_NOMEM
+                           : db->ops->query(db, b.p, 0, NULL, -1, &r);
+        kinbox__buf_free(&b);
+        /* Rows come grouped by aggregate in id order; the first one of an
+         * aggregate is its head (locked by us), the run follows it. */
+        for (size_t i = 0; !rc && r && i < r->nrows;) {
+                char **c = r->values + i * (size_t)r->ncols;
+                size_t j = i + 1;
+                bool run = true;
+                for (; j < r->nrows; j++) {
+                        char **d = r->values + j * (size_t)r->ncols;
+                        if (strcmp(d[1], c[1]))
+                                break;
+                        if (run && (!truthy(d[3]) || strcmp(d[2], c[2])))
+                                run = false;
+                        if (run)
+                                rc = cs_add(cs, i64(d[0]), truthy(d[4]));
+                        if (rc)
+                                break;
+                }
+                i = j;
+        }
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+/* Steps 4 and 5. */
+static int
+lease_and_read(kinbox__db_t *db, const kinbox__claim_req_t *req,
+               const claimset_t *cs, struct kinbox_rows_s **out)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_printf(&b,
+                           "UPDATE kinbox_outbox SET version = version + 1,"
+                           " next_attempt_at = CURRENT_TIMESTAMP(6) +"
+                           " INTERVAL %" PRId64 " MICROSECOND,"
+                           " lease_owner = $1 WHERE status = 'pending'"
+                           " AND id IN (",
+                           req->lease_ms * 1000);
+        id_list(&b, cs->ids, cs->n);
+        kinbox__buf_adds(&b, ")");
+        kinbox__param_t p[1] = {{req->owner, 0, 0}};
+        int rc = b.oom ? KINBOX_ERR_NOMEM : db->ops->exec(db, b.p, 1, p, -1);
+        if (rc)
+                goto out;
+        kinbox__buf_reset(&b);
+        kinbox__buf_adds(&b, "SELECT id, version, kind, destination, idem_key,"
+                             " aggregate_id, payload, headers, attempts,"
+                             " max_attempts, ");
+        if (cs->nre) {
+                kinbox__buf_adds(&b, "id IN (");
+                id_list(&b, cs->reclaimed, cs->nre);
+                kinbox__buf_adds(&b, ")");
+        } else {
+                kinbox__buf_adds(&b, "0");
+        }
+        kinbox__buf_adds(&b, ", TIMESTAMPDIFF(MICROSECOND, created_at,"
+                             " CURRENT_TIMESTAMP(6)) DIV 1000"
+                             " FROM kinbox_outbox WHERE lease_owner = $1"
+                             " AND status = 'pending' AND id IN (");
+        id_list(&b, cs->ids, cs->n);
+        kinbox__buf_adds(&b, ") ORDER BY id");
+        rc = b.oom ? KINBOX_ERR_NOMEM
+                   : db->ops->query(db, b.p, 1, p, -1, out);
+out:
+        kinbox__buf_free(&b);
+        return rc;
+}
+
+static int
+my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
+         struct kinbox_rows_s **out)
+{
+        *out = NULL;
+        struct kinbox_rows_s *h = NULL;
+        claimset_t cs = {0};
+        int rc = lock_heads(db, req->limit, req->window, &h);
+        if (rc || !h || !h->nrows)
+                goto out;
+        for (size_t i = 0; !rc && i < h->nrows; i++) {
+                char **c = h->values + i * (size_t)h->ncols;
+                rc = cs_add(&cs, i64(c[0]), truthy(c[3]));
+        }
+        int64_t per = (req->limit - (int64_t)h->nrows) / (int64_t)h->nrows;
+        if (per > req->run_max - 1)
+                per = req->run_max - 1;
+        if (!rc && per > 0)
+                rc = add_runs(db, h, per, &cs);
+        if (!rc)
+                rc = lease_and_read(db, req, &cs, out);
+        if (!rc)
+                rc = db->ops->commit(db);
+out:
+        if (rc && db->in_tx)
+                db->ops->rollback(db);
+        if (!rc && db->in_tx) /* nothing locked: end the read transaction */
+                rc = db->ops->commit(db);
+        if (rc) {
+                kinbox_rows_destroy(*out);
+                *out = NULL;
+        }
+        kinbox_rows_destroy(h);
+        free(cs.ids);
+        free(cs.reclaimed);
+        return rc;
+}
+
+static int
+my_affected(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+            uint64_t *count)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->exec(db, sql, n, p, -1);
+        if (!rc)
+                rc = db->ops->query(db, "SELECT ROW_COUNT()", 0, NULL, -1,
+                                    &rows);
+        if (!rc && count) {
+                int64_t v = rows && rows->nrows ? i64(rows->values[0]) : 0;
+                *count = v > 0 ? (uint64_t)v : 0;
+        }
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+/* SET ... WHERE (id, version) IN ((..),..): the id list first lets the
+ * optimizer use the primary key. */
+static int
+my_set_based(kinbox__db_t *db, const char *set, size_t n, const int64_t *ids,
+             const int64_t *versions, uint64_t *done)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_printf(&b, "UPDATE kinbox_outbox SET %s WHERE id IN (",
+                           set);
+        id_list(&b, ids, n);
+        kinbox__buf_adds(&b, ") AND status = 'pending' AND (id, version) IN (");
+        for (size_t i = 0; i < n; i++)
+                kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
+                                   i ? "," : "", ids[i], versions[i]);
+        kinbox__buf_adds(&b, ")");
+        int rc = b.oom ? KINBOX_ERR_NOMEM
+                       : my_affected(db, b.p, 0, NULL, done);
+        kinbox__buf_free(&b);
+        return rc;
+}
+
+static int
+my_mark_sent(kinbox__db_t *db, size_t n, const int64_t *ids,
+             const int64_t *versions, uint64_t *done)
+{
+        return my_set_based(db,
+                            "status = 'sent', sent_at = CURRENT_TIMESTAMP(6),"
+                            " lease_owner = NULL, version = version + 1",
+                            n, ids, versions, done);
+}
+
+static int
+my_release(kinbox__db_t *db, size_t n, const int64_t *ids,
+           const int64_t *versions, uint64_t *done)
+{
+        return my_set_based(db,
+                            "next_attempt_at = CURRENT_TIMESTAMP(6),"
+                            " lease_owner = NULL, version = version + 1",
+                            n, ids, versions, done);
+}
+
+static int
+my_fail(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
+        const char *err, int64_t delay_ms, uint64_t *done)
+{
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "UPDATE kinbox_outbox SET attempts = attempts + 1,"
+                 " status = $1, last_error = $2,"
+                 " next_attempt_at = CURRENT_TIMESTAMP(6) + INTERVAL %" PRId64
+                 " MICROSECOND, version = version + 1, lease_owner = NULL"
+                 " WHERE id = %" PRId64 " AND version = %" PRId64
+                 " AND status = 'pending'",
+                 delay_ms * 1000, id, version);
+        kinbox__param_t p[2] = {{dead ? "dead" : "pending", 0, 0},
+                                {err, 0, 0}};
+        return my_affected(db, sql, 2, p, done);
+}
+
+/* Index-only on kinbox_outbox_pending: the 'pending' prefix's first rows. */
+static int
+my_probe(kinbox__db_t *db, bool *due)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->query(
+            db,
+            "SELECT 1 FROM kinbox_outbox FORCE INDEX (kinbox_outbox_pending)"
+            " WHERE status = 'pending' AND next_attempt_at <="
+            " CURRENT_TIMESTAMP(6) LIMIT 1",
+            0, NULL, -1, &rows);
+        *due = !rc && rows && rows->nrows > 0;
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+/* The duplicate branch sets LAST_INSERT_ID() to 0, so that a following
+ * SELECT LAST_INSERT_ID() says "new id" or "duplicate" exactly. */
+static const char append_sql[] =
+    "INSERT INTO kinbox_outbox (" KINBOX__OUTBOX_COLS ") "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7) "
+    "ON DUPLICATE KEY UPDATE id = id + LAST_INSERT_ID(0)";
+
+static int
+my_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag,
+             int64_t *idp)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->exec(db, append_sql, 7, p, tag);
+        if (!rc)
+                rc = db->ops->query(db, "SELECT LAST_INSERT_ID()", 0, NULL,
+                                    tag, &rows);
+        *idp = !rc && rows && rows->nrows ? i64(rows->values[0]) : 0;
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+#define REQUEUE_SET                                                            \
+        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "          \
+        "next_attempt_at = CURRENT_TIMESTAMP(6), version = version + 1, "      \
+        "lease_owner = NULL "
+
+const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
+    .claim = my_claim,
+    .mark_sent = my_mark_sent,
+    .release = my_release,
+    .fail = my_fail,
+    .probe = my_probe,
+    .notify_channel = NULL,
+    .heads_scan = HEADS_SCAN "1000",
+    .affected = my_affected,
+    .append = append_sql,
+    .append_id = my_append_id,
+    .requeue_id = REQUEUE_SET
+    "WHERE id = $1 AND status IN ('dead', 'canceled')",
+    .cancel_id = "UPDATE kinbox_outbox SET status = 'canceled', "
+                 "version = version + 1, lease_owner = NULL "
+                 "WHERE id = $1 AND status = 'pending'",
+    .requeue_dest = REQUEUE_SET
+    "WHERE status = 'dead' AND ($1 = '' OR destination = $1)",
+    .cancel_dest = "UPDATE kinbox_outbox SET status = 'canceled', "
+                   "version = version + 1, lease_owner = NULL "
+                   "WHERE status = 'pending' AND destination = $1",
+    .list = "SELECT id, status, destination, idem_key, aggregate_id, "
+            "attempts, max_attempts, last_error, created_at, "
+            "CASE WHEN status = 'pending' THEN next_attempt_at END, "
+            "COALESCE(LENGTH(payload), 0), sent_at, version "
+            "FROM kinbox_outbox WHERE id > $1 "
+            "AND ($2 = '' OR status = $2) "
+            "AND ($3 = '' OR destination = $3) ORDER BY id",
+};
+
+/* ------------------------------------------------ on the caller's MYSQL */
+
+/* Append s as a quoted, escaped literal (or NULL); binary as hex. */
+static int
+my_literal(kinbox__buf_t *b, MYSQL *conn, const char *s, size_t n, bool bin)
+{
+        if (!s) {
+                kinbox__buf_adds(b, "NULL");
+                return b->oom ? -1 : 0;
+        }
+        if (bin) {
+                /* Hex literal: independent of sql_mode and charset. */
+                kinbox__buf_adds(b, "X'");
+                for (size_t i = 0; i < n; i++)
+                        kinbox__buf_printf(b, "%02x", (unsigned char)s[i]);
+                kinbox__buf_add(b, "'", 1);
+                return b->oom ? -1 : 0;
+        }
+        char *tmp = malloc(2 * n + 1);
+        if (!tmp)
+                return -1;
+        unsigned long k =
+            mysql_real_escape_string(conn, tmp, s, (unsigned long)n);
+        kinbox__buf_add(b, "'", 1);
+        kinbox__buf_add(b, tmp, k);
+        kinbox__buf_add(b, "'", 1);
+        free(tmp);
+        return b->oom ? -1 : 0;
+}
+
+static kinbox_err_t
+my_error(MYSQL *conn, const char *what, char *errstr, size_t errstr_size)
+{
+        unsigned int e = mysql_errno(conn);
+        kinbox__errstr(errstr, errstr_size, "outbox append: %s: MySQL %u: %s",
+                       what, e, mysql_error(conn));
+        if (e == 2006 || e == 2013 || e == 2002 || e == 2003)
+                return KINBOX_ERR_DB_CONN;
+        if (e == 1213 || e == 1205) /* deadlock, lock wait timeout */
+                return KINBOX_ERR_TRANSIENT;
+        return KINBOX_ERR_DB;
+}
+
+static kinbox_err_t
+my_scalar(MYSQL *conn, const char *sql, size_t len, int64_t *out,
+          char *errstr, size_t errstr_size)
+{
+        if (mysql_real_query(conn, sql, (unsigned long)len))
+                return my_error(conn, "query", errstr, errstr_size);
+        MYSQL_RES *res = mysql_store_result(conn);
+        if (!res)
+                return my_error(conn, "result", errstr, errstr_size);
+        MYSQL_ROW row = mysql_fetch_row(res);
+        *out = row && row[0] ? i64(row[0]) : 0;
+        mysql_free_result(res);
+        return KINBOX_OK;
+}
+
+static int
+insert_sql(kinbox__buf_t *q, MYSQL *conn, const kinbox_outbox_msg_t *m,
+           const kinbox__outbox_prepared_t *pr)
+{
+        kinbox__buf_adds(q, "INSERT INTO kinbox_outbox (" KINBOX__OUTBOX_COLS
+                            ") VALUES (");
+        int bad = my_literal(q, conn, pr->kind, strlen(pr->kind), false);
+        kinbox__buf_add(q, ",", 1);
+        bad |= my_literal(q, conn, m->destination, strlen(m->destination),
+                          false);
+        kinbox__buf_add(q, ",", 1);
+        bad |= my_literal(q, conn, m->idem_key, strlen(m->idem_key), false);
+        kinbox__buf_add(q, ",", 1);
+        bad |= my_literal(q, conn, m->aggregate_id,
+                          m->aggregate_id ? strlen(m->aggregate_id) : 0,
+                          false);
+        kinbox__buf_add(q, ",", 1);
+        bad |= my_literal(q, conn,
+                          m->payload ? (const char *)m->payload : NULL,
+                          m->payload_size, true);
+        kinbox__buf_add(q, ",", 1);
+        bad |= my_literal(q, conn, pr->has_headers ? pr->headers.p : NULL,
+                          pr->headers.len, false);
+        kinbox__buf_printf(q,
+                           ",%d) ON DUPLICATE KEY UPDATE id = id + "
+                           "LAST_INSERT_ID(0)",
+                           m->max_attempts);
+        return bad || q->oom ? -1 : 0;
+}
+
+static kinbox_err_t
+find_id(MYSQL *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
+        char *errstr, size_t errstr_size)
+{
+        kinbox__buf_t s;
+        kinbox__buf_init(&s);
+        kinbox__buf_adds(&s, "SELECT id FROM kinbox_outbox WHERE "
+                             "destination = ");
+        int bad = my_literal(&s, conn, m->destination, strlen(m->destination),
+                             false);
+        kinbox__buf_adds(&s, " AND idem_key = ");
+        bad |= my_literal(&s, conn, m->idem_key, strlen(m->idem_key), false);
+        *idp = 0;
+        kinbox_err_t rc = KINBOX_OK;
+        if (!bad && !s.oom)
+                rc = my_scalar(conn, s.p, s.len, idp, errstr, errstr_size);
+        kinbox__buf_free(&s);
+        return rc;
+}
+
+KINBOX_API kinbox_err_t
+kinbox_outbox_append_mysql(struct st_mysql *conn,
+                           const kinbox_outbox_msg_t *m, int64_t *idp,
+                           char *errstr, size_t errstr_size)
+{
+        if (!conn) {
+                kinbox__errstr(errstr, errstr_size, "no connection");
+                return KINBOX_ERR_INVALID;
+        }
+        kinbox__outbox_prepared_t pr;
+        kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, errstr, errstr_size);
+        if (rc)
+                return rc;
+        kinbox__buf_t q;
+        kinbox__buf_init(&q);
+        int bad = insert_sql(&q, conn, m, &pr);
+        kinbox__outbox_prepared_free(&pr);
+        if (bad) {
+                kinbox__buf_free(&q);
+                kinbox__errstr(errstr, errstr_size, "out of memory");
+                return KINBOX_ERR_NOMEM;
+        }
+        if (mysql_real_query(conn, q.p, (unsigned long)q.len)) {
+                kinbox__buf_free(&q);
+                return my_error(conn, "insert", errstr, errstr_size);
+        }
+        kinbox__buf_free(&q);
+        int64_t id = 0;
+        static const char lid[] = "SELECT LAST_INSERT_ID()";
+        rc = my_scalar(conn, lid, sizeof(lid) - 1, &id, errstr, errstr_size);
+        if (rc)
+                return rc;
+        if (id > 0) {
+                if (idp)
+                        *idp = id;
+                kinbox__relay_poke();
+                return KINBOX_OK;
+        }
+        if (idp && (rc = find_id(conn, m, idp, errstr, errstr_size)))
+                return rc;
+        return KINBOX_ERR_DUPLICATE;
+}

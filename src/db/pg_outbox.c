@@ -1,0 +1,371 @@
+/*
+ * pg_outbox.c -- the outbox's and relay's statements on PostgreSQL
+ * (struct kinbox__outbox_ops), and kinbox_outbox_append_pg() on the
+ * caller's own PGconn.
+ *
+ * The claim is one statement (see claim_sql): candidate heads read from
+ * the partial index kinbox_outbox_pending (index-only, pending rows only,
+ * so neither sent rows nor statistics change its cost), locked with SKIP
+ * LOCKED, then each head's run of following rows, all leased in the same
+ * UPDATE.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "../db.h"
+#include "../internal.h"
+#include "../outbox_int.h"
+
+/*
+ * $1 limit, $2 lease ms, $3 owner, $4 run_max, $5 window (NULL: all).
+ *
+ * w: the first $5 due pending rows in id order (index-only, pending rows
+ *    only). A window keeps the walk short when one aggregate's rows fill
+ *    the front of the backlog; the relay walks everything when a window
+ *    gave nothing (see relay.c).
+ * c: candidate heads, no locks. Due pending rows in id order with no older
+ *    pending row of their aggregate, destination not paused. NOT IN (a
+ *    hashed subplan) for the paused table keeps the walk in id order.
+ * h: the candidates still pending and due once locked (SKIP LOCKED: a row
+ *    another relay is claiming right now is left to it). "= ANY (ARRAY(
+ *    ...))" here and in the UPDATE: primary-key lookups whatever the
+ *    estimates (a join let the planner hash the whole table).
+ * f: each head's run: the aggregate's next pending rows in id order, as
+ *    long as they are due and go to the head's destination (the running
+ *    bool_and stops the run at the first row that does not). Heads share
+ *    what is left of the limit. Those rows are not locked here: the UPDATE
+ *    locks them; no other relay can take them meanwhile, since their head
+ *    is locked by this statement and still pending for everyone else.
+ */
+#define HEADS_SCAN                                                             \
+    " SELECT o.id FROM kinbox_outbox o"                                        \
+    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"               \
+    " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                             \
+    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"    \
+    "  AND p.status = 'pending' AND p.id < o.id))"                             \
+    " AND o.destination NOT IN (SELECT z.destination"                          \
+    "  FROM kinbox_outbox_paused z)"                                           \
+    " ORDER BY o.id LIMIT "
+
+static const char claim_sql[] =
+    "WITH w AS MATERIALIZED ("
+    " SELECT o.id, o.aggregate_id, o.destination FROM kinbox_outbox o"
+    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
+    " ORDER BY o.id LIMIT $5::integer),"
+    " c AS MATERIALIZED ("
+    " SELECT o.id FROM w o"
+    " WHERE (o.aggregate_id IS NULL OR NOT EXISTS ("
+    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
+    "  AND p.status = 'pending' AND p.id < o.id))"
+    " AND o.destination NOT IN (SELECT z.destination"
+    "  FROM kinbox_outbox_paused z)"
+    " ORDER BY o.id LIMIT $1::integer),"
+    " h AS MATERIALIZED ("
+    " SELECT t.id, t.aggregate_id, t.destination,"
+    "  t.lease_owner IS NOT NULL AS reclaimed"
+    " FROM kinbox_outbox t WHERE t.id = ANY (ARRAY(SELECT c.id FROM c))"
+    " AND t.status = 'pending' AND t.next_attempt_at <= now()"
+    " ORDER BY t.id FOR UPDATE OF t SKIP LOCKED),"
+    " n AS (SELECT count(*) AS k FROM h),"
+    " f AS ("
+    " SELECT x.id, x.reclaimed FROM ("
+    "  SELECT q.id, q.reclaimed, bool_and(q.ok) OVER"
+    "   (PARTITION BY h.id ORDER BY q.id) AS run"
+    "  FROM h CROSS JOIN LATERAL ("
+    "   SELECT r.id, r.lease_owner IS NOT NULL AS reclaimed,"
+    "    (r.destination = h.destination AND r.next_attempt_at <= now())"
+    "     AS ok"
+    "   FROM kinbox_outbox r WHERE r.aggregate_id = h.aggregate_id"
+    "   AND r.status = 'pending' AND r.id > h.id ORDER BY r.id"
+    "   LIMIT (SELECT least(($1::integer - n.k) / greatest(n.k, 1),"
+    "    $4::integer - 1) FROM n)) q"
+    "  WHERE h.aggregate_id IS NOT NULL) x WHERE x.run),"
+    " u AS (SELECT h.id, h.reclaimed FROM h"
+    "  UNION ALL SELECT f.id, f.reclaimed FROM f)"
+    " UPDATE kinbox_outbox t SET"
+    " next_attempt_at = now() + $2::bigint * interval '1 millisecond',"
+    " version = t.version + 1, lease_owner = $3"
+    " WHERE t.id = ANY (ARRAY(SELECT u.id FROM u)) AND t.status = 'pending'"
+    " RETURNING t.id, t.version, t.kind, t.destination, t.idem_key,"
+    " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"
+    " t.id = ANY (ARRAY(SELECT u.id FROM u WHERE u.reclaimed)),"
+    " (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
+
+static int
+pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
+         struct kinbox_rows_s **out)
+{
+        char lim[24], lease[24], run[24], win[24];
+        snprintf(lim, sizeof(lim), "%" PRId64, req->limit);
+        snprintf(lease, sizeof(lease), "%" PRId64, req->lease_ms);
+        snprintf(run, sizeof(run), "%" PRId64, req->run_max);
+        snprintf(win, sizeof(win), "%" PRId64, req->window);
+        kinbox__param_t p[5] = {{lim, 0, 0},
+                                {lease, 0, 0},
+                                {req->owner, 0, 0},
+                                {run, 0, 0},
+                                {req->window > 0 ? win : NULL, 0, 0}};
+        /* No sequential scans: the per-aggregate check of each walked row
+         * must probe an index; with a hot aggregate the planner otherwise
+         * scans the heap from its start (over every sent row) per row. */
+        int rc = db->ops->begin(db);
+        if (!rc)
+                rc = db->ops->exec(db, "SET LOCAL enable_seqscan = off", 0,
+                                   NULL, -1);
+        if (!rc)
+                rc = db->ops->query(db, claim_sql, 5, p, -1, out);
+        if (!rc)
+                rc = db->ops->commit(db);
+        if (rc && db->in_tx)
+                db->ops->rollback(db);
+        if (rc) {
+                kinbox_rows_destroy(*out);
+                *out = NULL;
+        }
+        return rc;
+}
+
+/* "{1,2,3}" */
+static int
+int_array(kinbox__buf_t *b, size_t n, const int64_t *v)
+{
+        kinbox__buf_adds(b, "{");
+        for (size_t i = 0; i < n; i++)
+                kinbox__buf_printf(b, "%s%" PRId64, i ? "," : "", v[i]);
+        kinbox__buf_adds(b, "}");
+        return b->oom ? KINBOX_ERR_NOMEM : 0;
+}
+
+static int
+pg_affected(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+            uint64_t *count)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->query(db, sql, n, p, -1, &rows);
+        if (!rc && count) {
+                int64_t v = rows && rows->nrows && rows->values[0]
+                                ? strtoll(rows->values[0], NULL, 10)
+                                : 0;
+                *count = v > 0 ? (uint64_t)v : 0;
+        }
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+static int
+pg_set_based(kinbox__db_t *db, const char *sql, size_t n, const int64_t *ids,
+             const int64_t *versions, uint64_t *done)
+{
+        kinbox__buf_t a, b;
+        kinbox__buf_init(&a);
+        kinbox__buf_init(&b);
+        int rc = int_array(&a, n, ids);
+        if (!rc)
+                rc = int_array(&b, n, versions);
+        if (!rc) {
+                kinbox__param_t p[2] = {{a.p, 0, 0}, {b.p, 0, 0}};
+                rc = pg_affected(db, sql, 2, p, done);
+        }
+        kinbox__buf_free(&a);
+        kinbox__buf_free(&b);
+        return rc;
+}
+
+static const char sent_sql[] =
+    "WITH u AS (UPDATE kinbox_outbox o SET status = 'sent', sent_at = now(),"
+    " lease_owner = NULL, version = o.version + 1"
+    " FROM unnest($1::bigint[], $2::bigint[]) AS x(id, v)"
+    " WHERE o.id = x.id AND o.version = x.v AND o.status = 'pending'"
+    " RETURNING 1) SELECT count(*) FROM u";
+
+static const char release_sql[] =
+    "WITH u AS (UPDATE kinbox_outbox o SET next_attempt_at = now(),"
+    " lease_owner = NULL, version = o.version + 1"
+    " FROM unnest($1::bigint[], $2::bigint[]) AS x(id, v)"
+    " WHERE o.id = x.id AND o.version = x.v AND o.status = 'pending'"
+    " RETURNING 1) SELECT count(*) FROM u";
+
+static int
+pg_mark_sent(kinbox__db_t *db, size_t n, const int64_t *ids,
+             const int64_t *versions, uint64_t *done)
+{
+        return pg_set_based(db, sent_sql, n, ids, versions, done);
+}
+
+static int
+pg_release(kinbox__db_t *db, size_t n, const int64_t *ids,
+           const int64_t *versions, uint64_t *done)
+{
+        return pg_set_based(db, release_sql, n, ids, versions, done);
+}
+
+static const char fail_sql[] =
+    "WITH u AS (UPDATE kinbox_outbox SET attempts = attempts + 1,"
+    " status = $3, last_error = $4,"
+    " next_attempt_at = now() + $5::bigint * interval '1 millisecond',"
+    " version = version + 1, lease_owner = NULL"
+    " WHERE id = $1::bigint AND version = $2::bigint AND status = 'pending'"
+    " RETURNING 1) SELECT count(*) FROM u";
+
+static int
+pg_fail(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
+        const char *err, int64_t delay_ms, uint64_t *done)
+{
+        char a[24], b[24], d[24];
+        snprintf(a, sizeof(a), "%" PRId64, id);
+        snprintf(b, sizeof(b), "%" PRId64, version);
+        snprintf(d, sizeof(d), "%" PRId64, delay_ms);
+        kinbox__param_t p[5] = {{a, 0, 0},
+                                {b, 0, 0},
+                                {dead ? "dead" : "pending", 0, 0},
+                                {err, 0, 0},
+                                {d, 0, 0}};
+        return pg_affected(db, fail_sql, 5, p, done);
+}
+
+static int
+pg_probe(kinbox__db_t *db, bool *due)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->query(
+            db,
+            "SELECT 1 FROM kinbox_outbox WHERE status = 'pending'"
+            " AND next_attempt_at <= now() LIMIT 1",
+            0, NULL, -1, &rows);
+        *due = !rc && rows && rows->nrows > 0;
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+static const char append_sql[] =
+    "INSERT INTO kinbox_outbox (" KINBOX__OUTBOX_COLS ") "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7::integer) "
+    "ON CONFLICT (destination, idem_key) DO NOTHING RETURNING id";
+
+static int
+pg_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag,
+             int64_t *idp)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->query(db, append_sql, 7, p, tag, &rows);
+        *idp = !rc && rows && rows->nrows && rows->values[0]
+                   ? strtoll(rows->values[0], NULL, 10)
+                   : 0;
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+#define REQUEUE_SET                                                            \
+        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "          \
+        "next_attempt_at = now(), version = version + 1, lease_owner = NULL "
+#define COUNT_NOTIFY                                                           \
+        " RETURNING 1) SELECT count(*), pg_notify('kinbox_outbox', '') FROM u"
+
+const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
+    .claim = pg_claim,
+    .mark_sent = pg_mark_sent,
+    .release = pg_release,
+    .fail = pg_fail,
+    .probe = pg_probe,
+    .notify_channel = "kinbox_outbox",
+    .heads_scan = HEADS_SCAN "1000",
+    .affected = pg_affected,
+    .append = append_sql,
+    .append_id = pg_append_id,
+    .requeue_id = "WITH u AS (" REQUEUE_SET
+                  "WHERE id = $1::bigint AND status IN ('dead', 'canceled')"
+                  COUNT_NOTIFY,
+    .cancel_id = "WITH u AS (UPDATE kinbox_outbox SET status = 'canceled', "
+                 "version = version + 1, lease_owner = NULL "
+                 "WHERE id = $1::bigint AND status = 'pending' RETURNING 1) "
+                 "SELECT count(*) FROM u",
+    .requeue_dest = "WITH u AS (" REQUEUE_SET
+                    "WHERE status = 'dead' AND ($1 = '' OR destination = $1)"
+                    COUNT_NOTIFY,
+    .cancel_dest = "WITH u AS (UPDATE kinbox_outbox SET status = 'canceled', "
+                   "version = version + 1, lease_owner = NULL "
+                   "WHERE status = 'pending' AND destination = $1 "
+                   "RETURNING 1) SELECT count(*) FROM u",
+    .list = "SELECT id, status, destination, idem_key, aggregate_id, "
+            "attempts, max_attempts, last_error, created_at, "
+            "CASE WHEN status = 'pending' THEN next_attempt_at END, "
+            "COALESCE(octet_length(payload), 0), sent_at, version "
+            "FROM kinbox_outbox WHERE id > $1::bigint "
+            "AND ($2 = '' OR status = $2) "
+            "AND ($3 = '' OR destination = $3) ORDER BY id",
+};
+
+/* ------------------------------------------------ on the caller's PGconn */
+
+static kinbox_err_t
+pg_code(PGconn *conn, const char *state)
+{
+        if (PQstatus(conn) != CONNECTION_OK || (state && !strncmp(state, "08", 2)))
+                return KINBOX_ERR_DB_CONN;
+        if (state && (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
+                      !strcmp(state, "55P03")))
+                return KINBOX_ERR_TRANSIENT;
+        return KINBOX_ERR_DB;
+}
+
+KINBOX_API kinbox_err_t
+kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
+                        int64_t *idp, char *errstr, size_t errstr_size)
+{
+        if (!conn) {
+                kinbox__errstr(errstr, errstr_size, "no connection");
+                return KINBOX_ERR_INVALID;
+        }
+        kinbox__outbox_prepared_t pr;
+        kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, errstr, errstr_size);
+        if (rc)
+                return rc;
+        kinbox__param_t p[7];
+        kinbox__outbox_params(m, &pr, p);
+        const char *vals[7];
+        int lens[7], fmts[7];
+        for (int i = 0; i < 7; i++) {
+                vals[i] = p[i].v;
+                lens[i] = p[i].binary ? (int)p[i].len : 0;
+                fmts[i] = p[i].binary;
+        }
+        PGresult *res =
+            PQexecParams(conn, append_sql, 7, NULL, vals, lens, fmts, 0);
+        kinbox__outbox_prepared_free(&pr);
+        if (!res || PQresultStatus(res) != PGRES_TUPLES_OK) {
+                const char *st =
+                    res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+                kinbox__errstr(errstr, errstr_size,
+                               "outbox append: SQLSTATE %s: %s",
+                               st ? st : "?????",
+                               res ? PQresultErrorMessage(res)
+                                   : PQerrorMessage(conn));
+                rc = pg_code(conn, st);
+                PQclear(res);
+                return rc;
+        }
+        int64_t id =
+            PQntuples(res) ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
+        PQclear(res);
+        if (id > 0) {
+                if (idp)
+                        *idp = id;
+                kinbox__relay_poke();
+                return KINBOX_OK;
+        }
+        if (idp) {
+                const char *fv[2] = {m->destination, m->idem_key};
+                res = PQexecParams(conn, KINBOX__OUTBOX_FIND_ID_SQL, 2, NULL,
+                                   fv, NULL, NULL, 0);
+                *idp = res && PQresultStatus(res) == PGRES_TUPLES_OK &&
+                               PQntuples(res)
+                           ? strtoll(PQgetvalue(res, 0, 0), NULL, 10)
+                           : 0;
+                PQclear(res);
+        }
+        return KINBOX_ERR_DUPLICATE;
+}
