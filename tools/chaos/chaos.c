@@ -292,6 +292,198 @@ typedef struct aggst {
         long maxseen; /* highest seq seen; seqs 1..maxseen all seen */
 } aggst_t;
 
+/* What the audit counts. */
+typedef struct audit {
+        long msgs, copies, order_bad, unexpected, bad_key, bad_header;
+} audit_t;
+
+/* The writer's "aNN count" lines into st; 0, or 2 with a message. */
+static int
+read_expect(const char *expect, aggst_t *st, long *rows, long *naggs)
+{
+        FILE *fp = fopen(expect, "r");
+        if (!fp) {
+                fprintf(stderr, "kinbox-chaos topic-audit: %s: %s\n", expect,
+                        strerror(errno));
+                return 2;
+        }
+        long a, n;
+        *rows = *naggs = 0;
+        while (fscanf(fp, " a%ld %ld", &a, &n) == 2) {
+                if (a < 0 || a >= MAX_AGG || n < 0) {
+                        fprintf(stderr, "kinbox-chaos topic-audit: %s: bad "
+                                        "line a%ld %ld\n", expect, a, n);
+                        fclose(fp);
+                        return 2;
+                }
+                st[a].expect = n;
+                *rows += n;
+                (*naggs)++;
+        }
+        fclose(fp);
+        return 0;
+}
+
+/* A group-less consumer for reading partitions from their start. */
+static rd_kafka_t *
+audit_consumer(const char *bootstrap)
+{
+        char err[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "group.id", "kinbox-chaos-audit", err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "enable.auto.commit", "false", err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "enable.partition.eof", "true", err,
+                              sizeof(err))) {
+                fprintf(stderr, "kinbox-chaos topic-audit: %s\n", err);
+                rd_kafka_conf_destroy(conf);
+                return NULL;
+        }
+        rd_kafka_t *rk =
+            rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+        if (!rk)
+                fprintf(stderr, "kinbox-chaos topic-audit: %s\n", err);
+        return rk;
+}
+
+/* Every non-empty partition of topic from offset 0 into *tpp; *live how
+ * many; a partition that does not start at 0 is a failure. -1: error. */
+static int
+topic_partitions(rd_kafka_t *rk, const char *topic,
+                 rd_kafka_topic_partition_list_t **tpp, int *live,
+                 int64_t *total_high)
+{
+        const rd_kafka_metadata_t *md = NULL;
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+        rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
+        if (e || md->topic_cnt != 1 || md->topics[0].err) {
+                fprintf(stderr, "kinbox-chaos topic-audit: metadata for %s: "
+                                "%s\n", topic,
+                        rd_kafka_err2str(e ? e : md->topics[0].err));
+                return -1;
+        }
+        int parts = md->topics[0].partition_cnt, failures = 0;
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(rkt);
+        *tpp = rd_kafka_topic_partition_list_new(parts);
+        *live = 0;
+        *total_high = 0;
+        for (int p = 0; p < parts; p++) {
+                int64_t lo, hi;
+                e = rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi,
+                                                     10000);
+                if (e) {
+                        fprintf(stderr, "kinbox-chaos topic-audit: "
+                                        "watermarks %s [%d]: %s\n",
+                                topic, p, rd_kafka_err2str(e));
+                        return -1;
+                }
+                if (lo != 0) {
+                        printf("topic-audit: FAIL partition %d starts at "
+                               "offset %lld: the broker dropped data, the "
+                               "topic cannot be audited\n",
+                               p, (long long)lo);
+                        failures++;
+                }
+                *total_high += hi;
+                if (hi > lo) {
+                        rd_kafka_topic_partition_list_add(*tpp, topic, p)
+                            ->offset = lo;
+                        (*live)++;
+                }
+        }
+        return failures;
+}
+
+/* One message: its payload "aNN SEQ", key, message_id header and place in
+ * its aggregate's order. */
+static void
+check_message(const rd_kafka_message_t *m, const char *topic, aggst_t *st,
+              audit_t *au)
+{
+        au->msgs++;
+        char pl[64] = "", key[64] = "", idh[160] = "", want[160];
+        if (m->len < sizeof(pl))
+                memcpy(pl, m->payload, m->len);
+        if (m->key_len < sizeof(key))
+                memcpy(key, m->key, m->key_len);
+        rd_kafka_headers_t *h = NULL;
+        const void *hv;
+        size_t hs;
+        if (!rd_kafka_message_headers(m, &h) &&
+            !rd_kafka_header_get_last(h, "message_id", &hv, &hs) && hv &&
+            hs < sizeof(idh))
+                memcpy(idh, hv, hs);
+        long a, s;
+        if (sscanf(pl, "a%ld %ld", &a, &s) != 2 || a < 0 || a >= MAX_AGG ||
+            s < 1) {
+                if (au->unexpected++ < 10)
+                        printf("topic-audit: FAIL partition %d offset %lld: "
+                               "unknown payload\n",
+                               (int)m->partition, (long long)m->offset);
+                return;
+        }
+        char aname[32];
+        snprintf(aname, sizeof(aname), "a%ld", a);
+        if (strcmp(key, aname) && au->bad_key++ < 10)
+                printf("topic-audit: FAIL %s: key \"%s\"\n", pl, key);
+        snprintf(want, sizeof(want), "%s:a%ld-%ld", topic, a, s);
+        if (strcmp(idh, want) && au->bad_header++ < 10)
+                printf("topic-audit: FAIL %s: message_id \"%s\", expected "
+                       "\"%s\"\n",
+                       pl, idh, want);
+        if (s > st[a].expect) {
+                if (au->unexpected++ < 10)
+                        printf("topic-audit: FAIL %s: the writer committed "
+                               "only %ld rows of a%ld\n",
+                               pl, st[a].expect, a);
+        } else if (s <= st[a].maxseen) {
+                au->copies++; /* re-published */
+        } else if (s == st[a].maxseen + 1) {
+                st[a].maxseen = s;
+        } else {
+                if (au->order_bad++ < 10)
+                        printf("topic-audit: FAIL a%ld: %ld published "
+                               "before %ld (partition %d offset %lld)\n",
+                               a, s, st[a].maxseen + 1, (int)m->partition,
+                               (long long)m->offset);
+                /* count it seen so one slip is one error */
+                st[a].maxseen = s;
+        }
+}
+
+/* Read the assigned partitions to their ends; 1 when they went quiet. */
+static int
+read_all(rd_kafka_t *rk, int live, const char *topic, aggst_t *st,
+         audit_t *au)
+{
+        int eof = 0, idle = 0;
+        while (eof < live) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 1000);
+                if (!m) {
+                        if (++idle > 60) {
+                                printf("topic-audit: FAIL no message for 60 "
+                                       "s before the end of the topic\n");
+                                return 1;
+                        }
+                        continue;
+                }
+                idle = 0;
+                if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF)
+                        eof++;
+                else if (m->err)
+                        fprintf(stderr, "kinbox-chaos topic-audit: %s\n",
+                                rd_kafka_message_errstr(m));
+                else
+                        check_message(m, topic, st, au);
+                rd_kafka_message_destroy(m);
+        }
+        return 0;
+}
+
 static int
 cmd_topic_audit(int argc, char **argv)
 {
@@ -320,181 +512,29 @@ cmd_topic_audit(int argc, char **argv)
         aggst_t *st = calloc(MAX_AGG, sizeof(*st));
         if (!st)
                 return 1;
-        FILE *fp = fopen(expect, "r");
-        if (!fp) {
-                fprintf(stderr, "kinbox-chaos topic-audit: %s: %s\n", expect,
-                        strerror(errno));
-                return 2;
-        }
-        long a, n, expected_rows = 0, naggs = 0;
-        while (fscanf(fp, " a%ld %ld", &a, &n) == 2) {
-                if (a < 0 || a >= MAX_AGG || n < 0) {
-                        fprintf(stderr, "kinbox-chaos topic-audit: %s: bad "
-                                        "line a%ld %ld\n", expect, a, n);
-                        fclose(fp);
-                        return 2;
-                }
-                st[a].expect = n;
-                expected_rows += n;
-                naggs++;
-        }
-        fclose(fp);
-
-        char err[512];
-        rd_kafka_conf_t *conf = rd_kafka_conf_new();
-        if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err,
-                              sizeof(err)) ||
-            rd_kafka_conf_set(conf, "group.id", "kinbox-chaos-audit", err,
-                              sizeof(err)) ||
-            rd_kafka_conf_set(conf, "enable.auto.commit", "false", err,
-                              sizeof(err)) ||
-            rd_kafka_conf_set(conf, "enable.partition.eof", "true", err,
-                              sizeof(err))) {
-                fprintf(stderr, "kinbox-chaos topic-audit: %s\n", err);
-                return 2;
-        }
-        rd_kafka_t *rk =
-            rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+        long expected_rows, naggs;
+        int rc = read_expect(expect, st, &expected_rows, &naggs);
+        rd_kafka_t *rk = rc ? NULL : audit_consumer(bootstrap);
         if (!rk) {
-                fprintf(stderr, "kinbox-chaos topic-audit: %s\n", err);
-                return 1;
+                free(st);
+                return rc ? rc : 1;
         }
-        const rd_kafka_metadata_t *md = NULL;
-        rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-        rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
-        if (e || md->topic_cnt != 1 || md->topics[0].err) {
-                fprintf(stderr, "kinbox-chaos topic-audit: metadata for %s: "
-                                "%s\n", topic,
-                        rd_kafka_err2str(e ? e : md->topics[0].err));
-                return 1;
-        }
-        int parts = md->topics[0].partition_cnt;
-        rd_kafka_metadata_destroy(md);
-        rd_kafka_topic_destroy(rkt);
-
-        int failures = 0;
-        rd_kafka_topic_partition_list_t *tp =
-            rd_kafka_topic_partition_list_new(parts);
-        int64_t total_high = 0;
+        rd_kafka_topic_partition_list_t *tp = NULL;
         int live = 0;
-        for (int p = 0; p < parts; p++) {
-                int64_t lo, hi;
-                e = rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi,
-                                                     10000);
-                if (e) {
-                        fprintf(stderr, "kinbox-chaos topic-audit: "
-                                        "watermarks %s [%d]: %s\n",
-                                topic, p, rd_kafka_err2str(e));
-                        return 1;
-                }
-                if (lo != 0) {
-                        printf("topic-audit: FAIL partition %d starts at "
-                               "offset %lld: the broker dropped data, the "
-                               "topic cannot be audited\n",
-                               p, (long long)lo);
-                        failures++;
-                }
-                total_high += hi;
-                if (hi > lo) {
-                        rd_kafka_topic_partition_list_add(tp, topic, p)
-                            ->offset = lo;
-                        live++;
-                }
+        int64_t total_high = 0;
+        int failures = topic_partitions(rk, topic, &tp, &live, &total_high);
+        if (failures < 0) {
+                rd_kafka_destroy(rk);
+                free(st);
+                return 1;
         }
-        long msgs = 0, copies = 0, order_bad = 0, unexpected = 0,
-             bad_key = 0, bad_header = 0;
+        audit_t au = {0};
         if (live) {
                 rd_kafka_assign(rk, tp);
-                int eof = 0, idle = 0;
-                while (eof < live) {
-                        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 1000);
-                        if (!m) {
-                                if (++idle > 60) {
-                                        printf("topic-audit: FAIL no message "
-                                               "for 60 s before the end of "
-                                               "the topic\n");
-                                        failures++;
-                                        break;
-                                }
-                                continue;
-                        }
-                        idle = 0;
-                        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-                                eof++;
-                                rd_kafka_message_destroy(m);
-                                continue;
-                        }
-                        if (m->err) {
-                                fprintf(stderr, "kinbox-chaos topic-audit: "
-                                                "%s\n",
-                                        rd_kafka_message_errstr(m));
-                                rd_kafka_message_destroy(m);
-                                continue;
-                        }
-                        msgs++;
-                        char pl[64] = "", key[64] = "", idh[160] = "",
-                             want[160];
-                        if (m->len < sizeof(pl))
-                                memcpy(pl, m->payload, m->len);
-                        if (m->key_len < sizeof(key))
-                                memcpy(key, m->key, m->key_len);
-                        rd_kafka_headers_t *h = NULL;
-                        const void *hv;
-                        size_t hs;
-                        if (!rd_kafka_message_headers(m, &h) &&
-                            !rd_kafka_header_get_last(h, "message_id", &hv,
-                                                      &hs) &&
-                            hv && hs < sizeof(idh))
-                                memcpy(idh, hv, hs);
-                        long s;
-                        if (sscanf(pl, "a%ld %ld", &a, &s) != 2 || a < 0 ||
-                            a >= MAX_AGG || s < 1) {
-                                if (unexpected++ < 10)
-                                        printf("topic-audit: FAIL partition "
-                                               "%d offset %lld: unknown "
-                                               "payload\n",
-                                               (int)m->partition,
-                                               (long long)m->offset);
-                                rd_kafka_message_destroy(m);
-                                continue;
-                        }
-                        char aname[32];
-                        snprintf(aname, sizeof(aname), "a%ld", a);
-                        if (strcmp(key, aname) && bad_key++ < 10)
-                                printf("topic-audit: FAIL %s: key \"%s\"\n",
-                                       pl, key);
-                        snprintf(want, sizeof(want), "%s:a%ld-%ld", topic, a,
-                                 s);
-                        if (strcmp(idh, want) && bad_header++ < 10)
-                                printf("topic-audit: FAIL %s: message_id "
-                                       "\"%s\", expected \"%s\"\n",
-                                       pl, idh, want);
-                        if (s > st[a].expect) {
-                                if (unexpected++ < 10)
-                                        printf("topic-audit: FAIL %s: the "
-                                               "writer committed only %ld "
-                                               "rows of a%ld\n",
-                                               pl, st[a].expect, a);
-                        } else if (s <= st[a].maxseen) {
-                                copies++; /* re-published */
-                        } else if (s == st[a].maxseen + 1) {
-                                st[a].maxseen = s;
-                        } else {
-                                if (order_bad++ < 10)
-                                        printf("topic-audit: FAIL a%ld: %ld "
-                                               "published before %ld "
-                                               "(partition %d offset %lld)\n",
-                                               a, s, st[a].maxseen + 1,
-                                               (int)m->partition,
-                                               (long long)m->offset);
-                                /* count it seen so one slip is one error */
-                                st[a].maxseen = s;
-                        }
-                        rd_kafka_message_destroy(m);
-                }
+                failures += read_all(rk, live, topic, st, &au);
         }
         long missing = 0;
-        for (a = 0; a < MAX_AGG; a++)
+        for (long a = 0; a < MAX_AGG; a++)
                 if (st[a].maxseen < st[a].expect) {
                         if (missing < 10)
                                 printf("topic-audit: FAIL a%ld: rows %ld..%ld "
@@ -502,14 +542,15 @@ cmd_topic_audit(int argc, char **argv)
                                        a, st[a].maxseen + 1, st[a].expect);
                         missing += st[a].expect - st[a].maxseen;
                 }
-        failures += missing > 0 || unexpected || order_bad || bad_key ||
-                    bad_header;
+        failures += missing > 0 || au.unexpected || au.order_bad ||
+                    au.bad_key || au.bad_header;
         printf("topic-audit: %ld messages on %s (high watermarks %lld), %ld "
                "rows of %ld aggregates expected, %ld re-published copies; "
                "missing %ld, unexpected %ld, out of order %ld, wrong key "
                "%ld, wrong message_id %ld\n",
-               msgs, topic, (long long)total_high, expected_rows, naggs,
-               copies, missing, unexpected, order_bad, bad_key, bad_header);
+               au.msgs, topic, (long long)total_high, expected_rows, naggs,
+               au.copies, missing, au.unexpected, au.order_bad, au.bad_key,
+               au.bad_header);
         rd_kafka_topic_partition_list_destroy(tp);
         rd_kafka_consumer_close(rk);
         rd_kafka_destroy(rk);
