@@ -27,7 +27,12 @@
 #include <string.h>
 
 static volatile sig_atomic_t stop;
-static void on_sig(int s) { (void)s; stop = 1; }
+static void
+on_sig(int s)
+{
+        (void)s;
+        stop = 1;
+}
 
 static PGconn *pg;
 static MYSQL *my;
@@ -193,8 +198,8 @@ subscribe(const char *bootstrap, const char *group, const char *topic)
                 if (rd_kafka_conf_set(conf, kv[i][0], kv[i][1], err,
                                       sizeof(err)))
                         die("kafka conf", err);
-        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err,
-                                      sizeof(err));
+        rd_kafka_t *rk =
+            rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
         if (!rk)
                 die("rd_kafka_new", err);
         rd_kafka_poll_set_consumer(rk);
@@ -213,16 +218,24 @@ main(int argc, char **argv)
         const char *bootstrap = NULL, *topic = NULL, *group = NULL,
                    *pgurl = NULL, *myurl = NULL;
         for (int i = 1; i < argc; i++) {
-                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                const char *a = argv[i],
+                           *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (!v)
                         die("missing value for", a);
-                if (!strcmp(a, "-b")) bootstrap = v;
-                else if (!strcmp(a, "-t")) topic = v;
-                else if (!strcmp(a, "-g")) group = v;
-                else if (!strcmp(a, "-c")) consumer = v;
-                else if (!strcmp(a, "--pg")) pgurl = v;
-                else if (!strcmp(a, "--mysql")) myurl = v;
-                else die("unknown option", a);
+                if (!strcmp(a, "-b"))
+                        bootstrap = v;
+                else if (!strcmp(a, "-t"))
+                        topic = v;
+                else if (!strcmp(a, "-g"))
+                        group = v;
+                else if (!strcmp(a, "-c"))
+                        consumer = v;
+                else if (!strcmp(a, "--pg"))
+                        pgurl = v;
+                else if (!strcmp(a, "--mysql"))
+                        myurl = v;
+                else
+                        die("unknown option", a);
                 i++;
         }
         if (!bootstrap || !topic || !group || (!pgurl == !myurl))

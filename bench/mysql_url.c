@@ -13,8 +13,10 @@ bench_mysql_connect(const char *url, char *err, size_t errsz)
         char *host = at ? at + 1 : NULL;
         char *db = host ? strchr(host, '/') : NULL;
         if (strncmp(u, "mysql://", 8) || !db) {
-                snprintf(err, errsz, "bad mysql url %s: expected "
-                                     "mysql://user:pass@host:port/db", url);
+                snprintf(err, errsz,
+                         "bad mysql url %s: expected "
+                         "mysql://user:pass@host:port/db",
+                         url);
                 return NULL;
         }
         *at = 0;
@@ -26,9 +28,9 @@ bench_mysql_connect(const char *url, char *err, size_t errsz)
         if (port)
                 *port++ = 0;
         MYSQL *my = mysql_init(NULL);
-        if (!my || !mysql_real_connect(my, host, user, pass, db,
-                                       port ? (unsigned)atoi(port) : 3306,
-                                       NULL, 0)) {
+        if (!my ||
+            !mysql_real_connect(my, host, user, pass, db,
+                                port ? (unsigned)atoi(port) : 3306, NULL, 0)) {
                 snprintf(err, errsz, "mysql connect: %s",
                          my ? mysql_error(my) : "out of memory");
                 if (my)

@@ -17,9 +17,8 @@
 static void
 metrics_stats(kinbox_consumer_t *c)
 {
-        static const char *const res[] = {"processed", "duplicate",
-                                          "business_duplicate", "dead",
-                                          "retried"};
+        static const char *const res[] = {
+            "processed", "duplicate", "business_duplicate", "dead", "retried"};
         uint64_t v[5] = {atomic_load(&c->st_processed),
                          atomic_load(&c->st_dup), atomic_load(&c->st_bizdup),
                          atomic_load(&c->st_dead),
@@ -37,8 +36,6 @@ metrics_stats(kinbox_consumer_t *c)
         kinbox__m_set("kinbox_consumer_rollbacks_total", l,
                       (double)atomic_load(&c->st_rolled_back));
 }
-
-
 
 /* Offsets for the committed prefix of each partition in the batch. */
 static void
@@ -64,19 +61,18 @@ store_offsets(kinbox_consumer_t *c, worker_t *w)
                 int64_t lo = 0, hi = 0;
                 char lb[400], pn[16];
                 snprintf(pn, sizeof(pn), "%" PRId32, l->elems[i].partition);
-                if (!rd_kafka_get_watermark_offsets(
-                        c->rk, l->elems[i].topic, l->elems[i].partition, &lo,
-                        &hi) &&
+                if (!rd_kafka_get_watermark_offsets(c->rk, l->elems[i].topic,
+                                                    l->elems[i].partition, &lo,
+                                                    &hi) &&
                     hi >= 0)
-                        kinbox__m_set(
-                            "kinbox_consumer_lag",
-                            kinbox__m_labels(lb, sizeof(lb), "consumer",
-                                             c->name, "topic",
-                                             l->elems[i].topic, "partition",
-                                             pn, (char *)NULL),
-                            (double)(hi > l->elems[i].offset
-                                         ? hi - l->elems[i].offset
-                                         : 0));
+                        kinbox__m_set("kinbox_consumer_lag",
+                                      kinbox__m_labels(
+                                          lb, sizeof(lb), "consumer", c->name,
+                                          "topic", l->elems[i].topic,
+                                          "partition", pn, (char *)NULL),
+                                      (double)(hi > l->elems[i].offset
+                                                   ? hi - l->elems[i].offset
+                                                   : 0));
         }
         if (l->cnt) {
                 rd_kafka_resp_err_t e = rd_kafka_offsets_store(c->rk, l);
@@ -266,10 +262,10 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
 typedef struct walk {
         size_t gsz, ngroups;
         bool iso;
-        size_t g;          /* the group running now */
-        bool sp_done;      /* group g's savepoint is already defined */
-        bool *single;      /* batch handler: call per message (groups) */
-        bool no_merge;     /* MySQL: group g runs without merged INSERTs */
+        size_t g; /* the group running now */
+        bool sp_done; /* group g's savepoint is already defined */
+        bool *single; /* batch handler: call per message (groups) */
+        bool no_merge; /* MySQL: group g runs without merged INSERTs */
 } walk_t;
 
 /* Where a failure is charged. */
@@ -277,7 +273,7 @@ typedef enum { FL_MSG, FL_GROUP, FL_MERGED, FL_BATCH } fkind_t;
 
 typedef struct failure {
         fkind_t kind;
-        size_t idx;   /* FL_MSG: message; FL_GROUP/FL_MERGED: group */
+        size_t idx; /* FL_MSG: message; FL_GROUP/FL_MERGED: group */
         enum fate fate;
         bool by_result; /* the handler's own result, no statement failed */
 } failure_t;
@@ -308,8 +304,8 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
         return f;
 }
 
-static int
-queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m);
+static int queue_dead_letter(kinbox_consumer_t *c, worker_t *w,
+                             kinbox_msg_t *m);
 
 static void
 savepoint_name(char *b, size_t sz, size_t g)
@@ -418,15 +414,15 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                         run[j]->dup_ok = false;
                 }
                 /* A one-message call's statements are that message's. */
-                tx->tag = cnt == 1 ? (int)idx[j0]
-                                   : (int)(KINBOX__TAG_GROUP | wk->g);
+                tx->tag =
+                    cnt == 1 ? (int)idx[j0] : (int)(KINBOX__TAG_GROUP | wk->g);
                 tx->failed = tx->touched = false;
                 tx->reason[0] = '\0';
                 db->err = (kinbox__dberr_t){.tag = -1};
                 int64_t t_h = kinbox__now_us();
-                kinbox_result_t r = c->batch_handler(
-                    tx, (const kinbox_msg_t *const *)run + j0, cnt,
-                    w->results, c->opaque);
+                kinbox_result_t r =
+                    c->batch_handler(tx, (const kinbox_msg_t *const *)run + j0,
+                                     cnt, w->results, c->opaque);
                 w->handler_us += kinbox__now_us() - t_h;
                 if (tx->failed && db->err.code) {
                         *f = failure_of(w, wk, &db->err, tx);
@@ -449,8 +445,8 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
 /* Group wk->g: dead letters of its decided messages, then its handlers.
  * Returns false with *f when the walk must stop. */
 static bool
-run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
-          const walk_t *wk, failure_t *f)
+run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, const walk_t *wk,
+          failure_t *f)
 {
         size_t lo = wk->g * wk->gsz;
         size_t hi = lo + wk->gsz < w->nmsgs ? lo + wk->gsz : w->nmsgs;
@@ -507,8 +503,7 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
         size_t g = f->kind == FL_MSG ? f->idx / wk->gsz : f->idx;
         if (f->kind == FL_MSG)
                 fail_msg(c, w, f->idx, f->fate,
-                         f->by_result ? w->msgs[f->idx]->reason
-                                      : db->err.msg);
+                         f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
         else if (f->kind == FL_GROUP && !f->by_result)
                 wk->single[g] = true; /* narrow it down to the message */
         else if (f->kind == FL_MERGED)
@@ -779,8 +774,6 @@ batch_abandoned(kinbox_consumer_t *c, worker_t *w)
         return gone;
 }
 
-
-
 void
 kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
 {
@@ -800,15 +793,15 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                                                     "consumer",
                                                     "worker %d: %s", w->idx,
                                                     w->db->err.msg);
-                                kinbox__worker_nap(w, kinbox__backoff_ms(
-                                                  down, 50, c->reconnect_max));
+                                kinbox__worker_nap(
+                                    w, kinbox__backoff_ms(down, 50,
+                                                          c->reconnect_max));
                                 continue;
                         }
                         if (down)
-                                kinbox__log(&c->lg, KINBOX_LOG_NOTICE,
-                                            "consumer",
-                                            "worker %d: database reconnected",
-                                            w->idx);
+                                kinbox__log(
+                                    &c->lg, KINBOX_LOG_NOTICE, "consumer",
+                                    "worker %d: database reconnected", w->idx);
                         down = 0;
                 }
                 enum run_rc r = run_once(c, w, &tx);
@@ -829,9 +822,9 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                 if (r == RUN_BACKOFF) {
                         if (batch_abandoned(c, w))
                                 goto abandon;
-                        kinbox__worker_nap(w, kinbox__backoff_ms(
-                                          ++backoff, c->backoff_base,
-                                          c->backoff_max));
+                        kinbox__worker_nap(
+                            w, kinbox__backoff_ms(++backoff, c->backoff_base,
+                                                  c->backoff_max));
                         for (size_t i = 0; i < w->nmsgs; i++)
                                 if (w->msgs[i]->state == M_DUP)
                                         w->msgs[i]->state = M_RUN;
@@ -858,7 +851,8 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                         p->tail = NULL;
                 p->count--;
                 w->queued--;
-                if (p->retry_at && !kinbox__part_backing_off(p, kinbox__now_ms()))
+                if (p->retry_at &&
+                    !kinbox__part_backing_off(p, kinbox__now_ms()))
                         p->retry_at = 0;
                 kinbox__msg_free(m);
         }

@@ -16,7 +16,7 @@ typedef struct prop {
         const char *key;
         ptype_t type;
         const char *def;
-        int64_t min, max;  /* P_INT; P_DURATION in ms */
+        int64_t min, max; /* P_INT; P_DURATION in ms */
         const char *enums; /* P_ENUM: "a|b|c" */
         const char *doc;
 } prop_t;
@@ -271,7 +271,8 @@ kinbox_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
                                "kinbox_conf_set: NULL argument");
                 return KINBOX_ERR_INVALID;
         }
-        if (!strncmp(key, "kafka.", 6) && strcmp(key, "kafka.redelivery.window")) {
+        if (!strncmp(key, "kafka.", 6) &&
+            strcmp(key, "kafka.redelivery.window")) {
                 const char *k = key + 6;
                 if (!*k) {
                         kinbox__errstr(errstr, errstr_size,
@@ -329,7 +330,8 @@ kinbox_conf_get(const kinbox_conf_t *conf, const char *key)
 {
         if (!conf || !key)
                 return NULL;
-        if (!strncmp(key, "kafka.", 6) && strcmp(key, "kafka.redelivery.window")) {
+        if (!strncmp(key, "kafka.", 6) &&
+            strcmp(key, "kafka.redelivery.window")) {
                 for (size_t i = 0; i < conf->nkafka; i++)
                         if (!strcmp(conf->kafka[i].k, key + 6))
                                 return conf->kafka[i].v;

@@ -48,9 +48,9 @@ kinbox__confval_bool(const char *key, const char *value, bool *out,
                 }
         }
         err(errstr, errstr_size,
-                       "%s: \"%.*s\" is not a boolean (true/false, yes/no, "
-                       "on/off, 1/0)",
-                       key, SHOW_MAX, show(value));
+            "%s: \"%.*s\" is not a boolean (true/false, yes/no, "
+            "on/off, 1/0)",
+            key, SHOW_MAX, show(value));
         return -1;
 }
 
@@ -82,16 +82,14 @@ kinbox__confval_int(const char *key, const char *value, int64_t min,
         const char *end = NULL;
         int rc = value ? parse_i64(value, true, &n, &end) : -1;
         if (rc == -1 || (rc == 0 && *end)) {
-                err(errstr, errstr_size,
-                               "%s: \"%.*s\" is not an integer", key,
-                               SHOW_MAX, show(value));
+                err(errstr, errstr_size, "%s: \"%.*s\" is not an integer", key,
+                    SHOW_MAX, show(value));
                 return -1;
         }
         if (rc == -2 || n < min || n > max) {
                 err(errstr, errstr_size,
-                               "%s: \"%.*s\" is out of range [%" PRId64
-                               ", %" PRId64 "]",
-                               key, SHOW_MAX, value, min, max);
+                    "%s: \"%.*s\" is out of range [%" PRId64 ", %" PRId64 "]",
+                    key, SHOW_MAX, value, min, max);
                 return -1;
         }
         *out = n;
@@ -106,8 +104,8 @@ kinbox__confval_duration(const char *key, const char *value, int64_t min_ms,
         static const struct {
                 const char *unit;
                 int64_t ms;
-        } units[] = {{"", 1000},      {"ms", 1},          {"s", 1000},
-                     {"m", 60000},    {"h", 3600000},     {"d", 86400000}};
+        } units[] = {{"", 1000},   {"ms", 1},      {"s", 1000},
+                     {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
         int64_t n = 0;
         const char *end = NULL;
         int rc = value ? parse_i64(value, false, &n, &end) : -1;
@@ -117,15 +115,14 @@ kinbox__confval_duration(const char *key, const char *value, int64_t min_ms,
                         mul = units[i].ms;
         if (rc == -1 || (rc == 0 && !mul)) {
                 err(errstr, errstr_size,
-                               "%s: \"%.*s\" is not a duration (a number "
-                               "with a unit: 500ms, 30s, 5m, 2h, 14d)",
-                               key, SHOW_MAX, show(value));
+                    "%s: \"%.*s\" is not a duration (a number "
+                    "with a unit: 500ms, 30s, 5m, 2h, 14d)",
+                    key, SHOW_MAX, show(value));
                 return -1;
         }
         if (rc == -2 || n > INT64_MAX / mul) {
-                err(errstr, errstr_size,
-                               "%s: \"%.*s\" is too long a duration", key,
-                               SHOW_MAX, value);
+                err(errstr, errstr_size, "%s: \"%.*s\" is too long a duration",
+                    key, SHOW_MAX, value);
                 return -1;
         }
         int64_t ms = n * mul;
@@ -133,14 +130,13 @@ kinbox__confval_duration(const char *key, const char *value, int64_t min_ms,
                 char lo[32], hi[32];
                 if (max_ms == INT64_MAX)
                         err(errstr, errstr_size,
-                                       "%s: \"%.*s\" is below the minimum of "
-                                       "%s",
-                                       key, SHOW_MAX, value,
-                                       kinbox__confval_duration_str(
-                                           min_ms, lo, sizeof(lo)));
+                            "%s: \"%.*s\" is below the minimum of "
+                            "%s",
+                            key, SHOW_MAX, value,
+                            kinbox__confval_duration_str(min_ms, lo,
+                                                         sizeof(lo)));
                 else
-                        err(
-                            errstr, errstr_size,
+                        err(errstr, errstr_size,
                             "%s: \"%.*s\" is out of range [%s, %s]", key,
                             SHOW_MAX, value,
                             kinbox__confval_duration_str(min_ms, lo,
@@ -159,8 +155,8 @@ kinbox__confval_duration_str(int64_t ms, char *buf, size_t size)
         static const struct {
                 const char *unit;
                 int64_t ms;
-        } units[] = {{"d", 86400000}, {"h", 3600000}, {"m", 60000},
-                     {"s", 1000}};
+        } units[] = {
+            {"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}};
         const char *unit = "ms";
         int64_t n = ms;
         for (size_t i = 0; ms && i < NELEM(units); i++) {

@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* Metrics: partitions assigned now (after a rebalance callback). */
 static void
 metrics_assignment(kinbox_consumer_t *c, rd_kafka_t *rk)
@@ -91,12 +90,10 @@ kafka_set(const char *k, const char *v, void *arg)
 }
 
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                         rd_kafka_topic_partition_list_t *parts,
-                         void *opaque);
+                         rd_kafka_topic_partition_list_t *parts, void *opaque);
 
 static kinbox_err_t
-parse_topics(kinbox_consumer_t *c, const char *topics, char *errstr,
-             size_t sz)
+parse_topics(kinbox_consumer_t *c, const char *topics, char *errstr, size_t sz)
 {
         c->topics = rd_kafka_topic_partition_list_new(4);
         const char *p = topics;
@@ -387,8 +384,7 @@ collect(kinbox_consumer_t *c, worker_t *w, int64_t now, int64_t *next_wake)
                                 *next_wake = p->retry_at;
                         continue;
                 }
-                for (kinbox_msg_t *m = p->head; m && n < w->limit;
-                     m = m->next)
+                for (kinbox_msg_t *m = p->head; m && n < w->limit; m = m->next)
                         w->msgs[n++] = m;
                 if (n >= w->limit)
                         break;
@@ -407,7 +403,6 @@ runnable(kinbox_consumer_t *c, worker_t *w, int64_t now)
         return n;
 }
 
-
 static void *
 worker_main(void *arg)
 {
@@ -420,15 +415,15 @@ worker_main(void *arg)
                 if (!avail) {
                         int64_t wake = 0;
                         collect(c, w, now, &wake);
-                        kinbox__timed_wait(w, wake ? (wake - now > 0 ? wake - now : 1)
-                                           : 200);
+                        kinbox__timed_wait(
+                            w, wake ? (wake - now > 0 ? wake - now : 1) : 200);
                         continue;
                 }
                 /* Let the batch fill for up to batch.wait.ms. */
                 if (avail < w->limit && c->batch_wait > 0) {
                         int64_t until = now + c->batch_wait;
-                        while (!w->stop && runnable(c, w, kinbox__now_ms()) <
-                                               w->limit) {
+                        while (!w->stop &&
+                               runnable(c, w, kinbox__now_ms()) < w->limit) {
                                 int64_t left = until - kinbox__now_ms();
                                 if (left <= 0)
                                         break;
@@ -508,9 +503,8 @@ apply_watermarks(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl,
         }
         for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
                 const char *t = kinbox_rows_value(rows, i, 0, NULL);
-                int32_t part =
-                    (int32_t)strtol(kinbox_rows_value(rows, i, 1, NULL), NULL,
-                                    10);
+                int32_t part = (int32_t)strtol(
+                    kinbox_rows_value(rows, i, 1, NULL), NULL, 10);
                 int64_t off =
                     strtoll(kinbox_rows_value(rows, i, 2, NULL), NULL, 10);
                 rd_kafka_topic_partition_t *tp =
@@ -561,8 +555,8 @@ parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
         for (int k = 0; k < c->nworkers; k++)
                 pthread_mutex_lock(&c->workers[k].lock);
         for (int i = 0; pl && i < pl->cnt; i++) {
-                part_t *p = part_find(c, pl->elems[i].topic,
-                                      pl->elems[i].partition);
+                part_t *p =
+                    part_find(c, pl->elems[i].topic, pl->elems[i].partition);
                 if (p)
                         p->revoked = true;
         }
@@ -612,8 +606,8 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                         rd_kafka_error_t *e =
                             rd_kafka_incremental_assign(rk, pl);
                         if (e) {
-                                kinbox__log(&c->lg, KINBOX_LOG_ERR,
-                                            "consumer", "assign: %s",
+                                kinbox__log(&c->lg, KINBOX_LOG_ERR, "consumer",
+                                            "assign: %s",
                                             rd_kafka_error_string(e));
                                 rd_kafka_error_destroy(e);
                         }
@@ -780,7 +774,8 @@ nudge_fetchers(kinbox_consumer_t *c, int64_t now)
         c->prefetch_full = false;
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
                     "prefetch queue drained to %.0f messages: nudging the "
-                    "fetchers", n);
+                    "fetchers",
+                    n);
         pthread_mutex_lock(&c->nudge_lock);
         c->nudge_req = true;
         pthread_cond_signal(&c->nudge_cond);
@@ -835,10 +830,10 @@ hold_off(kinbox_consumer_t *c)
 {
         if (!workers_full(c)) {
                 if (c->full_since && kinbox__now_ms() - c->full_since > 50)
-                        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
-                                    "held off polling for %lld ms",
-                                    (long long)(kinbox__now_ms() -
-                                                c->full_since));
+                        kinbox__log(
+                            &c->lg, KINBOX_LOG_DEBUG, "consumer",
+                            "held off polling for %lld ms",
+                            (long long)(kinbox__now_ms() - c->full_since));
                 c->full_since = 0;
                 if (c->stalled) {
                         c->stalled = false;
@@ -963,8 +958,8 @@ poll_once(kinbox_consumer_t *c)
         if (rkm->err == RD_KAFKA_RESP_ERR__FATAL) {
                 char fe[256];
                 rd_kafka_fatal_error(c->rk, fe, sizeof(fe));
-                snprintf(c->errstr, sizeof(c->errstr),
-                         "fatal Kafka error: %s", fe);
+                snprintf(c->errstr, sizeof(c->errstr), "fatal Kafka error: %s",
+                         fe);
                 ret = KINBOX_ERR_KAFKA;
         } else {
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
@@ -1041,15 +1036,15 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                 return KINBOX_ERR_STATE;
         char alab[300];
         kinbox__m_set("kinbox_consumer_assigned_partitions",
-                      kinbox__m_labels(alab, sizeof(alab), "consumer",
-                                       c->name, (char *)NULL),
+                      kinbox__m_labels(alab, sizeof(alab), "consumer", c->name,
+                                       (char *)NULL),
                       -1);
         kinbox_err_t ret = workers_start(c);
         if (!ret) {
                 rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, c->topics);
                 if (e) {
-                        snprintf(c->errstr, sizeof(c->errstr),
-                                 "subscribe: %s", rd_kafka_err2str(e));
+                        snprintf(c->errstr, sizeof(c->errstr), "subscribe: %s",
+                                 rd_kafka_err2str(e));
                         ret = KINBOX_ERR_KAFKA;
                 }
         }
@@ -1066,8 +1061,8 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                 kinbox__log(&c->lg, KINBOX_LOG_ERR, "consumer", "%s: %s",
                             c->name, c->errstr);
         else
-                kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
-                            "%s: stopped", c->name);
+                kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer", "%s: stopped",
+                            c->name);
         atomic_store(&c->running, false);
         return ret;
 }

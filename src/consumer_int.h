@@ -29,16 +29,16 @@ typedef struct worker worker_t;
 struct kinbox_msg_s {
         rd_kafka_message_t *rkm;
         part_t *part;
-        char *id;     /* NULL when the id could not be extracted */
+        char *id; /* NULL when the id could not be extracted */
         char *reason; /* why it failed last (malloc), or why it has no id */
-        int attempt;  /* deliveries to the handler so far, +1 when running */
+        int attempt; /* deliveries to the handler so far, +1 when running */
         int failures; /* its own failed attempts (results, statements) */
-        int state;    /* per batch run, see enum mstate */
+        int state; /* per batch run, see enum mstate */
         bool inserted; /* this transaction inserted its inbox row */
-        bool dup_ok;   /* the handler said KINBOX_RESULT_DUPLICATE */
+        bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
         kinbox_msg_t *next;
-        kinbox__msgview_t v;  /* what the accessors read */
-        int64_t ts;           /* Kafka timestamp (ms), -1 if none */
+        kinbox__msgview_t v; /* what the accessors read */
+        int64_t ts; /* Kafka timestamp (ms), -1 if none */
         /* A replayed dead letter (replay.c) has no rkm: its headers are
          * a list of its own, its other parts borrowed from the caller. */
         rd_kafka_headers_t *own_headers;
@@ -70,20 +70,20 @@ struct worker {
         pthread_t thr;
         bool started;
         pthread_mutex_t lock;
-        pthread_cond_t cond;   /* work arrived / stop / revoke */
-        pthread_cond_t idle;   /* a batch finished */
-        size_t queued;         /* messages in all its partitions */
+        pthread_cond_t cond; /* work arrived / stop / revoke */
+        pthread_cond_t idle; /* a batch finished */
+        size_t queued; /* messages in all its partitions */
         bool in_batch;
         uint64_t batch_seq;
         bool stop;
         kinbox__db_t *db;
-        size_t limit;          /* batch size cap */
-        int iso_left;          /* batches left in isolation mode */
-        int64_t handler_us;    /* in handler calls, this transaction */
-        bool iso_hit;          /* this batch had a failure */
-        bool single[32];       /* batch handler: per-message calls, by group */
-        size_t single_gsz;     /* the group size single[] was set for */
-        kinbox_msg_t **msgs;   /* current batch */
+        size_t limit; /* batch size cap */
+        int iso_left; /* batches left in isolation mode */
+        int64_t handler_us; /* in handler calls, this transaction */
+        bool iso_hit; /* this batch had a failure */
+        bool single[32]; /* batch handler: per-message calls, by group */
+        size_t single_gsz; /* the group size single[] was set for */
+        kinbox_msg_t **msgs; /* current batch */
         size_t nmsgs, capmsgs;
         kinbox__inbox_row_t *rows;
         bool *is_new;
@@ -100,12 +100,12 @@ struct kinbox_tx_s {
         kinbox_consumer_t *c;
         worker_t *w;
         kinbox__db_t *db;
-        int tag;            /* statement tag of the running call (db.h) */
-        bool failed;        /* a statement failed during the current call */
-        bool touched;       /* the current call queued or ran statements */
-        char reason[512];   /* kinbox_tx_set_error() */
+        int tag; /* statement tag of the running call (db.h) */
+        bool failed; /* a statement failed during the current call */
+        bool touched; /* the current call queued or ran statements */
+        char reason[512]; /* kinbox_tx_set_error() */
         const char *consumer; /* when c is NULL (replay) */
-        ukey_t *ukeys;      /* this transaction's exec_unique() keys */
+        ukey_t *ukeys; /* this transaction's exec_unique() keys */
         size_t nukeys, capukeys;
 };
 
@@ -136,15 +136,15 @@ struct kinbox_consumer_s {
         pthread_mutex_t drain_lock;
         pthread_cond_t drained;
         int64_t full_since; /* polling thread only */
-        bool stalled;       /* polling thread only */
+        bool stalled; /* polling thread only */
         /* Fetch nudge (polling thread only, see nudge_fetchers()). */
-        rd_kafka_queue_t *cq;       /* librdkafka's consumer queue */
-        size_t prefetch_msgs;       /* queued.min.messages */
-        double prefetch_bytes;      /* queued.max.messages.kbytes * 1024 */
-        double avg_bytes;           /* moving average of message size */
-        bool prefetch_full;         /* the queue reached a threshold */
+        rd_kafka_queue_t *cq; /* librdkafka's consumer queue */
+        size_t prefetch_msgs; /* queued.min.messages */
+        double prefetch_bytes; /* queued.max.messages.kbytes * 1024 */
+        double avg_bytes; /* moving average of message size */
+        bool prefetch_full; /* the queue reached a threshold */
         int64_t last_nudge_check;
-        pthread_t nudger;           /* sends the wake-up requests */
+        pthread_t nudger; /* sends the wake-up requests */
         bool nudger_started;
         pthread_mutex_t nudge_lock;
         pthread_cond_t nudge_cond;

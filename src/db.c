@@ -167,8 +167,8 @@ kinbox__db_new_conf(const kinbox_conf_t *conf, char *errstr, size_t sz)
         char *pw = NULL;
         if (kinbox__conf_password(conf, &pw, errstr, sz))
                 return NULL;
-        kinbox__db_t *db = kinbox__db_new(kinbox_conf_get(conf, "database.url"),
-                                          pw, errstr, sz);
+        kinbox__db_t *db = kinbox__db_new(
+            kinbox_conf_get(conf, "database.url"), pw, errstr, sz);
         free(pw);
         return db;
 }
@@ -256,8 +256,8 @@ kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b)
 }
 
 void
-kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate,
-                  int vendor, int tag, const char *fmt, ...)
+kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate, int vendor,
+                  int tag, const char *fmt, ...)
 {
         db->err.code = code;
         snprintf(db->err.sqlstate, sizeof(db->err.sqlstate), "%s",
@@ -286,8 +286,8 @@ kinbox__rows_new(size_t nrows, int ncols)
         size_t cells = nrows * (size_t)(ncols > 0 ? ncols : 0);
         r->values = kinbox__calloc(cells ? cells : 1, sizeof(char *));
         r->lens = kinbox__calloc(cells ? cells : 1, sizeof(size_t));
-        r->names = kinbox__calloc(ncols > 0 ? (size_t)ncols : 1,
-                                  sizeof(char *));
+        r->names =
+            kinbox__calloc(ncols > 0 ? (size_t)ncols : 1, sizeof(char *));
         if (!r->values || !r->lens || !r->names) {
                 kinbox_rows_destroy(r);
                 return NULL;
@@ -353,7 +353,8 @@ kinbox_rows_destroy(kinbox_rows_t *rows)
 {
         if (!rows)
                 return;
-        size_t cells = rows->nrows * (size_t)(rows->ncols > 0 ? rows->ncols : 0);
+        size_t cells =
+            rows->nrows * (size_t)(rows->ncols > 0 ? rows->ncols : 0);
         if (rows->values)
                 for (size_t i = 0; i < cells; i++)
                         free(rows->values[i]);
@@ -389,8 +390,8 @@ kinbox__inbox_sorted(const struct kinbox__inbox_row *rows, size_t n)
 }
 
 void
-kinbox__inbox_mark_new(const kinbox__idref_t *sorted, size_t n,
-                       const char *id, bool *is_new)
+kinbox__inbox_mark_new(const kinbox__idref_t *sorted, size_t n, const char *id,
+                       bool *is_new)
 {
         size_t lo = 0, hi = n;
         while (lo < hi) {

@@ -62,8 +62,8 @@ typedef struct kinbox__db kinbox__db_t;
 /** A statement parameter. v == NULL is SQL NULL. */
 typedef struct kinbox__param {
         const char *v;
-        size_t len;  /* bytes; for text, 0 means strlen(v) */
-        int binary;  /* raw bytes for a bytea/blob column */
+        size_t len; /* bytes; for text, 0 means strlen(v) */
+        int binary; /* raw bytes for a bytea/blob column */
 } kinbox__param_t;
 
 /** One inbox row to insert. */
@@ -76,26 +76,26 @@ typedef struct kinbox__inbox_row {
 
 /** Error detail of the last failed call. */
 typedef struct kinbox__dberr {
-        int code;          /* kinbox_err_t */
-        char sqlstate[6];  /* PostgreSQL SQLSTATE, "" on MySQL */
-        int vendor;        /* MySQL errno, 0 on PostgreSQL */
-        int tag;           /* tag of the failing statement, -1 if none */
+        int code; /* kinbox_err_t */
+        char sqlstate[6]; /* PostgreSQL SQLSTATE, "" on MySQL */
+        int vendor; /* MySQL errno, 0 on PostgreSQL */
+        int tag; /* tag of the failing statement, -1 if none */
         /* Retrying cannot help: a CHECK / NOT NULL / exclusion violation or
          * a data exception (SQLSTATE class 22 and MySQL equivalents). A
          * unique violation is code KINBOX_ERR_DUPLICATE instead. */
         bool permanent;
         /* The violated constraint / unique index, "" when unknown. */
         char constraint[128];
-        char msg[512];     /* one line: "SQLSTATE 23505: ..." */
+        char msg[512]; /* one line: "SQLSTATE 23505: ..." */
 } kinbox__dberr_t;
 
 /** Rows: the implementation of the public kinbox_rows_t. */
 struct kinbox_rows_s {
         size_t nrows;
         int ncols;
-        char **values;   /* nrows*ncols, NULL = SQL NULL, NUL-terminated */
-        size_t *lens;    /* nrows*ncols */
-        char **names;    /* ncols column names */
+        char **values; /* nrows*ncols, NULL = SQL NULL, NUL-terminated */
+        size_t *lens; /* nrows*ncols */
+        char **names; /* ncols column names */
 };
 
 struct kinbox__db_ops;
@@ -104,10 +104,10 @@ struct kinbox__db_ops;
 struct kinbox__db {
         const struct kinbox__db_ops *ops;
         kinbox_backend_t backend;
-        char *url;            /* as configured, without password */
-        char *password;       /* from password_file, may be NULL */
-        void *native;         /* PGconn * / MYSQL * (NULL when down) */
-        void *impl;           /* backend private state */
+        char *url; /* as configured, without password */
+        char *password; /* from password_file, may be NULL */
+        void *native; /* PGconn * / MYSQL * (NULL when down) */
+        void *impl; /* backend private state */
         bool in_tx;
         /* MySQL: merge single-row INSERTs of a transaction (db/mysql.c). */
         bool coalesce;
@@ -255,18 +255,18 @@ typedef struct kinbox__claim_req {
 
 /* Columns of a claim result row, in this order. */
 enum {
-        KINBOX__CL_ID,          /* bigint */
-        KINBOX__CL_VERSION,     /* version after the claim's bump */
-        KINBOX__CL_KIND,        /* 'event' / 'action' */
+        KINBOX__CL_ID, /* bigint */
+        KINBOX__CL_VERSION, /* version after the claim's bump */
+        KINBOX__CL_KIND, /* 'event' / 'action' */
         KINBOX__CL_DESTINATION,
         KINBOX__CL_IDEM_KEY,
-        KINBOX__CL_AGGREGATE,   /* NULL: no aggregate */
-        KINBOX__CL_PAYLOAD,     /* binary, NULL allowed */
-        KINBOX__CL_HEADERS,     /* JSON text, NULL allowed */
+        KINBOX__CL_AGGREGATE, /* NULL: no aggregate */
+        KINBOX__CL_PAYLOAD, /* binary, NULL allowed */
+        KINBOX__CL_HEADERS, /* JSON text, NULL allowed */
         KINBOX__CL_ATTEMPTS,
         KINBOX__CL_MAX_ATTEMPTS,
-        KINBOX__CL_RECLAIMED,   /* 't'/'1': a lease of another relay expired */
-        KINBOX__CL_AGE_MS,      /* now - created_at at claim time */
+        KINBOX__CL_RECLAIMED, /* 't'/'1': a lease of another relay expired */
+        KINBOX__CL_AGE_MS, /* now - created_at at claim time */
         KINBOX__CL_NCOLS
 };
 

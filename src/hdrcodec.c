@@ -149,8 +149,8 @@ b64_decode(const char *s, size_t n, size_t *outlen)
                 uint32_t v = 0;
                 int pad = 0;
                 for (int j = 0; j < 4; j++) {
-                        const char *c = s[i + j] ? strchr(b64t, s[i + j])
-                                                 : NULL;
+                        const char *c =
+                            s[i + j] ? strchr(b64t, s[i + j]) : NULL;
                         if (s[i + j] == '=' && i + 4 == n && j >= 2) {
                                 pad++;
                                 v <<= 6;
@@ -206,9 +206,9 @@ kinbox__hdrcodec_encode(const kinbox_header_t *hdr, size_t n, char *errstr,
                         return NULL;
                 }
                 json_t *name = bytes_json(hdr[i].name, strlen(hdr[i].name));
-                json_t *val = hdr[i].value ? bytes_json(hdr[i].value,
-                                                        hdr[i].size)
-                                           : json_null();
+                json_t *val = hdr[i].value
+                                  ? bytes_json(hdr[i].value, hdr[i].size)
+                                  : json_null();
                 json_t *pair = json_array();
                 /* the _new calls steal the references, also on failure */
                 if (json_array_append_new(pair, name) ||
@@ -246,8 +246,8 @@ bytes_of(json_t *j, char **p, size_t *n)
         if (!json_is_object(j) || json_object_size(j) != 1 ||
             !json_is_string(b))
                 return -1;
-        *p = (char *)b64_decode(json_string_value(b), json_string_length(b),
-                                n);
+        *p =
+            (char *)b64_decode(json_string_value(b), json_string_length(b), n);
         return *p ? 0 : -1;
 }
 
@@ -294,9 +294,8 @@ decode_pairs(json_t *root, kinbox__hdrs_t *out, char *errstr, size_t sz)
                             i);
                         return -1;
                 }
-                int rc = kinbox__hdrs_add(out, name, json_is_null(v) ? NULL
-                                                                     : value,
-                                          vl);
+                int rc = kinbox__hdrs_add(out, name,
+                                          json_is_null(v) ? NULL : value, vl);
                 free(name);
                 free(value);
                 if (rc) {
@@ -317,9 +316,8 @@ typedef struct lx {
 static void
 lx_ws(lx_t *x)
 {
-        while (x->p < x->end &&
-               (*x->p == ' ' || *x->p == '\n' || *x->p == '\t' ||
-                *x->p == '\r'))
+        while (x->p < x->end && (*x->p == ' ' || *x->p == '\n' ||
+                                 *x->p == '\t' || *x->p == '\r'))
                 x->p++;
 }
 
@@ -428,8 +426,8 @@ lx_str(lx_t *x, sbuf_t *b)
 }
 
 static int
-decode_legacy(const char *json, size_t len, kinbox__hdrs_t *out,
-              char *errstr, size_t sz)
+decode_legacy(const char *json, size_t len, kinbox__hdrs_t *out, char *errstr,
+              size_t sz)
 {
         lx_t x = {json, json + len};
         sbuf_t k = {0}, name = {0}, value = {0};
@@ -465,8 +463,7 @@ decode_legacy(const char *json, size_t len, kinbox__hdrs_t *out,
                 if (!lx_is(&x, '}') || !has_name ||
                     memchr(name.p, '\0', name.n))
                         goto bad;
-                if (kinbox__hdrs_add(out, name.p,
-                                     has_value ? value.p : NULL,
+                if (kinbox__hdrs_add(out, name.p, has_value ? value.p : NULL,
                                      has_value ? value.n : 0)) {
                         err(errstr, sz,
                             out->n >= KINBOX__HDRS_MAX

@@ -124,8 +124,8 @@ parse_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *len,
         char *end;
         long port = strtol(colon + 1, &end, 10);
         if (*end || port < 0 || port > 65535) {
-                kinbox__errstr(errstr, sz,
-                               "metrics listen \"%s\": bad port", listen);
+                kinbox__errstr(errstr, sz, "metrics listen \"%s\": bad port",
+                               listen);
                 return -1;
         }
         memset(ss, 0, sizeof(*ss));
@@ -184,7 +184,8 @@ mhd_log(void *cls, const char *fmt, va_list ap)
         pthread_mutex_unlock(&h->log_lock);
         if (suppressed)
                 kinbox__log(&h->lg, KINBOX_LOG_DEBUG, "http",
-                            "%u libmicrohttpd messages suppressed", suppressed);
+                            "%u libmicrohttpd messages suppressed",
+                            suppressed);
         if (emit)
                 kinbox__log(&h->lg, KINBOX_LOG_DEBUG, "http", "%s", msg);
 }
@@ -224,23 +225,20 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
         h->log_window_start = kinbox__now_ms();
         /* poll/epoll, not select(): a descriptor above FD_SETSIZE must not
          * stop the server. */
-        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
-                         MHD_USE_ERROR_LOG;
+        unsigned flags =
+            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
         if (ss.ss_family == AF_INET6)
                 flags |= MHD_USE_IPv6;
         uint16_t port = ss.ss_family == AF_INET6
                             ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        h->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, h,
-                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                                MHD_OPTION_CONNECTION_TIMEOUT,
-                                (unsigned)HTTP_IDLE_TIMEOUT_S,
-                                MHD_OPTION_CONNECTION_LIMIT,
-                                (unsigned)HTTP_MAX_CONNECTIONS,
-                                MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                                (unsigned)HTTP_MAX_PER_IP,
-                                MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-                                MHD_OPTION_END);
+        h->d = MHD_start_daemon(
+            flags, port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+            (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+            (unsigned)HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+            (unsigned)HTTP_MAX_PER_IP, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
+            MHD_OPTION_END);
         if (!h->d) {
                 pthread_mutex_destroy(&h->log_lock);
                 kinbox__errstr(errstr, errstr_size,

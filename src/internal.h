@@ -22,9 +22,9 @@ char *kinbox__strndup(const char *s, size_t n);
 void *kinbox__memdup(const void *p, size_t n);
 
 /* ---- time */
-int64_t kinbox__now_ms(void);      /* monotonic */
-int64_t kinbox__now_us(void);      /* monotonic, microseconds */
-int64_t kinbox__wall_ms(void);     /* realtime */
+int64_t kinbox__now_ms(void); /* monotonic */
+int64_t kinbox__now_us(void); /* monotonic, microseconds */
+int64_t kinbox__wall_ms(void); /* realtime */
 void kinbox__sleep_ms(int64_t ms);
 /* The instant ms from now on CLOCK_REALTIME (or on clock), for
  * pthread_cond_timedwait. */
@@ -58,8 +58,8 @@ void kinbox__buf_json_str(kinbox__buf_t *b, const char *s, size_t n);
 typedef struct kinbox__log {
         kinbox_log_cb cb;
         void *opaque;
-        int level;   /* max level emitted */
-        bool json;   /* default logger format */
+        int level; /* max level emitted */
+        bool json; /* default logger format */
 } kinbox__log_t;
 void kinbox__log(const kinbox__log_t *lg, int level, const char *facility,
                  const char *fmt, ...) KINBOX_PRINTF(4, 5);

@@ -31,8 +31,8 @@ typedef struct family {
 static const double b_seconds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
                                    0.025,  0.05,  0.1,    0.25,  0.5,
                                    1,      2.5,   5,      10,    30};
-static const double b_size[] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000,
-                                 2500, 5000, 10000};
+static const double b_size[] = {1,   2,   5,    10,   25,   50,   100,
+                                250, 500, 1000, 2500, 5000, 10000};
 static const double b_latency[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
                                    0.25,  0.5,   1,    2.5,   5,    10,
                                    30,    60,    300,  3600};
@@ -68,8 +68,7 @@ static const family_t families[] = {
      "Partitions assigned to the consumer; -1 before the first assignment.",
      NULL, 0},
     {"kinbox_outbox_pending", M_GAUGE,
-     "Pending outbox rows per destination (sampled at scrape time).", NULL,
-     0},
+     "Pending outbox rows per destination (sampled at scrape time).", NULL, 0},
     {"kinbox_outbox_oldest_pending_seconds", M_GAUGE,
      "Age of the oldest pending outbox row per destination (sampled at "
      "scrape time).",
@@ -324,8 +323,8 @@ kinbox_metrics_render(void)
                                 char le[48];
                                 cum += s->bucket[i];
                                 if (i < fm->nbuckets)
-                                        snprintf(le, sizeof(le),
-                                                 "le=\"%g\"", fm->buckets[i]);
+                                        snprintf(le, sizeof(le), "le=\"%g\"",
+                                                 fm->buckets[i]);
                                 else
                                         snprintf(le, sizeof(le),
                                                  "le=\"+Inf\"");

@@ -22,7 +22,8 @@ open_db(const kinbox_conf_t *conf, char *errstr, size_t sz, int *rc)
                 return NULL;
         }
         if ((*rc = db->ops->script(db, db->ops->sql->migrations_table))) {
-                kinbox__errstr(errstr, sz, "creating kinbox_schema_migrations: %s",
+                kinbox__errstr(errstr, sz,
+                               "creating kinbox_schema_migrations: %s",
                                db->err.msg);
                 kinbox__db_destroy(db);
                 return NULL;
@@ -69,10 +70,11 @@ apply(kinbox__db_t *db, const char *component, int version, const char *name,
                         db->ops->script(db, "ROLLBACK");
                 goto fail;
         }
-        rc = kinbox__db_queryv(db,
-                               "INSERT INTO kinbox_schema_migrations "
-                               "(component, version, name) VALUES ($1, $2, $3)",
-                               3, v, NULL);
+        rc =
+            kinbox__db_queryv(db,
+                              "INSERT INTO kinbox_schema_migrations "
+                              "(component, version, name) VALUES ($1, $2, $3)",
+                              3, v, NULL);
         if (rc == KINBOX_ERR_DUPLICATE)
                 rc = KINBOX_OK; /* a concurrent migrate got there first */
         if (rc)

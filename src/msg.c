@@ -88,8 +88,8 @@ kinbox_msg_header_at(const kinbox_msg_t *m, size_t idx, kinbox_header_t *hdr)
 }
 
 kinbox_err_t
-kinbox_msg_header(const kinbox_msg_t *m, const char *name,
-                  const void **valuep, size_t *sizep)
+kinbox_msg_header(const kinbox_msg_t *m, const char *name, const void **valuep,
+                  size_t *sizep)
 {
         if (!m->v.headers ||
             rd_kafka_header_get_last(msg_headers(m), name, valuep, sizep))
@@ -130,10 +130,9 @@ kinbox__msg_from_parts(const kinbox__msg_parts_t *parts)
         kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
         if (!m)
                 return NULL;
-        m->v = (kinbox__msgview_t){parts->topic,   parts->partition,
-                                   parts->offset,  parts->key,
-                                   parts->key_len, parts->payload,
-                                   parts->len,     NULL};
+        m->v = (kinbox__msgview_t){
+            parts->topic,   parts->partition, parts->offset, parts->key,
+            parts->key_len, parts->payload,   parts->len,    NULL};
         m->ts = parts->timestamp;
         if (parts->nheaders) {
                 m->own_headers = rd_kafka_headers_new(parts->nheaders);

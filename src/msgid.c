@@ -74,8 +74,8 @@ check_id(const void *p, size_t n, const char *what, char *why, size_t wsz)
 }
 
 char *
-kinbox__json_pointer(const char *json, size_t len, const char *ptr,
-                     char *why, size_t wsz)
+kinbox__json_pointer(const char *json, size_t len, const char *ptr, char *why,
+                     size_t wsz)
 {
         json_error_t jerr;
         json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
@@ -119,8 +119,8 @@ kinbox__json_pointer(const char *json, size_t len, const char *ptr,
         }
         char *out = NULL;
         if (!cur) {
-                kinbox__errstr(why, wsz, "JSON pointer %s not found in payload",
-                               ptr);
+                kinbox__errstr(why, wsz,
+                               "JSON pointer %s not found in payload", ptr);
         } else if (json_is_string(cur)) {
                 out = check_id(json_string_value(cur), json_string_length(cur),
                                ptr, why, wsz);
@@ -156,8 +156,8 @@ kinbox__msgview_of(const rd_kafka_message_t *rkm, kinbox__msgview_t *v)
 }
 
 char *
-kinbox__msgid_extract(const char *spec, const kinbox__msgview_t *m,
-                      char *why, size_t wsz)
+kinbox__msgid_extract(const char *spec, const kinbox__msgview_t *m, char *why,
+                      size_t wsz)
 {
         if (!strncmp(spec, "header:", 7)) {
                 const void *v = NULL;

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #define PRUNE_LOCK "kinbox_prune"
 #define PRUNE_PAUSE_MS 20
 
@@ -31,9 +30,8 @@ static const char *const table_name[2] = {"inbox", "outbox"};
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
 static int
-prune_table(kinbox__db_t *db, int t, int64_t age_ms,
-            int64_t batch, bool dry, const volatile int *stop,
-            uint64_t *total)
+prune_table(kinbox__db_t *db, int t, int64_t age_ms, int64_t batch, bool dry,
+            const volatile int *stop, uint64_t *total)
 {
         const struct kinbox__sql *q = db->ops->sql;
         int64_t age = age_ms * q->prune_age_scale;
@@ -108,9 +106,9 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                 }
         }
         int64_t batch = kinbox__conf_int(conf, "prune.batch");
-        rc = prune_table(db, T_INBOX,
-                         kinbox__conf_int(conf, "inbox.retention"), batch,
-                         dry_run, stop, &res.inbox_rows);
+        rc =
+            prune_table(db, T_INBOX, kinbox__conf_int(conf, "inbox.retention"),
+                        batch, dry_run, stop, &res.inbox_rows);
         if (!rc && !(stop && *stop))
                 rc = prune_table(db, T_OUTBOX,
                                  kinbox__conf_int(conf, "outbox.retention"),
@@ -179,10 +177,10 @@ broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
         snprintf(list, sizeof(list), "%s", topics);
         rd_kafka_ConfigResource_t *res[64];
         size_t n = 0;
-        for (char *save = NULL, *t = strtok_r(list, ", ", &save);
-             t && n < 64; t = strtok_r(NULL, ", ", &save))
-                res[n++] = rd_kafka_ConfigResource_new(
-                    RD_KAFKA_RESOURCE_TOPIC, t);
+        for (char *save = NULL, *t = strtok_r(list, ", ", &save); t && n < 64;
+             t = strtok_r(NULL, ", ", &save))
+                res[n++] =
+                    rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, t);
         rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
         rd_kafka_AdminOptions_t *o =
             rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
@@ -190,7 +188,8 @@ broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
                                                   sizeof(e));
         rd_kafka_DescribeConfigs(rk, res, n, o, q);
         int64_t window = 0;
-        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, DESCRIBE_TIMEOUT_MS + 500);
+        rd_kafka_event_t *ev =
+            rd_kafka_queue_poll(q, DESCRIBE_TIMEOUT_MS + 500);
         if (!ev) {
                 snprintf(note, note_sz, "no answer in %d ms",
                          DESCRIBE_TIMEOUT_MS);
@@ -271,7 +270,8 @@ kinbox_retention_check(const kinbox_conf_t *conf, int64_t *window_ms,
         int64_t window = 0;
         const char *src = "broker";
         char note[256] = "";
-        if (topics && *topics && kinbox_conf_get(conf, "kafka.bootstrap.servers"))
+        if (topics && *topics &&
+            kinbox_conf_get(conf, "kafka.bootstrap.servers"))
                 window = broker_window(conf, topics, note, sizeof(note));
         if (window == 0) {
                 window = kinbox__conf_int(conf, "kafka.redelivery.window");

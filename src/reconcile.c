@@ -19,16 +19,16 @@ static void
 count_run(const char *result)
 {
         char lab[64];
-        kinbox__m_add("kinbox_reconcile_runs_total",
-                      kinbox__m_labels(lab, sizeof(lab), "result", result,
-                                       (char *)NULL),
-                      1);
+        kinbox__m_add(
+            "kinbox_reconcile_runs_total",
+            kinbox__m_labels(lab, sizeof(lab), "result", result, (char *)NULL),
+            1);
 }
 
 kinbox_err_t
 kinbox_reconcile(const kinbox_conf_t *conf,
-                 const kinbox_check_t *const *checks, size_t nchecks,
-                 int lock, kinbox_reconcile_cb cb, void *opaque,
+                 const kinbox_check_t *const *checks, size_t nchecks, int lock,
+                 kinbox_reconcile_cb cb, void *opaque,
                  kinbox_reconcile_result_t *out, char *errstr, size_t sz)
 {
         kinbox_reconcile_result_t res = {0, 0, 0};
@@ -47,8 +47,8 @@ kinbox_reconcile(const kinbox_conf_t *conf,
                 struct kinbox_rows_s *rows = NULL;
                 rc = kinbox__db_queryv(db, db->ops->sql->try_lock, 1, &name,
                                        &rows);
-                const char *v = !rc && rows && rows->nrows ? rows->values[0]
-                                                          : NULL;
+                const char *v =
+                    !rc && rows && rows->nrows ? rows->values[0] : NULL;
                 locked = v && (!strcmp(v, "t") || !strcmp(v, "1"));
                 kinbox_rows_destroy(rows);
                 if (rc)

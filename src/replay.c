@@ -94,8 +94,7 @@ replay_allowed(kinbox_admin_t *adm, int64_t id, struct kinbox_rows_s *dl)
  * database error.
  */
 static kinbox_err_t
-replay_inbox(kinbox_admin_t *adm, int64_t id, char **v, size_t *len,
-             int *rcp)
+replay_inbox(kinbox_admin_t *adm, int64_t id, char **v, size_t *len, int *rcp)
 {
         kinbox__db_t *db = adm->db;
         struct kinbox_rows_s *ib = NULL;
@@ -177,7 +176,7 @@ replay_refused(kinbox_admin_t *adm, int64_t id, kinbox_tx_t *tx,
                const kinbox_msg_t *msg, kinbox_result_t r)
 {
         kinbox__db_t *db = adm->db;
-        const char *why = kinbox__tx_reason(tx)[0]   ? kinbox__tx_reason(tx)
+        const char *why = kinbox__tx_reason(tx)[0]  ? kinbox__tx_reason(tx)
                           : kinbox__msg_reason(msg) ? kinbox__msg_reason(msg)
                           : db->err.code            ? db->err.msg
                                                     : "no reason given";
@@ -235,8 +234,8 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
         if ((rc = db->ops->begin(db)))
                 return kinbox__admin_fail(adm, rc);
         kinbox__param_t p1[1] = {{ids, 0, 0}};
-        rc = db->ops->query(db, db->ops->sql->dead_letter_lock, 1, p1, -1,
-                            &dl);
+        rc =
+            db->ops->query(db, db->ops->sql->dead_letter_lock, 1, p1, -1, &dl);
         if (rc)
                 goto dberr;
         if ((ret = replay_allowed(adm, id, dl)))
@@ -272,8 +271,7 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                 ret = KINBOX_ERR_INVALID;
                 goto out;
         }
-        rc = db->ops->exec(db, db->ops->sql->dead_letter_replayed, 1, p1,
-                           -1);
+        rc = db->ops->exec(db, db->ops->sql->dead_letter_replayed, 1, p1, -1);
         if (!rc)
                 rc = db->ops->commit(db);
         if (rc)

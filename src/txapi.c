@@ -160,8 +160,7 @@ kinbox_tx_exec_claim(kinbox_tx_t *tx, const char *sql, int nparams,
         int tag = tx->tag;
         if (tag >= 0 && !(tag & KINBOX__TAG_GROUP))
                 tag |= KINBOX__TAG_CLAIM; /* a batch handler's: no one */
-        return tx_exec(tx, tag, "kinbox_tx_exec_claim", sql, nparams,
-                       params);
+        return tx_exec(tx, tag, "kinbox_tx_exec_claim", sql, nparams, params);
 }
 
 kinbox_err_t
@@ -190,8 +189,7 @@ kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key, const char *sql,
                 return KINBOX_ERR_NOMEM;
         }
         tx->ukeys[tx->nukeys++] = (ukey_t){tag, k};
-        return tx_exec(tx, tag, "kinbox_tx_exec_unique", sql, nparams,
-                       params);
+        return tx_exec(tx, tag, "kinbox_tx_exec_unique", sql, nparams, params);
 }
 
 kinbox_err_t

@@ -387,8 +387,8 @@ void
 kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
              const char *fmt, va_list ap)
 {
-        int ov = atomic_load_explicit(&log_level_override,
-                                      memory_order_relaxed);
+        int ov =
+            atomic_load_explicit(&log_level_override, memory_order_relaxed);
         if (ov >= 0 ? level > ov : lg && level > lg->level)
                 return;
         char msg[1024];
@@ -415,8 +415,9 @@ kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
         if (lg && lg->json) {
                 kinbox__buf_t b;
                 kinbox__buf_init(&b);
-                kinbox__buf_printf(&b, "{\"ts\":\"%s\",\"level\":\"%s\","
-                                       "\"facility\":",
+                kinbox__buf_printf(&b,
+                                   "{\"ts\":\"%s\",\"level\":\"%s\","
+                                   "\"facility\":",
                                    when, level_name(level));
                 kinbox__buf_json_str(&b, facility, strlen(facility));
                 kinbox__buf_adds(&b, ",\"msg\":");

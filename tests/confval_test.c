@@ -31,23 +31,23 @@ has_no_file(const char *path)
 
 Test(confval, booleans_any_case)
 {
-        static const char *const t[] = {"true", "TRUE", "True", "yes", "YES",
-                                        "on",   "On",   "1"};
+        static const char *const t[] = {"true", "TRUE", "True", "yes",
+                                        "YES",  "on",   "On",   "1"};
         static const char *const f[] = {"false", "FALSE", "False", "no",
                                         "No",    "off",   "OFF",   "0"};
         char e[200];
         for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
                 bool b = false;
-                cr_assert(eq(int, kinbox__confval_bool("k", t[i], &b, e,
-                                                       sizeof(e)),
+                cr_assert(eq(int,
+                             kinbox__confval_bool("k", t[i], &b, e, sizeof(e)),
                              0),
                           "%s", t[i]);
                 cr_assert(b, "%s", t[i]);
         }
         for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
                 bool b = true;
-                cr_assert(eq(int, kinbox__confval_bool("k", f[i], &b, e,
-                                                       sizeof(e)),
+                cr_assert(eq(int,
+                             kinbox__confval_bool("k", f[i], &b, e, sizeof(e)),
                              0),
                           "%s", f[i]);
                 cr_assert(b == false, "%s", f[i]);
@@ -56,13 +56,14 @@ Test(confval, booleans_any_case)
 
 Test(confval, boolean_typos_name_key_and_value)
 {
-        static const char *const bad[] = {"ture", "",   " true", "true ",
-                                          "2",    "y",  "enabled", "onn"};
+        static const char *const bad[] = {"ture", "",  " true",   "true ",
+                                          "2",    "y", "enabled", "onn"};
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 char e[200] = "";
                 bool b = true;
-                cr_assert(eq(int, kinbox__confval_bool("relay.notify", bad[i],
-                                                       &b, e, sizeof(e)),
+                cr_assert(eq(int,
+                             kinbox__confval_bool("relay.notify", bad[i], &b,
+                                                  e, sizeof(e)),
                              -1),
                           "\"%s\" accepted", bad[i]);
                 cr_assert(b, "value changed on error");
@@ -73,8 +74,8 @@ Test(confval, boolean_typos_name_key_and_value)
         }
         char e[200];
         bool b;
-        cr_assert(eq(int, kinbox__confval_bool("k", NULL, &b, e, sizeof(e)),
-                     -1));
+        cr_assert(
+            eq(int, kinbox__confval_bool("k", NULL, &b, e, sizeof(e)), -1));
         /* NULL errstr is allowed */
         cr_assert(eq(int, kinbox__confval_bool("k", "x", &b, NULL, 0), -1));
 }
@@ -83,39 +84,40 @@ Test(confval, integers_and_ranges)
 {
         char e[200];
         int64_t n = 0;
-        cr_assert(eq(int, kinbox__confval_int("k", "42", 0, 100, &n, e,
-                                              sizeof(e)),
-                     0));
+        cr_assert(eq(
+            int, kinbox__confval_int("k", "42", 0, 100, &n, e, sizeof(e)), 0));
         cr_assert(eq(i64, n, 42));
-        cr_assert(eq(int, kinbox__confval_int("k", "-5", -10, 100, &n, e,
-                                              sizeof(e)),
-                     0));
+        cr_assert(
+            eq(int, kinbox__confval_int("k", "-5", -10, 100, &n, e, sizeof(e)),
+               0));
         cr_assert(eq(i64, n, -5));
-        cr_assert(eq(int, kinbox__confval_int("k", "9223372036854775807",
-                                              INT64_MIN, INT64_MAX, &n, e,
-                                              sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox__confval_int("k", "9223372036854775807", INT64_MIN,
+                                         INT64_MAX, &n, e, sizeof(e)),
                      0));
         cr_assert(eq(i64, n, INT64_MAX));
-        static const char *const bad[] = {"",    "x",  "1x", " 1", "1 ",
-                                          "+1",  "0x10", "1.5", "-", "--1"};
+        static const char *const bad[] = {"",   "x",    "1x",  " 1", "1 ",
+                                          "+1", "0x10", "1.5", "-",  "--1"};
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 n = 7;
-                cr_assert(eq(int, kinbox__confval_int("batch.max", bad[i], -9,
-                                                      100, &n, e, sizeof(e)),
+                cr_assert(eq(int,
+                             kinbox__confval_int("batch.max", bad[i], -9, 100,
+                                                 &n, e, sizeof(e)),
                              -1),
                           "\"%s\" accepted", bad[i]);
                 cr_assert(eq(i64, n, 7));
-                cr_assert(has(e, "batch.max") == true && has(e, "not an integer"),
+                cr_assert(has(e, "batch.max") == true &&
+                              has(e, "not an integer"),
                           "%s", e);
         }
-        cr_assert(eq(int, kinbox__confval_int("workers", "65", 1, 64, &n, e,
-                                              sizeof(e)),
-                     -1));
-        cr_assert(has(e, "workers") && has(e, "\"65\"") &&
-                      has(e, "[1, 64]"),
+        cr_assert(eq(
+            int, kinbox__confval_int("workers", "65", 1, 64, &n, e, sizeof(e)),
+            -1));
+        cr_assert(has(e, "workers") && has(e, "\"65\"") && has(e, "[1, 64]"),
                   "%s", e);
-        cr_assert(eq(int, kinbox__confval_int("k", "99999999999999999999", 0,
-                                              INT64_MAX, &n, e, sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox__confval_int("k", "99999999999999999999", 0,
+                                         INT64_MAX, &n, e, sizeof(e)),
                      -1));
         cr_assert(has(e, "out of range"), "%s", e);
 }
@@ -125,67 +127,71 @@ Test(confval, durations)
         static const struct {
                 const char *s;
                 int64_t ms;
-        } ok[] = {{"500ms", 500},      {"10s", 10000},   {"10", 10000},
-                  {"5m", 300000},      {"2h", 7200000},  {"14d", 1209600000},
-                  {"0", 0},            {"0ms", 0}};
+        } ok[] = {{"500ms", 500}, {"10s", 10000},  {"10", 10000},
+                  {"5m", 300000}, {"2h", 7200000}, {"14d", 1209600000},
+                  {"0", 0},       {"0ms", 0}};
         char e[200];
         for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
                 int64_t ms = -1;
-                cr_assert(eq(int, kinbox__confval_duration(
-                                      "k", ok[i].s, 0, INT64_MAX, &ms, e,
-                                      sizeof(e)),
-                             0),
-                          "%s: %s", ok[i].s, e);
+                cr_assert(
+                    eq(int,
+                       kinbox__confval_duration("k", ok[i].s, 0, INT64_MAX,
+                                                &ms, e, sizeof(e)),
+                       0),
+                    "%s: %s", ok[i].s, e);
                 cr_assert(eq(i64, ms, ok[i].ms), "%s", ok[i].s);
         }
-        static const char *const bad[] = {"",    "ms",  "10 s", "10S", "-1s",
-                                          "1.5h", "1w", "10sec", "d", "1dd"};
+        static const char *const bad[] = {"",     "ms", "10 s",  "10S", "-1s",
+                                          "1.5h", "1w", "10sec", "d",   "1dd"};
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 int64_t ms = 7;
-                cr_assert(eq(int, kinbox__confval_duration(
-                                      "inbox.retention", bad[i], 0, INT64_MAX,
-                                      &ms, e, sizeof(e)),
-                             -1),
-                          "\"%s\" accepted", bad[i]);
+                cr_assert(
+                    eq(int,
+                       kinbox__confval_duration("inbox.retention", bad[i], 0,
+                                                INT64_MAX, &ms, e, sizeof(e)),
+                       -1),
+                    "\"%s\" accepted", bad[i]);
                 cr_assert(eq(i64, ms, 7));
                 cr_assert(has(e, "inbox.retention") &&
                               has(e, "not a duration"),
                           "%s", e);
         }
         int64_t ms;
-        cr_assert(eq(int, kinbox__confval_duration("k", "99999999999999d", 0,
-                                                   INT64_MAX, &ms, e,
-                                                   sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox__confval_duration("k", "99999999999999d", 0,
+                                              INT64_MAX, &ms, e, sizeof(e)),
                      -1));
         cr_assert(has(e, "too long"), "%s", e);
-        cr_assert(eq(int, kinbox__confval_duration("inbox.retention", "30s",
-                                                   60000, INT64_MAX, &ms, e,
-                                                   sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox__confval_duration("inbox.retention", "30s", 60000,
+                                              INT64_MAX, &ms, e, sizeof(e)),
                      -1));
         cr_assert(has(e, "below the minimum of 1m"), "%s", e);
-        cr_assert(eq(int, kinbox__confval_duration("k", "2h", 0, 3600000, &ms,
-                                                   e, sizeof(e)),
-                     -1));
+        cr_assert(eq(
+            int,
+            kinbox__confval_duration("k", "2h", 0, 3600000, &ms, e, sizeof(e)),
+            -1));
         cr_assert(has(e, "[0ms, 1h]"), "%s", e);
 }
 
 Test(confval, duration_text)
 {
         char b[32];
-        cr_assert(eq(str, (char *)kinbox__confval_duration_str(1209600000, b,
-                                                               sizeof(b)),
-                     "14d"));
-        cr_assert(eq(str, (char *)kinbox__confval_duration_str(90000, b,
-                                                               sizeof(b)),
+        cr_assert(
+            eq(str,
+               (char *)kinbox__confval_duration_str(1209600000, b, sizeof(b)),
+               "14d"));
+        cr_assert(eq(str,
+                     (char *)kinbox__confval_duration_str(90000, b, sizeof(b)),
                      "90s"));
-        cr_assert(eq(str, (char *)kinbox__confval_duration_str(60000, b,
-                                                               sizeof(b)),
+        cr_assert(eq(str,
+                     (char *)kinbox__confval_duration_str(60000, b, sizeof(b)),
                      "1m"));
-        cr_assert(eq(str, (char *)kinbox__confval_duration_str(250, b,
-                                                               sizeof(b)),
+        cr_assert(eq(str,
+                     (char *)kinbox__confval_duration_str(250, b, sizeof(b)),
                      "250ms"));
-        cr_assert(eq(str, (char *)kinbox__confval_duration_str(0, b,
-                                                               sizeof(b)),
+        cr_assert(eq(str,
+                     (char *)kinbox__confval_duration_str(0, b, sizeof(b)),
                      "0ms"));
 }
 
@@ -194,36 +200,36 @@ Test(confval, conf_set_uses_it)
 {
         kinbox_conf_t *c = kinbox_conf_new();
         char e[256];
-        cr_assert(eq(int, kinbox_conf_set(c, "relay.notify", "TRUE", e,
-                                          sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "relay.notify", "TRUE", e, sizeof(e)),
                      KINBOX_OK));
         cr_assert(eq(i64, kinbox__conf_int(c, "relay.notify"), 1));
-        cr_assert(eq(int, kinbox_conf_set(c, "relay.notify", "Off", e,
-                                          sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "relay.notify", "Off", e, sizeof(e)),
                      KINBOX_OK));
         cr_assert(eq(i64, kinbox__conf_int(c, "relay.notify"), 0));
-        cr_assert(eq(int, kinbox_conf_set(c, "relay.notify", "ture", e,
-                                          sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "relay.notify", "ture", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
-        cr_assert(has(e, "relay.notify") && has(e, "\"ture\""), "%s",
-                  e);
-        cr_assert(eq(int, kinbox_conf_set(c, "inbox.retention", "2d", e,
-                                          sizeof(e)),
+        cr_assert(has(e, "relay.notify") && has(e, "\"ture\""), "%s", e);
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "inbox.retention", "2d", e, sizeof(e)),
                      KINBOX_OK));
-        cr_assert(eq(i64, kinbox__conf_int(c, "inbox.retention"),
-                     2 * 86400000LL));
-        cr_assert(eq(int, kinbox_conf_set(c, "handler", "../evil", e,
-                                          sizeof(e)),
+        cr_assert(
+            eq(i64, kinbox__conf_int(c, "inbox.retention"), 2 * 86400000LL));
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "handler", "../evil", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
         cr_assert(has(e, "handler") && has(e, "../evil"), "%s", e);
         cr_assert(eq(int, kinbox_conf_set(c, "handler", "a/b", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
-        cr_assert(eq(int, kinbox_conf_set(c, "relay.modules", "orders, ../x",
-                                          e, sizeof(e)),
-                     KINBOX_ERR_INVALID));
-        cr_assert(eq(int, kinbox_conf_set(c, "handler", "my.handler_2", e,
-                                          sizeof(e)),
-                     KINBOX_OK));
+        cr_assert(eq(
+            int,
+            kinbox_conf_set(c, "relay.modules", "orders, ../x", e, sizeof(e)),
+            KINBOX_ERR_INVALID));
+        cr_assert(eq(
+            int, kinbox_conf_set(c, "handler", "my.handler_2", e, sizeof(e)),
+            KINBOX_OK));
         kinbox_conf_destroy(c);
 }
 
@@ -270,20 +276,21 @@ kb_ini(const char *cmd, const char *env, const char *ini, char **err)
 
 /* Unreachable on purpose: a case that got past the file would fail to
  * connect with exit 3 instead of 2. */
-#define DB "[database]\nurl = postgresql://kinbox@127.0.0.1:1/nosuch\n" \
-           "[kafka]\nbootstrap.servers = 127.0.0.1:1\n"
+#define DB                                                                    \
+        "[database]\nurl = postgresql://kinbox@127.0.0.1:1/nosuch\n"          \
+        "[kafka]\nbootstrap.servers = 127.0.0.1:1\n"
 
 Test(config_file, relay_enabled_typo_is_refused)
 {
         char *err;
         int rc = kb_ini("run", NULL, DB "[relay]\nenabled = ture\n", &err);
         cr_assert(eq(int, rc, 2), "%s", err);
-        cr_assert(has(err, "[relay] enabled") && has(err, "\"ture\""),
-                  "%s", err);
+        cr_assert(has(err, "[relay] enabled") && has(err, "\"ture\""), "%s",
+                  err);
         rc = kb_ini("run", NULL, DB "[relay]\nnotify = TRUEE\n", &err);
         cr_assert(eq(int, rc, 2), "%s", err);
-        cr_assert(has(err, "relay.notify") && has(err, "\"TRUEE\""),
-                  "%s", err);
+        cr_assert(has(err, "relay.notify") && has(err, "\"TRUEE\""), "%s",
+                  err);
 }
 
 Test(config_file, relay_enabled_any_case_is_on)
@@ -297,8 +304,8 @@ Test(config_file, relay_enabled_any_case_is_on)
                 snprintf(ini, sizeof(ini), DB "[relay]\nenabled = %s\n",
                          on[i]);
                 int rc = kb_ini("run", NULL, ini, &err);
-                cr_assert(eq(int, rc, 3), "enabled = %s: rc %d: %s", on[i],
-                          rc, err);
+                cr_assert(eq(int, rc, 3), "enabled = %s: rc %d: %s", on[i], rc,
+                          err);
         }
         char *err;
         int rc = kb_ini("run", NULL, DB "[relay]\nenabled = Off\n", &err);
@@ -346,8 +353,7 @@ Test(config_file, variable_defaults)
                            "batch.max = ${KB_T_BATCH:-nine}\n",
                         &err);
         cr_assert(eq(int, rc, 2), "%s", err);
-        cr_assert(has(err, "batch.max") && has(err, "\"nine\""), "%s",
-                  err);
+        cr_assert(has(err, "batch.max") && has(err, "\"nine\""), "%s", err);
         rc = kb_ini("run", "env KB_T_BATCH=",
                     DB "[consumer.c]\nhandler = points\ntopics = t\n"
                        "batch.max = ${KB_T_BATCH:-eight}\n",
@@ -406,10 +412,10 @@ Test(config_file, handler_outside_path_refused_before_loading)
                          sub);
                 int rc = kb_ini(cmds[i], NULL, ini, &err);
                 cr_assert(eq(int, rc, 2), "%s: %s", cmds[i], err);
-                cr_assert(has(err, "\"../evil\" is not a handler name"),
-                          "%s", err);
-                cr_assert(has_no_file(marker),
-                          "%s loaded the module", cmds[i]);
+                cr_assert(has(err, "\"../evil\" is not a handler name"), "%s",
+                          err);
+                cr_assert(has_no_file(marker), "%s loaded the module",
+                          cmds[i]);
         }
         char ini[1024], *err;
         snprintf(ini, sizeof(ini),

@@ -14,7 +14,8 @@
 #include "../handlers/points/points.h"
 
 #define SQL_INBOX "SELECT COUNT(*) FROM kinbox_inbox"
-#define SQL_WATERMARK "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets"
+#define SQL_WATERMARK                                                         \
+        "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets"
 
 static char *
 points_ini(const char *url, const char *group, const char *topic,
@@ -45,8 +46,7 @@ ParameterizedTest(int *backend, proc, crash_after_commit, .timeout = 180)
         char *topic = kt_unique("p2");
         char *group = kt_unique("pg2");
         kt_topic(topic, 4);
-        long long total =
-            kt_produce_grants(topic, 0, 3000, 0, "o", 0, NULL);
+        long long total = kt_produce_grants(topic, 0, 3000, 0, "o", 0, NULL);
         char *ini = points_ini(url, group, topic, "batch.max = 100\n");
         char *log1 = kt_tmp("crash1");
         /* The fault point fires after the 4th successful DB commit. */
@@ -59,7 +59,8 @@ ParameterizedTest(int *backend, proc, crash_after_commit, .timeout = 180)
         cr_assert(gt(i64, db_mark, 0));
         cr_assert(lt(i64, kafka_mark, db_mark));
         cr_assert(eq(i64, inbox, db_mark));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM user_points_flow"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM user_points_flow"),
                      inbox));
         /* Restart: finishes without re-running the committed batches. */
         char *log2 = kt_tmp("crash2");
@@ -164,8 +165,8 @@ ParameterizedTest(int *backend, proc, offset_commit_errors, .timeout = 180)
                   "REQUEST_TIMED_OUT REBALANCE_IN_PROGRESS");
         kinbox_conf_t *c = kt_conf(url, "points", group, topic);
         kt_set(c, "kafka.auto.commit.interval.ms", "200");
-        kt_run_t *r = kt_run_start(c, NULL, kinbox_points_module.handle_batch,
-                                   NULL);
+        kt_run_t *r =
+            kt_run_start(c, NULL, kinbox_points_module.handle_batch, NULL);
         long long high = kt_high_sum(topic, 3);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_WATERMARK, high, 60), high));
         kt_run_stop(r);
@@ -198,8 +199,7 @@ ParameterizedTest(int *backend, proc, two_groups_one_process, .timeout = 180)
         /* The same message ids on both topics: each consumer applies its
          * copy once (the inbox key is the consumer name + id). */
         long long total_a = kt_produce_grants(ta, 0, 1000, 0, "a", 0, NULL);
-        long long total_b =
-            kt_produce_grants(tb, 0, 800, 0, "b", 1000, NULL);
+        long long total_b = kt_produce_grants(tb, 0, 800, 0, "b", 1000, NULL);
         char *ini = kt_write_ini(
             url,
             "[consumer.orders]\ngroup.id = %s\ntopics = %s\nhandler = points\n"
@@ -212,14 +212,17 @@ ParameterizedTest(int *backend, proc, two_groups_one_process, .timeout = 180)
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
         kt_assert_points(url, total_a + total_b, 1800);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox "
-                                       "WHERE consumer = 'orders'"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox "
+                                  "WHERE consumer = 'orders'"),
                      1000));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox "
-                                       "WHERE consumer = 'bonus'"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox "
+                                  "WHERE consumer = 'bonus'"),
                      800));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COALESCE(SUM(points), 0) FROM "
-                                       "user_account WHERE user_id > 1000"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COALESCE(SUM(points), 0) FROM "
+                                  "user_account WHERE user_id > 1000"),
                      total_b));
 }
 
@@ -252,6 +255,6 @@ ParameterizedTest(int *backend, proc, restart_commits_db_position,
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
         cr_assert(eq(i64, committed, 300));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM user_points_flow"),
-                     300));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM user_points_flow"), 300));
 }

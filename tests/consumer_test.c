@@ -40,33 +40,35 @@ ParameterizedTest(int *backend, consumer, exactly_once_with_duplicates,
         cr_assert(eq(int, dups, 2000));
         kinbox_conf_t *c = kt_conf(url, "points", group, topic);
         kt_set(c, "workers", "2");
-        kt_run_t *r = kt_run_start(c, NULL, kinbox_points_module.handle_batch,
-                                   NULL);
-        long long got = kt_wait_qint(
-            url, "SELECT COUNT(*) FROM kinbox_inbox", 10000, 120);
+        kt_run_t *r =
+            kt_run_start(c, NULL, kinbox_points_module.handle_batch, NULL);
+        long long got =
+            kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 10000, 120);
         cr_assert(eq(i64, got, 10000));
         /* Let the duplicates after the last new id drain too. */
         long long high = kt_high_sum(topic, 6);
         cr_assert(eq(i64, high, 12000));
-        kt_wait_qint(url,
-                     "SELECT SUM(next_offset) FROM kinbox_offsets", high, 60);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", high,
+                     60);
         kinbox_consumer_stats_t st;
         kinbox_consumer_stats(kt_run_consumer(r), &st);
         kt_run_stop(r);
         assert_points(url, total, 10000);
         cr_assert(eq(u64, st.processed, 10000));
         cr_assert(eq(u64, st.duplicates, 2000));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
         /* Offsets: the DB watermark and Kafka's committed offsets are at
          * the end of every partition. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets"), high));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets"),
+            high));
         cr_assert(eq(i64, kt_committed_sum(group, topic, 6), high));
 }
 
 /* Per-message mode: batch.max = 1, one transaction per message. */
 KT_BACKENDS_PARAMS(consumer, per_message_mode)
-ParameterizedTest(int *backend, consumer, per_message_mode,
-                  .timeout = 120)
+ParameterizedTest(int *backend, consumer, per_message_mode, .timeout = 120)
 {
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("t1b");
@@ -78,8 +80,8 @@ ParameterizedTest(int *backend, consumer, per_message_mode,
         kt_set(c, "batch.max", "1");
         kt_run_t *r = kt_run_start(c, kinbox_points_module.handle, NULL, NULL);
         long long high = kt_high_sum(topic, 3);
-        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets",
-                     high, 90);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", high,
+                     90);
         kinbox_consumer_stats_t st;
         kinbox_consumer_stats(kt_run_consumer(r), &st);
         kt_run_stop(r);
@@ -160,12 +162,14 @@ ParameterizedTest(int *backend, consumer, retry_reject_dead_letters,
                                   "message_id IN ('a','b','c','f')"),
                      4));
         /* Dead letters: d (retry.max), e (REJECT), the id-less one. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 3));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                  "WHERE message_id = 'd' AND attempts = 3 "
-                                  "AND error LIKE 'gave up after 3 attempts%'"),
-                     1));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 3));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                            "WHERE message_id = 'd' AND attempts = 3 "
+                            "AND error LIKE 'gave up after 3 attempts%'"),
+               1));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
                                   "WHERE message_id = 'e' AND error = "
@@ -186,25 +190,30 @@ ParameterizedTest(int *backend, consumer, retry_reject_dead_letters,
 
 /* Malformed JSON and ill-typed fields: dead letters with the bytes. */
 KT_BACKENDS_PARAMS(consumer, malformed_payloads)
-ParameterizedTest(int *backend, consumer, malformed_payloads,
-                  .timeout = 120)
+ParameterizedTest(int *backend, consumer, malformed_payloads, .timeout = 120)
 {
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("t3b");
         char *group = kt_unique("g3b");
         kt_topic(topic, 2);
         kt_producer_t *p = kt_producer_new();
-        kt_produce(p, topic, 0, NULL, "{\"order_id\":\"o-1\",\"user_id\":7,"
-                                      "\"grant_points\":5}", "p1");
+        kt_produce(p, topic, 0, NULL,
+                   "{\"order_id\":\"o-1\",\"user_id\":7,"
+                   "\"grant_points\":5}",
+                   "p1");
         kt_produce(p, topic, 0, NULL, "{not json", "p2");
-        kt_produce(p, topic, 1, NULL, "{\"order_id\":\"o-3\",\"user_id\":\"x\","
-                                      "\"grant_points\":5}", "p3");
-        kt_produce(p, topic, 1, NULL, "{\"order_id\":\"o-4\",\"user_id\":7,"
-                                      "\"grant_points\":6}", "p4");
+        kt_produce(p, topic, 1, NULL,
+                   "{\"order_id\":\"o-3\",\"user_id\":\"x\","
+                   "\"grant_points\":5}",
+                   "p3");
+        kt_produce(p, topic, 1, NULL,
+                   "{\"order_id\":\"o-4\",\"user_id\":7,"
+                   "\"grant_points\":6}",
+                   "p4");
         kt_producer_flush_destroy(p);
         kinbox_conf_t *c = kt_conf(url, "points", group, topic);
-        kt_run_t *r = kt_run_start(c, NULL, kinbox_points_module.handle_batch,
-                                   NULL);
+        kt_run_t *r =
+            kt_run_start(c, NULL, kinbox_points_module.handle_batch, NULL);
         kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 4,
                      60);
         kt_run_stop(r);
@@ -252,8 +261,7 @@ order_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
 }
 
 KT_BACKENDS_PARAMS(consumer, per_partition_order)
-ParameterizedTest(int *backend, consumer, per_partition_order,
-                  .timeout = 120)
+ParameterizedTest(int *backend, consumer, per_partition_order, .timeout = 120)
 {
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("t6");
@@ -287,33 +295,38 @@ ParameterizedTest(int *backend, consumer, cooperative_rebalance,
         char *group = kt_unique("gco");
         kt_topic(topic, 6);
         kinbox_conf_t *c1 = kt_conf(url, "points", group, topic);
-        kt_set(c1, "kafka.partition.assignment.strategy", "cooperative-sticky");
+        kt_set(c1, "kafka.partition.assignment.strategy",
+               "cooperative-sticky");
         kt_set(c1, "batch.max", "50");
         kinbox_conf_t *c2 = kinbox_conf_dup(c1);
-        kt_run_t *a = kt_run_start(c1, NULL,
-                                   kinbox_points_module.handle_batch, NULL);
+        kt_run_t *a =
+            kt_run_start(c1, NULL, kinbox_points_module.handle_batch, NULL);
         long long total = produce_grants(topic, 0, 1500, 10, NULL);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
-                                       1500, 60),
-                     1500));
+        cr_assert(eq(
+            i64,
+            kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 1500, 60),
+            1500));
         /* A second member joins: partitions move incrementally. */
-        kt_run_t *b = kt_run_start(c2, NULL,
-                                   kinbox_points_module.handle_batch, NULL);
+        kt_run_t *b =
+            kt_run_start(c2, NULL, kinbox_points_module.handle_batch, NULL);
         for (int round = 0; round < 3; round++) {
-                total += produce_grants(topic, 1500 + round * 500, 500, 10,
-                                        NULL);
+                total +=
+                    produce_grants(topic, 1500 + round * 500, 500, 10, NULL);
                 sleep(2);
         }
         /* The first leaves cleanly mid-stream: its partitions move back. */
         kt_run_stop(a);
         total += produce_grants(topic, 3000, 1000, 10, NULL);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
-                                       4000, 90),
-                     4000));
+        cr_assert(eq(
+            i64,
+            kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 4000, 90),
+            4000));
         long long high = kt_high_sum(topic, 6);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
-                                            "kinbox_offsets",
-                                       high, 60),
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  high, 60),
                      high));
         kinbox_consumer_stats_t st;
         kinbox_consumer_stats(kt_run_consumer(b), &st);
@@ -339,8 +352,8 @@ checked_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
         if (sscanf(body, "%63s %31s", id, v) != 2)
                 return KINBOX_RESULT_REJECT;
         const char *params[2] = {id, v};
-        kinbox_tx_exec(tx, "INSERT INTO kt_checked (id, v) VALUES ($1, $2)",
-                       2, params);
+        kinbox_tx_exec(tx, "INSERT INTO kt_checked (id, v) VALUES ($1, $2)", 2,
+                       params);
         return KINBOX_RESULT_OK;
 }
 
@@ -353,8 +366,8 @@ checked_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
         (void)results;
         char sql[64 * 1024] = "INSERT INTO kt_checked (id, v) VALUES ";
         const char **params = calloc(2 * count, sizeof(*params));
-        char (*ids)[64] = calloc(count, 64);
-        char (*vs)[32] = calloc(count, 32);
+        char(*ids)[64] = calloc(count, 64);
+        char(*vs)[32] = calloc(count, 32);
         for (size_t i = 0; i < count; i++) {
                 size_t n;
                 const char *p = kinbox_msg_payload(msgs[i], &n);
@@ -407,27 +420,32 @@ statement_errors(int backend, bool batch)
         kt_set(c, "batch.wait.ms", "200"); /* everything in one batch */
         kt_run_t *r = kt_run_start(c, batch ? NULL : checked_handler,
                                    batch ? checked_batch : NULL, NULL);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
-                                            "kinbox_offsets",
-                                       200, 60),
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  200, 60),
                      200));
         kt_run_stop(r);
         /* Every good message exactly once; the two bad ones dead. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_checked"),
-                     good));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 2));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_checked"), good));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 2));
         /* A CHECK violation, like a unique violation, can never succeed:
          * dead at the first try (no retry, no backoff). */
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                  "WHERE message_id = 's-57' AND attempts = 1"),
-                     1));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                  "WHERE message_id = 's-140' AND attempts = 1"),
-                     1));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     200));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                            "WHERE message_id = 's-57' AND attempts = 1"),
+               1));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                            "WHERE message_id = 's-140' AND attempts = 1"),
+               1));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 200));
 }
 
 KT_BACKENDS_PARAMS(consumer, statement_error_pinned)
@@ -569,8 +587,9 @@ ParameterizedTest(int *backend, consumer, batched_statements_keep_order,
                 strcat(want, part);
         }
         char *sql = NULL;
-        cr_assert(asprintf(&sql, "SELECT COUNT(*) FROM kt_log WHERE k = 'x' "
-                                 "AND s = '%s'",
+        cr_assert(asprintf(&sql,
+                           "SELECT COUNT(*) FROM kt_log WHERE k = 'x' "
+                           "AND s = '%s'",
                            want) > 0);
         cr_assert(eq(i64, kt_qint(url, sql), 1),
                   "kt_log.s is not the %d messages in order", count);
@@ -579,16 +598,18 @@ ParameterizedTest(int *backend, consumer, batched_statements_keep_order,
 
         ordered_run(url, ORD_TRIGGER, count);
         /* The trigger saw 1, 2, ... rows of kt_a: statement order held. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(DISTINCT n) FROM kt_seen"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(DISTINCT n) FROM kt_seen"),
                      count));
         cr_assert(eq(i64, kt_qint(url, "SELECT MAX(n) FROM kt_seen"), count));
 
         ordered_run(url, ORD_LASTID, count);
         /* Every child points at its own parent. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_c JOIN kt_p "
-                                       "ON kt_p.id = kt_c.pid AND "
-                                       "kt_p.v = kt_c.v"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kt_c JOIN kt_p "
+                                  "ON kt_p.id = kt_c.pid AND "
+                                  "kt_p.v = kt_c.v"),
                      count));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
 }

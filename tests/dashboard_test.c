@@ -67,12 +67,12 @@ family_of(const names_t *ex, const char *name)
 
 /* Check every kinbox_* identifier of text; mark the families used. */
 static void
-check_names(const names_t *ex, const char *text, const char *where,
-            bool *used)
+check_names(const names_t *ex, const char *text, const char *where, bool *used)
 {
         for (const char *p = strstr(text, "kinbox_"); p;
              p = strstr(p + 1, "kinbox_")) {
-                if (p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '_'))
+                if (p > text &&
+                    (isalnum((unsigned char)p[-1]) || p[-1] == '_'))
                         continue;
                 char name[96];
                 size_t n = 0;
@@ -152,7 +152,8 @@ Test(dashboard, alert_rules_use_exported_metrics)
 {
         names_t ex;
         exported(&ex);
-        char *rules = slurp(KINBOX_SOURCE_DIR "/dist/prometheus/kinbox-alerts.yml");
+        char *rules =
+            slurp(KINBOX_SOURCE_DIR "/dist/prometheus/kinbox-alerts.yml");
         /* The expressions only: a runbook may name other things. */
         int nexpr = 0;
         for (char *p = strstr(rules, "expr:"); p; p = strstr(p + 1, "expr:")) {
@@ -193,7 +194,8 @@ Test(dashboard, promtool_checks_and_tests_every_alert)
         run_ok("promtool check rules " KINBOX_SOURCE_DIR
                "/dist/prometheus/kinbox-alerts.yml");
         /* Every alert has a case in the unit tests. */
-        char *rules = slurp(KINBOX_SOURCE_DIR "/dist/prometheus/kinbox-alerts.yml");
+        char *rules =
+            slurp(KINBOX_SOURCE_DIR "/dist/prometheus/kinbox-alerts.yml");
         char *tests = slurp(KINBOX_SOURCE_DIR "/tests/alerts_test.yml");
         int nalerts = 0;
         for (const char *p = strstr(rules, "- alert: "); p;

@@ -18,11 +18,11 @@
 #include "../handlers/points/points.h"
 
 /* Parameters: backend (0 PostgreSQL, 1 MySQL) x handler shape. */
-#define KT_SHAPES_PARAMS(suite, name)                                          \
-        ParameterizedTestParameters(suite, name)                               \
-        {                                                                      \
-                static int v[] = {0, 1, 2, 3};                                 \
-                return cr_make_param_array(int, v, 4);                         \
+#define KT_SHAPES_PARAMS(suite, name)                                         \
+        ParameterizedTestParameters(suite, name)                              \
+        {                                                                     \
+                static int v[] = {0, 1, 2, 3};                                \
+                return cr_make_param_array(int, v, 4);                        \
         }
 
 /* Payload "KEY V": insert (KEY, V, attempt) into kt_attr after adding V to
@@ -83,8 +83,9 @@ attr_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
         kinbox_result_t rc = KINBOX_RESULT_RETRY;
         if (!sql || !p || !keys || !vs || !atts)
                 goto out;
-        len = (size_t)snprintf(sql, cap, "INSERT INTO kt_attr (k, v, msg, "
-                                         "attempt) VALUES ");
+        len = (size_t)snprintf(sql, cap,
+                               "INSERT INTO kt_attr (k, v, msg, "
+                               "attempt) VALUES ");
         for (size_t i = 0; i < count; i++) {
                 if (parse_kv(msgs[i], keys[i], 64, vs[i], 32)) {
                         results[i] = KINBOX_RESULT_REJECT;
@@ -93,10 +94,9 @@ attr_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
                 }
                 snprintf(atts[i], 16, "%d", kinbox_msg_attempt(msgs[i]));
                 total += atoll(vs[i]);
-                len += (size_t)snprintf(sql + len, cap - len,
-                                        "%s($%zu, $%zu, $%zu, $%zu)",
-                                        np ? ", " : "", np + 1, np + 2,
-                                        np + 3, np + 4);
+                len += (size_t)snprintf(
+                    sql + len, cap - len, "%s($%zu, $%zu, $%zu, $%zu)",
+                    np ? ", " : "", np + 1, np + 2, np + 3, np + 4);
                 p[np++] = keys[i];
                 p[np++] = vs[i];
                 p[np++] = kinbox_msg_id(msgs[i]);
@@ -179,37 +179,44 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
         kt_set(c, "retry.backoff.max.ms", "50");
         kt_run_t *r = kt_run_start(c, batch ? NULL : attr_handler,
                                    batch ? attr_batch : NULL, NULL);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
-                                            "kinbox_offsets",
-                                       produced, 120),
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  produced, 120),
                      produced));
         kinbox_consumer_stats_t st;
         kinbox_consumer_stats(kt_run_consumer(r), &st);
         kt_run_stop(r);
         /* Every good event once, at its first attempt. */
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
-                                       "msg NOT LIKE 'g-%'"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
+                                  "msg NOT LIKE 'g-%'"),
                      0));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
-                                       "attempt <> 1"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
+                                  "attempt <> 1"),
                      0),
                   "a message was charged another message's failure");
         /* The business duplicates' UPDATEs were undone. */
         cr_assert(eq(i64, kt_qint(url, "SELECT n FROM kt_total"), sum));
         /* Dead letters: exactly the poison, at its first attempt, with the
          * CHECK violation as its reason. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_dead_letter"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter"),
                      poison));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_dead_letter WHERE message_id "
-                                       "LIKE 'p-%' AND attempts = 1"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter WHERE message_id "
+                                  "LIKE 'p-%' AND attempts = 1"),
                      poison));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_dead_letter WHERE error NOT "
-                                       "LIKE '%23514%' AND error NOT LIKE "
-                                       "'%4025%'"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter WHERE error NOT "
+                                  "LIKE '%23514%' AND error NOT LIKE "
+                                  "'%4025%'"),
                      0));
         /* Counted: business duplicates apart from redeliveries; nothing
          * was retried. */
@@ -217,8 +224,8 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
         cr_assert(eq(u64, st.duplicates, (uint64_t)resent));
         cr_assert(eq(u64, st.retried, 0));
         cr_assert(eq(u64, st.dead, (uint64_t)poison));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     1500));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 1500));
 }
 
 /* A handler that says "already applied" itself: KINBOX_RESULT_DUPLICATE
@@ -248,24 +255,26 @@ ParameterizedTest(int *backend, dirty, result_duplicate, .timeout = 120)
         char id[32];
         for (int i = 0; i < 100; i++) {
                 snprintf(id, sizeof(id), "s-%d", i);
-                kt_produce(pr, topic, i % 2, NULL, i % 10 ? "new" : "dup",
-                           id);
+                kt_produce(pr, topic, i % 2, NULL, i % 10 ? "new" : "dup", id);
         }
         kt_producer_flush_destroy(pr);
         kinbox_conf_t *c = kt_conf(url, "selfdup", kt_unique("gsd"), topic);
         kt_run_t *r = kt_run_start(c, self_dup_handler, NULL, NULL);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
-                                            "kinbox_offsets",
-                                       100, 60),
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  100, 60),
                      100));
         kinbox_consumer_stats_t st;
         kinbox_consumer_stats(kt_run_consumer(r), &st);
         kt_run_stop(r);
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_seen"), 90));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     100));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_dead_letter"),
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 100));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter"),
                      0));
         cr_assert(eq(u64, st.business_duplicates, 10));
         cr_assert(eq(u64, st.processed, 90));
@@ -318,16 +327,19 @@ points_business_duplicates(int backend, bool single)
         kt_run_t *r = kt_run_start(
             c, single ? kinbox_points_single_module.handle : NULL,
             single ? NULL : kinbox_points_module.handle_batch, NULL);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
-                                            "kinbox_offsets",
-                                       msgs, 120),
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  msgs, 120),
                      msgs));
         kinbox_consumer_stats_t st;
         kinbox_consumer_stats(kt_run_consumer(r), &st);
         kt_run_stop(r);
         kt_assert_points(url, total, flows);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_dead_letter"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter"),
                      0));
         cr_assert(eq(u64, st.business_duplicates, (uint64_t)dups));
         cr_assert(eq(u64, st.retried, 0));

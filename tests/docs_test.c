@@ -154,7 +154,8 @@ Test(docs, kinbox_man_page_has_every_command)
                 cmds++;
         }
         pclose(p);
-        cr_assert(cmds >= 10, "only %d commands parsed from kinbox help", cmds);
+        cr_assert(cmds >= 10, "only %d commands parsed from kinbox help",
+                  cmds);
         const char *ex = strstr(man, ".SH EXIT STATUS");
         cr_assert(ex != NULL);
         for (int s = 0; s <= 4; s++) {

@@ -31,8 +31,7 @@
 /* ------------------------------------------------------------ helpers */
 
 /* Run a shell command line; returns its exit status (-1 on a signal). */
-static int
-sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int
 sh(const char *fmt, ...)
 {
@@ -58,8 +57,8 @@ static void
 assert_log_has(const char *path, const char *needle)
 {
         char *s = kt_slurp(path);
-        cr_assert(s && strstr(s, needle), "%s lacks \"%s\":\n%s", path,
-                  needle, s ? s : "(no log)");
+        cr_assert(s && strstr(s, needle), "%s lacks \"%s\":\n%s", path, needle,
+                  s ? s : "(no log)");
         free(s);
 }
 
@@ -240,12 +239,13 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
         /* Relay A publishes three batches, marks two, dies in the third:
          * its rows are on the broker and still leased. */
         char *loga = kt_tmp("e3a");
-        pid_t a = kt_spawn_kinbox(ini, "KINBOX_FAULT=relay_after_publish:2",
-                                  loga);
+        pid_t a =
+            kt_spawn_kinbox(ini, "KINBOX_FAULT=relay_after_publish:2", loga);
         cr_assert(eq(int, kt_wait(a, 60), -SIGKILL));
         assert_log_has(loga, "relay_after_publish");
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
-                                 "status = 'sent'"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                   "status = 'sent'"),
                      200));
         cr_assert(eq(i64, kt_high_sum(topic, 4), 300));
 
@@ -266,8 +266,8 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
 
         /* The downstream consumer applies each grant once. */
         kinbox_conf_t *conf = kt_conf(url, "points", kt_unique("e3g"), topic);
-        kt_run_t *r = kt_run_start(conf, NULL,
-                                   kinbox_points_module.handle_batch, NULL);
+        kt_run_t *r =
+            kt_run_start(conf, NULL, kinbox_points_module.handle_batch, NULL);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, N, 60), N));
         cr_assert(eq(i64,
                      kt_wait_qint(url,
@@ -327,8 +327,8 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
         /* 1. The relay dies after publishing its 2nd batch (the whole
          *    process: the consumer with it). */
         char *log1 = kt_tmp("e7a");
-        pid_t p = kt_spawn_kinbox(ini, "KINBOX_FAULT=relay_after_publish:1",
-                                  log1);
+        pid_t p =
+            kt_spawn_kinbox(ini, "KINBOX_FAULT=relay_after_publish:1", log1);
         cr_assert(eq(int, kt_wait(p, 60), -SIGKILL));
         assert_log_has(log1, "relay_after_publish");
         placed += place_orders(url, topic, 80, 140);
@@ -347,7 +347,8 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
         p = kt_spawn_kinbox(ini, NULL, log3);
         placed += place_orders(url, topic, 140, 220);
         cr_assert(gt(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders"), 0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders"), placed));
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders"), placed));
         cr_assert(lt(int, placed, 220), "stock never ran out");
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, placed, 90), placed));
         cr_assert(eq(i64,
@@ -360,22 +361,25 @@ ParameterizedTest(int *backend, e2e, orders_to_points_with_crashes,
         cr_assert(eq(int, kt_wait(p, 60), 0));
 
         /* Points granted exactly once per order; stock never negative. */
-        kt_assert_points(url, kt_qintf(url, "SELECT COALESCE(SUM(points), 0) FROM "
-                                      "orders"),
+        kt_assert_points(url,
+                         kt_qintf(url, "SELECT COALESCE(SUM(points), 0) FROM "
+                                       "orders"),
                          placed);
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM orders o WHERE NOT "
-                                 "EXISTS (SELECT 1 FROM user_points_flow f "
-                                 "WHERE f.order_id = o.order_id AND "
-                                 "f.user_id = o.user_id)"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COUNT(*) FROM orders o WHERE NOT "
+                                   "EXISTS (SELECT 1 FROM user_points_flow f "
+                                   "WHERE f.order_id = o.order_id AND "
+                                   "f.user_id = o.user_id)"),
                      0));
-        long long stock = kt_qintf(url, "SELECT stock FROM inventory WHERE sku = "
-                                 "'sku-1'");
+        long long stock =
+            kt_qintf(url, "SELECT stock FROM inventory WHERE sku = "
+                          "'sku-1'");
         cr_assert(ge(i64, stock, 0));
         cr_assert(eq(i64, stock,
                      300 - kt_qintf(url, "SELECT COALESCE(SUM(qty), 0) FROM "
-                                  "orders")));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     0));
+                                         "orders")));
+        cr_assert(eq(
+            i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
 }
 
 /* ---- issue 5: deposit → payment action → deposit.paid → ledger ---- */
@@ -420,7 +424,8 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
                      sh("\"%s\" \"%s\" create d-0 1 100 EUR %s",
                         kt_env("KINBOX_DEPOSIT_BIN"), url, paid),
                      0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox"), N));
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox"), N));
 
         /* The ledger consumer dies after its 2nd commit (relay with it). */
         char *log1 = kt_tmp("e5a");
@@ -430,10 +435,10 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
 
         char *log2 = kt_tmp("e5b");
         p = kt_spawn_kinbox(ini, NULL, log2);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM ledger_posting",
-                                  N, 90),
-                     N));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM ledger_posting", N, 90),
+               N));
         char sql[512];
         snprintf(sql, sizeof(sql),
                  "SELECT COUNT(*) FROM kinbox_outbox WHERE destination = '%s' "
@@ -463,68 +468,86 @@ ParameterizedTest(int *backend, e2e, ledger_flow, .timeout = 300)
                      2));
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     1));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_posting"),
-                     N));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_line"),
-                     2 * N));
+        cr_assert(eq(
+            i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 1));
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_posting"), N));
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_line"), 2 * N));
         assert_log_has(log2, "+ 1 (business)");
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                 "WHERE message_id = 'malformed-1' AND error "
-                                 "LIKE '%%field amount%%'"),
-                     1));
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                             "WHERE message_id = 'malformed-1' AND error "
+                             "LIKE '%%field amount%%'"),
+               1));
 
         /* Every deposit paid exactly once at the channel, despite the
          * simulated timeouts (some after the payment went through). */
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM deposits WHERE status "
-                                 "= 'PAYMENT_SUCCEEDED'"),
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT COUNT(*) FROM deposits WHERE status "
+                             "= 'PAYMENT_SUCCEEDED'"),
+               N));
+        cr_assert(eq(
+            i64, kt_qintf(url, "SELECT COUNT(*) FROM payment_channel_orders"),
+            N));
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COUNT(DISTINCT merchant_ref) FROM "
+                                   "payment_channel_orders"),
                      N));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM payment_channel_orders"),
-                     N));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(DISTINCT merchant_ref) FROM "
-                                 "payment_channel_orders"),
-                     N));
-        cr_assert(gt(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
-                                 "destination = 'action:payment.initiate' "
-                                 "AND attempts > 0"),
+        cr_assert(gt(i64,
+                     kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                   "destination = 'action:payment.initiate' "
+                                   "AND attempts > 0"),
                      0),
                   "the simulated channel never timed out");
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
-                                 "status <> 'sent'"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                   "status <> 'sent'"),
                      0));
 
         /* Exactly-once postings, zero-sum ledger. */
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_posting"), N));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_line"), 2 * N));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COALESCE(SUM(amount), 0) FROM "
-                                 "ledger_line"),
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_posting"), N));
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_line"), 2 * N));
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COALESCE(SUM(amount), 0) FROM "
+                                   "ledger_line"),
                      0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM (SELECT deposit_id "
-                                 "FROM ledger_line GROUP BY deposit_id "
-                                 "HAVING SUM(amount) <> 0) z"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COUNT(*) FROM (SELECT deposit_id "
+                                   "FROM ledger_line GROUP BY deposit_id "
+                                   "HAVING SUM(amount) <> 0) z"),
                      0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COALESCE(SUM(balance), 0) FROM "
-                                 "ledger_account"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COALESCE(SUM(balance), 0) FROM "
+                                   "ledger_account"),
                      0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT balance FROM ledger_account WHERE "
-                                 "account_id = "
-                                 "'clearing:payment-channel:EUR'"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT balance FROM ledger_account WHERE "
+                                   "account_id = "
+                                   "'clearing:payment-channel:EUR'"),
                      total));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM ledger_account a "
-                                 "WHERE balance <> (SELECT SUM(amount) FROM "
-                                 "ledger_line l WHERE l.account_id = "
-                                 "a.account_id)"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT COUNT(*) FROM ledger_account a "
+                                   "WHERE balance <> (SELECT SUM(amount) FROM "
+                                   "ledger_line l WHERE l.account_id = "
+                                   "a.account_id)"),
                      0));
         /* Each wallet holds its user's deposits (as a credit). */
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM (SELECT user_id, "
-                                 "SUM(amount) AS s FROM deposits GROUP BY "
-                                 "user_id) d LEFT JOIN ledger_account a ON "
-                                 "a.account_id = CONCAT('wallet:', "
-                                 "d.user_id, ':EUR') WHERE a.balance IS NULL "
-                                 "OR a.balance <> -d.s"),
-                     0));
-        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_inbox"), N + 2));
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT COUNT(*) FROM (SELECT user_id, "
+                             "SUM(amount) AS s FROM deposits GROUP BY "
+                             "user_id) d LEFT JOIN ledger_account a ON "
+                             "a.account_id = CONCAT('wallet:', "
+                             "d.user_id, ':EUR') WHERE a.balance IS NULL "
+                             "OR a.balance <> -d.s"),
+               0));
+        cr_assert(eq(i64, kt_qintf(url, "SELECT COUNT(*) FROM kinbox_inbox"),
+                     N + 2));
 
         /* ledger.applied on the topic: one distinct event per deposit. */
         long long read = 0;
@@ -587,10 +610,9 @@ ParameterizedTest(int *backend, e2e, handler_modules, .timeout = 180)
         kt_producer_flush_destroy(pr);
         log = kt_tmp("em_good");
         pid_t p = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM ktgood_seen", 50,
-                                  60),
-                     50));
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM ktgood_seen", 50, 60),
+            50));
         cr_assert(eq(i64,
                      kt_wait_qint(url,
                                   "SELECT COALESCE(SUM(next_offset), 0) FROM "

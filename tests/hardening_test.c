@@ -71,28 +71,36 @@ ParameterizedTest(int *backend, hardening, prune_refuses_short_retention,
                       has(out, "2h = 7200000 ms"),
                   "%s", out);
         free(out);
-        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_inbox"),
-                     1));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_inbox"), 1));
         /* Longer than the window: the row goes. */
         ini = kt_write_ini(url, "[prune]\ninbox.retention = 1h\n"
                                 "kafka.redelivery.window = 30m\n");
         cr_assert(eq(int, kb(&out, "prune -c %s", ini), 0), "%s", out);
         free(out);
-        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_inbox"),
-                     0));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_inbox"), 0));
 }
 
 /* ---- (2) no password in any output ---- */
 
 static const char *const all_cmds[] = {
-    "run -c %s",           "migrate -c %s",
-    "status -c %s",        "status --json -c %s",
-    "dead list -c %s",     "dead show 1 -c %s",
-    "dead replay 1 -c %s", "dead discard 1 -c %s",
-    "outbox list -c %s",   "outbox requeue 1 -c %s",
-    "outbox cancel 1 -c %s", "outbox pause d -c %s",
-    "outbox resume d -c %s", "verify -c %s",
-    "prune -c %s",         "prune --dry-run --json -c %s",
+    "run -c %s",
+    "migrate -c %s",
+    "status -c %s",
+    "status --json -c %s",
+    "dead list -c %s",
+    "dead show 1 -c %s",
+    "dead replay 1 -c %s",
+    "dead discard 1 -c %s",
+    "outbox list -c %s",
+    "outbox requeue 1 -c %s",
+    "outbox cancel 1 -c %s",
+    "outbox pause d -c %s",
+    "outbox resume d -c %s",
+    "verify -c %s",
+    "prune -c %s",
+    "prune --dry-run --json -c %s",
 };
 
 static void
@@ -103,10 +111,11 @@ no_secret_anywhere(const char *url, const char *secret)
         for (size_t i = 0; i < sizeof(all_cmds) / sizeof(all_cmds[0]); i++) {
                 char *out = NULL;
                 int rc = kb(&out, all_cmds[i], ini);
-                cr_assert(has(out, secret) == false, "%s printed the secret (rc %d): %s",
-                          all_cmds[i], rc, out);
-                cr_assert(rc == 2 || rc == 3, "%s: rc %d: %s", all_cmds[i],
-                          rc, out);
+                cr_assert(has(out, secret) == false,
+                          "%s printed the secret (rc %d): %s", all_cmds[i], rc,
+                          out);
+                cr_assert(rc == 2 || rc == 3, "%s: rc %d: %s", all_cmds[i], rc,
+                          out);
                 free(out);
         }
 }
@@ -154,8 +163,8 @@ ParameterizedTest(int *backend, hardening, migrate_checks_handlers_first,
         snprintf(sql, sizeof(sql), "CREATE DATABASE %s", name);
         kt_exec(base, sql);
         char url[512];
-        snprintf(url, sizeof(url), "%.*s/%s",
-                 (int)(strrchr(base, '/') - base), base, name);
+        snprintf(url, sizeof(url), "%.*s/%s", (int)(strrchr(base, '/') - base),
+                 base, name);
         char *ini = kt_write_ini(url, "[consumer.c]\ntopics = t\n"
                                       "handler = nosuchhandler\n");
         char *out = NULL;
@@ -172,12 +181,14 @@ ParameterizedTest(int *backend, hardening, migrate_checks_handlers_first,
         cr_assert(eq(i64, kt_qint(url, sql), 0),
                   "migrate created tables before refusing");
         /* relay modules too */
-        ini = kt_write_ini(url, "[relay]\nenabled = true\nmodules = nosuchmod\n");
+        ini = kt_write_ini(url,
+                           "[relay]\nenabled = true\nmodules = nosuchmod\n");
         cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 2), "%s", out);
         free(out);
         cr_assert(eq(i64, kt_qint(url, sql), 0));
         /* A good configuration migrates. */
-        ini = kt_write_ini(url, "[consumer.c]\ntopics = t\nhandler = points\n");
+        ini =
+            kt_write_ini(url, "[consumer.c]\ntopics = t\nhandler = points\n");
         cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 0), "%s", out);
         free(out);
         cr_assert(kt_qint(url, sql) > 0);
@@ -194,29 +205,27 @@ ParameterizedTest(int *backend, hardening, outbox_unknown_destination,
                      "status) VALUES ('d1', 'a', 'sent')");
         char *ini = kt_write_ini(url, "");
         char *out = NULL;
-        cr_assert(eq(int, kb(&out, "outbox requeue --destination nosuch -c %s",
-                             ini),
-                     4),
-                  "%s", out);
+        cr_assert(
+            eq(int, kb(&out, "outbox requeue --destination nosuch -c %s", ini),
+               4),
+            "%s", out);
         cr_assert(has(out, "no outbox row has destination \"nosuch\""), "%s",
                   out);
         free(out);
-        cr_assert(eq(int, kb(&out, "outbox cancel --destination nosuch -c %s",
-                             ini),
+        cr_assert(eq(int,
+                     kb(&out, "outbox cancel --destination nosuch -c %s", ini),
                      4),
                   "%s", out);
         free(out);
         /* A known destination with nothing to change is fine: 0 rows. */
-        cr_assert(eq(int, kb(&out, "outbox requeue --destination d1 -c %s",
-                             ini),
-                     0),
-                  "%s", out);
+        cr_assert(
+            eq(int, kb(&out, "outbox requeue --destination d1 -c %s", ini), 0),
+            "%s", out);
         cr_assert(has(out, "0 rows requeued"), "%s", out);
         free(out);
-        cr_assert(eq(int, kb(&out, "outbox cancel --destination d1 -c %s",
-                             ini),
-                     0),
-                  "%s", out);
+        cr_assert(
+            eq(int, kb(&out, "outbox cancel --destination d1 -c %s", ini), 0),
+            "%s", out);
         free(out);
 }
 
@@ -301,8 +310,8 @@ Test(hardening, http_held_connections, .timeout = 300)
         struct rlimit rl;
         cr_assert(eq(int, getrlimit(RLIMIT_NOFILE, &rl), 0));
         if (rl.rlim_cur < HELD + 600) {
-                rl.rlim_cur = rl.rlim_max < HELD + 600 ? rl.rlim_max
-                                                       : HELD + 600;
+                rl.rlim_cur =
+                    rl.rlim_max < HELD + 600 ? rl.rlim_max : HELD + 600;
                 cr_assert(eq(int, setrlimit(RLIMIT_NOFILE, &rl), 0));
         }
         cr_assert(rl.rlim_cur >= HELD + 300,
@@ -310,7 +319,8 @@ Test(hardening, http_held_connections, .timeout = 300)
                   (unsigned long long)rl.rlim_cur);
         kinbox_conf_t *c = kinbox_conf_new();
         char e[256];
-        cr_assert(eq(int, kinbox_conf_set(c, "log.level", "debug", e, sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "log.level", "debug", e, sizeof(e)),
                      KINBOX_OK));
         kinbox_conf_set_log_cb(c, http_log, NULL);
         kinbox_http_t *h = kinbox_http_start_logged("127.0.0.1:0", c, NULL,
@@ -376,8 +386,7 @@ services(const char *cmd)
         char line[512];
         snprintf(line, sizeof(line), "\"%s\" %s >/dev/null 2>&1",
                  kt_env("KINBOX_SERVICES"), cmd);
-        cr_assert(eq(int, system(line), 0), "scripts/services %s failed",
-                  cmd);
+        cr_assert(eq(int, system(line), 0), "scripts/services %s failed", cmd);
 }
 
 /* A private dev broker (this test stops it); returns its pid and writes
@@ -402,8 +411,8 @@ private_broker(char *bs, size_t bs_size)
                 char *s = kt_slurp(file);
                 if (s && *s) {
                         s[strcspn(s, "\r\n")] = '\0';
-                        const char *v = strchr(s, '=') ? strchr(s, '=') + 1
-                                                       : s;
+                        const char *v =
+                            strchr(s, '=') ? strchr(s, '=') + 1 : s;
                         snprintf(bs, bs_size, "%s", v);
                         free(s);
                         return pid;
@@ -423,8 +432,7 @@ wait_exit(pid_t pid, int timeout_s)
         for (int i = 0; i < timeout_s * 20; i++) {
                 int st;
                 if (waitpid(pid, &st, WNOHANG) == pid)
-                        return WIFEXITED(st) ? WEXITSTATUS(st)
-                                             : -WTERMSIG(st);
+                        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
                 usleep(50000);
         }
         kill(pid, SIGKILL);
@@ -433,8 +441,7 @@ wait_exit(pid_t pid, int timeout_s)
 }
 
 KT_BACKENDS_PARAMS(hardening, shutdown_is_bounded)
-ParameterizedTest(int *backend, hardening, shutdown_is_bounded,
-                  .timeout = 400)
+ParameterizedTest(int *backend, hardening, shutdown_is_bounded, .timeout = 400)
 {
         char *url = kt_fresh_db(kt_backend(*backend));
         for (int round = 0; round < 3; round++) {
@@ -507,8 +514,8 @@ dead_show(const char *ini, const char *url, const char *msgid)
                  "SELECT id FROM kinbox_dead_letter WHERE message_id = '%s'",
                  msgid);
         char *out = NULL;
-        cr_assert(eq(int, kb(&out, "dead show %lld -c %s", kt_qint(url, sql),
-                             ini),
+        cr_assert(eq(int,
+                     kb(&out, "dead show %lld -c %s", kt_qint(url, sql), ini),
                      0),
                   "%s", out);
         return out;
@@ -526,23 +533,27 @@ ParameterizedTest(int *backend, hardening, dead_headers_stored_form,
                     "{\"name\":\"n\",\"value\":null},"
                     "{\"value\":\"\",\"name\":\"e\"}]");
         /* the old form with a raw byte (\u00ff = the byte 0xff) */
-        insert_dead(url, my, "h2", "[{\"name\":\"b\",\"value\":\"x\\u00ffy\"}]");
+        insert_dead(url, my, "h2",
+                    "[{\"name\":\"b\",\"value\":\"x\\u00ffy\"}]");
         /* the stored form */
-        insert_dead(url, my, "h3", "[[\"c\",{\"b64\":\"/w==\"}],[\"c\",\"2\"]]");
+        insert_dead(url, my, "h3",
+                    "[[\"c\",{\"b64\":\"/w==\"}],[\"c\",\"2\"]]");
         kt_exec(url, "DELETE FROM kinbox_schema_migrations WHERE component = "
                      "'kinbox' AND version = 5");
         char *ini = kt_write_ini(url, "");
         char *out = NULL;
         cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 0), "%s", out);
         free(out);
-        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM "
-                                       "kinbox_dead_letter WHERE message_id "
-                                       "= 'h1' AND headers LIKE '[[%'"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM "
+                                  "kinbox_dead_letter WHERE message_id "
+                                  "= 'h1' AND headers LIKE '[[%'"),
                      1),
                   "0005 did not convert the old form");
-        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM "
-                                       "kinbox_dead_letter WHERE message_id "
-                                       "= 'h2' AND headers LIKE '[{%'"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM "
+                                  "kinbox_dead_letter WHERE message_id "
+                                  "= 'h2' AND headers LIKE '[{%'"),
                      1));
         out = dead_show(ini, url, "h1");
         cr_assert(has(out, "a: x\\x01; n; e: "), "%s", out);

@@ -195,8 +195,8 @@ kt_broker(const char *fmt, ...)
         int fd = socket(AF_UNIX, SOCK_STREAM, 0);
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-        cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&sa,
-                                     sizeof(sa)) == 0,
+        cr_assert(fd >= 0 &&
+                      connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0,
                   "dev broker control socket %s: %s", path, strerror(errno));
         cr_assert(write(fd, cmd, strlen(cmd)) == (ssize_t)strlen(cmd));
         char reply[1024];
@@ -312,11 +312,13 @@ kt_produce_grants(const char *topic, int from, int n, int dup_every,
 void
 kt_assert_points(const char *url, long long total, long long flows)
 {
-        cr_assert(eq(i64, kt_qint(url, "SELECT COALESCE(SUM(points), 0) "
-                                       "FROM user_account"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COALESCE(SUM(points), 0) "
+                                  "FROM user_account"),
                      total));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "user_points_flow"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "user_points_flow"),
                      flows));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM user_account a WHERE "
@@ -445,8 +447,7 @@ kt_wait(pid_t pid, int timeout_s)
                 int st;
                 pid_t r = waitpid(pid, &st, WNOHANG);
                 if (r == pid)
-                        return WIFEXITED(st) ? WEXITSTATUS(st)
-                                             : -WTERMSIG(st);
+                        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
                 usleep(50000);
         }
         kill(pid, SIGKILL);

@@ -21,11 +21,11 @@
 /* The two backends every integration test runs on. Criterion re-executes
  * the test binary for each test, so parameters are plain integers:
  * 0 = PostgreSQL, 1 = MySQL (see kt_backend()). */
-#define KT_BACKENDS_PARAMS(suite, name)                                        \
-        ParameterizedTestParameters(suite, name)                               \
-        {                                                                      \
-                static int b[] = {0, 1};                                       \
-                return cr_make_param_array(int, b, 2);                         \
+#define KT_BACKENDS_PARAMS(suite, name)                                       \
+        ParameterizedTestParameters(suite, name)                              \
+        {                                                                     \
+                static int b[] = {0, 1};                                      \
+                return cr_make_param_array(int, b, 2);                        \
         }
 
 /* "postgresql" or "mysql" for a backend parameter. */

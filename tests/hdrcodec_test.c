@@ -28,8 +28,8 @@ roundtrip(const kinbox_header_t *in, size_t n)
         char *s = kinbox__hdrcodec_encode(in, n, e, sizeof(e));
         cr_assert(s != NULL, "%s", e);
         kinbox__hdrs_t h;
-        cr_assert(eq(int, kinbox__hdrcodec_decode(s, strlen(s), &h, e,
-                                                  sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox__hdrcodec_decode(s, strlen(s), &h, e, sizeof(e)),
                      0),
                   "%s: %s", s, e);
         cr_assert(eq(sz, h.n, n), "%s", s);
@@ -41,10 +41,9 @@ roundtrip(const kinbox_header_t *in, size_t n)
                 }
                 cr_assert(h.v[i].value != NULL, "%zu: %s", i, s);
                 cr_assert(eq(sz, h.v[i].size, in[i].size), "%zu: %s", i, s);
-                cr_assert(eq(int, memcmp(h.v[i].value, in[i].value,
-                                         in[i].size),
-                             0),
-                          "%zu: %s", i, s);
+                cr_assert(
+                    eq(int, memcmp(h.v[i].value, in[i].value, in[i].size), 0),
+                    "%zu: %s", i, s);
         }
         kinbox__hdrs_free(&h);
         free(s);
@@ -120,14 +119,14 @@ Test(hdrcodec, huge_counts)
         char *json = malloc(len + 1), *p = json;
         *p++ = '[';
         for (size_t i = 0; i < big; i++) {
-                memcpy(p, i ? ",[\"x\",null]" : "[\"x\",null]",
-                       i ? 11 : 10);
+                memcpy(p, i ? ",[\"x\",null]" : "[\"x\",null]", i ? 11 : 10);
                 p += i ? 11 : 10;
         }
         *p++ = ']';
         kinbox__hdrs_t h;
-        cr_assert(eq(int, kinbox__hdrcodec_decode(json, (size_t)(p - json),
-                                                  &h, e, sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox__hdrcodec_decode(json, (size_t)(p - json), &h, e,
+                                             sizeof(e)),
                      -1));
         cr_assert(has(e, "at most"), "%s", e);
         kinbox__hdrs_free(&h);
@@ -163,9 +162,10 @@ Test(hdrcodec, malformed_rejected_with_a_reason)
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 kinbox__hdrs_t h;
                 char e[200] = "";
-                cr_assert(eq(int, kinbox__hdrcodec_decode(
-                                      bad[i].json, strlen(bad[i].json), &h, e,
-                                      sizeof(e)),
+                cr_assert(eq(int,
+                             kinbox__hdrcodec_decode(bad[i].json,
+                                                     strlen(bad[i].json), &h,
+                                                     e, sizeof(e)),
                              -1),
                           "accepted %s", bad[i].json);
                 cr_assert(has(e, bad[i].why), "%s: %s", bad[i].json, e);
@@ -182,10 +182,10 @@ Test(hdrcodec, old_dead_letter_form)
                           "{\"name\":\"u\",\"value\":\"\\u0001é\"}]";
         kinbox__hdrs_t h;
         char e[200];
-        cr_assert(eq(int, kinbox__hdrcodec_decode(old, strlen(old), &h, e,
-                                                  sizeof(e)),
-                     0),
-                  "%s", e);
+        cr_assert(
+            eq(int,
+               kinbox__hdrcodec_decode(old, strlen(old), &h, e, sizeof(e)), 0),
+            "%s", e);
         cr_assert(eq(sz, h.n, 4));
         cr_assert(eq(sz, h.v[0].size, 3));
         cr_assert(eq(int, memcmp(h.v[0].value, "x\xffy", 3), 0));
@@ -197,8 +197,8 @@ Test(hdrcodec, old_dead_letter_form)
         cr_assert(eq(str, d, "a: x\\xffy; n; e: ; u: \\x01é"));
         free(d);
         kinbox__hdrs_free(&h);
-        cr_assert(eq(int, kinbox__hdrcodec_decode(NULL, 0, &h, e, sizeof(e)),
-                     0));
+        cr_assert(
+            eq(int, kinbox__hdrcodec_decode(NULL, 0, &h, e, sizeof(e)), 0));
         cr_assert(eq(sz, h.n, 0));
 }
 
@@ -207,8 +207,8 @@ Test(hdrcodec, display_uses_xNN)
         kinbox_header_t in[] = {{"k\xfe", "a\\b\xff\x00", 5}, {"z", NULL, 0}};
         char *s = kinbox__hdrcodec_encode(in, 2, NULL, 0);
         kinbox__hdrs_t h;
-        cr_assert(eq(int, kinbox__hdrcodec_decode(s, strlen(s), &h, NULL, 0),
-                     0));
+        cr_assert(
+            eq(int, kinbox__hdrcodec_decode(s, strlen(s), &h, NULL, 0), 0));
         char *d = kinbox__hdrcodec_display(&h, "; ");
         cr_assert(eq(str, d, "k\\xfe: a\\\\b\\xff\\x00; z"));
         free(d);
@@ -269,8 +269,8 @@ Test(msgid, nul_has_its_own_reason)
         rd_kafka_headers_destroy(hs);
         /* and from a JSON pointer */
         const char *json = "{\"id\":\"x\\u0000y\"}";
-        kinbox__msgview_t m = {.topic = "t", .payload = json,
-                               .len = strlen(json)};
+        kinbox__msgview_t m = {
+            .topic = "t", .payload = json, .len = strlen(json)};
         cr_assert(kinbox__msgid_extract("json:/id", &m, why, sizeof(why)) ==
                   NULL);
         cr_assert(has(why, "NUL byte"), "%s", why);

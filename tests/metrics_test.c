@@ -158,10 +158,10 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
         char *body = NULL;
         cr_assert(eq(int, http_get(port, "/healthz", &body), 200));
         free(body);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 201,
-                                  90),
-                     201));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 201, 90),
+               201));
         /* Ready once the database, the broker and the assignment are. */
         cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
         cr_assert(eq(int, http_get(port, "/nope", &body), 404));
@@ -198,15 +198,17 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                      1),
                   "%s", body);
         cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox "
-                                       "WHERE status = 'sent'",
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox "
+                                  "WHERE status = 'sent'",
                                   3, 30),
                      3));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "destination = 'metrics.test' AND status = "
                                   "'pending'"),
-                     1), "a paused destination was relayed");
+                     1),
+                  "a paused destination was relayed");
         free(body);
         cr_assert(eq(int, http_get(port, "/metrics", &body), 200));
         cr_assert(eq(dbl,
@@ -214,11 +216,12 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                                   "\"kinbox\"}"),
                      3),
                   "%s", body);
-        cr_assert(eq(dbl,
-                     metric(body, "kinbox_relay_commit_to_publish_seconds_count"
-                                  "{relay=\"kinbox\"}"),
-                     3),
-                  "%s", body);
+        cr_assert(
+            eq(dbl,
+               metric(body, "kinbox_relay_commit_to_publish_seconds_count"
+                            "{relay=\"kinbox\"}"),
+               3),
+            "%s", body);
         cr_assert(eq(dbl,
                      metric(body, "kinbox_dead_letters{consumer=\"points\"}"),
                      1),

@@ -30,11 +30,11 @@ static kinbox__db_t *g_admin; /* creates and drops the test database */
 static char g_dbname[64];
 static char g_url[1024];
 
-#define OK_OR_FAIL(db, expr)                                                   \
-        do {                                                                   \
-                int rc_ = (expr);                                              \
-                cr_assert(eq(int, rc_, KINBOX_OK), "%s -> %d: %s", #expr, rc_, \
-                          (db)->err.msg);                                      \
+#define OK_OR_FAIL(db, expr)                                                  \
+        do {                                                                  \
+                int rc_ = (expr);                                             \
+                cr_assert(eq(int, rc_, KINBOX_OK), "%s -> %d: %s", #expr,     \
+                          rc_, (db)->err.msg);                                \
         } while (0)
 
 static void
@@ -44,8 +44,7 @@ url_add_enc(char *out, size_t cap, const char *s)
         for (; *s && l + 4 < cap; s++) {
                 unsigned char c = (unsigned char)*s;
                 if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-                    c == '.')
+                    (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')
                         out[l++] = (char)c;
                 else
                         l += (size_t)snprintf(out + l, cap - l, "%%%02X", c);
@@ -149,8 +148,8 @@ migrate(kinbox__db_t *db)
         char path[1024];
         const char *dir = KINBOX_SOURCE_DIR;
         if (dir) {
-                snprintf(path, sizeof(path), "%s/migrations/mysql/0001_inbox.sql",
-                         dir);
+                snprintf(path, sizeof(path),
+                         "%s/migrations/mysql/0001_inbox.sql", dir);
         } else {
                 snprintf(path, sizeof(path), "%s", __FILE__);
                 char *slash = strrchr(path, '/');
@@ -196,7 +195,8 @@ scalar_long(kinbox__db_t *db, const char *sql)
 Test(mysql, placeholders_roundtrip_bytes_exactly)
 {
         kinbox__db_t *db = open_db();
-        static const char quoted[] = "it's a \"quote\" \\ back\\slash \\' $1 ;";
+        static const char quoted[] =
+            "it's a \"quote\" \\ back\\slash \\' $1 ;";
         static const char nul[] = {'a', '\0', 'b', '\'', '\\', '\0'};
         /* Broken multibyte leads before quote/backslash must not hide
          * them from the escaper (or from the server's lexer). */
@@ -212,13 +212,13 @@ Test(mysql, placeholders_roundtrip_bytes_exactly)
             {tricky, sizeof(tricky) - 1, 1},
         };
         struct kinbox_rows_s *r = NULL;
-        OK_OR_FAIL(db, db->ops->query(
-                           db,
-                           "SELECT $1 AS a, $2 AS b, $3 AS c, $4 AS d, "
-                           "'$1' AS lit, \"$2\" AS dq, 'v' AS `x$1`, "
-                           "$2 = $2 AS rep, $5 AS t /* $9 */ -- $9 ;\n"
-                           "# $9 too\n",
-                           5, p, -1, &r));
+        OK_OR_FAIL(db,
+                   db->ops->query(db,
+                                  "SELECT $1 AS a, $2 AS b, $3 AS c, $4 AS d, "
+                                  "'$1' AS lit, \"$2\" AS dq, 'v' AS `x$1`, "
+                                  "$2 = $2 AS rep, $5 AS t /* $9 */ -- $9 ;\n"
+                                  "# $9 too\n",
+                                  5, p, -1, &r));
         /* `x$1` is a quoted identifier (a column alias): not a
          * placeholder. */
         cr_assert(eq(sz, r->nrows, (size_t)1));
@@ -235,21 +235,22 @@ Test(mysql, placeholders_roundtrip_bytes_exactly)
         cr_assert(eq(str, r->values[5], "$2"));
         cr_assert(eq(str, r->values[7], "1"));
         cr_assert(eq(sz, r->lens[8], sizeof(tricky) - 1));
-        cr_assert(eq(int, memcmp(r->values[8], tricky, sizeof(tricky) - 1),
-                     0));
+        cr_assert(
+            eq(int, memcmp(r->values[8], tricky, sizeof(tricky) - 1), 0));
         kinbox_rows_destroy(r);
 
         /* The same bytes stored in and read back from a blob column. */
         OK_OR_FAIL(db, db->ops->script(db, "CREATE TABLE bb (b LONGBLOB)"));
         OK_OR_FAIL(db, db->ops->query(db, "INSERT INTO bb VALUES ($1), ($3)",
                                       3, &p[2], -1, NULL));
-        OK_OR_FAIL(db, db->ops->query(db, "SELECT b FROM bb ORDER BY "
-                                          "LENGTH(b) DESC",
+        OK_OR_FAIL(db, db->ops->query(db,
+                                      "SELECT b FROM bb ORDER BY "
+                                      "LENGTH(b) DESC",
                                       0, NULL, -1, &r));
         cr_assert(eq(int, memcmp(r->values[0], bin, sizeof(bin)), 0));
         cr_assert(eq(sz, r->lens[1], sizeof(tricky) - 1));
-        cr_assert(eq(int, memcmp(r->values[1], tricky, sizeof(tricky) - 1),
-                     0));
+        cr_assert(
+            eq(int, memcmp(r->values[1], tricky, sizeof(tricky) - 1), 0));
         kinbox_rows_destroy(r);
 
         /* Still exact if a handler switched on NO_BACKSLASH_ESCAPES
@@ -265,8 +266,8 @@ Test(mysql, placeholders_roundtrip_bytes_exactly)
                                       (kinbox__param_t[3]){p[0], p[4], p[1]},
                                       -1, &r));
         cr_assert(eq(str, r->values[0], (char *)quoted));
-        cr_assert(eq(int, memcmp(r->values[1], tricky, sizeof(tricky) - 1),
-                     0));
+        cr_assert(
+            eq(int, memcmp(r->values[1], tricky, sizeof(tricky) - 1), 0));
         cr_assert(eq(int, memcmp(r->values[2], nul, 5), 0));
         kinbox_rows_destroy(r);
 
@@ -299,11 +300,11 @@ Test(mysql, placeholders_roundtrip_bytes_exactly)
 Test(mysql, rows_have_names_lengths_and_nulls)
 {
         kinbox__db_t *db = open_db();
-        OK_OR_FAIL(db, db->ops->script(
-                           db, "CREATE TABLE r (id INT PRIMARY KEY, "
-                               "t VARCHAR(20), b BLOB);"
-                               "INSERT INTO r VALUES (1, '', X'00FF'), "
-                               "(2, NULL, NULL), (3, 'é', '')"));
+        OK_OR_FAIL(
+            db, db->ops->script(db, "CREATE TABLE r (id INT PRIMARY KEY, "
+                                    "t VARCHAR(20), b BLOB);"
+                                    "INSERT INTO r VALUES (1, '', X'00FF'), "
+                                    "(2, NULL, NULL), (3, 'é', '')"));
         struct kinbox_rows_s *r = NULL;
         OK_OR_FAIL(db, db->ops->query(db, "SELECT id, t, b FROM r ORDER BY id",
                                       0, NULL, -1, &r));
@@ -343,8 +344,9 @@ Test(mysql, deferred_exec_error_names_the_right_tag)
         OK_OR_FAIL(db, db->ops->begin(db));
         exec1(db, "INSERT INTO t VALUES ($1, 'a')", "1", 0);
         /* Two statements in one exec keep the tag mapping straight. */
-        exec1(db, "INSERT INTO t VALUES ($1, 'b'); INSERT INTO t VALUES (3, "
-                  "'c');",
+        exec1(db,
+              "INSERT INTO t VALUES ($1, 'b'); INSERT INTO t VALUES (3, "
+              "'c');",
               "2", 1);
         /* Deferred: the syntax error is not seen yet... */
         exec1(db, "INSERT INTO t VALUES ($1, 'd') garbage", "4", 2);
@@ -393,8 +395,9 @@ Test(mysql, big_batches_are_split_below_max_allowed_packet)
                 char id[8];
                 snprintf(id, sizeof(id), "%d", i);
                 kinbox__param_t p[2] = {{id, 0, 0}, {blob, sz, 1}};
-                OK_OR_FAIL(db, db->ops->exec(db, "INSERT INTO big VALUES ($1, "
-                                                 "$2)",
+                OK_OR_FAIL(db, db->ops->exec(db,
+                                             "INSERT INTO big VALUES ($1, "
+                                             "$2)",
                                              2, p, i));
         }
         OK_OR_FAIL(db, db->ops->commit(db));
@@ -408,10 +411,13 @@ Test(mysql, big_batches_are_split_below_max_allowed_packet)
         int rc = KINBOX_OK;
         for (int i = 0; i < 5 && rc == KINBOX_OK; i++) {
                 kinbox__param_t p[2] = {{"100", 0, 0}, {blob, sz, 1}};
-                p[0].v = i == 0 ? "100" : i == 1 ? "101" : i == 2 ? "102"
-                                                  : i == 3 ? "103" : "104";
-                rc = db->ops->exec(db, "INSERT INTO big VALUES ($1, $2)", 2,
-                                   p, 20 + i);
+                p[0].v = i == 0   ? "100"
+                         : i == 1 ? "101"
+                         : i == 2 ? "102"
+                         : i == 3 ? "103"
+                                  : "104";
+                rc = db->ops->exec(db, "INSERT INTO big VALUES ($1, $2)", 2, p,
+                                   20 + i);
         }
         cr_assert(eq(int, rc, KINBOX_ERR_DUPLICATE), "%s", db->err.msg);
         cr_assert(eq(int, db->err.tag, 7));
@@ -475,8 +481,8 @@ Test(mysql, commit_and_rollback_visibility)
         db->ops->rollback(db);
         exec1(db, "INSERT INTO c VALUES ($1)", "4", 0); /* autocommit */
         cr_assert(eq(long, scalar_long(other, "SELECT COUNT(*) FROM c"), 3L));
-        cr_assert(eq(long, scalar_long(other,
-                                       "SELECT COUNT(*) FROM c WHERE id = 3"),
+        cr_assert(eq(long,
+                     scalar_long(other, "SELECT COUNT(*) FROM c WHERE id = 3"),
                      0L));
 
         /* native() flushes (and so starts the transaction) first. */
@@ -486,9 +492,9 @@ Test(mysql, commit_and_rollback_visibility)
         cr_assert(m != NULL);
         cr_assert(eq(int, mysql_query(m, "INSERT INTO c VALUES (6)"), 0));
         db->ops->rollback(db);
-        cr_assert(eq(long, scalar_long(other,
-                                       "SELECT COUNT(*) FROM c WHERE id >= 5"),
-                     0L));
+        cr_assert(eq(
+            long, scalar_long(other, "SELECT COUNT(*) FROM c WHERE id >= 5"),
+            0L));
 
         /* The session settings the backend promises. */
         /* transaction_isolation on MySQL 8 and MariaDB 11.1+,
@@ -535,11 +541,11 @@ inbox_semantics(const char *url_suffix)
 
         OK_OR_FAIL(db, db->ops->script(db, "CREATE TABLE side (v INT)"));
         kinbox__inbox_row_t rows[] = {
-            {"a", "orders", 0, 10},  {"b", "orders", 0, 11},
-            {"a", "orders", 1, 12},  {"c", "orders", 1, 13},
-            {"x", "orders", 2, 14},  {"x ", "orders", 2, 15},
-            {"X", "orders", 2, 16},  {"it's\\", "orders", 3, 17},
-            {"é", "orders", 3, 18},  {"\xff\xfe", "orders", 3, 19},
+            {"a", "orders", 0, 10}, {"b", "orders", 0, 11},
+            {"a", "orders", 1, 12}, {"c", "orders", 1, 13},
+            {"x", "orders", 2, 14}, {"x ", "orders", 2, 15},
+            {"X", "orders", 2, 16}, {"it's\\", "orders", 3, 17},
+            {"é", "orders", 3, 18}, {"\xff\xfe", "orders", 3, 19},
         };
         const size_t n = KINBOX__ARRAY_SIZE(rows);
         bool is_new[KINBOX__ARRAY_SIZE(rows)];
@@ -548,7 +554,7 @@ inbox_semantics(const char *url_suffix)
         exec1(db, "INSERT INTO side VALUES ($1)", "1", 0);
         OK_OR_FAIL(db, db->ops->inbox_insert(db, "points", n, rows, is_new));
         bool want[] = {true, false, false, true, true,
-                       true, true, true, true, true};
+                       true, true,  true,  true, true};
         for (size_t i = 0; i < n; i++)
                 cr_assert(eq(int, is_new[i], want[i]), "row %zu (%s)", i,
                           rows[i].id);
@@ -677,26 +683,33 @@ Test(mysql, dialect_statements)
         const char *o3[] = {"points", "orders", "3", "20"};
         OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 4, o1, NULL));
         OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 4, o2, NULL));
-        cr_assert(eq(long, scalar_long(db, "SELECT next_offset FROM "
-                                           "kinbox_offsets"),
+        cr_assert(eq(long,
+                     scalar_long(db, "SELECT next_offset FROM "
+                                     "kinbox_offsets"),
                      10L));
         OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 4, o3, NULL));
-        cr_assert(eq(long, scalar_long(db, "SELECT next_offset FROM "
-                                           "kinbox_offsets"),
+        cr_assert(eq(long,
+                     scalar_long(db, "SELECT next_offset FROM "
+                                     "kinbox_offsets"),
                      20L));
 
         /* Dead letter keeps the original bytes. */
         static const char key[] = {0, 1, 2, (char)0xff};
         static const char payload[] = {'{', 0, '}'};
         kinbox__param_t dl[10] = {
-            {"points", 0, 0},  {"m-1", 0, 0},
-            {"orders", 0, 0},  {"3", 0, 0},
-            {"42", 0, 0},      {key, sizeof(key), 1},
-            {"[[\"h\",\"v\"]]", 0, 0}, {payload, sizeof(payload), 1},
-            {"handler said no", 0, 0}, {"8", 0, 0},
+            {"points", 0, 0},
+            {"m-1", 0, 0},
+            {"orders", 0, 0},
+            {"3", 0, 0},
+            {"42", 0, 0},
+            {key, sizeof(key), 1},
+            {"[[\"h\",\"v\"]]", 0, 0},
+            {payload, sizeof(payload), 1},
+            {"handler said no", 0, 0},
+            {"8", 0, 0},
         };
-        OK_OR_FAIL(db, db->ops->query(db, d->dead_letter_insert, 10, dl, -1,
-                                      NULL));
+        OK_OR_FAIL(
+            db, db->ops->query(db, d->dead_letter_insert, 10, dl, -1, NULL));
         OK_OR_FAIL(db, db->ops->query(db,
                                       "SELECT msg_key, payload, status, "
                                       "attempts FROM kinbox_dead_letter",
@@ -712,14 +725,14 @@ Test(mysql, dialect_statements)
         /* Outbox append: id row when new, no row (and no abort) when not.
          * The outbox table belongs to a later migration; a minimal one
          * with the columns the statement names is enough here. */
-        OK_OR_FAIL(db, db->ops->script(
-                           db, "CREATE TABLE kinbox_outbox (id BIGINT "
-                               "AUTO_INCREMENT PRIMARY KEY, kind "
-                               "VARCHAR(16), destination VARCHAR(255), "
-                               "idem_key VARCHAR(255), aggregate_id "
-                               "VARCHAR(255), payload LONGBLOB, headers "
-                               "LONGTEXT, max_attempts INT, UNIQUE "
-                               "(destination, idem_key))"));
+        OK_OR_FAIL(
+            db, db->ops->script(db, "CREATE TABLE kinbox_outbox (id BIGINT "
+                                    "AUTO_INCREMENT PRIMARY KEY, kind "
+                                    "VARCHAR(16), destination VARCHAR(255), "
+                                    "idem_key VARCHAR(255), aggregate_id "
+                                    "VARCHAR(255), payload LONGBLOB, headers "
+                                    "LONGTEXT, max_attempts INT, UNIQUE "
+                                    "(destination, idem_key))"));
         kinbox__param_t ob[7] = {
             {"event", 0, 0}, {"order.paid", 0, 0}, {"k1", 0, 0},
             {"agg", 0, 0},   {"\x01\x00", 2, 1},   {NULL, 0, 0},
@@ -736,8 +749,9 @@ Test(mysql, dialect_statements)
         ob[2].v = "k2";
         OK_OR_FAIL(db, db->ops->exec(db, d->outbox_append, 7, ob, 2));
         OK_OR_FAIL(db, db->ops->commit(db));
-        cr_assert(eq(long, scalar_long(db, "SELECT COUNT(*) FROM "
-                                           "kinbox_outbox"),
+        cr_assert(eq(long,
+                     scalar_long(db, "SELECT COUNT(*) FROM "
+                                     "kinbox_outbox"),
                      2L));
 
         /* Lock: one holder at a time. */
@@ -856,10 +870,12 @@ Test(mysql, unreachable_server_is_db_conn)
 {
         kinbox__dburl_t u;
         char err[256];
-        cr_assert(eq(int, kinbox__dburl_parse(g_url, &u, err, sizeof(err)), 0));
+        cr_assert(
+            eq(int, kinbox__dburl_parse(g_url, &u, err, sizeof(err)), 0));
         char url[512];
         /* Port 1 on loopback: nothing listens there. */
-        snprintf(url, sizeof(url), "mysql://%s@127.0.0.1:1/x?connect_timeout=2",
+        snprintf(url, sizeof(url),
+                 "mysql://%s@127.0.0.1:1/x?connect_timeout=2",
                  u.user ? u.user : "x");
         kinbox__dburl_free(&u);
         kinbox__db_t *db = kinbox__db_new(url, "pw", err, sizeof(err));
@@ -882,8 +898,8 @@ static void *
 block_update(void *arg)
 {
         struct blocker *b = arg;
-        b->rc = b->db->ops->query(b->db, "UPDATE dl SET v = v + 1 WHERE id = 2",
-                                  0, NULL, 1, NULL);
+        b->rc = b->db->ops->query(
+            b->db, "UPDATE dl SET v = v + 1 WHERE id = 2", 0, NULL, 1, NULL);
         return NULL;
 }
 
@@ -891,9 +907,10 @@ Test(mysql, deadlock_and_lock_wait_are_transient)
 {
         kinbox__db_t *a = open_db();
         kinbox__db_t *b = open_db();
-        OK_OR_FAIL(a, a->ops->script(a, "CREATE TABLE dl (id INT PRIMARY KEY, "
-                                        "v INT) ENGINE=InnoDB;"
-                                        "INSERT INTO dl VALUES (1, 0), (2, 0)"));
+        OK_OR_FAIL(a,
+                   a->ops->script(a, "CREATE TABLE dl (id INT PRIMARY KEY, "
+                                     "v INT) ENGINE=InnoDB;"
+                                     "INSERT INTO dl VALUES (1, 0), (2, 0)"));
         OK_OR_FAIL(a, a->ops->begin(a));
         OK_OR_FAIL(a, a->ops->query(a, "UPDATE dl SET v = 1 WHERE id = 1", 0,
                                     NULL, 0, NULL));
@@ -910,9 +927,12 @@ Test(mysql, deadlock_and_lock_wait_are_transient)
         if (rb != KINBOX_OK)
                 b->ops->rollback(b);
         pthread_join(th, NULL);
-        cr_assert(eq(int, (ba.rc == KINBOX_ERR_TRANSIENT) + (rb == KINBOX_ERR_TRANSIENT), 1),
-                  "exactly one deadlock victim: a=%d b=%d (%s / %s)", ba.rc,
-                  rb, a->err.msg, b->err.msg);
+        cr_assert(
+            eq(int,
+               (ba.rc == KINBOX_ERR_TRANSIENT) + (rb == KINBOX_ERR_TRANSIENT),
+               1),
+            "exactly one deadlock victim: a=%d b=%d (%s / %s)", ba.rc, rb,
+            a->err.msg, b->err.msg);
         kinbox__db_t *victim = ba.rc ? a : b;
         cr_assert(eq(int, victim->err.vendor, 1213));
         cr_assert(victim->native != NULL, "a deadlock keeps the connection");
@@ -924,8 +944,9 @@ Test(mysql, deadlock_and_lock_wait_are_transient)
                 OK_OR_FAIL(b, b->ops->commit(b));
 
         /* Lock wait timeout (1205), shortened for the test. */
-        OK_OR_FAIL(a, a->ops->query(a, "SET SESSION innodb_lock_wait_timeout "
-                                       "= 1",
+        OK_OR_FAIL(a, a->ops->query(a,
+                                    "SET SESSION innodb_lock_wait_timeout "
+                                    "= 1",
                                     0, NULL, -1, NULL));
         OK_OR_FAIL(b, b->ops->begin(b));
         OK_OR_FAIL(b, b->ops->query(b, "UPDATE dl SET v = 5 WHERE id = 1", 0,

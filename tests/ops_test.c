@@ -36,8 +36,8 @@ kb_json(int want_rc, const char *fmt, const char *ini, const char *extra)
 {
         char *out = NULL, *err = NULL;
         int rc = kb(&out, &err, fmt, ini, extra ? extra : "");
-        cr_assert(eq(int, rc, want_rc), "kinbox %s: rc %d\nstdout:%s\nstderr:%s",
-                  fmt, rc, out, err);
+        cr_assert(eq(int, rc, want_rc),
+                  "kinbox %s: rc %d\nstdout:%s\nstderr:%s", fmt, rc, out, err);
         json_error_t je;
         json_t *j = json_loads(out, 0, &je);
         cr_assert(j != NULL, "not JSON: %s (%s)", out, je.text);
@@ -131,23 +131,24 @@ ParameterizedTest(int *backend, ops, prune_only_old, .timeout = 120)
         char *ini = prune_ini(url, "3");
 
         json_t *j = kb_json(0, "prune --dry-run --json -c %s%s", ini, NULL);
-        cr_assert(eq(i64, json_integer_value(json_object_get(j, "inbox_rows")),
-                     20));
-        cr_assert(eq(i64,
-                     json_integer_value(json_object_get(j, "outbox_rows")),
-                     7));
+        cr_assert(
+            eq(i64, json_integer_value(json_object_get(j, "inbox_rows")), 20));
+        cr_assert(
+            eq(i64, json_integer_value(json_object_get(j, "outbox_rows")), 7));
         json_decref(j);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     25), "dry run deleted rows");
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 25),
+            "dry run deleted rows");
 
         char *out = NULL;
         cr_assert(eq(int, kb(&out, NULL, "prune -c %s", ini), 0));
         cr_assert(strstr(out, "deleted 20 rows") != NULL, "%s", out);
         free(out);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT MIN(kafka_offset) FROM kinbox_inbox"),
-                     20));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT MIN(kafka_offset) FROM kinbox_inbox"),
+               20));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "status = 'sent'"),
@@ -155,18 +156,20 @@ ParameterizedTest(int *backend, ops, prune_only_old, .timeout = 120)
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "status = 'dead'"),
-                     3), "dead outbox rows must never be pruned");
+                     3),
+                  "dead outbox rows must never be pruned");
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "status <> 'sent'"),
                      6));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     2), "dead letters must never be pruned");
+                     2),
+                  "dead letters must never be pruned");
         /* Again: nothing left to do. */
         j = kb_json(0, "prune --json -c %s%s", ini, NULL);
-        cr_assert(eq(i64, json_integer_value(json_object_get(j, "inbox_rows")),
-                     0));
+        cr_assert(
+            eq(i64, json_integer_value(json_object_get(j, "inbox_rows")), 0));
         json_decref(j);
 }
 
@@ -184,15 +187,17 @@ ParameterizedTest(int *backend, ops, prune_batches, .timeout = 120)
         volatile int stop = 1;
         kinbox_prune_result_t res;
         char e[512];
-        cr_assert(eq(int, kinbox_prune(c, 0, &stop, &res, e, sizeof(e)),
-                     KINBOX_OK), "%s", e);
+        cr_assert(
+            eq(int, kinbox_prune(c, 0, &stop, &res, e, sizeof(e)), KINBOX_OK),
+            "%s", e);
         cr_assert(eq(u64, res.inbox_rows, 3));
         cr_assert(eq(u64, res.outbox_rows, 0));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     22));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 22));
         stop = 0;
-        cr_assert(eq(int, kinbox_prune(c, 0, &stop, &res, e, sizeof(e)),
-                     KINBOX_OK), "%s", e);
+        cr_assert(
+            eq(int, kinbox_prune(c, 0, &stop, &res, e, sizeof(e)), KINBOX_OK),
+            "%s", e);
         cr_assert(eq(u64, res.inbox_rows, 17));
         cr_assert(eq(u64, res.outbox_rows, 7));
         kinbox_conf_destroy(c);
@@ -225,8 +230,9 @@ ParameterizedTest(int *backend, ops, prune_single_instance, .timeout = 120)
         int skipped = json_is_true(json_object_get(j, "skipped"));
         cr_assert(eq(int, skipped, 1));
         json_decref(j);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     25), "a second pruner deleted rows");
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 25),
+            "a second pruner deleted rows");
 
         /* Two processes at once while nobody holds it: the rows go once,
          * and each process either pruned or stood aside. */
@@ -245,12 +251,14 @@ ParameterizedTest(int *backend, ops, prune_single_instance, .timeout = 120)
                 char *s = kt_slurp(outs[i]);
                 json_t *jj = json_loads(s, 0, NULL);
                 cr_assert(jj != NULL, "%s", s);
-                deleted += json_integer_value(json_object_get(jj, "inbox_rows"));
+                deleted +=
+                    json_integer_value(json_object_get(jj, "inbox_rows"));
                 json_decref(jj);
                 free(s);
         }
         cr_assert(eq(i64, deleted, 20));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 5));
 }
 
 /* ---- kinbox run prunes every prune.interval ---- */
@@ -268,19 +276,20 @@ ParameterizedTest(int *backend, ops, prune_thread, .timeout = 120)
                                       "enabled = true\n");
         char *log = kt_tmp("prune_thread");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 5, 30),
+            5));
         cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 5,
-                                  30),
-                     5));
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox "
-                                       "WHERE status = 'sent'",
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox "
+                                  "WHERE status = 'sent'",
                                   2, 30),
                      2));
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
         char *out = kt_slurp(log);
-        cr_assert(out != NULL && strstr(out, "pruner: deleted 20 inbox") != NULL,
+        cr_assert(out != NULL &&
+                      strstr(out, "pruner: deleted 20 inbox") != NULL,
                   "%s", out ? out : "");
         free(out);
 }
@@ -303,7 +312,9 @@ ParameterizedTest(int *backend, ops, retention_refused, .timeout = 120)
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(int, kt_wait(pid, 60), 2));
         char *out = kt_slurp(log);
-        cr_assert(out != NULL && strstr(out, "inbox.retention (1d = 86400000 ms)") != NULL,
+        cr_assert(out != NULL &&
+                      strstr(out, "inbox.retention (1d = 86400000 ms)") !=
+                          NULL,
                   "%s", out);
         cr_assert(strstr(out, "2d = 172800000 ms") != NULL, "%s", out);
         cr_assert(strstr(out, "kafka.redelivery.window") != NULL, "%s", out);
@@ -368,14 +379,15 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
                                  group, topic);
         char *log = kt_tmp("ops_run");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter",
-                                  2, 90),
-                     2));
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 22,
-                                  30),
-                     22));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter", 2,
+                            90),
+               2));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 22, 30),
+               22));
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
         long long d999 = dead_id(url, "m-999"), dbad = dead_id(url, "m-bad");
@@ -385,7 +397,8 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
         cr_assert(eq(sz, json_array_size(j), 2));
         json_decref(j);
         char *out = NULL, *err = NULL;
-        cr_assert(eq(int, kb(&out, NULL, "dead show %lld -c %s", dbad, ini), 0));
+        cr_assert(
+            eq(int, kb(&out, NULL, "dead show %lld -c %s", dbad, ini), 0));
         cr_assert(strstr(out, "not json \\x02") != NULL, "%s", out);
         cr_assert(strstr(out, "bad\\x01key") != NULL, "%s", out);
         cr_assert(strstr(out, "m-bad") != NULL, "%s", out);
@@ -393,7 +406,8 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
         char f[128];
         snprintf(f, sizeof(f), "dead show %lld --json -c %%s%%s", d999);
         j = kb_json(0, f, ini, NULL);
-        cr_assert(eq(str, (char *)json_string_value(json_object_get(j, "payload")),
+        cr_assert(eq(str,
+                     (char *)json_string_value(json_object_get(j, "payload")),
                      "{\"order_id\":\"o-999\",\"user_id\":999,"
                      "\"grant_points\":7}"));
         cr_assert(strstr(json_string_value(json_object_get(j, "headers")),
@@ -405,8 +419,8 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
         free(err);
 
         /* replay: refused while the handler still fails (rolled back) */
-        cr_assert(eq(int, kb(NULL, &err, "dead replay %lld -c %s", d999, ini),
-                     1));
+        cr_assert(
+            eq(int, kb(NULL, &err, "dead replay %lld -c %s", d999, ini), 1));
         cr_assert(strstr(err, "rolled back") != NULL, "%s", err);
         free(err);
         cr_assert(eq(i64,
@@ -416,11 +430,13 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
                                   "message_id = 'm-999'"),
-                     1), "a failed replay lost the inbox row");
+                     1),
+                  "a failed replay lost the inbox row");
         /* the bug is fixed: replay applies the effect once */
         kt_exec(url, "ALTER TABLE user_points_flow DROP CONSTRAINT kt_no999");
-        cr_assert(eq(int, kb(&out, &err, "dead replay %lld -c %s", d999, ini),
-                     0), "%s", err);
+        cr_assert(
+            eq(int, kb(&out, &err, "dead replay %lld -c %s", d999, ini), 0),
+            "%s", err);
         free(out);
         free(err);
         cr_assert(eq(i64,
@@ -442,8 +458,8 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
                  d999);
         cr_assert(eq(i64, kt_qint(url, sql), 1));
         /* twice: refused, nothing applied again */
-        cr_assert(eq(int, kb(NULL, &err, "dead replay %lld -c %s", d999, ini),
-                     1));
+        cr_assert(
+            eq(int, kb(NULL, &err, "dead replay %lld -c %s", d999, ini), 1));
         cr_assert(strstr(err, "replayed") != NULL, "%s", err);
         free(err);
         cr_assert(eq(i64,
@@ -453,12 +469,12 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
         kt_assert_points(url, total + 7, 21);
 
         /* the unreadable one: replay rejected, then discarded */
-        cr_assert(eq(int, kb(NULL, NULL, "dead replay %lld -c %s", dbad, ini),
-                     1));
-        cr_assert(eq(int, kb(NULL, NULL, "dead discard %lld -c %s", dbad, ini),
-                     0));
-        cr_assert(eq(int, kb(NULL, NULL, "dead discard %lld -c %s", dbad, ini),
-                     1));
+        cr_assert(
+            eq(int, kb(NULL, NULL, "dead replay %lld -c %s", dbad, ini), 1));
+        cr_assert(
+            eq(int, kb(NULL, NULL, "dead discard %lld -c %s", dbad, ini), 0));
+        cr_assert(
+            eq(int, kb(NULL, NULL, "dead discard %lld -c %s", dbad, ini), 1));
         cr_assert(eq(int, kb(NULL, NULL, "dead replay 424242 -c %s", ini), 4));
         j = kb_json(0, "dead list --status dead --json -c %s%s", ini, NULL);
         cr_assert(eq(sz, json_array_size(j), 0));
@@ -468,21 +484,21 @@ ParameterizedTest(int *backend, ops, dead_replay_verify_status, .timeout = 240)
         j = kb_json(0, "status --json -c %s%s", ini, NULL);
         json_t *c0 = json_array_get(json_object_get(j, "consumers"), 0);
         cr_assert(c0 != NULL);
-        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "inbox_rows")),
-                     22));
-        cr_assert(eq(i64,
-                     json_integer_value(json_object_get(c0, "dead_letters")),
-                     0));
-        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "replayed")),
-                     1));
-        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "discarded")),
-                     1));
+        cr_assert(eq(
+            i64, json_integer_value(json_object_get(c0, "inbox_rows")), 22));
+        cr_assert(eq(
+            i64, json_integer_value(json_object_get(c0, "dead_letters")), 0));
+        cr_assert(
+            eq(i64, json_integer_value(json_object_get(c0, "replayed")), 1));
+        cr_assert(
+            eq(i64, json_integer_value(json_object_get(c0, "discarded")), 1));
         cr_assert(eq(i64, json_integer_value(json_object_get(c0, "lag")), 0));
-        cr_assert(eq(i64, json_integer_value(json_object_get(j, "inbox_rows")),
-                     22));
+        cr_assert(
+            eq(i64, json_integer_value(json_object_get(j, "inbox_rows")), 22));
         json_decref(j);
         cr_assert(eq(int, kb(&out, NULL, "status -c %s", ini), 0));
-        cr_assert(strstr(out, "CONSUMER") != NULL && strstr(out, "Inbox size: 22") != NULL,
+        cr_assert(strstr(out, "CONSUMER") != NULL &&
+                      strstr(out, "Inbox size: 22") != NULL,
                   "%s", out);
         free(out);
 
@@ -516,8 +532,9 @@ ParameterizedTest(int *backend, ops, outbox_cli, .timeout = 120)
         json_t *j = kb_json(0, "outbox list --json -c %s%s", ini, NULL);
         cr_assert(eq(sz, json_array_size(j), 5));
         json_decref(j);
-        j = kb_json(0, "outbox list --status dead --destination d1 --json -c "
-                       "%s%s",
+        j = kb_json(0,
+                    "outbox list --status dead --destination d1 --json -c "
+                    "%s%s",
                     ini, NULL);
         cr_assert(eq(sz, json_array_size(j), 1));
         long long dead_id =
@@ -538,33 +555,37 @@ ParameterizedTest(int *backend, ops, outbox_cli, .timeout = 120)
         cr_assert(eq(int,
                      kb(NULL, NULL, "outbox requeue %lld -c %s", dead_id, ini),
                      4));
-        cr_assert(eq(int, kb(NULL, NULL, "outbox requeue --destination d2 -c %s",
-                             ini),
-                     0));
+        cr_assert(eq(
+            int, kb(NULL, NULL, "outbox requeue --destination d2 -c %s", ini),
+            0));
         j = kb_json(0, "outbox cancel --destination d1 --json -c %s%s", ini,
                     NULL);
         cr_assert(eq(i64, json_integer_value(json_object_get(j, "count")), 3));
         json_decref(j);
-        cr_assert(eq(int, kb(NULL, NULL, "outbox cancel 999999 -c %s", ini), 4));
+        cr_assert(
+            eq(int, kb(NULL, NULL, "outbox cancel 999999 -c %s", ini), 4));
 
         cr_assert(eq(int, kb(NULL, NULL, "outbox pause d2 -c %s", ini), 0));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_outbox_paused"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_outbox_paused"),
                      1));
         j = kb_json(0, "status --json -c %s%s", ini, NULL);
         json_t *ob = json_object_get(j, "outbox");
         bool seen = false;
         for (size_t i = 0; i < json_array_size(ob); i++) {
                 json_t *d = json_array_get(ob, i);
-                if (!strcmp(json_string_value(json_object_get(d, "destination")),
-                            "d2")) {
+                if (!strcmp(
+                        json_string_value(json_object_get(d, "destination")),
+                        "d2")) {
                         seen = true;
-                        int paused = json_is_true(json_object_get(d, "paused"));
+                        int paused =
+                            json_is_true(json_object_get(d, "paused"));
                         cr_assert(eq(int, paused, 1));
-                        cr_assert(eq(i64,
-                                     json_integer_value(
-                                         json_object_get(d, "pending")),
-                                     1));
+                        cr_assert(eq(
+                            i64,
+                            json_integer_value(json_object_get(d, "pending")),
+                            1));
                 }
         }
         cr_assert(seen);
@@ -580,11 +601,12 @@ ParameterizedTest(int *backend, ops, outbox_cli, .timeout = 120)
                           "interval '10 minutes' WHERE destination = 'd2' "
                           "AND status = 'pending'");
         cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini), 1));
-        cr_assert(strstr(out, "outbox d2: 1 row(s) pending longer than 5m") != NULL,
+        cr_assert(strstr(out, "outbox d2: 1 row(s) pending longer than 5m") !=
+                      NULL,
                   "%s", out);
         free(out);
-        cr_assert(eq(int, kb(NULL, NULL, "verify --older-than 1h -c %s", ini),
-                     0));
+        cr_assert(
+            eq(int, kb(NULL, NULL, "verify --older-than 1h -c %s", ini), 0));
 }
 
 /* ---- errors: flags, ids, unreachable database ---- */
@@ -601,8 +623,8 @@ ParameterizedTest(int *backend, ops, cli_errors, .timeout = 60)
         cr_assert(eq(int, kb(NULL, NULL, "dead frobnicate -c %s", ini), 2));
         cr_assert(eq(int, kb(NULL, NULL, "dead show abc -c %s", ini), 2));
         cr_assert(eq(int, kb(NULL, NULL, "outbox requeue -c %s", ini), 2));
-        cr_assert(eq(int, kb(NULL, NULL, "verify --older-than soon -c %s", ini),
-                     2));
+        cr_assert(
+            eq(int, kb(NULL, NULL, "verify --older-than soon -c %s", ini), 2));
         cr_assert(eq(int, kb(NULL, NULL, "prune"), 2));
         /* Unreachable database (with a password that must not show). */
         char *bad = kt_write_ini(
@@ -641,8 +663,9 @@ Test(ops, log_redacts_passwords)
                     "cannot reach postgresql://app:hunter2@db:5432/app and "
                     "mysql://u:p@h/d (user only: mysql://app@h/d)");
         cr_assert(strstr(captured, "hunter2") == NULL, "%s", captured);
-        cr_assert(strstr(captured, "postgresql://app:***@db:5432/app") != NULL, "%s",
+        cr_assert(strstr(captured, "postgresql://app:***@db:5432/app") != NULL,
+                  "%s", captured);
+        cr_assert(strstr(captured, "mysql://u:***@h/d") != NULL, "%s",
                   captured);
-        cr_assert(strstr(captured, "mysql://u:***@h/d") != NULL, "%s", captured);
         cr_assert(strstr(captured, "mysql://app@h/d") != NULL, "%s", captured);
 }

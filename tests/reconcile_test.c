@@ -124,7 +124,7 @@ wait_gauge(int port, const char *series, const char *value)
         }
         const char *p = last ? strstr(last, series) : NULL;
         cr_fatal("no \"%s %s\" on /metrics; found: %.120s", series, value,
-                p ? p : "(series absent)");
+                 p ? p : "(series absent)");
 }
 
 static const char *
@@ -179,14 +179,16 @@ ParameterizedTest(int *backend, reconcile, ledger_posting_deleted,
         char *log = kt_tmp("reconcile_run");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = log_port(log);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM ledger_posting",
-                                  5, 60),
-                     5));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM ledger_posting", 5, 60),
+               5));
 
         /* After a normal run: clean, every check of both modules ran. */
         json_t *doc = reconcile_json(ini, 0);
-        cr_assert(eq(i64, json_integer_value(json_object_get(doc, "discrepancies")), 0));
+        cr_assert(eq(i64,
+                     json_integer_value(json_object_get(doc, "discrepancies")),
+                     0));
         cr_assert(eq(sz, json_array_size(json_object_get(doc, "checks")), 5));
         json_decref(doc);
         wait_gauge(port,
@@ -208,7 +210,9 @@ ParameterizedTest(int *backend, reconcile, ledger_posting_deleted,
         /* The wallet and the clearing account still hold its amount. */
         rows = check_rows(doc, "ledger.account_balances");
         cr_assert(eq(sz, json_array_size(rows), 2));
-        cr_assert(eq(sz, json_array_size(check_rows(doc, "ledger.unbalanced_postings")), 0));
+        cr_assert(eq(
+            sz, json_array_size(check_rows(doc, "ledger.unbalanced_postings")),
+            0));
         json_decref(doc);
 
         /* The human output names the deposit and the check. */
@@ -246,7 +250,9 @@ ParameterizedTest(int *backend, reconcile, points_balance_vs_flows,
                      "biz_type, points_delta) VALUES (1, 'o-1', 'grant', 10), "
                      "(1, 'o-2', 'grant', 20), (2, 'o-3', 'grant', 5)");
         json_t *doc = reconcile_json(ini, 0);
-        cr_assert(eq(sz, json_array_size(check_rows(doc, "points.balance_vs_flows")), 0));
+        cr_assert(
+            eq(sz, json_array_size(check_rows(doc, "points.balance_vs_flows")),
+               0));
         json_decref(doc);
 
         /* A grant applied to the balance twice; a flow without account. */
@@ -257,11 +263,20 @@ ParameterizedTest(int *backend, reconcile, points_balance_vs_flows,
         json_t *rows = check_rows(doc, "points.balance_vs_flows");
         cr_assert(eq(sz, json_array_size(rows), 2));
         json_t *r0 = json_array_get(rows, 0), *r1 = json_array_get(rows, 1);
-        cr_assert(eq(str, (char *)json_string_value(json_object_get(r0, "user_id")), "1"));
-        cr_assert(eq(str, (char *)json_string_value(json_object_get(r0, "balance")), "40"));
-        cr_assert(eq(str, (char *)json_string_value(json_object_get(r0, "flow_total")), "30"));
-        cr_assert(eq(str, (char *)json_string_value(json_object_get(r1, "user_id")), "3"));
-        cr_assert(json_object_get(r1, "balance") && json_is_null(json_object_get(r1, "balance")));
+        cr_assert(eq(str,
+                     (char *)json_string_value(json_object_get(r0, "user_id")),
+                     "1"));
+        cr_assert(eq(str,
+                     (char *)json_string_value(json_object_get(r0, "balance")),
+                     "40"));
+        cr_assert(eq(
+            str, (char *)json_string_value(json_object_get(r0, "flow_total")),
+            "30"));
+        cr_assert(eq(str,
+                     (char *)json_string_value(json_object_get(r1, "user_id")),
+                     "3"));
+        cr_assert(json_object_get(r1, "balance") &&
+                  json_is_null(json_object_get(r1, "balance")));
         json_decref(doc);
 
         /* A grace period hides what is younger. */

@@ -33,8 +33,7 @@ expect_notify(int fd, const char *want, int timeout_s)
                 strncat(seen, buf, sizeof(seen) - strlen(seen) - 2);
                 strncat(seen, "|", sizeof(seen) - strlen(seen) - 1);
         }
-        cr_fatal("no %s notification in %d s; got: %s", want, timeout_s,
-                 seen);
+        cr_fatal("no %s notification in %d s; got: %s", want, timeout_s, seen);
 }
 
 static void
@@ -89,9 +88,12 @@ Test(service, notify_watchdog_sighup_stop, .timeout = 180)
         expect_notify(fd, "WATCHDOG=1", 5);
 
         grant(topic, 1);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT COUNT(*) FROM user_account", 1, 60), 1));
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM user_account", 1, 60),
+            1));
         char *s = kt_slurp(log);
-        cr_assert(s && !strstr(s, "batch of"), "debug line at level info:\n%s", s);
+        cr_assert(s && !strstr(s, "batch of"), "debug line at level info:\n%s",
+                  s);
         free(s);
 
         /* The operator raises the level and reloads. */
@@ -100,7 +102,9 @@ Test(service, notify_watchdog_sighup_stop, .timeout = 180)
         expect_notify(fd, "RELOADING=1", 10);
         expect_notify(fd, "READY=1", 10);
         grant(topic, 2);
-        cr_assert(eq(i64, kt_wait_qint(url, "SELECT COUNT(*) FROM user_account", 2, 60), 2));
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM user_account", 2, 60),
+            2));
         bool found = false;
         for (int i = 0; i < 50 && !found; i++) {
                 s = kt_slurp(log);

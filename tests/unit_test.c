@@ -47,15 +47,16 @@ Test(conf, errors_name_the_key)
         cr_assert(strstr(e, "batch.max") != NULL && strstr(e, "range"));
         cr_assert(eq(int, kinbox_conf_set(c, "workers", "two", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
-        cr_assert(eq(int, kinbox_conf_set(c, "message_id", "body", e,
-                                          sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "message_id", "body", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
-        cr_assert(eq(int, kinbox_conf_set(c, "log.format", "xml", e,
-                                          sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "log.format", "xml", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
-        cr_assert(eq(int, kinbox_conf_set(c, "inbox.retention", "2 weeks", e,
-                                          sizeof(e)),
-                     KINBOX_ERR_INVALID));
+        cr_assert(
+            eq(int,
+               kinbox_conf_set(c, "inbox.retention", "2 weeks", e, sizeof(e)),
+               KINBOX_ERR_INVALID));
         /* the old value is kept */
         cr_assert(eq(str, (char *)kinbox_conf_get(c, "batch.max"), "500"));
         kinbox_conf_destroy(c);
@@ -72,14 +73,15 @@ Test(conf, durations_and_kafka_passthrough)
         cr_assert(eq(i64, kinbox__conf_int(c, "prune.interval"), 1500));
         kinbox_conf_set(c, "prune.interval", "90", e, sizeof(e));
         cr_assert(eq(i64, kinbox__conf_int(c, "prune.interval"), 90000));
-        cr_assert(eq(int, kinbox_conf_set(c, "prune.interval", "250ms", e,
-                                          sizeof(e)),
-                     KINBOX_ERR_INVALID));
-        cr_assert(eq(int, kinbox_conf_set(c, "kafka.fetch.wait.max.ms", "5",
-                                          e, sizeof(e)),
-                     KINBOX_OK));
-        cr_assert(eq(str, (char *)kinbox_conf_get(c, "kafka.fetch.wait.max.ms"),
-                     "5"));
+        cr_assert(eq(
+            int, kinbox_conf_set(c, "prune.interval", "250ms", e, sizeof(e)),
+            KINBOX_ERR_INVALID));
+        cr_assert(eq(
+            int,
+            kinbox_conf_set(c, "kafka.fetch.wait.max.ms", "5", e, sizeof(e)),
+            KINBOX_OK));
+        cr_assert(eq(
+            str, (char *)kinbox_conf_get(c, "kafka.fetch.wait.max.ms"), "5"));
         cr_assert(kinbox_conf_get(c, "kafka.nope") == NULL);
         kinbox_conf_destroy(c);
 }
@@ -118,10 +120,11 @@ Test(dburl, parse)
 {
         kinbox__dburl_t u;
         char e[256];
-        cr_assert(eq(int, kinbox__dburl_parse(
-                              "mysql://app:s%40cret@db.local:3307/shop", &u,
-                              e, sizeof(e)),
-                     0));
+        cr_assert(
+            eq(int,
+               kinbox__dburl_parse("mysql://app:s%40cret@db.local:3307/shop",
+                                   &u, e, sizeof(e)),
+               0));
         cr_assert(eq(int, u.backend, KINBOX_BACKEND_MYSQL));
         cr_assert(eq(str, u.user, "app"));
         cr_assert(eq(str, u.password, "s@cret"));
@@ -129,22 +132,24 @@ Test(dburl, parse)
         cr_assert(eq(int, u.port, 3307));
         cr_assert(eq(str, u.dbname, "shop"));
         kinbox__dburl_free(&u);
-        cr_assert(eq(int, kinbox__dburl_parse("postgresql://[::1]:5433/a?sslmode=disable",
-                                              &u, e, sizeof(e)),
-                     0));
+        cr_assert(
+            eq(int,
+               kinbox__dburl_parse("postgresql://[::1]:5433/a?sslmode=disable",
+                                   &u, e, sizeof(e)),
+               0));
         cr_assert(eq(str, u.host, "::1"));
         cr_assert(eq(int, u.port, 5433));
         cr_assert(eq(str, u.params, "sslmode=disable"));
         kinbox__dburl_free(&u);
-        cr_assert(eq(int, kinbox__dburl_parse("mysql://h:99999/x", &u, e,
-                                              sizeof(e)),
-                     -1));
+        cr_assert(
+            eq(int, kinbox__dburl_parse("mysql://h:99999/x", &u, e, sizeof(e)),
+               -1));
 }
 
 /* A message view with a real librdkafka header list. */
 static kinbox__msgview_t *
-view(const char *payload, const char *key, const char *hname,
-     const char *hval, size_t hlen)
+view(const char *payload, const char *key, const char *hname, const char *hval,
+     size_t hlen)
 {
         kinbox__msgview_t *m = calloc(1, sizeof(*m));
         m->topic = "orders";
@@ -175,9 +180,9 @@ Test(msgid, sources)
         char why[256];
         kinbox__msgview_t *m =
             view("{\"a\":{\"id\":\"x-1\",\"n\":7},\"b/c\":\"s\"}", "k-9",
-                     "message_id", "h-5", 3);
-        char *id = kinbox__msgid_extract("header:message_id", m, why,
-                                         sizeof(why));
+                 "message_id", "h-5", 3);
+        char *id =
+            kinbox__msgid_extract("header:message_id", m, why, sizeof(why));
         cr_assert(eq(str, id, "h-5"));
         free(id);
         id = kinbox__msgid_extract("key", m, why, sizeof(why));
@@ -210,8 +215,8 @@ Test(msgid, bad_ids_are_refused)
         char big[300];
         memset(big, 'x', sizeof(big) - 1);
         big[sizeof(big) - 1] = '\0';
-        kinbox__msgview_t *m = view("not json", NULL, "message_id", big,
-                                         strlen(big));
+        kinbox__msgview_t *m =
+            view("not json", NULL, "message_id", big, strlen(big));
         cr_assert(kinbox__msgid_extract("header:message_id", m, why,
                                         sizeof(why)) == NULL);
         cr_assert(strstr(why, "longer than 255") != NULL, "%s", why);
@@ -250,7 +255,8 @@ Test(util, errors_have_names)
 {
         cr_assert(eq(str, (char *)kinbox_err_name(KINBOX_ERR_DUPLICATE),
                      "KINBOX_ERR_DUPLICATE"));
-        cr_assert(eq(str, (char *)kinbox_err_name(KINBOX_OK), "KINBOX_ERR_OK"));
+        cr_assert(
+            eq(str, (char *)kinbox_err_name(KINBOX_OK), "KINBOX_ERR_OK"));
         cr_assert(eq(str, (char *)kinbox_err_name((kinbox_err_t)-999),
                      "KINBOX_ERR_?"));
         cr_assert(eq(str, (char *)kinbox_strerror(KINBOX_ERR_COMMIT_UNKNOWN),
@@ -263,6 +269,7 @@ Test(util, json_escaping)
         kinbox__buf_t b;
         kinbox__buf_init(&b);
         kinbox__buf_json_str(&b, "a\"b\\c\n\x01\xff\xc3\xa9", 10);
-        cr_assert(eq(str, b.p, "\"a\\\"b\\\\c\\u000a\\u0001\\u00ff\xc3\xa9\""));
+        cr_assert(
+            eq(str, b.p, "\"a\\\"b\\\\c\\u000a\\u0001\\u00ff\xc3\xa9\""));
         kinbox__buf_free(&b);
 }

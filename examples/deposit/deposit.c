@@ -68,11 +68,10 @@ create(sqlconn_t *c, const char *id, const char *user, const char *amount,
             .aggregate_id = id,
             .payload = payload,
             .payload_size = (size_t)n};
-        kinbox_err_t rc =
-            c->pg ? kinbox_outbox_append_pg(c->pg, &m, NULL, c->err,
-                                            sizeof(c->err))
-                  : kinbox_outbox_append_mysql(c->my, &m, NULL, c->err,
-                                               sizeof(c->err));
+        kinbox_err_t rc = c->pg ? kinbox_outbox_append_pg(
+                                      c->pg, &m, NULL, c->err, sizeof(c->err))
+                                : kinbox_outbox_append_mysql(
+                                      c->my, &m, NULL, c->err, sizeof(c->err));
         if (rc != KINBOX_OK && rc != KINBOX_ERR_DUPLICATE)
                 goto fail;
         if (sqlconn_exec(c, "COMMIT", 0, NULL) < 0)
@@ -139,11 +138,11 @@ main(int argc, char **argv)
                 return 2;
         }
         int is_create = !strcmp(argv[2], "create");
-        if (is_create && (argc < 6 || argc > 8 || !plain_id(argv[3]) ||
-                          !positive(argv[4]) || !positive(argv[5]) ||
-                          (argc >= 7 && strlen(argv[6]) != 3) ||
-                          (argc == 8 && (!plain_id(argv[7]) ||
-                                         strlen(argv[7]) > 200)))) {
+        if (is_create &&
+            (argc < 6 || argc > 8 || !plain_id(argv[3]) ||
+             !positive(argv[4]) || !positive(argv[5]) ||
+             (argc >= 7 && strlen(argv[6]) != 3) ||
+             (argc == 8 && (!plain_id(argv[7]) || strlen(argv[7]) > 200)))) {
                 usage();
                 return 2;
         }

@@ -130,8 +130,8 @@ my_quote(MYSQL *m, char *out, size_t size, const char *s)
                 return;
         }
         out[0] = '\'';
-        unsigned long k = mysql_real_escape_string(m, out + 1, s,
-                                                   (unsigned long)n);
+        unsigned long k =
+            mysql_real_escape_string(m, out + 1, s, (unsigned long)n);
         out[k + 1] = '\'';
         out[k + 2] = '\0';
 }
@@ -293,8 +293,9 @@ main(int argc, char **argv)
                                    argv[5], qty, atoi(argv[7]),
                                    argc == 9 ? argv[8] : "order.paid");
                         if (rc == 2)
-                                fprintf(stderr, "order %s: insufficient "
-                                                "stock of %s\n",
+                                fprintf(stderr,
+                                        "order %s: insufficient "
+                                        "stock of %s\n",
                                         argv[3], argv[5]);
                         else if (rc == 3)
                                 rc = 0; /* already placed: idempotent */

@@ -90,7 +90,8 @@ conn_get(const kinbox_conf_t *conf, char *err, size_t sz)
                 snprintf(err, sz, "out of memory");
                 return NULL;
         }
-        char *pw = read_password(kinbox_conf_get(conf, "database.password_file"));
+        char *pw =
+            read_password(kinbox_conf_get(conf, "database.password_file"));
         int rc = sqlconn_open(c, url, pw);
         free(pw);
         if (rc) {
@@ -132,7 +133,8 @@ roll(const char *env, int dflt)
         pthread_mutex_lock(&rnd_lock);
         if (!rnd_state)
                 rnd_state = (unsigned long long)time(NULL) ^
-                            ((unsigned long long)getpid() << 20) ^ 0x9e3779b97f4a7c15ULL;
+                            ((unsigned long long)getpid() << 20) ^
+                            0x9e3779b97f4a7c15ULL;
         rnd_state ^= rnd_state << 13;
         rnd_state ^= rnd_state >> 7;
         rnd_state ^= rnd_state << 17;
@@ -208,9 +210,9 @@ lock_key(sqlconn_t *c, const char *key, int lock)
 /* PAYMENT_PENDING → PAYMENT_SUCCEEDED + deposit.paid, one transaction.
  * Returns 0 done (also when it was done before), -1 database error. */
 static int
-finish(sqlconn_t *c, const char *topic, const char *deposit_id, const char *user_id,
-       const char *amount, const char *currency, const char *order_id,
-       char *err, size_t sz)
+finish(sqlconn_t *c, const char *topic, const char *deposit_id,
+       const char *user_id, const char *amount, const char *currency,
+       const char *order_id, char *err, size_t sz)
 {
         if (sqlconn_exec(c, c->pg ? "BEGIN" : "START TRANSACTION", 0, NULL) <
             0)
@@ -329,8 +331,9 @@ payment_initiate(kinbox_action_t *a, void *opaque)
         if (locked < 0)
                 goto dberr;
         if (!locked) {
-                kinbox_action_set_error(a, "another attempt of %s is still "
-                                           "running",
+                kinbox_action_set_error(a,
+                                        "another attempt of %s is still "
+                                        "running",
                                         ref);
                 goto out;
         }
@@ -346,8 +349,8 @@ payment_initiate(kinbox_action_t *a, void *opaque)
         }
         if (st != CH_OK)
                 goto dberr;
-        if (finish(c, topic, deposit_id, dep[0], dep[1], dep[2], order_id,
-                   err, sizeof(err))) {
+        if (finish(c, topic, deposit_id, dep[0], dep[1], dep[2], order_id, err,
+                   sizeof(err))) {
                 kinbox_action_set_error(a, "deposit %s: %s", deposit_id, err);
                 healthy = 0;
                 goto out;
@@ -413,7 +416,9 @@ static const char schema_mysql[] =
     " KEY payment_channel_orders_ref (merchant_ref)"
     ") ENGINE = InnoDB;"
     /* Schema 2: business keys compare byte for byte (no PAD SPACE). */
-    "ALTER TABLE deposits MODIFY deposit_id VARBINARY(200) NOT NULL; ALTER TABLE payment_channel_orders MODIFY merchant_ref VARBINARY(255) NOT NULL;";
+    "ALTER TABLE deposits MODIFY deposit_id VARBINARY(200) NOT NULL; ALTER "
+    "TABLE payment_channel_orders MODIFY merchant_ref VARBINARY(255) NOT "
+    "NULL;";
 
 const kinbox_module_t kinbox_deposit_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,

@@ -21,24 +21,24 @@
 #define PG_AGE(col) col " < now() - $1::bigint * interval '1 second'"
 #define MY_AGE(col) col " < CURRENT_TIMESTAMP(6) - INTERVAL $1 SECOND"
 
-#define PAID_WITHOUT_POSTING(age)                                              \
-        "SELECT d.deposit_id, d.user_id, d.amount, d.currency, "               \
-        "d.channel_order_id FROM deposits d LEFT JOIN ledger_posting p ON "    \
-        "p.deposit_id = d.deposit_id WHERE d.status = 'PAYMENT_SUCCEEDED' "    \
-        "AND p.deposit_id IS NULL AND " age                                    \
+#define PAID_WITHOUT_POSTING(age)                                             \
+        "SELECT d.deposit_id, d.user_id, d.amount, d.currency, "              \
+        "d.channel_order_id FROM deposits d LEFT JOIN ledger_posting p ON "   \
+        "p.deposit_id = d.deposit_id WHERE d.status = 'PAYMENT_SUCCEEDED' "   \
+        "AND p.deposit_id IS NULL AND " age                                   \
         " ORDER BY d.deposit_id LIMIT 1000"
-#define UNMATCHED(age)                                                         \
-        "SELECT o.channel_order_id, o.merchant_ref, o.amount, o.currency "     \
-        "FROM payment_channel_orders o LEFT JOIN deposits d ON "               \
-        "d.channel_order_id = o.channel_order_id WHERE o.status = "            \
-        "'SUCCEEDED' AND d.deposit_id IS NULL AND " age                        \
+#define UNMATCHED(age)                                                        \
+        "SELECT o.channel_order_id, o.merchant_ref, o.amount, o.currency "    \
+        "FROM payment_channel_orders o LEFT JOIN deposits d ON "              \
+        "d.channel_order_id = o.channel_order_id WHERE o.status = "           \
+        "'SUCCEEDED' AND d.deposit_id IS NULL AND " age                       \
         " ORDER BY o.channel_order_id LIMIT 1000"
-#define AMOUNT_MISMATCH(age)                                                   \
-        "SELECT d.deposit_id, d.amount AS deposit_amount, p.amount AS "        \
-        "posting_amount, d.currency AS deposit_currency, p.currency AS "       \
-        "posting_currency FROM deposits d JOIN ledger_posting p ON "           \
-        "p.deposit_id = d.deposit_id WHERE (d.amount <> p.amount OR "          \
-        "d.currency <> p.currency) AND " age                                   \
+#define AMOUNT_MISMATCH(age)                                                  \
+        "SELECT d.deposit_id, d.amount AS deposit_amount, p.amount AS "       \
+        "posting_amount, d.currency AS deposit_currency, p.currency AS "      \
+        "posting_currency FROM deposits d JOIN ledger_posting p ON "          \
+        "p.deposit_id = d.deposit_id WHERE (d.amount <> p.amount OR "         \
+        "d.currency <> p.currency) AND " age                                  \
         " ORDER BY d.deposit_id LIMIT 1000"
 
 const kinbox_check_t kinbox_deposit_checks[] = {

@@ -257,11 +257,10 @@ ledger_handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
                 return KINBOX_RESULT_RETRY;
 
         /* The next hop, in the same transaction. */
-        json_t *ev = json_pack("{s:s, s:I, s:I, s:s, s:s, s:s}", "deposit_id",
-                               d.deposit_id, "user_id",
-                               (json_int_t)d.user_id, "amount",
-                               (json_int_t)d.amount, "currency", d.currency,
-                               "debit", clearing, "credit", wallet);
+        json_t *ev = json_pack(
+            "{s:s, s:I, s:I, s:s, s:s, s:s}", "deposit_id", d.deposit_id,
+            "user_id", (json_int_t)d.user_id, "amount", (json_int_t)d.amount,
+            "currency", d.currency, "debit", clearing, "credit", wallet);
         char *payload = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
         json_decref(ev);
         if (!payload) {
@@ -350,7 +349,11 @@ static const char schema_mysql[] =
     " CHECK ((side = 'D' AND amount > 0) OR (side = 'C' AND amount < 0))"
     ") ENGINE = InnoDB;"
     /* Schema 2: business keys compare byte for byte (no PAD SPACE). */
-    "SET SESSION foreign_key_checks = 0; ALTER TABLE ledger_account MODIFY account_id VARBINARY(255) NOT NULL; ALTER TABLE ledger_posting MODIFY deposit_id VARBINARY(200) NOT NULL; ALTER TABLE ledger_line MODIFY deposit_id VARBINARY(200) NOT NULL, MODIFY account_id VARBINARY(255) NOT NULL; SET SESSION foreign_key_checks = 1;";
+    "SET SESSION foreign_key_checks = 0; ALTER TABLE ledger_account MODIFY "
+    "account_id VARBINARY(255) NOT NULL; ALTER TABLE ledger_posting MODIFY "
+    "deposit_id VARBINARY(200) NOT NULL; ALTER TABLE ledger_line MODIFY "
+    "deposit_id VARBINARY(200) NOT NULL, MODIFY account_id VARBINARY(255) NOT "
+    "NULL; SET SESSION foreign_key_checks = 1;";
 
 const kinbox_module_t kinbox_ledger_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,

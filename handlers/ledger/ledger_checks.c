@@ -14,14 +14,14 @@
 
 #include "ledger.h"
 
-#define UNBALANCED_HAVING                                                      \
-        " GROUP BY p.deposit_id, p.amount HAVING "                             \
-        "COALESCE(SUM(l.amount), 0) <> 0 OR COUNT(l.id) <> 2 OR "              \
-        "COALESCE(SUM(CASE WHEN l.side = 'D' THEN l.amount END), 0) <> "       \
+#define UNBALANCED_HAVING                                                     \
+        " GROUP BY p.deposit_id, p.amount HAVING "                            \
+        "COALESCE(SUM(l.amount), 0) <> 0 OR COUNT(l.id) <> 2 OR "             \
+        "COALESCE(SUM(CASE WHEN l.side = 'D' THEN l.amount END), 0) <> "      \
         "p.amount ORDER BY p.deposit_id LIMIT 1000"
 
-#define BALANCES_HAVING                                                        \
-        " GROUP BY a.account_id, a.balance HAVING a.balance <> "               \
+#define BALANCES_HAVING                                                       \
+        " GROUP BY a.account_id, a.balance HAVING a.balance <> "              \
         "COALESCE(SUM(l.amount), 0) ORDER BY a.account_id LIMIT 1000"
 
 const kinbox_check_t kinbox_ledger_checks[] = {
@@ -31,13 +31,13 @@ const kinbox_check_t kinbox_ledger_checks[] = {
      "SELECT p.deposit_id, p.amount, COUNT(l.id) AS lines, "
      "COALESCE(SUM(l.amount), 0) AS line_sum FROM ledger_posting p "
      "LEFT JOIN ledger_line l ON l.deposit_id = p.deposit_id "
-     "WHERE p.posted_at < now() - $1::bigint * interval '1 second'"
-     UNBALANCED_HAVING,
+     "WHERE p.posted_at < now() - $1::bigint * interval '1 "
+     "second'" UNBALANCED_HAVING,
      "SELECT p.deposit_id, p.amount, COUNT(l.id) AS `lines`, "
      "COALESCE(SUM(l.amount), 0) AS line_sum FROM ledger_posting p "
      "LEFT JOIN ledger_line l ON l.deposit_id = p.deposit_id "
-     "WHERE p.posted_at < CURRENT_TIMESTAMP(6) - INTERVAL $1 SECOND"
-     UNBALANCED_HAVING},
+     "WHERE p.posted_at < CURRENT_TIMESTAMP(6) - INTERVAL $1 "
+     "SECOND" UNBALANCED_HAVING},
     {"ledger.account_balances",
      "ledger_account.balance differs from the sum of the account's lines",
      "SELECT a.account_id, a.balance, COALESCE(SUM(l.amount), 0) AS "

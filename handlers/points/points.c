@@ -278,8 +278,7 @@ mark_duplicates(const oref_t *orders, size_t n, char **known, size_t nk,
                                            str_cmp) != NULL;
                 for (size_t k = a; k < b; k++)
                         if (k > a || found == known_done)
-                                results[orders[k].i] =
-                                    KINBOX_RESULT_DUPLICATE;
+                                results[orders[k].i] = KINBOX_RESULT_DUPLICATE;
                 a = b;
         }
 }
@@ -526,7 +525,8 @@ static const char schema_mysql[] =
     " UNIQUE KEY user_points_flow_order (order_id, biz_type)"
     ") ENGINE = InnoDB;"
     /* Schema 2: business keys compare byte for byte (no PAD SPACE). */
-    "ALTER TABLE user_points_flow MODIFY order_id VARBINARY(255) NOT NULL, MODIFY biz_type VARBINARY(32) NOT NULL;";
+    "ALTER TABLE user_points_flow MODIFY order_id VARBINARY(255) NOT NULL, "
+    "MODIFY biz_type VARBINARY(32) NOT NULL;";
 
 const kinbox_module_t kinbox_points_module = {
     .abi_version = KINBOX_MODULE_ABI_VERSION,

@@ -10,7 +10,7 @@
 
 #include "points.h"
 
-#define FLOWS                                                                  \
+#define FLOWS                                                                 \
         "(SELECT user_id, SUM(points_delta) AS total, MAX(created_at) AS "    \
         "last FROM user_points_flow GROUP BY user_id)"
 

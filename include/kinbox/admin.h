@@ -25,10 +25,10 @@ KINBOX_BEGIN_DECLS
 
 /** What one pruning run deleted (or, dry, would delete). */
 typedef struct kinbox_prune_result {
-        uint64_t inbox_rows;  /**< inbox rows older than inbox.retention */
+        uint64_t inbox_rows; /**< inbox rows older than inbox.retention */
         uint64_t outbox_rows; /**< sent outbox rows older than
                                    outbox.retention */
-        int skipped;          /**< 1: another instance holds the pruning
+        int skipped; /**< 1: another instance holds the pruning
                                    lock, nothing was done */
 } kinbox_prune_result_t;
 
@@ -91,11 +91,11 @@ KINBOX_API kinbox_err_t kinbox_retention_check(const kinbox_conf_t *conf,
  * autocommit on their own connection and must only read.
  */
 typedef struct kinbox_check {
-        const char *name;           /**< e.g. "ledger.unbalanced_postings";
+        const char *name; /**< e.g. "ledger.unbalanced_postings";
                                          the `check` label of the gauge */
-        const char *description;    /**< one line for humans */
+        const char *description; /**< one line for humans */
         const char *sql_postgresql; /**< NULL: not available there */
-        const char *sql_mysql;      /**< NULL: not available there */
+        const char *sql_mysql; /**< NULL: not available there */
 } kinbox_check_t;
 
 /**
@@ -109,9 +109,9 @@ typedef void (*kinbox_reconcile_cb)(const kinbox_check_t *check,
 
 /** What one reconciliation run found. */
 typedef struct kinbox_reconcile_result {
-        int checks;             /**< checks that ran */
+        int checks; /**< checks that ran */
         uint64_t discrepancies; /**< rows returned by all checks */
-        int skipped;            /**< 1: another instance holds the lock */
+        int skipped; /**< 1: another instance holds the lock */
 } kinbox_reconcile_result_t;
 
 /**
@@ -264,8 +264,7 @@ KINBOX_API char *kinbox_metrics_render(void);
  * @brief One series' value (a histogram's count), NaN when absent.
  * @param labels exactly as rendered, e.g. `consumer="points"`; "" for none.
  */
-KINBOX_API double kinbox_metrics_value(const char *family,
-                                       const char *labels);
+KINBOX_API double kinbox_metrics_value(const char *family, const char *labels);
 
 /** An HTTP endpoint serving /metrics, /healthz and /readyz. Opaque. */
 typedef struct kinbox_http_s kinbox_http_t;
@@ -304,10 +303,10 @@ KINBOX_API kinbox_http_t *kinbox_http_start(const char *listen,
  *         limit a connection is accepted and closed at once. Thread-safe.
  * @returns The server, or NULL with @p errstr set.
  */
-KINBOX_API kinbox_http_t *kinbox_http_start_logged(
-    const char *listen, const kinbox_conf_t *conf, kinbox_ready_fn ready,
-    kinbox_collect_fn collect, void *opaque, char *errstr,
-    size_t errstr_size);
+KINBOX_API kinbox_http_t *
+kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
+                         kinbox_ready_fn ready, kinbox_collect_fn collect,
+                         void *opaque, char *errstr, size_t errstr_size);
 
 /** @brief The port actually bound. */
 KINBOX_API int kinbox_http_port(const kinbox_http_t *h);

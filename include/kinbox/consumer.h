@@ -24,11 +24,11 @@ typedef struct kinbox_consumer_s kinbox_consumer_t;
 
 /** Counters of one consumer since it was created. */
 typedef struct kinbox_consumer_stats {
-        uint64_t processed;  /**< messages whose effect committed */
+        uint64_t processed; /**< messages whose effect committed */
         uint64_t duplicates; /**< messages found in the inbox: skipped */
-        uint64_t dead;       /**< messages moved to the dead-letter table */
-        uint64_t retried;    /**< handler RETRY results and retried batches */
-        uint64_t batches;    /**< committed transactions */
+        uint64_t dead; /**< messages moved to the dead-letter table */
+        uint64_t retried; /**< handler RETRY results and retried batches */
+        uint64_t batches; /**< committed transactions */
         uint64_t rolled_back; /**< transactions rolled back (also partly:
                                   to a savepoint) */
         /** Business duplicates: messages with a new id whose event was
@@ -47,9 +47,8 @@ typedef struct kinbox_consumer_stats {
  * @returns A consumer, or NULL on failure (bad configuration, librdkafka
  *          refused its properties). No connection is made yet.
  */
-KINBOX_API kinbox_consumer_t *kinbox_consumer_new(kinbox_conf_t *conf,
-                                                  char *errstr,
-                                                  size_t errstr_size);
+KINBOX_API kinbox_consumer_t *
+kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size);
 
 /**
  * @brief Register the per-message handler. Call before kinbox_consumer_run().
@@ -64,9 +63,8 @@ KINBOX_API kinbox_err_t kinbox_consumer_set_handler(kinbox_consumer_t *c,
  * @brief Register a batch handler instead (replaces a per-message handler).
  * @returns ::KINBOX_OK, or ::KINBOX_ERR_STATE while running.
  */
-KINBOX_API kinbox_err_t
-kinbox_consumer_set_batch_handler(kinbox_consumer_t *c,
-                                  kinbox_batch_handler_fn fn, void *opaque);
+KINBOX_API kinbox_err_t kinbox_consumer_set_batch_handler(
+    kinbox_consumer_t *c, kinbox_batch_handler_fn fn, void *opaque);
 
 /**
  * @brief Connect, join the group and process messages until stopped.

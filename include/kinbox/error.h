@@ -15,24 +15,24 @@
 KINBOX_BEGIN_DECLS
 
 /** X-macro of every error: name, value, description. */
-#define KINBOX_ERRNO_MAP(XX)                                                   \
-        XX(OK, 0, "success")                                                   \
-        XX(INVALID, -1, "invalid argument or value")                           \
-        XX(UNKNOWN_KEY, -2, "unknown configuration key")                       \
-        XX(NOMEM, -3, "out of memory")                                         \
-        XX(DB, -4, "database error")                                           \
-        XX(DB_CONN, -5, "database connection lost or unreachable")             \
-        XX(DUPLICATE, -6, "duplicate key: already done")                       \
-        XX(KAFKA, -7, "Kafka client error")                                    \
-        XX(COMMIT_UNKNOWN, -8, "commit outcome unknown")                       \
-        XX(CONFIG, -9, "configuration error")                                  \
-        XX(STATE, -10, "call not allowed in this state")                       \
-        XX(NOT_FOUND, -11, "not found")                                        \
-        XX(TRANSIENT, -12, "transient failure, retry")                         \
-        XX(ABI, -13, "handler module ABI mismatch")                            \
-        XX(IO, -14, "I/O error")                                               \
-        XX(TIMEOUT, -15, "timed out")                                          \
-        XX(ABORTED, -16,                                                       \
+#define KINBOX_ERRNO_MAP(XX)                                                  \
+        XX(OK, 0, "success")                                                  \
+        XX(INVALID, -1, "invalid argument or value")                          \
+        XX(UNKNOWN_KEY, -2, "unknown configuration key")                      \
+        XX(NOMEM, -3, "out of memory")                                        \
+        XX(DB, -4, "database error")                                          \
+        XX(DB_CONN, -5, "database connection lost or unreachable")            \
+        XX(DUPLICATE, -6, "duplicate key: already done")                      \
+        XX(KAFKA, -7, "Kafka client error")                                   \
+        XX(COMMIT_UNKNOWN, -8, "commit outcome unknown")                      \
+        XX(CONFIG, -9, "configuration error")                                 \
+        XX(STATE, -10, "call not allowed in this state")                      \
+        XX(NOT_FOUND, -11, "not found")                                       \
+        XX(TRANSIENT, -12, "transient failure, retry")                        \
+        XX(ABI, -13, "handler module ABI mismatch")                           \
+        XX(IO, -14, "I/O error")                                              \
+        XX(TIMEOUT, -15, "timed out")                                         \
+        XX(ABORTED, -16,                                                      \
            "transaction aborted by another message's failed statement")
 
 /** Error codes. ::KINBOX_OK is zero, every failure is negative. */

@@ -63,9 +63,9 @@ typedef enum kinbox_backend {
 
 /** A message header or an outbox header. Pointers owned by the caller. */
 typedef struct kinbox_header {
-        const char *name;  /**< NUL-terminated header name. */
+        const char *name; /**< NUL-terminated header name. */
         const void *value; /**< Value bytes; may be NULL (null header). */
-        size_t size;       /**< Value length in bytes. */
+        size_t size; /**< Value length in bytes. */
 } kinbox_header_t;
 
 /**
@@ -171,8 +171,7 @@ KINBOX_API const char *kinbox_tx_consumer(const kinbox_tx_t *tx);
  *          kinbox runs this message again, without charging it an attempt).
  */
 KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
-                                       int nparams,
-                                       const char *const *params);
+                                       int nparams, const char *const *params);
 
 /**
  * @brief Queue the statement that claims a message's business key, at
@@ -201,8 +200,8 @@ KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
  *         MySQL the statement is never merged with others (its row count
  *         must be its own).
  */
-KINBOX_API kinbox_err_t kinbox_tx_exec_claim(kinbox_tx_t *tx,
-                                             const char *sql, int nparams,
+KINBOX_API kinbox_err_t kinbox_tx_exec_claim(kinbox_tx_t *tx, const char *sql,
+                                             int nparams,
                                              const char *const *params);
 
 /**
@@ -233,8 +232,7 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_claim(kinbox_tx_t *tx,
  *         violation first narrows the batch down to the message whose row
  *         violated the key.
  */
-KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx,
-                                              const char *key,
+KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
                                               const char *sql, int nparams,
                                               const char *const *params);
 
@@ -266,8 +264,8 @@ KINBOX_API const char *kinbox_rows_column_name(const kinbox_rows_t *rows,
  * @brief Value as text (bytea/blob columns: the raw bytes, NUL-terminated),
  *        NULL for SQL NULL; owned by @p rows. Length in @p sizep if not NULL.
  */
-KINBOX_API const char *kinbox_rows_value(const kinbox_rows_t *rows,
-                                         size_t row, int col, size_t *sizep);
+KINBOX_API const char *kinbox_rows_value(const kinbox_rows_t *rows, size_t row,
+                                         int col, size_t *sizep);
 /** @brief Free rows. NULL is a no-op. */
 KINBOX_API void kinbox_rows_destroy(kinbox_rows_t *rows);
 

@@ -37,8 +37,8 @@ KINBOX_API int kinbox_version_num(void);
  *          unreachable; ::KINBOX_ERR_DB when a script fails (errstr names it).
  * @remark Thread-safe (opens its own connection).
  */
-KINBOX_API kinbox_err_t kinbox_migrate(const kinbox_conf_t *conf,
-                                       char *errstr, size_t errstr_size);
+KINBOX_API kinbox_err_t kinbox_migrate(const kinbox_conf_t *conf, char *errstr,
+                                       size_t errstr_size);
 
 /**
  * @brief Apply a handler module's schema for the configured backend,

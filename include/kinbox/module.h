@@ -29,7 +29,7 @@ KINBOX_BEGIN_DECLS
 
 /** A local action a module provides to the relay (`action:NAME` rows). */
 typedef struct kinbox_module_action {
-        const char *name;   /**< NAME of `action:NAME` */
+        const char *name; /**< NAME of `action:NAME` */
         /** Called by the relay of `kinbox run` with opaque = the relay's
          *  configuration (`const kinbox_conf_t *`, read-only, valid while
          *  the relay runs: `database.url` etc.). */
@@ -38,7 +38,7 @@ typedef struct kinbox_module_action {
 
 /** The versioned descriptor of a handler module. */
 typedef struct kinbox_module {
-        int abi_version;  /**< KINBOX_MODULE_ABI_VERSION */
+        int abi_version; /**< KINBOX_MODULE_ABI_VERSION */
         const char *name; /**< handler name used in `handler = NAME` */
         /** Schema version; bump when the schema strings change. */
         int schema_version;

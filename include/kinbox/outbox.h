@@ -121,9 +121,9 @@ KINBOX_API kinbox_err_t kinbox_outbox_append_pg(struct pg_conn *conn,
  *          ::KINBOX_ERR_TRANSIENT for a deadlock (1213) or lock wait
  *          timeout (1205): roll back and run the transaction again.
  */
-KINBOX_API kinbox_err_t kinbox_outbox_append_mysql(
-    struct st_mysql *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
-    char *errstr, size_t errstr_size);
+KINBOX_API kinbox_err_t
+kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
+                           int64_t *idp, char *errstr, size_t errstr_size);
 
 /* ------------------------------------------------------------------------
  * Local actions
@@ -191,15 +191,15 @@ typedef struct kinbox_relay_s kinbox_relay_t;
 
 /** Counters of one relay since it was created. */
 typedef struct kinbox_relay_stats {
-        uint64_t claimed;    /**< rows claimed (leased) */
-        uint64_t published;  /**< Kafka messages acknowledged and marked */
+        uint64_t claimed; /**< rows claimed (leased) */
+        uint64_t published; /**< Kafka messages acknowledged and marked */
         uint64_t actions_ok; /**< local actions done and marked */
-        uint64_t retried;    /**< failures recorded with a backoff */
-        uint64_t dead;       /**< rows moved to dead */
-        uint64_t conflicts;  /**< version checks that found another owner */
-        uint64_t released;   /**< claimed rows handed back unprocessed */
-        uint64_t batches;    /**< claim rounds that returned rows */
-        uint64_t db_errors;  /**< database errors ridden out */
+        uint64_t retried; /**< failures recorded with a backoff */
+        uint64_t dead; /**< rows moved to dead */
+        uint64_t conflicts; /**< version checks that found another owner */
+        uint64_t released; /**< claimed rows handed back unprocessed */
+        uint64_t batches; /**< claim rounds that returned rows */
+        uint64_t db_errors; /**< database errors ridden out */
 } kinbox_relay_stats_t;
 
 /**
@@ -289,9 +289,9 @@ typedef struct kinbox_outbox_row {
         const char *idem_key;
         const char *aggregate_id; /**< NULL if none */
         int attempts;
-        int max_attempts;         /**< 0 = relay default */
-        const char *last_error;   /**< NULL if none */
-        const char *created_at;   /**< database text form */
+        int max_attempts; /**< 0 = relay default */
+        const char *last_error; /**< NULL if none */
+        const char *created_at; /**< database text form */
         /** Pending rows: when the row is due (a retry's backoff, or the
          *  end of a relay's lease while it is being published). NULL for
          *  sent, dead and canceled rows, whose next_attempt_at column

@@ -70,23 +70,39 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                         kb_admin_usage(o->cmd, stdout);
                         exit(KB_EX_OK);
                 }
-                if (ch == '?' || ch == ':' || (ch != 'c' && !strchr(allowed, ch))) {
+                if (ch == '?' || ch == ':' ||
+                    (ch != 'c' && !strchr(allowed, ch))) {
                         const char *bad = argv[optind - 1];
-                        fprintf(stderr, "kinbox %s: unknown or misplaced "
-                                        "option \"%s\"\n\n",
+                        fprintf(stderr,
+                                "kinbox %s: unknown or misplaced "
+                                "option \"%s\"\n\n",
                                 o->cmd, bad);
                         kb_admin_usage(o->cmd, stderr);
                         return -1;
                 }
                 char *end;
                 switch (ch) {
-                case 'c': o->config = optarg; break;
-                case 'j': o->json = true; break;
-                case 'n': o->dry_run = true; break;
-                case 'C': o->consumer = optarg; break;
-                case 's': o->status = optarg; break;
-                case 'd': o->destination = optarg; break;
-                case 'o': o->older_than = optarg; break;
+                case 'c':
+                        o->config = optarg;
+                        break;
+                case 'j':
+                        o->json = true;
+                        break;
+                case 'n':
+                        o->dry_run = true;
+                        break;
+                case 'C':
+                        o->consumer = optarg;
+                        break;
+                case 's':
+                        o->status = optarg;
+                        break;
+                case 'd':
+                        o->destination = optarg;
+                        break;
+                case 'o':
+                        o->older_than = optarg;
+                        break;
                 case 'l':
                         o->limit = strtol(optarg, &end, 10);
                         if (*end || o->limit <= 0) {
@@ -184,8 +200,8 @@ tbl_init(table_t *t, int ncols, ...)
         va_end(ap);
 }
 
-static void
-tbl_add(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tbl_add(table_t *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 static void
 tbl_add(table_t *t, const char *fmt, ...)
@@ -416,9 +432,9 @@ broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
         *highs = calloc((size_t)l->cnt + 1, sizeof(int64_t));
         for (int i = 0; i < l->cnt && *highs; i++) {
                 int64_t lo = 0, hi = 0;
-                if (rd_kafka_query_watermark_offsets(
-                        rk, l->elems[i].topic, l->elems[i].partition, &lo,
-                        &hi, 5000))
+                if (rd_kafka_query_watermark_offsets(rk, l->elems[i].topic,
+                                                     l->elems[i].partition,
+                                                     &lo, &hi, 5000))
                         hi = -1;
                 (*highs)[i] = hi;
         }
@@ -491,7 +507,6 @@ dedup_hits(const char *text, const char *consumer, const char *result)
         return p ? strtoll(p + strlen(series), NULL, 10) : -1;
 }
 
-
 /* A consumer's dead letters by status. */
 static kinbox_err_t
 dead_counts(ctx_t *x, const char *name, long long n[3])
@@ -534,12 +549,12 @@ status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
                 int64_t pl = highs[k] >= 0 && highs[k] > c ? highs[k] - c : 0;
                 lag += pl;
                 json_array_append_new(
-                    parts, json_pack("{s:s,s:i,s:I,s:I,s:I}", "topic",
-                                     l->elems[k].topic, "partition",
-                                     (int)l->elems[k].partition, "committed",
-                                     (json_int_t)l->elems[k].offset, "high",
-                                     (json_int_t)highs[k], "lag",
-                                     (json_int_t)pl));
+                    parts,
+                    json_pack("{s:s,s:i,s:I,s:I,s:I}", "topic",
+                              l->elems[k].topic, "partition",
+                              (int)l->elems[k].partition, "committed",
+                              (json_int_t)l->elems[k].offset, "high",
+                              (json_int_t)highs[k], "lag", (json_int_t)pl));
         }
         json_object_set_new(jo, "partitions", parts);
         if (l) {
@@ -550,9 +565,8 @@ status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
                 snprintf(lagbuf, lsz, "unknown");
                 json_object_set_new(jo, "lag_error", json_string(err));
                 if (!x->o.json)
-                        fprintf(stderr,
-                                "kinbox status: %s: lag unknown: %s\n", name,
-                                err);
+                        fprintf(stderr, "kinbox status: %s: lag unknown: %s\n",
+                                name, err);
         }
         free(highs);
 }
@@ -620,8 +634,8 @@ status_outbox(ctx_t *x, json_t *jd, table_t *td, long long *inbox_total)
                 rc = kinbox_admin_query(
                     x->adm, "SELECT count(*) FROM kinbox_inbox", 0, NULL, &ri);
         for (size_t i = 0; !rc && i < kinbox_rows_count(r); i++) {
-                bool paused = !strcmp(rv(r, i, 5), "t") ||
-                              !strcmp(rv(r, i, 5), "1");
+                bool paused =
+                    !strcmp(rv(r, i, 5), "t") || !strcmp(rv(r, i, 5), "1");
                 json_array_append_new(
                     jd, json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
                                   rv(r, i, 0), "pending", jval(rv(r, i, 1)),
@@ -680,9 +694,8 @@ kb_cmd_status(int argc, char **argv)
                 goto out;
         }
         if (x.o.json) {
-                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc,
-                                   "outbox", jd, "inbox_rows",
-                                   (json_int_t)inbox_total));
+                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox",
+                                   jd, "inbox_rows", (json_int_t)inbox_total));
                 tbl_print(&tc, NULL);
                 tbl_print(&td, NULL);
         } else {
@@ -747,15 +760,15 @@ dead_list(ctx_t *x)
                 const char *idv = kinbox_rows_value(r, i, 5, &idl);
                 char *mid = idv ? escape_bytes(idv, idl) : NULL;
                 json_array_append_new(
-                    ja, json_pack("{s:o,s:s,s:s,s:o,s:o,s:o,s:s,s:o,s:s,s:s}",
-                                  "id", jval(rv(r, i, 0)), "consumer",
-                                  rv(r, i, 1), "topic", rv(r, i, 2),
-                                  "partition", jval(rv(r, i, 3)), "offset",
-                                  jval(rv(r, i, 4)), "message_id",
-                                  mid ? json_string(mid) : json_null(),
-                                  "status", rv(r, i, 6), "attempts",
-                                  jval(rv(r, i, 7)), "dead_at", rv(r, i, 8),
-                                  "error", rv(r, i, 9)));
+                    ja,
+                    json_pack("{s:o,s:s,s:s,s:o,s:o,s:o,s:s,s:o,s:s,s:s}",
+                              "id", jval(rv(r, i, 0)), "consumer", rv(r, i, 1),
+                              "topic", rv(r, i, 2), "partition",
+                              jval(rv(r, i, 3)), "offset", jval(rv(r, i, 4)),
+                              "message_id",
+                              mid ? json_string(mid) : json_null(), "status",
+                              rv(r, i, 6), "attempts", jval(rv(r, i, 7)),
+                              "dead_at", rv(r, i, 8), "error", rv(r, i, 9)));
                 char err[61];
                 snprintf(err, sizeof(err), "%s", rv(r, i, 9));
                 tbl_add(&t, "%s", rv(r, i, 0));
@@ -820,16 +833,17 @@ dead_show(ctx_t *x, int64_t id)
                 return db_fail(x, rc);
         if (!kinbox_rows_count(r)) {
                 kinbox_rows_destroy(r);
-                fprintf(stderr, "kinbox dead show: no dead letter with id "
-                                "%" PRId64 "\n",
+                fprintf(stderr,
+                        "kinbox dead show: no dead letter with id "
+                        "%" PRId64 "\n",
                         id);
                 return KB_EX_NOTFOUND;
         }
         static const char *const names[] = {
-            "id",      "consumer", "message_id", "topic",
-            "partition", "offset", "key",        "headers",
-            "payload", "error",    "attempts",   "first_failed_at",
-            "dead_at", "status"};
+            "id",        "consumer", "message_id", "topic",
+            "partition", "offset",   "key",        "headers",
+            "payload",   "error",    "attempts",   "first_failed_at",
+            "dead_at",   "status"};
         json_t *jo = json_object();
         for (int c = 0; c < 14; c++) {
                 size_t n = 0;
@@ -840,12 +854,11 @@ dead_show(ctx_t *x, int64_t id)
                 if (x->o.json)
                         json_object_set_new(
                             jo, names[c],
-                            c == 0 || c == 4 || c == 5 || c == 10
-                                ? jval(val)
-                                : e ? json_string(e) : json_null());
+                            c == 0 || c == 4 || c == 5 || c == 10 ? jval(val)
+                            : e ? json_string(e)
+                                : json_null());
                 else
-                        printf("%-16s %s\n", names[c],
-                               e ? e : "(null)");
+                        printf("%-16s %s\n", names[c], e ? e : "(null)");
                 if ((c == 6 || c == 8) && x->o.json && val)
                         json_object_set_new(
                             jo, c == 6 ? "key_size" : "payload_size",
@@ -897,8 +910,8 @@ dead_discard(ctx_t *x, int64_t id)
         if (rc)
                 return db_fail(x, rc);
         if (x->o.json)
-                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id,
-                                   "status", "discarded"));
+                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id, "status",
+                                   "discarded"));
         else
                 printf("dead letter %" PRId64 ": discarded\n", id);
         return KB_EX_OK;
@@ -912,9 +925,8 @@ dead_replay(ctx_t *x, int64_t id)
         const char *v[1] = {ids};
         kinbox_rows_t *r = NULL;
         kinbox_err_t rc = kinbox_admin_query(
-            x->adm,
-            "SELECT consumer FROM kinbox_dead_letter WHERE id = $1",
-            1, v, &r);
+            x->adm, "SELECT consumer FROM kinbox_dead_letter WHERE id = $1", 1,
+            v, &r);
         if (rc)
                 return db_fail(x, rc);
         if (!kinbox_rows_count(r)) {
@@ -997,7 +1009,10 @@ subcommand(const char *cmd, int argc, char **argv, const char *const *subs,
                 fprintf(stderr, "kinbox %s: expected", cmd);
                 for (int i = 0; subs[i]; i++)
                         fprintf(stderr, "%s %s",
-                                !i ? "" : subs[i + 1] ? "," : " or", subs[i]);
+                                !i            ? ""
+                                : subs[i + 1] ? ","
+                                              : " or",
+                                subs[i]);
                 fprintf(stderr, "\n\n");
         }
         kb_admin_usage(cmd, stderr);
@@ -1009,8 +1024,8 @@ int
 kb_cmd_dead(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "dead"}};
-        static const char *const subs[] = {"list", "show", "replay",
-                                           "discard", NULL};
+        static const char *const subs[] = {"list", "show", "replay", "discard",
+                                           NULL};
         int ex, kind = subcommand("dead", argc, argv, subs, &ex);
         if (!kind)
                 return ex;
@@ -1021,13 +1036,15 @@ kb_cmd_dead(int argc, char **argv)
         int64_t id = 0;
         if (list ? x.o.nargs != 0
                  : (x.o.nargs != 1 || parse_id(&x.o, x.o.args[0], &id))) {
-                fprintf(stderr, list ? "usage: kinbox dead list [options]\n"
-                                     : "usage: kinbox dead %s ID -c FILE\n",
+                fprintf(stderr,
+                        list ? "usage: kinbox dead list [options]\n"
+                             : "usage: kinbox dead %s ID -c FILE\n",
                         sub);
                 return KB_EX_USAGE;
         }
         if (x.o.status && strcmp(x.o.status, "dead") &&
-            strcmp(x.o.status, "replayed") && strcmp(x.o.status, "discarded")) {
+            strcmp(x.o.status, "replayed") &&
+            strcmp(x.o.status, "discarded")) {
                 fprintf(stderr, "kinbox dead list: --status must be dead, "
                                 "replayed or discarded\n");
                 return KB_EX_USAGE;
@@ -1071,13 +1088,13 @@ on_row(const kinbox_outbox_row_t *row, void *opaque)
                               "s:I,s:s?,s:I}",
                               "id", (json_int_t)row->id, "status", st,
                               "destination", row->destination, "idem_key",
-                              row->idem_key, "aggregate_id",
-                              row->aggregate_id, "attempts", row->attempts,
-                              "max_attempts", row->max_attempts, "last_error",
-                              row->last_error, "created_at", row->created_at,
-                              "next_attempt_at", row->next_attempt_at,
-                              "payload_size", (json_int_t)row->payload_size,
-                              "sent_at", row->sent_at, "version",
+                              row->idem_key, "aggregate_id", row->aggregate_id,
+                              "attempts", row->attempts, "max_attempts",
+                              row->max_attempts, "last_error", row->last_error,
+                              "created_at", row->created_at, "next_attempt_at",
+                              row->next_attempt_at, "payload_size",
+                              (json_int_t)row->payload_size, "sent_at",
+                              row->sent_at, "version",
                               (json_int_t)row->version));
                 return 0;
         }
@@ -1102,8 +1119,7 @@ outbox_fail(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_err_t rc,
                 fprintf(stderr, "kinbox outbox: %s\n", what);
                 return KB_EX_NOTFOUND;
         }
-        fprintf(stderr, "kinbox outbox: %s\n",
-                kinbox_outbox_admin_errstr(oa));
+        fprintf(stderr, "kinbox outbox: %s\n", kinbox_outbox_admin_errstr(oa));
         (void)x;
         return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
 }
@@ -1160,8 +1176,9 @@ outbox_args(ctx_t *x, int kind, const char *sub, kinbox_outbox_status_t *st,
                 *st = (kinbox_outbox_status_t)k;
         }
         if (kind == 1 && x->o.nargs) {
-                fprintf(stderr, "kinbox outbox list: unexpected argument "
-                                "\"%s\"\n",
+                fprintf(stderr,
+                        "kinbox outbox list: unexpected argument "
+                        "\"%s\"\n",
                         x->o.args[0]);
                 return KB_EX_USAGE;
         }
@@ -1169,14 +1186,16 @@ outbox_args(ctx_t *x, int kind, const char *sub, kinbox_outbox_status_t *st,
             !((x->o.nargs == 1 && !x->o.destination &&
                !parse_id(&x->o, x->o.args[0], id)) ||
               (x->o.nargs == 0 && x->o.destination))) {
-                fprintf(stderr, "usage: kinbox outbox %s (ID | --destination "
-                                "DEST) -c FILE\n",
+                fprintf(stderr,
+                        "usage: kinbox outbox %s (ID | --destination "
+                        "DEST) -c FILE\n",
                         sub);
                 return KB_EX_USAGE;
         }
         if ((kind == 4 || kind == 5) && x->o.nargs != 1) {
-                fprintf(stderr, "usage: kinbox outbox %s DESTINATION -c "
-                                "FILE\n",
+                fprintf(stderr,
+                        "usage: kinbox outbox %s DESTINATION -c "
+                        "FILE\n",
                         sub);
                 return KB_EX_USAGE;
         }
@@ -1214,9 +1233,9 @@ outbox_destination(ctx_t *x, kinbox_outbox_admin_t *oa, int kind)
 {
         uint64_t n = 0;
         const char *dest = x->o.destination;
-        kinbox_err_t rc =
-            kind == 2 ? kinbox_outbox_requeue_destination(oa, dest, &n)
-                      : kinbox_outbox_cancel_destination(oa, dest, &n);
+        kinbox_err_t rc = kind == 2
+                              ? kinbox_outbox_requeue_destination(oa, dest, &n)
+                              : kinbox_outbox_cancel_destination(oa, dest, &n);
         /* Nothing changed: a destination without any row is a mistake
          * (typo) the operator must see, not "0 rows". */
         int any = 0;
@@ -1256,8 +1275,7 @@ outbox_row(ctx_t *x, kinbox_outbox_admin_t *oa, int kind, int64_t id)
         if (rc)
                 return outbox_fail(x, oa, rc, what);
         if (x->o.json)
-                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id,
-                                   "status",
+                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id, "status",
                                    kind == 2 ? "pending" : "canceled"));
         else
                 printf("outbox row %" PRId64 ": %s\n", id,
@@ -1276,7 +1294,9 @@ kb_cmd_outbox(int argc, char **argv)
                 return ex;
         const char *sub = argv[1];
         if (parse_opts(argc - 1, argv + 1, &x.o,
-                       kind == 1 ? "jsdla" : kind <= 3 ? "jd" : "j"))
+                       kind == 1   ? "jsdla"
+                       : kind <= 3 ? "jd"
+                                   : "j"))
                 return KB_EX_USAGE;
         kinbox_outbox_status_t st;
         int64_t id = 0;
@@ -1383,8 +1403,8 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                 int32_t part = (int32_t)strtol(rv(r, i, 1), NULL, 10);
                 long long wm = strtoll(rv(r, i, 2), NULL, 10);
                 long long covered = strtoll(rv(r, i, 3), NULL, 10);
-                long long lo = rv(r, i, 4) ? strtoll(rv(r, i, 4), NULL, 10)
-                                           : wm;
+                long long lo =
+                    rv(r, i, 4) ? strtoll(rv(r, i, 4), NULL, 10) : wm;
                 long long committed = -1;
                 rd_kafka_topic_partition_t *tp =
                     l ? rd_kafka_topic_partition_list_find(l, topic, part)
@@ -1410,14 +1430,12 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                  * itself (the inbox cannot tell which). */
                 long long unaccounted = wm - lo - covered;
                 json_array_append_new(
-                    jp, json_pack("{s:s,s:i,s:I,s:I,s:I,s:I}", "topic", topic,
-                                  "partition", (int)part, "watermark",
-                                  (json_int_t)wm, "committed",
-                                  (json_int_t)committed, "rows",
-                                  (json_int_t)covered,
-                                  "offsets_without_row",
-                                  (json_int_t)(unaccounted > 0 ? unaccounted
-                                                               : 0)));
+                    jp, json_pack(
+                            "{s:s,s:i,s:I,s:I,s:I,s:I}", "topic", topic,
+                            "partition", (int)part, "watermark",
+                            (json_int_t)wm, "committed", (json_int_t)committed,
+                            "rows", (json_int_t)covered, "offsets_without_row",
+                            (json_int_t)(unaccounted > 0 ? unaccounted : 0)));
                 if (!x->o.json)
                         printf("ok   %s: %s [%d] watermark %lld, Kafka "
                                "committed %lld, %lld offset(s) with a row, "
@@ -1448,8 +1466,9 @@ kb_cmd_verify(int argc, char **argv)
                 return KB_EX_USAGE;
         int64_t older = 5 * 60000;
         if (x.o.older_than && parse_duration_ms(x.o.older_than, &older)) {
-                fprintf(stderr, "kinbox verify: --older-than \"%s\": expected "
-                                "a duration (30s, 5m, 2h, 1d)\n",
+                fprintf(stderr,
+                        "kinbox verify: --older-than \"%s\": expected "
+                        "a duration (30s, 5m, 2h, 1d)\n",
                         x.o.older_than);
                 return KB_EX_USAGE;
         }
@@ -1471,7 +1490,8 @@ kb_cmd_verify(int argc, char **argv)
         int gaps = 0;
         json_t *jc = json_array();
         for (int i = 0; i < x.cfg.nconsumers && !ex; i++) {
-                if (x.o.consumer && strcmp(x.o.consumer, x.cfg.consumers[i].name))
+                if (x.o.consumer &&
+                    strcmp(x.o.consumer, x.cfg.consumers[i].name))
                         continue;
                 ex = verify_consumer(&x, x.cfg.consumers[i].name,
                                      x.cfg.consumers[i].conf, jc, &gaps);
@@ -1546,12 +1566,12 @@ kb_cmd_prune(int argc, char **argv)
                 return refused;
         }
         kinbox_prune_result_t res;
-        kinbox_err_t rc =
-            kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res, err, sizeof(err));
+        kinbox_err_t rc = kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res,
+                                       err, sizeof(err));
         int ex = KB_EX_OK;
         if (rc) {
                 fprintf(stderr, "kinbox prune: %s\n", err);
-                ex = rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
+                ex = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB
                      : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
                                                : KB_EX_RUNTIME;
         } else if (x.o.json) {
@@ -1661,7 +1681,8 @@ kb_admin_usage(const char *cmd, void *fpv)
         else
                 return 0;
         fprintf(fp, "\nExit status: 0 ok, 1 runtime failure (verify: gap "
-                    "found; reconcile: discrepancy), 2 usage or configuration\nerror, 3 database "
+                    "found; reconcile: discrepancy), 2 usage or "
+                    "configuration\nerror, 3 database "
                     "unreachable, 4 not found.\n");
         return 1;
 }
@@ -1702,7 +1723,7 @@ struct kb_ops {
         volatile int stop;
         kinbox_http_t *http;
         kinbox_admin_t *adm; /* HTTP thread only */
-        rd_kafka_t *rk;      /* broker reachability */
+        rd_kafka_t *rk; /* broker reachability */
         char **consumers;
         int nconsumers;
         kb_reconciler_t *reconciler;
@@ -1726,8 +1747,8 @@ pruner_main(void *arg)
                         ts.tv_nsec -= 1000000000L;
                 }
                 pthread_mutex_lock(&ops->lock);
-                while (!ops->stop &&
-                       pthread_cond_timedwait(&ops->cond, &ops->lock, &ts) == 0)
+                while (!ops->stop && pthread_cond_timedwait(
+                                         &ops->cond, &ops->lock, &ts) == 0)
                         ;
                 int stop = ops->stop;
                 pthread_mutex_unlock(&ops->lock);
@@ -1837,15 +1858,16 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                 if (!ops->rk)
                         rd_kafka_conf_destroy(kc);
         }
-        ops->http = kinbox_http_start_logged(cfg->metrics_listen, cfg->base,
-                                             ready_cb, collect_cb, ops, err,
-                                             sz);
+        ops->http =
+            kinbox_http_start_logged(cfg->metrics_listen, cfg->base, ready_cb,
+                                     collect_cb, ops, err, sz);
         if (!ops->http) {
                 kb_ops_stop(ops);
                 return NULL;
         }
-        fprintf(stderr, "kinbox run: metrics on http://%s (port %d): "
-                        "/metrics /healthz /readyz\n",
+        fprintf(stderr,
+                "kinbox run: metrics on http://%s (port %d): "
+                "/metrics /healthz /readyz\n",
                 cfg->metrics_listen, kinbox_http_port(ops->http));
         return ops;
 }

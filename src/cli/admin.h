@@ -12,9 +12,9 @@
 
 /* Exit status of every command. */
 #define KB_EX_OK 0
-#define KB_EX_RUNTIME 1  /* runtime failure; verify: a gap was found */
-#define KB_EX_USAGE 2    /* usage or configuration error */
-#define KB_EX_DB 3       /* database unreachable */
+#define KB_EX_RUNTIME 1 /* runtime failure; verify: a gap was found */
+#define KB_EX_USAGE 2 /* usage or configuration error */
+#define KB_EX_DB 3 /* database unreachable */
 #define KB_EX_NOTFOUND 4 /* no such id / destination */
 
 /* In main.c: the handler module configured for a consumer; a module by
@@ -45,8 +45,7 @@ int kb_reconcile_checks(kb_config_t *cfg, const kinbox_check_t **out,
  * the database lock (one replica). NULL with err "" when there is nothing
  * to run (no checks, interval 0); NULL with err set on failure. */
 typedef struct kb_reconciler kb_reconciler_t;
-kb_reconciler_t *kb_reconciler_start(kb_config_t *cfg, char *err,
-                                     size_t sz);
+kb_reconciler_t *kb_reconciler_start(kb_config_t *cfg, char *err, size_t sz);
 void kb_reconciler_stop(kb_reconciler_t *r);
 /* `kinbox config-reference [--man] [--output FILE]` (manpage.c). */
 int kb_cmd_config_reference(int argc, char **argv);

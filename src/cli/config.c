@@ -191,8 +191,8 @@ on_kv(void *user, const char *section, const char *name, const char *value)
         } else if (!strcmp(section, "metrics")) {
                 if (strcmp(name, "listen")) {
                         snprintf(L->err, L->errsz,
-                                 "%s: %s: [metrics] has no such key",
-                                 L->path, lineno);
+                                 "%s: %s: [metrics] has no such key", L->path,
+                                 lineno);
                         L->failed = true;
                         free(v);
                         return 0;
@@ -237,8 +237,8 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                 L->ckv[L->nckv++].v = v;
                 return 1;
         } else {
-                snprintf(L->err, L->errsz, "%s: %s: unknown section",
-                         L->path, lineno);
+                snprintf(L->err, L->errsz, "%s: %s: unknown section", L->path,
+                         lineno);
                 L->failed = true;
                 free(v);
                 return 0;

@@ -23,7 +23,6 @@
 #include "config.h"
 #include "sdnotify.h"
 
-
 static const kinbox_module_t *const builtins[] = {
     &kinbox_points_module,
     &kinbox_points_single_module,
@@ -34,37 +33,38 @@ static const kinbox_module_t *const builtins[] = {
 static void
 usage(FILE *fp)
 {
-        fprintf(fp,
-                "usage: kinbox COMMAND [options]\n"
-                "\n"
-                "Commands:\n"
-                "  run -c FILE        run the configured consumers (and the "
-                "relay when [relay] enabled = true)\n"
-                "                     until SIGTERM/SIGINT\n"
-                "  migrate -c FILE    apply kinbox's schema and the configured "
-                "handlers' schemas\n"
-                "                     (versioned, idempotent)\n"
-                "  status -c FILE     lag, inbox size, dead letters, outbox "
-                "per destination\n"
-                "  dead list|show|replay|discard   inspect and replay dead "
-                "letters\n"
-                "  outbox list|requeue|cancel|pause|resume   operate the "
-                "outbox\n"
-                "  verify -c FILE     audit watermarks, inbox rows and the "
-                "outbox (exit 1 on a gap)\n"
-                "  prune -c FILE [--dry-run]   delete rows past their "
-                "retention\n"
-                "  reconcile -c FILE  run the handlers' business checks "
-                "(exit 1 on a discrepancy)\n"
-                "  config-reference   print the configuration reference "
-                "(Markdown)\n"
-                "  version            print the version\n"
-                "  help [COMMAND]     this text, or a command's help\n"
-                "\n"
-                "Exit status: 0 success, 1 runtime failure, 2 usage or "
-                "configuration error,\n"
-                "3 database unreachable, 4 not found. Admin commands take "
-                "--json.\n");
+        fprintf(
+            fp,
+            "usage: kinbox COMMAND [options]\n"
+            "\n"
+            "Commands:\n"
+            "  run -c FILE        run the configured consumers (and the "
+            "relay when [relay] enabled = true)\n"
+            "                     until SIGTERM/SIGINT\n"
+            "  migrate -c FILE    apply kinbox's schema and the configured "
+            "handlers' schemas\n"
+            "                     (versioned, idempotent)\n"
+            "  status -c FILE     lag, inbox size, dead letters, outbox "
+            "per destination\n"
+            "  dead list|show|replay|discard   inspect and replay dead "
+            "letters\n"
+            "  outbox list|requeue|cancel|pause|resume   operate the "
+            "outbox\n"
+            "  verify -c FILE     audit watermarks, inbox rows and the "
+            "outbox (exit 1 on a gap)\n"
+            "  prune -c FILE [--dry-run]   delete rows past their "
+            "retention\n"
+            "  reconcile -c FILE  run the handlers' business checks "
+            "(exit 1 on a discrepancy)\n"
+            "  config-reference   print the configuration reference "
+            "(Markdown)\n"
+            "  version            print the version\n"
+            "  help [COMMAND]     this text, or a command's help\n"
+            "\n"
+            "Exit status: 0 success, 1 runtime failure, 2 usage or "
+            "configuration error,\n"
+            "3 database unreachable, 4 not found. Admin commands take "
+            "--json.\n");
 }
 
 static void
@@ -145,8 +145,8 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
         }
         if (strcmp(m->name ? m->name : "", name)) {
                 snprintf(err, sz,
-                         "handler \"%s\": %s describes itself as \"%s\"",
-                         name, path, m->name ? m->name : "");
+                         "handler \"%s\": %s describes itself as \"%s\"", name,
+                         path, m->name ? m->name : "");
                 return NULL;
         }
         return m;
@@ -258,8 +258,8 @@ cmd_migrate(int argc, char **argv)
              tok && nmods < (int)(sizeof(mods) / sizeof(mods[0]));
              tok = strtok_r(NULL, ", ", &save)) {
                 confs[nmods] = cfg.relay;
-                mods[nmods] = find_module_named(cfg.relay, tok, err,
-                                                sizeof(err));
+                mods[nmods] =
+                    find_module_named(cfg.relay, tok, err, sizeof(err));
                 if (!mods[nmods++]) {
                         fprintf(stderr, "kinbox migrate: [relay]: %s\n", err);
                         ex = KB_EX_USAGE;
@@ -274,8 +274,8 @@ cmd_migrate(int argc, char **argv)
         }
         printf("kinbox schema: up to date\n");
         for (int i = 0; i < nmods; i++) {
-                rc = kinbox_migrate_module(confs[i], mods[i], err,
-                                           sizeof(err));
+                rc =
+                    kinbox_migrate_module(confs[i], mods[i], err, sizeof(err));
                 if (rc) {
                         fprintf(stderr, "kinbox migrate: %s\n", err);
                         ex = exit_for(rc);
@@ -358,8 +358,8 @@ relay_create(kb_config_t *cfg, char *err, size_t sz)
                      a && a->name; a++)
                         /* Actions get the relay's configuration (for
                          * database.url); cfg outlives the relay. */
-                        if (kinbox_relay_register_action(
-                                r, a->name, a->fn, (void *)cfg->relay)) {
+                        if (kinbox_relay_register_action(r, a->name, a->fn,
+                                                         (void *)cfg->relay)) {
                                 snprintf(err, sz,
                                          "relay: cannot register action %s",
                                          a->name);
@@ -436,8 +436,7 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
                                  "batch and offset commit");
                 pthread_join(rs[i].thr, NULL);
                 if (rs[i].rc) {
-                        fprintf(stderr,
-                                "kinbox run: consumer %s: %s: %s\n",
+                        fprintf(stderr, "kinbox run: consumer %s: %s: %s\n",
                                 kinbox_consumer_name(rs[i].c),
                                 kinbox_err_name(rs[i].rc),
                                 kinbox_consumer_errstr(rs[i].c));
@@ -504,7 +503,8 @@ cmd_run(int argc, char **argv)
                 kb_config_free(&cfg);
                 return KB_EX_USAGE;
         }
-        if (kb_retention_check(&cfg, "run")) { /* inbox.retention vs redelivery */
+        if (kb_retention_check(&cfg,
+                               "run")) { /* inbox.retention vs redelivery */
                 kb_config_free(&cfg);
                 return KB_EX_USAGE;
         }
@@ -562,9 +562,9 @@ cmd_run(int argc, char **argv)
                 if (!status && kb_sd_start(path))
                         fprintf(stderr, "kinbox run: cannot start the "
                                         "service manager thread\n");
-                status = runners_join(rs, n, started, relay,
-                                      relay_started ? &relay_thr : NULL,
-                                      status);
+                status =
+                    runners_join(rs, n, started, relay,
+                                 relay_started ? &relay_thr : NULL, status);
         }
         for (int i = 0; i < n; i++) {
                 kb_watchdog_step("closing a consumer (leaving its group)");
@@ -614,10 +614,10 @@ main(int argc, char **argv)
         static const struct {
                 const char *name;
                 int (*fn)(int, char **);
-        } admin_cmds[] = {{"status", kb_cmd_status}, {"dead", kb_cmd_dead},
-                          {"outbox", kb_cmd_outbox}, {"verify", kb_cmd_verify},
-                          {"prune", kb_cmd_prune},
-                          {"reconcile", kb_cmd_reconcile}};
+        } admin_cmds[] = {
+            {"status", kb_cmd_status}, {"dead", kb_cmd_dead},
+            {"outbox", kb_cmd_outbox}, {"verify", kb_cmd_verify},
+            {"prune", kb_cmd_prune},   {"reconcile", kb_cmd_reconcile}};
         for (size_t i = 0; i < sizeof(admin_cmds) / sizeof(admin_cmds[0]); i++)
                 if (!strcmp(cmd, admin_cmds[i].name))
                         return admin_cmds[i].fn(argc - 1, argv + 1);

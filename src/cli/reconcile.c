@@ -87,18 +87,18 @@ on_check(const kinbox_check_t *c, const kinbox_rows_t *rows, void *opaque)
                                     kinbox_rows_value(rows, i, k, NULL);
                                 const char *name =
                                     kinbox_rows_column_name(rows, k);
-                                json_object_set_new(
-                                    o, name ? name : "?",
-                                    v ? json_string(v) : json_null());
+                                json_object_set_new(o, name ? name : "?",
+                                                    v ? json_string(v)
+                                                      : json_null());
                         }
                         json_array_append_new(jr, o);
                 }
                 json_array_append_new(
-                    r->arr, json_pack("{s:s, s:s, s:I, s:o}", "check",
-                                      c->name, "description",
-                                      c->description ? c->description : "",
-                                      "discrepancies", (json_int_t)n, "rows",
-                                      jr));
+                    r->arr,
+                    json_pack("{s:s, s:s, s:I, s:o}", "check", c->name,
+                              "description",
+                              c->description ? c->description : "",
+                              "discrepancies", (json_int_t)n, "rows", jr));
                 return;
         }
         printf("%-40s %s\n", c->name, n ? "DISCREPANCIES" : "ok");
@@ -146,7 +146,8 @@ kb_cmd_reconcile(int argc, char **argv)
                 }
         }
         if (optind < argc) {
-                fprintf(stderr, "kinbox reconcile: unexpected argument \"%s\"\n",
+                fprintf(stderr,
+                        "kinbox reconcile: unexpected argument \"%s\"\n",
                         argv[optind]);
                 return KB_EX_USAGE;
         }
@@ -161,8 +162,8 @@ kb_cmd_reconcile(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         const kinbox_check_t *checks[MAX_CHECKS];
-        int n = kb_reconcile_checks(&cfg, checks, MAX_CHECKS, err,
-                                    sizeof(err));
+        int n =
+            kb_reconcile_checks(&cfg, checks, MAX_CHECKS, err, sizeof(err));
         if (n < 0) {
                 fprintf(stderr, "kinbox reconcile: %s\n", err);
                 kb_config_free(&cfg);
@@ -174,9 +175,9 @@ kb_cmd_reconcile(int argc, char **argv)
         if (rep.json)
                 rep.arr = json_array();
         kinbox_reconcile_result_t res;
-        kinbox_err_t rc = kinbox_reconcile(cfg.base, checks, (size_t)n, 0,
-                                           on_check, &rep, &res, err,
-                                           sizeof(err));
+        kinbox_err_t rc =
+            kinbox_reconcile(cfg.base, checks, (size_t)n, 0, on_check, &rep,
+                             &res, err, sizeof(err));
         int status = KB_EX_OK;
         if (rc) {
                 fprintf(stderr, "kinbox reconcile: %s\n", err);

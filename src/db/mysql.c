@@ -36,7 +36,7 @@
 /* Column widths the migration declares; checked before sending so a long
  * id is rejected with a clear message instead of a truncation or 1406. */
 #define MY_ID_MAX 255
-#define MY_NAME_MAX 200  /* kinbox_inbox.consumer, characters */
+#define MY_NAME_MAX 200 /* kinbox_inbox.consumer, characters */
 #define MY_TOPIC_MAX 249 /* kinbox_inbox.topic, characters */
 
 /* Characters in a UTF-8 string (bytes that do not continue one). */
@@ -65,20 +65,20 @@ utf8_chars(const char *p)
 /* The session sql_mode is fixed so the placeholder rewriting is sound:
  * no NO_BACKSLASH_ESCAPES, no ANSI_QUOTES, and strict so over-long values
  * fail instead of being truncated. */
-#define MY_SQL_MODE                                                            \
-        "STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"                      \
+#define MY_SQL_MODE                                                           \
+        "STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"                     \
         "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
 
 struct mystate {
-        kinbox__buf_t q;     /* deferred statements, ";\n"-joined */
-        int *tags;           /* one per statement in q */
+        kinbox__buf_t q; /* deferred statements, ";\n"-joined */
+        int *tags; /* one per statement in q */
         size_t ntags, captags;
-        bool begin_queued;   /* START TRANSACTION sits in q, unsent */
-        bool tx_sent;        /* the server may hold an open transaction */
-        size_t flush_at;     /* flush before q grows beyond this */
-        kinbox__buf_t tmp;   /* one rendered statement */
+        bool begin_queued; /* START TRANSACTION sits in q, unsent */
+        bool tx_sent; /* the server may hold an open transaction */
+        size_t flush_at; /* flush before q grows beyond this */
+        kinbox__buf_t tmp; /* one rendered statement */
         struct mergestate *merge; /* coalescing (db->coalesce), lazily */
-        bool returning;      /* MariaDB >= 10.5: INSERT ... RETURNING */
+        bool returning; /* MariaDB >= 10.5: INSERT ... RETURNING */
         /* The last SAVEPOINT queued: queue length and tag count right
          * after it (0: sent, or none). */
         size_t sp_len, sp_ntags;
@@ -323,8 +323,7 @@ append_literal(MYSQL *m, kinbox__buf_t *b, const char *v, size_t n,
                 b->oom = true;
                 return;
         }
-        unsigned long r =
-            mysql_real_escape_string(m, e, v, (unsigned long)n);
+        unsigned long r = mysql_real_escape_string(m, e, v, (unsigned long)n);
         if (r == (unsigned long)-1) {
                 kinbox__buf_adds(b, binary ? "X'" : "_utf8mb4 X'");
                 buf_hex(b, (const unsigned char *)v, n);
@@ -494,8 +493,7 @@ render(MYSQL *m, kinbox__buf_t *b, const char *sql, int n,
                              ends_with_kw(b, start, "OFFSET")))
                                 kinbox__buf_add(b, q->v, vl);
                         else
-                                append_literal(m, b, q->v, vl,
-                                               q->binary != 0);
+                                append_literal(m, b, q->v, vl, q->binary != 0);
                         i = e;
                         continue;
                 }
@@ -674,8 +672,8 @@ q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
         if (!s->ntags)
                 return KINBOX_OK;
         s->tx_sent = true;
-        int rc = roundtrip(db, s->q.p, s->q.len, s->tags, s->ntags, out,
-                           in_commit);
+        int rc =
+            roundtrip(db, s->q.p, s->q.len, s->tags, s->ntags, out, in_commit);
         if (db->native) /* still up: state survived */
                 q_reset(s);
         return rc;
@@ -721,12 +719,12 @@ q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
 #define TABLE_CHECK_MS 60000
 
 struct mtmpl {
-        char *sql;           /* the template (copy); NULL = empty slot */
-        bool ok;             /* mergeable form */
+        char *sql; /* the template (copy); NULL = empty slot */
+        bool ok; /* mergeable form */
         char *schema, *table; /* unquoted; schema NULL = current */
         size_t tup_off, tup_len; /* "(...)" of the one tuple */
-        char *tuple;         /* that tuple, NUL-terminated */
-        size_t tail_off;     /* after the tuple, trailing ';' cut */
+        char *tuple; /* that tuple, NUL-terminated */
+        size_t tail_off; /* after the tuple, trailing ';' cut */
         size_t tail_len;
 };
 
@@ -751,9 +749,9 @@ struct mergestate {
         size_t table_next;
         struct mgroup groups[MERGE_GROUPS];
         size_t ngroups;
-        size_t bytes;        /* text in open groups */
-        bool off_next;       /* the next transaction does not merge */
-        bool off;            /* this transaction does not merge */
+        size_t bytes; /* text in open groups */
+        bool off_next; /* the next transaction does not merge */
+        bool off; /* this transaction does not merge */
 };
 
 static bool
@@ -776,7 +774,8 @@ static bool
 m_kw(const char *s, size_t *i, const char *kw)
 {
         size_t n = strlen(kw);
-        if (strncasecmp(s + *i, kw, n) || m_ident_char((unsigned char)s[*i + n]))
+        if (strncasecmp(s + *i, kw, n) ||
+            m_ident_char((unsigned char)s[*i + n]))
                 return false;
         *i += n;
         return true;
@@ -811,11 +810,12 @@ static bool
 m_pure_fn(const char *w, size_t n)
 {
         static const char *const fns[] = {
-            "VALUES", "VALUE", "NOW", "CURRENT_TIMESTAMP", "UTC_TIMESTAMP",
-            "CURRENT_DATE", "CURDATE", "CURRENT_TIME", "CURTIME",
-            "GREATEST", "LEAST", "IF", "IFNULL", "COALESCE", "NULLIF",
-            "CONCAT", "LOWER", "UPPER", "ABS", "ROUND", "FROM_UNIXTIME",
-            "UNHEX", "HEX", NULL};
+            "VALUES",        "VALUE",        "NOW",     "CURRENT_TIMESTAMP",
+            "UTC_TIMESTAMP", "CURRENT_DATE", "CURDATE", "CURRENT_TIME",
+            "CURTIME",       "GREATEST",     "LEAST",   "IF",
+            "IFNULL",        "COALESCE",     "NULLIF",  "CONCAT",
+            "LOWER",         "UPPER",        "ABS",     "ROUND",
+            "FROM_UNIXTIME", "UNHEX",        "HEX",     NULL};
         for (size_t k = 0; fns[k]; k++)
                 if (strlen(fns[k]) == n && !strncasecmp(fns[k], w, n))
                         return true;
@@ -1173,10 +1173,10 @@ m_flush(kinbox__db_t *db)
                 if (!rc) {
                         kinbox__buf_add(&g->text, g->t->sql + g->t->tail_off,
                                         g->t->tail_len);
-                        rc = g->text.oom ? my_oom(db)
-                                         : q_append_raw(db, g->text.p,
-                                                        g->text.len, g->tag,
-                                                        1);
+                        rc = g->text.oom
+                                 ? my_oom(db)
+                                 : q_append_raw(db, g->text.p, g->text.len,
+                                                g->tag, 1);
                 }
                 if (g->text.oom) /* reset keeps the flag; free clears it */
                         kinbox__buf_free(&g->text);
@@ -1409,8 +1409,8 @@ my_connect(kinbox__db_t *db)
             "SELECT @@max_allowed_packet";
         static const int setup_tags[4] = {-1, -1, -1, -1};
         struct kinbox_rows_s *r = NULL;
-        int rc = roundtrip(db, setup, sizeof(setup) - 1, setup_tags, 4, &r,
-                           false);
+        int rc =
+            roundtrip(db, setup, sizeof(setup) - 1, setup_tags, 4, &r, false);
         if (rc) {
                 kinbox_rows_destroy(r);
                 my_mark_down(db);
@@ -1473,8 +1473,8 @@ my_render(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                                   "MySQL: bad parameter list");
                 return KINBOX_ERR_INVALID;
         }
-        int rc = render(db->native, &s->tmp, sql, n, p, count, err,
-                        sizeof(err));
+        int rc =
+            render(db->native, &s->tmp, sql, n, p, count, err, sizeof(err));
         if (rc) {
                 kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s", err);
                 return rc;
@@ -1498,8 +1498,8 @@ run_tmp(kinbox__db_t *db, int tag, int count, struct kinbox_rows_s **out)
                 return my_oom(db);
         for (int k = 0; k < count; k++)
                 tags[k] = tag;
-        int rc = roundtrip(db, s->tmp.p, s->tmp.len, tags, (size_t)count,
-                           out, false);
+        int rc = roundtrip(db, s->tmp.p, s->tmp.len, tags, (size_t)count, out,
+                           false);
         if (tags != small)
                 free(tags);
         return rc;
@@ -1659,8 +1659,7 @@ my_rollback_to(kinbox__db_t *db, const char *name)
         if (!db->native || !s)
                 return my_down_err(db);
         m_drop(s->merge);
-        if (s->sp_len && s->sp_len <= s->q.len &&
-            !strcmp(s->sp_name, name)) {
+        if (s->sp_len && s->sp_len <= s->q.len && !strcmp(s->sp_name, name)) {
                 s->q.len = s->sp_len;
                 s->q.p[s->q.len] = '\0';
                 s->ntags = s->sp_ntags;
@@ -1815,7 +1814,8 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 return KINBOX_ERR_INVALID;
         }
         for (size_t i = 0; i < n; i++)
-                if (rows[i].topic && utf8_chars(rows[i].topic) > MY_TOPIC_MAX) {
+                if (rows[i].topic &&
+                    utf8_chars(rows[i].topic) > MY_TOPIC_MAX) {
                         kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0,
                                           (int)i,
                                           "MySQL: topic name longer than "
@@ -1856,14 +1856,15 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                                rows[i].topic ? strlen(rows[i].topic) : 0,
                                false);
                 if (s->returning)
-                        kinbox__buf_printf(b, ",%ld,%lld,CURRENT_TIMESTAMP(6))",
+                        kinbox__buf_printf(b,
+                                           ",%ld,%lld,CURRENT_TIMESTAMP(6))",
                                            (long)rows[i].partition,
                                            (long long)rows[i].offset);
                 else
-                        kinbox__buf_printf(b,
-                                           ",%ld,%lld,'%s',CURRENT_TIMESTAMP(6))",
-                                           (long)rows[i].partition,
-                                           (long long)rows[i].offset, tok);
+                        kinbox__buf_printf(
+                            b, ",%ld,%lld,'%s',CURRENT_TIMESTAMP(6))",
+                            (long)rows[i].partition, (long long)rows[i].offset,
+                            tok);
         }
         int nstmts = 1;
         if (s->returning) {
@@ -1913,104 +1914,102 @@ out:
  * mysql_insert_id() after the INSERT alone.
  */
 static const struct kinbox__sql my_sql = {
-        .offsets_upsert =
-            "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
-            "next_offset, updated_at) VALUES ($1, $2, $3, $4, "
-            "CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
-            "next_offset = GREATEST(next_offset, VALUES(next_offset)), "
-            "updated_at = CURRENT_TIMESTAMP(6)",
-        .dead_letter_insert =
-            "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
-            "kafka_partition, kafka_offset, msg_key, headers, payload, error, "
-            "attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        .outbox_append =
-            "INSERT INTO kinbox_outbox (kind, destination, idem_key, "
-            "aggregate_id, payload, headers, max_attempts) VALUES ($1, $2, "
-            "$3, $4, $5, $6, $7) ON DUPLICATE KEY UPDATE id = id;\n"
-            "SELECT LAST_INSERT_ID() AS id FROM DUAL WHERE ROW_COUNT() = 1",
-        .try_lock = "SELECT GET_LOCK($1, 0)",
-        .unlock = "SELECT RELEASE_LOCK($1)",
-        .migrations_table =
-            "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
-            " component VARCHAR(200) NOT NULL, version INT NOT NULL,"
-            " name VARCHAR(200) NOT NULL,"
-            " applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
-            " PRIMARY KEY (component, version)) ENGINE = InnoDB",
-        .script_begin = "",
-        .script_commit = "",
-        /* INTERVAL in microseconds keeps sub-second ages exact. */
-        .prune_count =
-            {"SELECT count(*) FROM kinbox_inbox WHERE processed_at < "
-             "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
-             "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND "
-             "sent_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
-             " MICROSECOND"},
-        .prune_delete =
-            {"DELETE FROM kinbox_inbox WHERE processed_at < "
-             "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
-             "BY processed_at LIMIT %" PRId64,
-             "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
-             "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
-             "BY sent_at LIMIT %" PRId64},
-        .prune_age_scale = 1000,
-        .dead_letter_lock =
-            "SELECT consumer, message_id, topic, kafka_partition, "
-            "kafka_offset, msg_key, headers, payload, status FROM "
-            "kinbox_dead_letter WHERE id = $1 FOR UPDATE",
-        .inbox_insert_one =
-            "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
-            "kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4, $5)",
-        .dead_letter_replayed =
-            "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = $1",
-        .outbox_gauges =
-            "SELECT destination, SUM(status = 'pending'),"
-            " COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status ="
-            " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)) /"
-            " 1000000, 0), SUM(status = 'dead')"
-            " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
-            " GROUP BY destination",
-        .outbox_pause =
-            "INSERT INTO kinbox_outbox_paused (destination) VALUES ($1) ON "
-            "DUPLICATE KEY UPDATE destination = destination",
-        .outbox_wake = NULL,
-        .outbox_summary =
-            "SELECT destination, SUM(status = 'pending'),"
-            " COALESCE(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status ="
-            " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)), 0),"
-            " SUM(status = 'dead'),"
-            " SUM(status = 'sent' AND sent_at >= CURRENT_TIMESTAMP(6) -"
-            "  INTERVAL 1 HOUR),"
-            " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-            "  WHERE z.destination = o.destination)"
-            " FROM kinbox_outbox o GROUP BY destination ORDER BY destination",
-        .outbox_stuck =
-            "SELECT destination, count(*), min(id),"
-            " TIMESTAMPDIFF(SECOND, min(created_at), CURRENT_TIMESTAMP(6))"
-            " FROM kinbox_outbox WHERE status = 'pending' AND created_at <"
-            " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000) MICROSECOND"
-            " GROUP BY destination ORDER BY destination",
-        .dead_letter_gauges =
-            "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
-            "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "
-            "kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
+    .offsets_upsert =
+        "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
+        "next_offset, updated_at) VALUES ($1, $2, $3, $4, "
+        "CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
+        "next_offset = GREATEST(next_offset, VALUES(next_offset)), "
+        "updated_at = CURRENT_TIMESTAMP(6)",
+    .dead_letter_insert =
+        "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
+        "kafka_partition, kafka_offset, msg_key, headers, payload, error, "
+        "attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    .outbox_append =
+        "INSERT INTO kinbox_outbox (kind, destination, idem_key, "
+        "aggregate_id, payload, headers, max_attempts) VALUES ($1, $2, "
+        "$3, $4, $5, $6, $7) ON DUPLICATE KEY UPDATE id = id;\n"
+        "SELECT LAST_INSERT_ID() AS id FROM DUAL WHERE ROW_COUNT() = 1",
+    .try_lock = "SELECT GET_LOCK($1, 0)",
+    .unlock = "SELECT RELEASE_LOCK($1)",
+    .migrations_table =
+        "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
+        " component VARCHAR(200) NOT NULL, version INT NOT NULL,"
+        " name VARCHAR(200) NOT NULL,"
+        " applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
+        " PRIMARY KEY (component, version)) ENGINE = InnoDB",
+    .script_begin = "",
+    .script_commit = "",
+    /* INTERVAL in microseconds keeps sub-second ages exact. */
+    .prune_count =
+        {"SELECT count(*) FROM kinbox_inbox WHERE processed_at < "
+         "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
+         "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND "
+         "sent_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND"},
+    .prune_delete =
+        {"DELETE FROM kinbox_inbox WHERE processed_at < "
+         "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
+         "BY processed_at LIMIT %" PRId64,
+         "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
+         "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
+         "BY sent_at LIMIT %" PRId64},
+    .prune_age_scale = 1000,
+    .dead_letter_lock = "SELECT consumer, message_id, topic, kafka_partition, "
+                        "kafka_offset, msg_key, headers, payload, status FROM "
+                        "kinbox_dead_letter WHERE id = $1 FOR UPDATE",
+    .inbox_insert_one =
+        "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
+        "kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4, $5)",
+    .dead_letter_replayed =
+        "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = $1",
+    .outbox_gauges =
+        "SELECT destination, SUM(status = 'pending'),"
+        " COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status ="
+        " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)) /"
+        " 1000000, 0), SUM(status = 'dead')"
+        " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
+        " GROUP BY destination",
+    .outbox_pause =
+        "INSERT INTO kinbox_outbox_paused (destination) VALUES ($1) ON "
+        "DUPLICATE KEY UPDATE destination = destination",
+    .outbox_wake = NULL,
+    .outbox_summary =
+        "SELECT destination, SUM(status = 'pending'),"
+        " COALESCE(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status ="
+        " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)), 0),"
+        " SUM(status = 'dead'),"
+        " SUM(status = 'sent' AND sent_at >= CURRENT_TIMESTAMP(6) -"
+        "  INTERVAL 1 HOUR),"
+        " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
+        "  WHERE z.destination = o.destination)"
+        " FROM kinbox_outbox o GROUP BY destination ORDER BY destination",
+    .outbox_stuck =
+        "SELECT destination, count(*), min(id),"
+        " TIMESTAMPDIFF(SECOND, min(created_at), CURRENT_TIMESTAMP(6))"
+        " FROM kinbox_outbox WHERE status = 'pending' AND created_at <"
+        " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000) MICROSECOND"
+        " GROUP BY destination ORDER BY destination",
+    .dead_letter_gauges =
+        "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
+        "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "
+        "kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {
-        .name = "mysql",
-        .backend = KINBOX_BACKEND_MYSQL,
-        .connect = my_connect,
-        .disconnect = my_disconnect,
-        .begin = my_begin,
-        .exec = my_exec,
-        .query = my_query,
-        .flush = my_flush,
-        .commit = my_commit,
-        .rollback = my_rollback,
-        .savepoint = my_savepoint,
-        .rollback_to = my_rollback_to,
-        .native = my_native,
-        .script = my_script,
-        .inbox_insert = my_inbox_insert,
-        .sql = &my_sql,
-        .outbox = &kinbox__mysql_outbox_ops,
+    .name = "mysql",
+    .backend = KINBOX_BACKEND_MYSQL,
+    .connect = my_connect,
+    .disconnect = my_disconnect,
+    .begin = my_begin,
+    .exec = my_exec,
+    .query = my_query,
+    .flush = my_flush,
+    .commit = my_commit,
+    .rollback = my_rollback,
+    .savepoint = my_savepoint,
+    .rollback_to = my_rollback_to,
+    .native = my_native,
+    .script = my_script,
+    .inbox_insert = my_inbox_insert,
+    .sql = &my_sql,
+    .outbox = &kinbox__mysql_outbox_ops,
 };

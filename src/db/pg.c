@@ -84,10 +84,10 @@ permanent(const char *state)
 {
         if (!state)
                 return false;
-        return !strncmp(state, "22", 2) ||  /* data exception */
-               !strcmp(state, "23502") ||   /* not_null_violation */
-               !strcmp(state, "23514") ||   /* check_violation */
-               !strcmp(state, "23P01");     /* exclusion_violation */
+        return !strncmp(state, "22", 2) || /* data exception */
+               !strcmp(state, "23502") || /* not_null_violation */
+               !strcmp(state, "23514") || /* check_violation */
+               !strcmp(state, "23P01"); /* exclusion_violation */
 }
 
 static int
@@ -190,7 +190,8 @@ pg_connect(kinbox__db_t *db)
         if (!pg->conn || PQstatus(pg->conn) != CONNECTION_OK) {
                 char m[400];
                 snprintf(m, sizeof(m), "%s",
-                         pg->conn ? PQerrorMessage(pg->conn) : "out of memory");
+                         pg->conn ? PQerrorMessage(pg->conn)
+                                  : "out of memory");
                 if (pg->conn)
                         PQfinish(pg->conn);
                 pg->conn = NULL;
@@ -301,7 +302,8 @@ drain(kinbox__db_t *db)
         return rc;
 lost:
         if (rc == KINBOX_OK || rc == KINBOX_ERR_DB_CONN) {
-                if (commit_sent || (pg->qlen && pg->q[pg->qhead].kind == K_COMMIT))
+                if (commit_sent ||
+                    (pg->qlen && pg->q[pg->qhead].kind == K_COMMIT))
                         kinbox__db_seterr(db, KINBOX_ERR_COMMIT_UNKNOWN,
                                           "08006", 0, -1,
                                           "PostgreSQL connection lost during "
@@ -331,8 +333,8 @@ send_plain(kinbox__db_t *db, const char *sql, enum pkind kind)
 static int
 pg_begin(kinbox__db_t *db)
 {
-        int rc = send_plain(db, "BEGIN ISOLATION LEVEL READ COMMITTED",
-                            K_INTERNAL);
+        int rc =
+            send_plain(db, "BEGIN ISOLATION LEVEL READ COMMITTED", K_INTERNAL);
         if (!rc)
                 db->in_tx = true;
         return rc;
@@ -421,9 +423,8 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 lens[i] = p[i].binary ? (int)p[i].len : 0;
                 fmts[i] = p[i].binary ? 1 : 0;
         }
-        int sent = si >= 0 ? PQsendQueryPrepared(pg->conn,
-                                                 pg->stmts[si].name, n, vals,
-                                                 lens, fmts, 0)
+        int sent = si >= 0 ? PQsendQueryPrepared(pg->conn, pg->stmts[si].name,
+                                                 n, vals, lens, fmts, 0)
                            : PQsendQueryParams(pg->conn, sql, n, NULL, vals,
                                                lens, fmts, 0);
         if (!sent) {

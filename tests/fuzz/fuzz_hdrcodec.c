@@ -22,8 +22,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!v)
                 abort();
         for (size_t i = 0; i < h.n; i++)
-                v[i] = (kinbox_header_t){h.v[i].name, h.v[i].value,
-                                         h.v[i].size};
+                v[i] =
+                    (kinbox_header_t){h.v[i].name, h.v[i].value, h.v[i].size};
         char *s = kinbox__hdrcodec_encode(v, h.n, e, sizeof(e));
         if (!s)
                 abort();

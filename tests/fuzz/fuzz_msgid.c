@@ -33,8 +33,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const uint8_t *hv = part(&p, end, &hn);
         const uint8_t *pl = part(&p, end, &pn);
         char spec[300];
-        static const char *const kinds[] = {"header:", "key", "json:",
-                                            "coords"};
+        static const char *const kinds[] = {"header:", "key",
+                                            "json:", "coords"};
         const char *kind = kinds[data[0] % 4];
         size_t al = an < 200 ? an : 200;
         memcpy(spec, kind, strlen(kind) + 1);

@@ -9,8 +9,9 @@ handle(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
 {
         (void)opaque;
         const char *v[1] = {kinbox_msg_id(msg)};
-        if (kinbox_tx_exec(tx, "INSERT INTO ktgood_seen (message_id) VALUES "
-                               "($1)",
+        if (kinbox_tx_exec(tx,
+                           "INSERT INTO ktgood_seen (message_id) VALUES "
+                           "($1)",
                            1, v))
                 return KINBOX_RESULT_RETRY;
         return KINBOX_RESULT_OK;

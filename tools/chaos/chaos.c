@@ -66,8 +66,9 @@ parse_long(const char *opt, const char *v, long min, long max, long *out)
         errno = 0;
         long x = strtol(v, &end, 10);
         if (errno || end == v || *end || x < min || x > max) {
-                fprintf(stderr, "kinbox-chaos: %s: expected an integer in "
-                                "%ld..%ld, got \"%s\"\n",
+                fprintf(stderr,
+                        "kinbox-chaos: %s: expected an integer in "
+                        "%ld..%ld, got \"%s\"\n",
                         opt, min, max, v);
                 return -1;
         }
@@ -122,7 +123,8 @@ wexec(wconn_t *c, const char *sql, char *err, size_t errsz)
 {
         if (c->my) {
                 if (mysql_query(c->my, sql)) {
-                        snprintf(err, errsz, "%s: %s", sql, mysql_error(c->my));
+                        snprintf(err, errsz, "%s: %s", sql,
+                                 mysql_error(c->my));
                         return -1;
                 }
                 return 0;
@@ -156,10 +158,10 @@ write_tx(wconn_t *c, const char *topic, int k, const long *agg,
                     .payload_size = strlen(payload),
                 };
                 kinbox_err_t rc =
-                    c->my ? kinbox_outbox_append_mysql(c->my, &m, NULL, err,
-                                                       errsz)
-                          : kinbox_outbox_append_pg(c->pg, &m, NULL, err,
-                                                    errsz);
+                    c->my
+                        ? kinbox_outbox_append_mysql(c->my, &m, NULL, err,
+                                                     errsz)
+                        : kinbox_outbox_append_pg(c->pg, &m, NULL, err, errsz);
                 if (rc == KINBOX_ERR_DUPLICATE) {
                         (*dups)++;
                         continue;
@@ -176,26 +178,38 @@ cmd_writer(int argc, char **argv)
         const char *url = NULL, *topic = NULL, *out = NULL;
         long naggs = 50, per_tx = 3, pause_ms = 20, seed = 1;
         for (int i = 0; i < argc; i += 2) {
-                const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                const char *o = argv[i],
+                           *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (!v) {
-                        fprintf(stderr, "kinbox-chaos writer: %s needs a "
-                                        "value\n", o);
+                        fprintf(stderr,
+                                "kinbox-chaos writer: %s needs a "
+                                "value\n",
+                                o);
                         return 2;
                 }
-                if (!strcmp(o, "--url")) url = v;
-                else if (!strcmp(o, "--topic")) topic = v;
-                else if (!strcmp(o, "--out")) out = v;
+                if (!strcmp(o, "--url"))
+                        url = v;
+                else if (!strcmp(o, "--topic"))
+                        topic = v;
+                else if (!strcmp(o, "--out"))
+                        out = v;
                 else if (!strcmp(o, "--aggregates")) {
-                        if (parse_long(o, v, 1, MAX_AGG, &naggs)) return 2;
+                        if (parse_long(o, v, 1, MAX_AGG, &naggs))
+                                return 2;
                 } else if (!strcmp(o, "--rows-per-tx")) {
-                        if (parse_long(o, v, 1, 1000, &per_tx)) return 2;
+                        if (parse_long(o, v, 1, 1000, &per_tx))
+                                return 2;
                 } else if (!strcmp(o, "--pause-ms")) {
-                        if (parse_long(o, v, 0, 60000, &pause_ms)) return 2;
+                        if (parse_long(o, v, 0, 60000, &pause_ms))
+                                return 2;
                 } else if (!strcmp(o, "--seed")) {
-                        if (parse_long(o, v, 0, 0x7fffffff, &seed)) return 2;
+                        if (parse_long(o, v, 0, 0x7fffffff, &seed))
+                                return 2;
                 } else {
-                        fprintf(stderr, "kinbox-chaos writer: unknown "
-                                        "option %s\n", o);
+                        fprintf(stderr,
+                                "kinbox-chaos writer: unknown "
+                                "option %s\n",
+                                o);
                         return 2;
                 }
         }
@@ -311,8 +325,10 @@ read_expect(const char *expect, aggst_t *st, long *rows, long *naggs)
         *rows = *naggs = 0;
         while (fscanf(fp, " a%ld %ld", &a, &n) == 2) {
                 if (a < 0 || a >= MAX_AGG || n < 0) {
-                        fprintf(stderr, "kinbox-chaos topic-audit: %s: bad "
-                                        "line a%ld %ld\n", expect, a, n);
+                        fprintf(stderr,
+                                "kinbox-chaos topic-audit: %s: bad "
+                                "line a%ld %ld\n",
+                                expect, a, n);
                         fclose(fp);
                         return 2;
                 }
@@ -360,9 +376,10 @@ topic_partitions(rd_kafka_t *rk, const char *topic,
         rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
         rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
         if (e || md->topic_cnt != 1 || md->topics[0].err) {
-                fprintf(stderr, "kinbox-chaos topic-audit: metadata for %s: "
-                                "%s\n", topic,
-                        rd_kafka_err2str(e ? e : md->topics[0].err));
+                fprintf(stderr,
+                        "kinbox-chaos topic-audit: metadata for %s: "
+                        "%s\n",
+                        topic, rd_kafka_err2str(e ? e : md->topics[0].err));
                 return -1;
         }
         int parts = md->topics[0].partition_cnt, failures = 0;
@@ -376,8 +393,9 @@ topic_partitions(rd_kafka_t *rk, const char *topic,
                 e = rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi,
                                                      10000);
                 if (e) {
-                        fprintf(stderr, "kinbox-chaos topic-audit: "
-                                        "watermarks %s [%d]: %s\n",
+                        fprintf(stderr,
+                                "kinbox-chaos topic-audit: "
+                                "watermarks %s [%d]: %s\n",
                                 topic, p, rd_kafka_err2str(e));
                         return -1;
                 }
@@ -457,8 +475,7 @@ check_message(const rd_kafka_message_t *m, const char *topic, aggst_t *st,
 
 /* Read the assigned partitions to their ends; 1 when they went quiet. */
 static int
-read_all(rd_kafka_t *rk, int live, const char *topic, aggst_t *st,
-         audit_t *au)
+read_all(rd_kafka_t *rk, int live, const char *topic, aggst_t *st, audit_t *au)
 {
         int eof = 0, idle = 0;
         while (eof < live) {
@@ -489,18 +506,26 @@ cmd_topic_audit(int argc, char **argv)
 {
         const char *bootstrap = NULL, *topic = NULL, *expect = NULL;
         for (int i = 0; i < argc; i += 2) {
-                const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                const char *o = argv[i],
+                           *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (!v) {
-                        fprintf(stderr, "kinbox-chaos topic-audit: %s needs "
-                                        "a value\n", o);
+                        fprintf(stderr,
+                                "kinbox-chaos topic-audit: %s needs "
+                                "a value\n",
+                                o);
                         return 2;
                 }
-                if (!strcmp(o, "--bootstrap")) bootstrap = v;
-                else if (!strcmp(o, "--topic")) topic = v;
-                else if (!strcmp(o, "--expect")) expect = v;
+                if (!strcmp(o, "--bootstrap"))
+                        bootstrap = v;
+                else if (!strcmp(o, "--topic"))
+                        topic = v;
+                else if (!strcmp(o, "--expect"))
+                        expect = v;
                 else {
-                        fprintf(stderr, "kinbox-chaos topic-audit: unknown "
-                                        "option %s\n", o);
+                        fprintf(stderr,
+                                "kinbox-chaos topic-audit: unknown "
+                                "option %s\n",
+                                o);
                         return 2;
                 }
         }
@@ -565,11 +590,12 @@ main(int argc, char **argv)
                 return cmd_writer(argc - 2, argv + 2);
         if (argc >= 2 && !strcmp(argv[1], "topic-audit"))
                 return cmd_topic_audit(argc - 2, argv + 2);
-        fprintf(stderr,
-                "usage: kinbox-chaos writer --url URL --topic TOPIC --out FILE "
-                "[--aggregates N] [--rows-per-tx K] [--pause-ms MS] "
-                "[--seed S]\n"
-                "       kinbox-chaos topic-audit --bootstrap B --topic TOPIC "
-                "--expect FILE\n");
+        fprintf(
+            stderr,
+            "usage: kinbox-chaos writer --url URL --topic TOPIC --out FILE "
+            "[--aggregates N] [--rows-per-tx K] [--pause-ms MS] "
+            "[--seed S]\n"
+            "       kinbox-chaos topic-audit --bootstrap B --topic TOPIC "
+            "--expect FILE\n");
         return 2;
 }

@@ -70,6 +70,48 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
                 delivery_errors++;
 }
 
+/* An idempotent producer for bootstrap, or NULL (reason on stderr). */
+static rd_kafka_t *
+producer_new(const char *bootstrap)
+{
+        char err[256];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "enable.idempotence", "true", err,
+                              sizeof(err)) ||
+            rd_kafka_conf_set(conf, "linger.ms", "10", err, sizeof(err))) {
+                fprintf(stderr, "%s\n", err);
+                rd_kafka_conf_destroy(conf);
+                return NULL;
+        }
+        rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
+        rd_kafka_t *rk =
+            rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+        if (!rk) {
+                fprintf(stderr, "%s\n", err);
+                return NULL;
+        }
+        return rk;
+}
+
+/* "user_id points" per user with a balance, for the audit. */
+static int
+write_expected(const char *expected, const long long *bal, long users)
+{
+
+        FILE *fp = fopen(expected, "w");
+        if (!fp) {
+                perror(expected);
+                return 1;
+        }
+        for (long u = 1; u <= users; u++)
+                if (bal[u])
+                        fprintf(fp, "%ld %lld\n", u, bal[u]);
+        fclose(fp);
+        return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -79,17 +121,39 @@ main(int argc, char **argv)
         int ch, same_key = 0;
         while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kz:p:h")) != -1) {
                 switch (ch) {
-                case 'b': bootstrap = optarg; break;
-                case 't': topic = optarg; break;
-                case 'n': n = strtol(optarg, NULL, 10); break;
-                case 'd': dup = strtol(optarg, NULL, 10); break;
-                case 'u': users = strtol(optarg, NULL, 10); break;
-                case 's': start = strtol(optarg, NULL, 10); break;
-                case 'e': expected = optarg; break;
-                case 'B': bad = strtol(optarg, NULL, 10); break;
-                case 'K': same_key = 1; break;
-                case 'z': biz = strtol(optarg, NULL, 10); break;
-                case 'p': poison = strtol(optarg, NULL, 10); break;
+                case 'b':
+                        bootstrap = optarg;
+                        break;
+                case 't':
+                        topic = optarg;
+                        break;
+                case 'n':
+                        n = strtol(optarg, NULL, 10);
+                        break;
+                case 'd':
+                        dup = strtol(optarg, NULL, 10);
+                        break;
+                case 'u':
+                        users = strtol(optarg, NULL, 10);
+                        break;
+                case 's':
+                        start = strtol(optarg, NULL, 10);
+                        break;
+                case 'e':
+                        expected = optarg;
+                        break;
+                case 'B':
+                        bad = strtol(optarg, NULL, 10);
+                        break;
+                case 'K':
+                        same_key = 1;
+                        break;
+                case 'z':
+                        biz = strtol(optarg, NULL, 10);
+                        break;
+                case 'p':
+                        poison = strtol(optarg, NULL, 10);
+                        break;
                 default:
                         fprintf(stderr,
                                 "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT "
@@ -105,23 +169,9 @@ main(int argc, char **argv)
                         argv[0]);
                 return 2;
         }
-        char err[256];
-        rd_kafka_conf_t *conf = rd_kafka_conf_new();
-        if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err,
-                              sizeof(err)) ||
-            rd_kafka_conf_set(conf, "enable.idempotence", "true", err,
-                              sizeof(err)) ||
-            rd_kafka_conf_set(conf, "linger.ms", "10", err, sizeof(err))) {
-                fprintf(stderr, "%s\n", err);
-                return 2;
-        }
-        rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
-        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err,
-                                      sizeof(err));
-        if (!rk) {
-                fprintf(stderr, "%s\n", err);
+        rd_kafka_t *rk = producer_new(bootstrap);
+        if (!rk)
                 return 1;
-        }
         long long *bal = calloc((size_t)users + 1, sizeof(*bal));
         char key[32], id[32], payload[200];
         long dups = 0, bizdups = 0, poisons = 0;
@@ -179,17 +229,8 @@ main(int argc, char **argv)
                 return 1;
         }
         rd_kafka_destroy(rk);
-        if (expected) {
-                FILE *fp = fopen(expected, "w");
-                if (!fp) {
-                        perror(expected);
-                        return 1;
-                }
-                for (long u = 1; u <= users; u++)
-                        if (bal[u])
-                                fprintf(fp, "%ld %lld\n", u, bal[u]);
-                fclose(fp);
-        }
+        if (expected && write_expected(expected, bal, users))
+                return 1;
         free(bal);
         printf("produced %ld events, %ld re-sent duplicates, %ld business "
                "duplicates, %ld poison, %ld malformed to %s\n",
