@@ -41,15 +41,17 @@
 
 /* HEADS_SCAN over the first window due pending rows only. */
 #define WINDOW_SCAN                                                            \
-        "SELECT o.id FROM (SELECT w.id, w.aggregate_id, w.destination"         \
+        "SELECT o.id FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY"        \
+        " v.aggregate_id ORDER BY v.id) AS rn FROM (SELECT w.id,"              \
+        " w.aggregate_id, w.destination"                                       \
         " FROM kinbox_outbox w FORCE INDEX (kinbox_outbox_pending)"            \
         " WHERE w.status = 'pending'"                                          \
         " AND w.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
-        " ORDER BY w.id LIMIT %" PRId64 ") o"                                  \
-        " WHERE (o.aggregate_id IS NULL OR NOT EXISTS ("                       \
+        " ORDER BY w.id LIMIT %" PRId64 ") v) o"                               \
+        " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("         \
         "  SELECT 1 FROM kinbox_outbox p"                                      \
         "  WHERE p.aggregate_id = o.aggregate_id"                              \
-        "  AND p.status = 'pending' AND p.id < o.id))"                         \
+        "  AND p.status = 'pending' AND p.id < o.id)))"                        \
         " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
         "  WHERE z.destination = o.destination)"                               \
         " ORDER BY o.id LIMIT %" PRId64
