@@ -69,14 +69,24 @@ cmd_wait(int argc, char **argv)
         int interval = 10;
         for (int i = 0; i + 1 < argc; i += 2) {
                 const char *a = argv[i], *v = argv[i + 1];
-                if (!strcmp(a, "--pg")) pgurl = v;
-                else if (!strcmp(a, "--mysql")) myurl = v;
-                else if (!strcmp(a, "--mode")) mode = v;
-                else if (!strcmp(a, "--consumer")) consumer = v;
-                else if (!strcmp(a, "--want")) want = atoll(v);
-                else if (!strcmp(a, "--timeout")) timeout = atof(v);
-                else if (!strcmp(a, "--interval-ms")) interval = atoi(v);
-                else { fprintf(stderr, "kbtool wait: unknown %s\n", a); return 2; }
+                if (!strcmp(a, "--pg"))
+                        pgurl = v;
+                else if (!strcmp(a, "--mysql"))
+                        myurl = v;
+                else if (!strcmp(a, "--mode"))
+                        mode = v;
+                else if (!strcmp(a, "--consumer"))
+                        consumer = v;
+                else if (!strcmp(a, "--want"))
+                        want = atoll(v);
+                else if (!strcmp(a, "--timeout"))
+                        timeout = atof(v);
+                else if (!strcmp(a, "--interval-ms"))
+                        interval = atoi(v);
+                else {
+                        fprintf(stderr, "kbtool wait: unknown %s\n", a);
+                        return 2;
+                }
         }
         if ((!pgurl == !myurl) || !consumer || want < 0)
                 return 2;
@@ -133,8 +143,9 @@ cmd_wait(int argc, char **argv)
                 }
                 if (t - t0 > timeout) {
                         printf("%.6f %lld %.6f %lld\n", tf, nf, t, n);
-                        fprintf(stderr, "kbtool wait: timeout at %lld of %lld\n",
-                                n, want);
+                        fprintf(stderr,
+                                "kbtool wait: timeout at %lld of %lld\n", n,
+                                want);
                         return 1;
                 }
                 usleep((useconds_t)interval * 1000);
@@ -171,9 +182,12 @@ cmd_offsets(int argc, char **argv)
 {
         const char *b = NULL, *t = NULL, *g = NULL;
         for (int i = 0; i + 1 < argc; i += 2) {
-                if (!strcmp(argv[i], "-b")) b = argv[i + 1];
-                else if (!strcmp(argv[i], "-t")) t = argv[i + 1];
-                else if (!strcmp(argv[i], "-g")) g = argv[i + 1];
+                if (!strcmp(argv[i], "-b"))
+                        b = argv[i + 1];
+                else if (!strcmp(argv[i], "-t"))
+                        t = argv[i + 1];
+                else if (!strcmp(argv[i], "-g"))
+                        g = argv[i + 1];
         }
         if (!b || !t || !g)
                 return 2;
@@ -246,9 +260,12 @@ cmd_order(int argc, char **argv)
         const char *b = NULL, *t = NULL;
         long long want = 0;
         for (int i = 0; i + 1 < argc; i += 2) {
-                if (!strcmp(argv[i], "-b")) b = argv[i + 1];
-                else if (!strcmp(argv[i], "-t")) t = argv[i + 1];
-                else if (!strcmp(argv[i], "-n")) want = atoll(argv[i + 1]);
+                if (!strcmp(argv[i], "-b"))
+                        b = argv[i + 1];
+                else if (!strcmp(argv[i], "-t"))
+                        t = argv[i + 1];
+                else if (!strcmp(argv[i], "-n"))
+                        want = atoll(argv[i + 1]);
         }
         if (!b || !t)
                 return 2;
@@ -295,8 +312,8 @@ cmd_order(int argc, char **argv)
                 const char *o = strstr(val, "o-");
                 long long seq = o ? atoll(o + 2) : -1;
                 keyseq_t probe = {key, 0};
-                keyseq_t *k = nk ? bsearch(&probe, ks, nk, sizeof(*ks), cmp_ks)
-                                 : NULL;
+                keyseq_t *k =
+                    nk ? bsearch(&probe, ks, nk, sizeof(*ks), cmp_ks) : NULL;
                 if (!k) {
                         if (nk == cap)
                                 ks = realloc(ks, (cap *= 2) * sizeof(*ks));
@@ -335,10 +352,14 @@ cmd_produce(int argc, char **argv)
         const char *b = NULL, *t = NULL;
         long n = 0, aggs = 10000;
         for (int i = 0; i + 1 < argc; i += 2) {
-                if (!strcmp(argv[i], "-b")) b = argv[i + 1];
-                else if (!strcmp(argv[i], "-t")) t = argv[i + 1];
-                else if (!strcmp(argv[i], "-n")) n = atol(argv[i + 1]);
-                else if (!strcmp(argv[i], "-a")) aggs = atol(argv[i + 1]);
+                if (!strcmp(argv[i], "-b"))
+                        b = argv[i + 1];
+                else if (!strcmp(argv[i], "-t"))
+                        t = argv[i + 1];
+                else if (!strcmp(argv[i], "-n"))
+                        n = atol(argv[i + 1]);
+                else if (!strcmp(argv[i], "-a"))
+                        aggs = atol(argv[i + 1]);
         }
         if (!b || !t || n <= 0)
                 return 2;

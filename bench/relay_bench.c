@@ -52,7 +52,7 @@ now_mono(void)
 }
 
 static const char *url, *bootstrap, *topic = "relay.bench", *notify = "true",
-                  *poll_ms = NULL, *batch = NULL;
+                                    *poll_ms = NULL, *batch = NULL;
 static int nrelays = 1, rate = 200;
 static long n;
 
@@ -72,15 +72,16 @@ mk_relay(int idx)
         char err[512], name[32];
         kinbox_conf_t *c = kinbox_conf_new();
         snprintf(name, sizeof(name), "bench-relay-%d", idx);
-        const char *kv[][2] = {{"name", name},
-                               {"database.url", url},
-                               {"kafka.bootstrap.servers", bootstrap},
-                               {"relay.notify", notify},
-                               {"log.level", getenv("RB_LOG") ? getenv("RB_LOG") : "warning"},
-                               {"relay.poll.ms", poll_ms},
-                               {"relay.batch.size", batch},
-                               {"kafka.linger.ms", getenv("RB_LINGER")},
-                               {"kafka.socket.nagle.disable", getenv("RB_NAGLE")}};
+        const char *kv[][2] = {
+            {"name", name},
+            {"database.url", url},
+            {"kafka.bootstrap.servers", bootstrap},
+            {"relay.notify", notify},
+            {"log.level", getenv("RB_LOG") ? getenv("RB_LOG") : "warning"},
+            {"relay.poll.ms", poll_ms},
+            {"relay.batch.size", batch},
+            {"kafka.linger.ms", getenv("RB_LINGER")},
+            {"kafka.socket.nagle.disable", getenv("RB_NAGLE")}};
         for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
                 if (kv[i][1] &&
                     kinbox_conf_set(c, kv[i][0], kv[i][1], err, sizeof(err))) {
@@ -145,7 +146,6 @@ cmpd(const void *a, const void *b)
         double x = *(const double *)a, y = *(const double *)b;
         return x < y ? -1 : x > y;
 }
-
 
 static int
 latency(void)
@@ -302,9 +302,9 @@ drain(void)
                         MYSQL_RES *res = mysql_store_result(my);
                         MYSQL_ROW row;
                         while ((row = mysql_fetch_row(res)))
-                                k += snprintf(q + k, sizeof(q) - (size_t)k,
-                                              "%s%s", got++ ? "," : "",
-                                              row[0]);
+                                k +=
+                                    snprintf(q + k, sizeof(q) - (size_t)k,
+                                             "%s%s", got++ ? "," : "", row[0]);
                         mysql_free_result(res);
                         snprintf(q + k, sizeof(q) - (size_t)k, ")");
                         if (got && mysql_query(my, q)) {
@@ -334,16 +334,28 @@ main(int argc, char **argv)
                 return 2;
         for (int i = 2; i + 1 < argc; i += 2) {
                 const char *a = argv[i], *v = argv[i + 1];
-                if (!strcmp(a, "--url")) url = v;
-                else if (!strcmp(a, "-b")) bootstrap = v;
-                else if (!strcmp(a, "-t")) topic = v;
-                else if (!strcmp(a, "-n")) n = atol(v);
-                else if (!strcmp(a, "--relays")) nrelays = atoi(v);
-                else if (!strcmp(a, "--rate")) rate = atoi(v);
-                else if (!strcmp(a, "--notify")) notify = v;
-                else if (!strcmp(a, "--poll-ms")) poll_ms = v;
-                else if (!strcmp(a, "--batch")) batch = v;
-                else { fprintf(stderr, "relay_bench: unknown %s\n", a); return 2; }
+                if (!strcmp(a, "--url"))
+                        url = v;
+                else if (!strcmp(a, "-b"))
+                        bootstrap = v;
+                else if (!strcmp(a, "-t"))
+                        topic = v;
+                else if (!strcmp(a, "-n"))
+                        n = atol(v);
+                else if (!strcmp(a, "--relays"))
+                        nrelays = atoi(v);
+                else if (!strcmp(a, "--rate"))
+                        rate = atoi(v);
+                else if (!strcmp(a, "--notify"))
+                        notify = v;
+                else if (!strcmp(a, "--poll-ms"))
+                        poll_ms = v;
+                else if (!strcmp(a, "--batch"))
+                        batch = v;
+                else {
+                        fprintf(stderr, "relay_bench: unknown %s\n", a);
+                        return 2;
+                }
         }
         if (url && !strcmp(argv[1], "drain"))
                 return drain();

@@ -151,8 +151,8 @@ find_existing(kinbox__db_t *db, const kinbox_outbox_msg_t *m, int tag,
 {
         kinbox__param_t p[2] = {{m->destination, 0, 0}, {m->idem_key, 0, 0}};
         struct kinbox_rows_s *rows = NULL;
-        int rc = db->ops->query(db, KINBOX__OUTBOX_FIND_ID_SQL, 2, p, tag,
-                                &rows);
+        int rc =
+            db->ops->query(db, KINBOX__OUTBOX_FIND_ID_SQL, 2, p, tag, &rows);
         if (rc)
                 return (kinbox_err_t)rc;
         *idp = rows && rows->nrows ? parse_i64(rows->values[0]) : 0;
@@ -181,8 +181,8 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
         if (!idp) {
                 /* Pipelined: ON CONFLICT / ON DUPLICATE KEY make a duplicate
                  * a no-op, so nothing needs to be read back. */
-                rc = (kinbox_err_t)db->ops->exec(db, OB(db)->append, 7, p,
-                                                 tag);
+                rc =
+                    (kinbox_err_t)db->ops->exec(db, OB(db)->append, 7, p, tag);
         } else {
                 rc = (kinbox_err_t)OB(db)->append_id(db, p, tag, &id);
         }
@@ -326,7 +326,8 @@ kinbox_outbox_requeue(kinbox_outbox_admin_t *adm, int64_t id)
         kinbox_err_t rc = admin_update(adm, OB(adm->db)->requeue_id, 1, p, &n);
         if (!rc && n == 0) {
                 snprintf(adm->errstr, sizeof(adm->errstr),
-                         "no dead or canceled outbox row with id %" PRId64, id);
+                         "no dead or canceled outbox row with id %" PRId64,
+                         id);
                 return KINBOX_ERR_NOT_FOUND;
         }
         return rc;

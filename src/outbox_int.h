@@ -15,12 +15,13 @@
 #include "db.h"
 #include "internal.h"
 
-#define KINBOX__OUTBOX_COLS                                                    \
-        "kind, destination, idem_key, aggregate_id, payload, headers, "        \
+#define KINBOX__OUTBOX_COLS                                                   \
+        "kind, destination, idem_key, aggregate_id, payload, headers, "       \
         "max_attempts"
 
-#define KINBOX__OUTBOX_FIND_ID_SQL                                             \
-        "SELECT id FROM kinbox_outbox WHERE destination = $1 AND idem_key = $2"
+#define KINBOX__OUTBOX_FIND_ID_SQL                                            \
+        "SELECT id FROM kinbox_outbox WHERE destination = $1 AND idem_key = " \
+        "$2"
 
 /* A validated message, ready to bind. */
 typedef struct kinbox__outbox_prepared {

@@ -50,13 +50,13 @@
 #include "metrics.h"
 #include "outbox_int.h"
 
-#define ERR_MAX 500       /* last_error bytes kept */
-#define MARGIN_MS 1000    /* lease time kept for marking */
+#define ERR_MAX 500 /* last_error bytes kept */
+#define MARGIN_MS 1000 /* lease time kept for marking */
 #define MSGID_HEADER "message_id"
-#define PIPE_MAX 4        /* batches in flight at most */
-#define BATCH_MIN 16      /* smallest claim */
-#define POLL_MIN_MS 1     /* polling: interval while rows keep coming */
-#define HOT_MS 200        /* polling: close interval after a local append */
+#define PIPE_MAX 4 /* batches in flight at most */
+#define BATCH_MIN 16 /* smallest claim */
+#define POLL_MIN_MS 1 /* polling: interval while rows keep coming */
+#define HOT_MS 200 /* polling: close interval after a local append */
 
 /* ---------------------------------------------------------------- types */
 
@@ -98,7 +98,7 @@ typedef struct item {
         size_t payload_size;
         int attempts, max_attempts;
         bool produced, dr_done;
-        bool held;      /* released behind an earlier row of its run */
+        bool held; /* released behind an earlier row of its run */
         bool reclaimed; /* another relay's lease had expired */
         int64_t age_ms; /* since created_at, at claim time */
         rd_kafka_resp_err_t dr_err;
@@ -120,12 +120,12 @@ struct kinbox_relay_s {
         kinbox__log_t log;
         char *owner;
         int64_t batch, lease_ms, poll_ms, base_ms, cap_ms, action_ms;
-        int64_t run_max;   /* rows of one aggregate per claim */
+        int64_t run_max; /* rows of one aggregate per claim */
         int64_t cur_batch; /* claim size now, follows the backlog */
-        int depth;         /* batches in flight at most */
+        int depth; /* batches in flight at most */
         batch_t pipe[PIPE_MAX];
         int inflight;
-        int64_t idle_ms;   /* polling: the current interval */
+        int64_t idle_ms; /* polling: the current interval */
         int64_t hot_until; /* polling: close intervals until then */
         atomic_bool sleeping;
         int64_t msg_timeout_ms;
@@ -155,15 +155,15 @@ struct kinbox_relay_s {
 
 /* ---------------------------------------------------------------- utils */
 
-#define STAT_ADD(r, field, n)                                                  \
-        do {                                                                   \
-                pthread_mutex_lock(&(r)->lock);                                \
-                (r)->stats.field += (n);                                       \
-                pthread_mutex_unlock(&(r)->lock);                              \
+#define STAT_ADD(r, field, n)                                                 \
+        do {                                                                  \
+                pthread_mutex_lock(&(r)->lock);                               \
+                (r)->stats.field += (n);                                      \
+                pthread_mutex_unlock(&(r)->lock);                             \
         } while (0)
 
-static void
-rlog(kinbox_relay_t *r, int level, const char *fmt, ...) KINBOX_PRINTF(3, 4);
+static void rlog(kinbox_relay_t *r, int level, const char *fmt, ...)
+    KINBOX_PRINTF(3, 4);
 
 static void
 rlog(kinbox_relay_t *r, int level, const char *fmt, ...)
@@ -269,8 +269,7 @@ kafka_set_one(const char *k, const char *v, void *arg)
         char e[256];
         if (ks->failed)
                 return;
-        if (rd_kafka_conf_set(ks->c, k, v, e, sizeof(e)) !=
-            RD_KAFKA_CONF_OK) {
+        if (rd_kafka_conf_set(ks->c, k, v, e, sizeof(e)) != RD_KAFKA_CONF_OK) {
                 kinbox__errstr(ks->errstr, ks->errstr_size, "kafka.%s: %s", k,
                                e);
                 ks->failed = true;
@@ -301,8 +300,9 @@ build_headers(const item_t *it, char *err, size_t errsz)
 {
         hdrs_t h;
         if (headers_parse(it->headers_json, &h)) {
-                snprintf(err, errsz, "outbox row %" PRId64
-                         ": malformed headers column", it->id);
+                snprintf(err, errsz,
+                         "outbox row %" PRId64 ": malformed headers column",
+                         it->id);
                 return NULL;
         }
         rd_kafka_headers_t *kh = rd_kafka_headers_new(h.n + 1);
@@ -512,8 +512,8 @@ run_action(kinbox_relay_t *r, item_t *it)
 
         if (!done) {
                 char e[128];
-                snprintf(e, sizeof(e),
-                         "action timed out after %" PRId64 " ms", r->action_ms);
+                snprintf(e, sizeof(e), "action timed out after %" PRId64 " ms",
+                         r->action_ms);
                 set_err(it->err, e);
                 it->out = OUT_RETRY;
                 rlog(r, KINBOX_LOG_WARNING,
@@ -917,8 +917,7 @@ batch_metrics(kinbox_relay_t *r, const batch_t *b, const tally_t *t,
                 if (marked && b->v[i].out == OUT_SENT)
                         kinbox__m_observe(
                             "kinbox_relay_commit_to_publish_seconds", l,
-                            (double)(b->v[i].age_ms + (now - b->t0)) /
-                                1000.0);
+                            (double)(b->v[i].age_ms + (now - b->t0)) / 1000.0);
         }
         kinbox__m_add("kinbox_relay_lease_reclaims_total", l,
                       (double)reclaims);
@@ -980,9 +979,10 @@ batch_expire(kinbox_relay_t *r, batch_t *b)
                         if (k)
                                 rlog(r, KINBOX_LOG_WARNING,
                                      "waiting for delivery reports");
-                        rd_kafka_purge(r->rk, RD_KAFKA_PURGE_F_QUEUE |
-                                                  RD_KAFKA_PURGE_F_INFLIGHT |
-                                                  RD_KAFKA_PURGE_F_NON_BLOCKING);
+                        rd_kafka_purge(r->rk,
+                                       RD_KAFKA_PURGE_F_QUEUE |
+                                           RD_KAFKA_PURGE_F_INFLIGHT |
+                                           RD_KAFKA_PURGE_F_NON_BLOCKING);
                 }
                 rd_kafka_flush(r->rk, 100);
         }
@@ -1113,6 +1113,20 @@ listen_close(kinbox_relay_t *r)
         }
 }
 
+/* libpq's notices on the LISTEN connection ("terminating connection due
+ * to immediate shutdown", ...) go through the relay's logger, never raw
+ * to stderr. */
+static void
+listen_notice(void *arg, const char *message)
+{
+        kinbox_relay_t *r = arg;
+        size_t n = strlen(message);
+        while (n && (message[n - 1] == '\n' || message[n - 1] == '\r'))
+                n--;
+        rlog(r, KINBOX_LOG_NOTICE, "postgresql (LISTEN connection): %.*s",
+             (int)n, message);
+}
+
 static void
 listen_open(kinbox_relay_t *r)
 {
@@ -1131,6 +1145,8 @@ listen_open(kinbox_relay_t *r)
                                NULL};
         PGconn *c = PQconnectdbParams(kw, vals, 1);
         free(pw);
+        if (c)
+                PQsetNoticeProcessor(c, listen_notice, r);
         if (!c || PQstatus(c) != CONNECTION_OK) {
                 rlog(r, KINBOX_LOG_WARNING,
                      "LISTEN connection failed (polling meanwhile): %s",
@@ -1233,8 +1249,8 @@ idle(kinbox_relay_t *r, bool *more, bool last_claim_empty)
         if (kinbox__now_ms() < r->hot_until)
                 r->idle_ms = POLL_MIN_MS;
         else if (last_claim_empty)
-                r->idle_ms = r->idle_ms * 2 > r->poll_ms ? r->poll_ms
-                                                         : r->idle_ms * 2;
+                r->idle_ms =
+                    r->idle_ms * 2 > r->poll_ms ? r->poll_ms : r->idle_ms * 2;
         wait_wakeup(r, r->idle_ms);
         bool due = true;
         if (r->db->ops->outbox->probe(r->db, &due))
@@ -1361,13 +1377,12 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
             r->action_ms + MARGIN_MS >= r->lease_ms ||
             r->msg_timeout_ms <= 0 ||
             r->msg_timeout_ms + MARGIN_MS >= r->lease_ms) {
-                kinbox__errstr(errstr, errstr_size,
-                               "relay.lease.ms (%" PRId64 ") must exceed "
-                               "relay.action.timeout.ms (%" PRId64 ") and "
-                               "kafka.message.timeout.ms (%" PRId64
-                               ") by at least %d ms",
-                               r->lease_ms, r->action_ms, r->msg_timeout_ms,
-                               MARGIN_MS);
+                kinbox__errstr(
+                    errstr, errstr_size,
+                    "relay.lease.ms (%" PRId64 ") must exceed "
+                    "relay.action.timeout.ms (%" PRId64 ") and "
+                    "kafka.message.timeout.ms (%" PRId64 ") by at least %d ms",
+                    r->lease_ms, r->action_ms, r->msg_timeout_ms, MARGIN_MS);
                 goto fail;
         }
         if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
@@ -1512,9 +1527,9 @@ kinbox_relay_run(kinbox_relay_t *r)
                         rc = kinbox__db_connect(r->db);
                         if (rc) {
                                 STAT_ADD(r, db_errors, 1);
-                                wait_wakeup(r, kinbox__backoff_ms(
-                                                   failures++, r->base_ms,
-                                                   r->cap_ms));
+                                wait_wakeup(r, kinbox__backoff_ms(failures++,
+                                                                  r->base_ms,
+                                                                  r->cap_ms));
                                 continue;
                         }
                         connected = true;

@@ -112,17 +112,16 @@ qtext(const char *url, const char *sql)
         kinbox_rows_t *r = NULL;
         cr_assert(kinbox__db_query(db, sql, 0, NULL, &r) == 0, "%s: %s", sql,
                   db->err.msg);
-        const char *v = kinbox_rows_count(r) ? kinbox_rows_value(r, 0, 0, NULL)
-                                             : NULL;
+        const char *v =
+            kinbox_rows_count(r) ? kinbox_rows_value(r, 0, 0, NULL) : NULL;
         char *out = strdup(v ? v : "");
         kinbox_rows_destroy(r);
         kinbox__db_destroy(db);
         return out;
 }
 
-static bool
-wait_q(const char *url, long long want, int timeout_s, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static bool wait_q(const char *url, long long want, int timeout_s,
+                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static bool
 wait_q(const char *url, long long want, int timeout_s, const char *fmt, ...)
 {
@@ -394,8 +393,7 @@ mock_stop(mock_t *m)
  * a duplicate append is reported and leaves the transaction usable.
  */
 KT_BACKENDS_PARAMS(outbox_publish, backends)
-ParameterizedTest(int *bidx, outbox_publish, backends,
-                  .timeout = 120)
+ParameterizedTest(int *bidx, outbox_publish, backends, .timeout = 120)
 {
         const char *backend = kt_backend(*bidx);
         const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
@@ -428,8 +426,7 @@ ParameterizedTest(int *bidx, outbox_publish, backends,
         /* Invalid messages are refused before any SQL. */
         kinbox_outbox_msg_t bad = {.destination = topic};
         cr_assert(eq(int, tc_append(&c, &bad, NULL), KINBOX_ERR_INVALID));
-        kinbox_outbox_msg_t bad2 = {.destination = "action:",
-                                    .idem_key = "k"};
+        kinbox_outbox_msg_t bad2 = {.destination = "action:", .idem_key = "k"};
         cr_assert(eq(int, tc_append(&c, &bad2, NULL), KINBOX_ERR_INVALID));
 
         /* Committed. */
@@ -460,7 +457,8 @@ ParameterizedTest(int *bidx, outbox_publish, backends,
         tc_sql(&c, "BEGIN");
         cr_assert(eq(int, tc_append(&c, &m2, NULL), KINBOX_ERR_DUPLICATE));
         tc_sql(&c, "COMMIT");
-        cr_assert(eq(i64, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox"), 3));
+        cr_assert(
+            eq(i64, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox"), 3));
 
         kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
         trelay_t tr;
@@ -495,8 +493,8 @@ ParameterizedTest(int *bidx, outbox_publish, backends,
                 const char *name;
                 const void *v;
                 size_t n;
-                cr_assert(rd_kafka_header_get_all(g1->hdrs, i, &name, &v,
-                                                  &n) == 0);
+                cr_assert(
+                    rd_kafka_header_get_all(g1->hdrs, i, &name, &v, &n) == 0);
                 cr_assert(eq(str, (char *)name, (char *)expect_names[i]));
                 if (i == 1) {
                         cr_assert(eq(sz, n, sizeof(bin)));
@@ -590,8 +588,7 @@ fork_relay(const char *url, const char *bootstrap, int fd)
  * sent, no row published twice, per-aggregate order kept.
  */
 KT_BACKENDS_PARAMS(outbox_two_relays, backends)
-ParameterizedTest(int *bidx, outbox_two_relays, backends,
-                  .timeout = 400)
+ParameterizedTest(int *bidx, outbox_two_relays, backends, .timeout = 400)
 {
         const char *backend = kt_backend(*bidx);
         const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
@@ -621,8 +618,7 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends,
                                                  .aggregate_id = agg,
                                                  .payload = pay,
                                                  .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL),
-                                     KINBOX_OK));
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
                 }
                 tc_sql(&c, "COMMIT");
         }
@@ -640,7 +636,7 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends,
         close(fds[0]);
         cr_assert(ok, "not all rows sent: %lld",
                   kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
-                         "status = 'sent'"));
+                                "status = 'sent'"));
         cr_assert(eq(int, s1, 0));
         cr_assert(eq(int, s2, 0));
         cr_assert(eq(sz, (size_t)rd, sizeof(st)));
@@ -698,8 +694,7 @@ count_row(const kinbox_outbox_row_t *row, void *opaque)
  * publishes them.
  */
 KT_BACKENDS_PARAMS(outbox_broker_down, backends)
-ParameterizedTest(int *bidx, outbox_broker_down, backends,
-                  .timeout = 180)
+ParameterizedTest(int *bidx, outbox_broker_down, backends, .timeout = 180)
 {
         const char *backend = kt_backend(*bidx);
         mock_t mk;
@@ -745,8 +740,9 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends,
                             "last_error IS NOT NULL");
         cr_assert(dead, "rows past max_attempts are not dead");
         cr_assert(tried, "failed attempts not recorded");
-        cr_assert(eq(i64, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
-                                 "WHERE status = 'sent'"),
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                                   "WHERE status = 'sent'"),
                      0));
         /* The operator's view of it. */
         char e[512];
@@ -780,7 +776,8 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends,
         relay_stop(&tr);
         cr_assert(sent, "requeued rows not published");
         /* Requeue of a row that is not dead: NOT_FOUND. */
-        cr_assert(eq(int, kinbox_outbox_requeue(adm, 1), KINBOX_ERR_NOT_FOUND));
+        cr_assert(
+            eq(int, kinbox_outbox_requeue(adm, 1), KINBOX_ERR_NOT_FOUND));
         kinbox_relay_stats_t st;
         kinbox_relay_stats(r, &st);
         cr_assert(st.retried >= 20);
@@ -852,8 +849,7 @@ act_nope(kinbox_action_t *a, void *opaque)
  * (and requeue runs it again); cancel stops a pending one.
  */
 KT_BACKENDS_PARAMS(outbox_actions, backends)
-ParameterizedTest(int *bidx, outbox_actions, backends,
-                  .timeout = 120)
+ParameterizedTest(int *bidx, outbox_actions, backends, .timeout = 120)
 {
         const char *backend = kt_backend(*bidx);
         const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
@@ -911,12 +907,16 @@ ParameterizedTest(int *bidx, outbox_actions, backends,
 
         char sql[256], *s;
         snprintf(sql, sizeof(sql),
-                 "SELECT status FROM kinbox_outbox WHERE id = %" PRId64, idpay);
+                 "SELECT status FROM kinbox_outbox WHERE id = %" PRId64,
+                 idpay);
         s = qtext(url, sql);
         cr_assert(eq(str, s, "sent"));
         free(s);
-        cr_assert(eq(i64, kt_qintf(url, "SELECT attempts FROM kinbox_outbox "
-                                 "WHERE id = %" PRId64, idpay),
+        cr_assert(eq(i64,
+                     kt_qintf(url,
+                              "SELECT attempts FROM kinbox_outbox "
+                              "WHERE id = %" PRId64,
+                              idpay),
                      2));
         snprintf(sql, sizeof(sql),
                  "SELECT last_error FROM kinbox_outbox WHERE id = %" PRId64,
@@ -956,8 +956,8 @@ ParameterizedTest(int *bidx, outbox_actions, backends,
         kinbox_outbox_admin_t *adm = kinbox_outbox_admin_new(ac, e, sizeof(e));
         cr_assert(adm != NULL, "%s", e);
         kinbox_conf_destroy(ac);
-        cr_assert(eq(int, kinbox_outbox_requeue(adm, idnope), KINBOX_OK),
-                  "%s", kinbox_outbox_admin_errstr(adm));
+        cr_assert(eq(int, kinbox_outbox_requeue(adm, idnope), KINBOX_OK), "%s",
+                  kinbox_outbox_admin_errstr(adm));
         cr_assert(wait_q(url, 1, 30,
                          "SELECT count(*) FROM kinbox_outbox WHERE id = "
                          "%" PRId64 " AND status = 'dead' AND attempts = 1",
@@ -969,10 +969,10 @@ ParameterizedTest(int *bidx, outbox_actions, backends,
                          "SELECT count(*) FROM kinbox_outbox WHERE id = "
                          "%" PRId64 " AND attempts >= 2",
                          idlater));
-        cr_assert(eq(int, kinbox_outbox_cancel(adm, idlater), KINBOX_OK),
-                  "%s", kinbox_outbox_admin_errstr(adm));
-        cr_assert(eq(int, kinbox_outbox_cancel(adm, idlater),
-                     KINBOX_ERR_NOT_FOUND));
+        cr_assert(eq(int, kinbox_outbox_cancel(adm, idlater), KINBOX_OK), "%s",
+                  kinbox_outbox_admin_errstr(adm));
+        cr_assert(
+            eq(int, kinbox_outbox_cancel(adm, idlater), KINBOX_ERR_NOT_FOUND));
         usleep(700 * 1000);
         snprintf(sql, sizeof(sql),
                  "SELECT status FROM kinbox_outbox WHERE id = %" PRId64,
@@ -1004,10 +1004,10 @@ act_stuck(kinbox_action_t *a, void *opaque)
 {
         stuckctx_t *x = opaque;
         atomic_fetch_add(&x->calls, 1);
-        long long others = kt_qint(x->url,
-                                   "SELECT count(*) FROM kinbox_outbox WHERE "
-                                   "status = 'sent' AND aggregate_id <> "
-                                   "'agg-stuck'");
+        long long others =
+            kt_qint(x->url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'sent' AND aggregate_id <> "
+                            "'agg-stuck'");
         if (others < T5_AGGS * T5_EVENTS) {
                 kinbox_action_set_error(a, "blocked on purpose (%lld sent)",
                                         others);
@@ -1023,8 +1023,7 @@ act_stuck(kinbox_action_t *a, void *opaque)
  * events arrive in order, and the others flow while that one fails.
  */
 KT_BACKENDS_PARAMS(outbox_order, backends)
-ParameterizedTest(int *bidx, outbox_order, backends,
-                  .timeout = 300)
+ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
 {
         const char *backend = kt_backend(*bidx);
         mock_t mk;
@@ -1054,8 +1053,7 @@ ParameterizedTest(int *bidx, outbox_order, backends,
                                                  .payload = pay,
                                                  .payload_size = (size_t)n,
                                                  .max_attempts = 1000};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL),
-                                     KINBOX_OK));
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
                 }
                 if (seq < 3) {
                         char key[32], pay[16];
@@ -1066,8 +1064,7 @@ ParameterizedTest(int *bidx, outbox_order, backends,
                                                  .aggregate_id = "agg-stuck",
                                                  .payload = pay,
                                                  .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL),
-                                     KINBOX_OK));
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
                 }
         }
         tc_sql(&c, "COMMIT");
@@ -1076,7 +1073,8 @@ ParameterizedTest(int *bidx, outbox_order, backends,
         /* Retriable produce errors: handled inside the idempotent
          * producer, order kept. */
         rd_kafka_mock_push_request_errors(
-            mk.mc, 0 /* Produce */, 6, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            mk.mc, 0 /* Produce */, 6,
+            RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
             RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
             RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
             RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
@@ -1091,8 +1089,8 @@ ParameterizedTest(int *bidx, outbox_order, backends,
         cset(conf, "relay.lease.ms", "4000");
         cset(conf, "relay.action.timeout.ms", "2000");
         kinbox_relay_t *r = relay_new(conf);
-        cr_assert(eq(int, kinbox_relay_register_action(r, "stuck", act_stuck,
-                                                       &sx),
+        cr_assert(eq(int,
+                     kinbox_relay_register_action(r, "stuck", act_stuck, &sx),
                      KINBOX_OK));
         trelay_t tr;
         relay_start(&tr, r);
@@ -1115,7 +1113,7 @@ ParameterizedTest(int *bidx, outbox_order, backends,
         kinbox_relay_destroy(r);
         cr_assert(ok, "not all sent: %lld",
                   kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
-                         "status = 'sent'"));
+                                "status = 'sent'"));
         cr_assert(eq(int, atomic_load(&sx.others_done_when_ok), 1));
         cr_assert(atomic_load(&sx.calls) >= 2);
         cr_assert(st.retried >= 1, "no failure was injected");
@@ -1129,8 +1127,8 @@ ParameterizedTest(int *bidx, outbox_order, backends,
                 last[a] = -1;
         for (size_t i = 0; i < got.n; i++) {
                 const tmsg_t *m = &got.v[i];
-                int a = !strcmp(m->key, "agg-stuck") ? T5_AGGS
-                                                      : atoi(m->key + 4);
+                int a =
+                    !strcmp(m->key, "agg-stuck") ? T5_AGGS : atoi(m->key + 4);
                 int seq = atoi(m->value);
                 cr_assert(seq == last[a] + 1 || seq == last[a],
                           "%s: seq %d after %d", m->key, seq, last[a]);
@@ -1360,10 +1358,11 @@ ParameterizedTest(int *bidx, outbox_claim_plan, backends, .timeout = 300)
                                                "kinbox_outbox_pending on "
                                                "kinbox_outbox o") != NULL,
                                   "phase %d plan:\n%s", phase, plan);
-                        cr_assert(strstr(plan, "kinbox_outbox_pkey") == NULL &&
-                                      strstr(plan, "Seq Scan on kinbox_outbox o")
-                                          == NULL,
-                                  "phase %d plan:\n%s", phase, plan);
+                        cr_assert(
+                            strstr(plan, "kinbox_outbox_pkey") == NULL &&
+                                strstr(plan, "Seq Scan on kinbox_outbox o") ==
+                                    NULL,
+                            "phase %d plan:\n%s", phase, plan);
                 }
                 free(plan);
         }
@@ -1381,7 +1380,8 @@ ParameterizedTest(int *bidx, outbox_cas_takeover, backends, .timeout = 120)
         for (int i = 0; i < 5; i++) {
                 char key[16];
                 snprintf(key, sizeof(key), "k%d", i);
-                kinbox_outbox_msg_t m = {.destination = "t", .idem_key = key,
+                kinbox_outbox_msg_t m = {.destination = "t",
+                                         .idem_key = key,
                                          .aggregate_id = "one"};
                 cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
         }
@@ -1414,16 +1414,17 @@ ParameterizedTest(int *bidx, outbox_cas_takeover, backends, .timeout = 120)
         uint64_t done = 99;
         cr_assert(eq(int, a->ops->outbox->mark_sent(a, 5, ids, va, &done), 0));
         cr_assert(eq(u64, done, 0), "A overwrote B's rows");
-        cr_assert(eq(int, a->ops->outbox->fail(a, ids[0], va[0], true, "x", 0,
-                                               &done),
-                     0));
+        cr_assert(eq(
+            int, a->ops->outbox->fail(a, ids[0], va[0], true, "x", 0, &done),
+            0));
         cr_assert(eq(u64, done, 0));
         cr_assert(eq(int, b->ops->outbox->mark_sent(b, 5, ids, vb, &done), 0));
         cr_assert(eq(u64, done, 5));
         cr_assert(eq(int, b->ops->outbox->mark_sent(b, 5, ids, vb, &done), 0));
         cr_assert(eq(u64, done, 0), "marked twice");
-        cr_assert(eq(int, kt_qint(url, "SELECT count(*) FROM kinbox_outbox "
-                                       "WHERE status = 'sent' AND attempts = 0"),
+        cr_assert(eq(int,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox "
+                                  "WHERE status = 'sent' AND attempts = 0"),
                      5));
         kinbox_rows_destroy(ca);
         kinbox_rows_destroy(cb);
@@ -1528,9 +1529,8 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
                                          .idem_key = key,
                                          .aggregate_id = "f",
                                          .payload = i == BAD ? big : pay,
-                                         .payload_size = i == BAD
-                                                             ? sizeof(big)
-                                                             : (size_t)n,
+                                         .payload_size = i == BAD ? sizeof(big)
+                                                                  : (size_t)n,
                                          .max_attempts = i == BAD ? 2 : 0};
                 cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
                 snprintf(key, sizeof(key), "p%d", i);
@@ -1563,21 +1563,25 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
         cr_assert(ok, "sent: %lld",
                   kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
                                 "status = 'sent'"));
-        cr_assert(eq(int, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
-                                        "WHERE idem_key = 'f%d' AND status = "
-                                        "'dead' AND attempts = 2",
-                                   BAD),
+        cr_assert(eq(int,
+                     kt_qintf(url,
+                              "SELECT count(*) FROM kinbox_outbox "
+                              "WHERE idem_key = 'f%d' AND status = "
+                              "'dead' AND attempts = 2",
+                              BAD),
                      1));
         /* Nothing charged to the rows that waited behind it. */
-        cr_assert(eq(int, kt_qint(url, "SELECT count(*) FROM kinbox_outbox "
-                                       "WHERE aggregate_id = 'f' AND "
-                                       "attempts > 0"),
+        cr_assert(eq(int,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox "
+                                  "WHERE aggregate_id = 'f' AND "
+                                  "attempts > 0"),
                      1));
         /* A few more rounds: p's rows after the paused one stay put. */
         usleep(500 * 1000);
-        cr_assert(eq(int, kt_qint(url, "SELECT count(*) FROM kinbox_outbox "
-                                       "WHERE aggregate_id = 'p' AND "
-                                       "status = 'pending'"),
+        cr_assert(eq(int,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox "
+                                  "WHERE aggregate_id = 'p' AND "
+                                  "status = 'pending'"),
                      N - BAD));
         snprintf(sql, sizeof(sql),
                  "DELETE FROM kinbox_outbox_paused WHERE destination = '%s'",
@@ -1612,8 +1616,7 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
 /* A lock timeout while appending on the caller's own connection is
  * KINBOX_ERR_TRANSIENT (retry the transaction), not KINBOX_ERR_DB. */
 KT_BACKENDS_PARAMS(outbox_append_transient, backends)
-ParameterizedTest(int *bidx, outbox_append_transient, backends,
-                  .timeout = 60)
+ParameterizedTest(int *bidx, outbox_append_transient, backends, .timeout = 60)
 {
         const char *backend = kt_backend(*bidx);
         char *url = kt_fresh_db(backend);
@@ -1689,12 +1692,13 @@ ParameterizedTest(int *bidx, outbox_list_fields, backends, .timeout = 120)
         kinbox_conf_t *conf = kinbox_conf_new();
         cset(conf, "database.url", url);
         char e[512];
-        kinbox_outbox_admin_t *adm = kinbox_outbox_admin_new(conf, e,
-                                                             sizeof(e));
+        kinbox_outbox_admin_t *adm =
+            kinbox_outbox_admin_new(conf, e, sizeof(e));
         cr_assert(adm != NULL, "%s", e);
         listed_t l = {0};
-        cr_assert(eq(int, kinbox_outbox_list(adm, KINBOX_OUTBOX_ANY, NULL, 0,
-                                             0, check_listed, &l),
+        cr_assert(eq(int,
+                     kinbox_outbox_list(adm, KINBOX_OUTBOX_ANY, NULL, 0, 0,
+                                        check_listed, &l),
                      KINBOX_OK));
         cr_assert(eq(int, l.n, 2));
         cr_assert(eq(int, l.sent_ok, 1));

@@ -26,34 +26,34 @@
 #include "../internal.h"
 #include "../outbox_int.h"
 
-#define HEADS_SCAN                                                             \
-        "SELECT o.id FROM kinbox_outbox o"                                     \
-        " FORCE INDEX (kinbox_outbox_pending)"                                 \
-        " WHERE o.status = 'pending'"                                          \
-        " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
-        " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                         \
-        "  SELECT 1 FROM kinbox_outbox p"                                      \
-        "  WHERE p.aggregate_id = o.aggregate_id"                              \
-        "  AND p.status = 'pending' AND p.id < o.id))"                         \
-        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
-        "  WHERE z.destination = o.destination)"                               \
+#define HEADS_SCAN                                                            \
+        "SELECT o.id FROM kinbox_outbox o"                                    \
+        " FORCE INDEX (kinbox_outbox_pending)"                                \
+        " WHERE o.status = 'pending'"                                         \
+        " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"                      \
+        " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                        \
+        "  SELECT 1 FROM kinbox_outbox p"                                     \
+        "  WHERE p.aggregate_id = o.aggregate_id"                             \
+        "  AND p.status = 'pending' AND p.id < o.id))"                        \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
+        "  WHERE z.destination = o.destination)"                              \
         " ORDER BY o.id LIMIT "
 
 /* HEADS_SCAN over the first window due pending rows only. */
-#define WINDOW_SCAN                                                            \
-        "SELECT o.id FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY"        \
-        " v.aggregate_id ORDER BY v.id) AS rn FROM (SELECT w.id,"              \
-        " w.aggregate_id, w.destination"                                       \
-        " FROM kinbox_outbox w FORCE INDEX (kinbox_outbox_pending)"            \
-        " WHERE w.status = 'pending'"                                          \
-        " AND w.next_attempt_at <= CURRENT_TIMESTAMP(6)"                       \
-        " ORDER BY w.id LIMIT %" PRId64 ") v) o"                               \
-        " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("         \
-        "  SELECT 1 FROM kinbox_outbox p"                                      \
-        "  WHERE p.aggregate_id = o.aggregate_id"                              \
-        "  AND p.status = 'pending' AND p.id < o.id)))"                        \
-        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"                \
-        "  WHERE z.destination = o.destination)"                               \
+#define WINDOW_SCAN                                                           \
+        "SELECT o.id FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY"       \
+        " v.aggregate_id ORDER BY v.id) AS rn FROM (SELECT w.id,"             \
+        " w.aggregate_id, w.destination"                                      \
+        " FROM kinbox_outbox w FORCE INDEX (kinbox_outbox_pending)"           \
+        " WHERE w.status = 'pending'"                                         \
+        " AND w.next_attempt_at <= CURRENT_TIMESTAMP(6)"                      \
+        " ORDER BY w.id LIMIT %" PRId64 ") v) o"                              \
+        " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("        \
+        "  SELECT 1 FROM kinbox_outbox p"                                     \
+        "  WHERE p.aggregate_id = o.aggregate_id"                             \
+        "  AND p.status = 'pending' AND p.id < o.id)))"                       \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
+        "  WHERE z.destination = o.destination)"                              \
         " ORDER BY o.id LIMIT %" PRId64
 
 static int64_t
@@ -113,8 +113,7 @@ lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
         /* More candidates than wanted: relays racing for the same heads
          * each get a share instead of nothing. */
         if (window > 0)
-                snprintf(sql, sizeof(sql), WINDOW_SCAN, window,
-                         limit * 4);
+                snprintf(sql, sizeof(sql), WINDOW_SCAN, window, limit * 4);
         else
                 snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
         int rc = db->ops->query(db, sql, 0, NULL, -1, &cand);
@@ -169,12 +168,12 @@ add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
                         kinbox__buf_adds(&b, ",");
                 kinbox__buf_adds(&b, "X'");
                 for (size_t j = 0; j < l[1]; j++)
-                        kinbox__buf_printf(&b, "%02x",
-                                           (unsigned char)c[1][j]);
+                        kinbox__buf_printf(&b, "%02x", (unsigned char)c[1][j]);
                 kinbox__buf_adds(&b, "'");
         }
-        kinbox__buf_printf(&b, ")) x WHERE rn <= %" PRId64
-                               " ORDER BY aggregate_id, id", per + 1);
+        kinbox__buf_printf(
+            &b, ")) x WHERE rn <= %" PRId64 " ORDER BY aggregate_id, id",
+            per + 1);
         struct kinbox_rows_s *r = NULL;
         int rc = 0;
         if (k)
@@ -241,8 +240,7 @@ lease_and_read(kinbox__db_t *db, const kinbox__claim_req_t *req,
                              " AND status = 'pending' AND id IN (");
         id_list(&b, cs->ids, cs->n);
         kinbox__buf_adds(&b, ") ORDER BY id");
-        rc = b.oom ? KINBOX_ERR_NOMEM
-                   : db->ops->query(db, b.p, 1, p, -1, out);
+        rc = b.oom ? KINBOX_ERR_NOMEM : db->ops->query(db, b.p, 1, p, -1, out);
 out:
         kinbox__buf_free(&b);
         return rc;
@@ -314,13 +312,14 @@ my_set_based(kinbox__db_t *db, const char *set, size_t n, const int64_t *ids,
         kinbox__buf_printf(&b, "UPDATE kinbox_outbox SET %s WHERE id IN (",
                            set);
         id_list(&b, ids, n);
-        kinbox__buf_adds(&b, ") AND status = 'pending' AND (id, version) IN (");
+        kinbox__buf_adds(&b,
+                         ") AND status = 'pending' AND (id, version) IN (");
         for (size_t i = 0; i < n; i++)
                 kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
                                    i ? "," : "", ids[i], versions[i]);
         kinbox__buf_adds(&b, ")");
-        int rc = b.oom ? KINBOX_ERR_NOMEM
-                       : my_affected(db, b.p, 0, NULL, done);
+        int rc =
+            b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, 0, NULL, done);
         kinbox__buf_free(&b);
         return rc;
 }
@@ -387,8 +386,7 @@ static const char append_sql[] =
     "ON DUPLICATE KEY UPDATE id = id + LAST_INSERT_ID(0)";
 
 static int
-my_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag,
-             int64_t *idp)
+my_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag, int64_t *idp)
 {
         struct kinbox_rows_s *rows = NULL;
         int rc = db->ops->exec(db, append_sql, 7, p, tag);
@@ -400,9 +398,9 @@ my_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag,
         return rc;
 }
 
-#define REQUEUE_SET                                                            \
-        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "          \
-        "next_attempt_at = CURRENT_TIMESTAMP(6), version = version + 1, "      \
+#define REQUEUE_SET                                                           \
+        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "         \
+        "next_attempt_at = CURRENT_TIMESTAMP(6), version = version + 1, "     \
         "lease_owner = NULL "
 
 const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
@@ -416,13 +414,13 @@ const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
     .affected = my_affected,
     .append = append_sql,
     .append_id = my_append_id,
-    .requeue_id = REQUEUE_SET
-    "WHERE id = $1 AND status IN ('dead', 'canceled')",
+    .requeue_id =
+        REQUEUE_SET "WHERE id = $1 AND status IN ('dead', 'canceled')",
     .cancel_id = "UPDATE kinbox_outbox SET status = 'canceled', "
                  "version = version + 1, lease_owner = NULL "
                  "WHERE id = $1 AND status = 'pending'",
-    .requeue_dest = REQUEUE_SET
-    "WHERE status = 'dead' AND ($1 = '' OR destination = $1)",
+    .requeue_dest =
+        REQUEUE_SET "WHERE status = 'dead' AND ($1 = '' OR destination = $1)",
     .cancel_dest = "UPDATE kinbox_outbox SET status = 'canceled', "
                    "version = version + 1, lease_owner = NULL "
                    "WHERE status = 'pending' AND destination = $1",
@@ -479,8 +477,8 @@ my_error(MYSQL *conn, const char *what, char *errstr, size_t errstr_size)
 }
 
 static kinbox_err_t
-my_scalar(MYSQL *conn, const char *sql, size_t len, int64_t *out,
-          char *errstr, size_t errstr_size)
+my_scalar(MYSQL *conn, const char *sql, size_t len, int64_t *out, char *errstr,
+          size_t errstr_size)
 {
         if (mysql_real_query(conn, sql, (unsigned long)len))
                 return my_error(conn, "query", errstr, errstr_size);
@@ -501,18 +499,18 @@ insert_sql(kinbox__buf_t *q, MYSQL *conn, const kinbox_outbox_msg_t *m,
                             ") VALUES (");
         int bad = my_literal(q, conn, pr->kind, strlen(pr->kind), false);
         kinbox__buf_add(q, ",", 1);
-        bad |= my_literal(q, conn, m->destination, strlen(m->destination),
-                          false);
+        bad |=
+            my_literal(q, conn, m->destination, strlen(m->destination), false);
         kinbox__buf_add(q, ",", 1);
         bad |= my_literal(q, conn, m->idem_key, strlen(m->idem_key), false);
         kinbox__buf_add(q, ",", 1);
-        bad |= my_literal(q, conn, m->aggregate_id,
-                          m->aggregate_id ? strlen(m->aggregate_id) : 0,
-                          false);
+        bad |=
+            my_literal(q, conn, m->aggregate_id,
+                       m->aggregate_id ? strlen(m->aggregate_id) : 0, false);
         kinbox__buf_add(q, ",", 1);
-        bad |= my_literal(q, conn,
-                          m->payload ? (const char *)m->payload : NULL,
-                          m->payload_size, true);
+        bad |=
+            my_literal(q, conn, m->payload ? (const char *)m->payload : NULL,
+                       m->payload_size, true);
         kinbox__buf_add(q, ",", 1);
         bad |= my_literal(q, conn, pr->has_headers ? pr->headers.p : NULL,
                           pr->headers.len, false);
@@ -524,8 +522,8 @@ insert_sql(kinbox__buf_t *q, MYSQL *conn, const kinbox_outbox_msg_t *m,
 }
 
 static kinbox_err_t
-find_id(MYSQL *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
-        char *errstr, size_t errstr_size)
+find_id(MYSQL *conn, const kinbox_outbox_msg_t *m, int64_t *idp, char *errstr,
+        size_t errstr_size)
 {
         kinbox__buf_t s;
         kinbox__buf_init(&s);
@@ -544,9 +542,8 @@ find_id(MYSQL *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
 }
 
 KINBOX_API kinbox_err_t
-kinbox_outbox_append_mysql(struct st_mysql *conn,
-                           const kinbox_outbox_msg_t *m, int64_t *idp,
-                           char *errstr, size_t errstr_size)
+kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
+                           int64_t *idp, char *errstr, size_t errstr_size)
 {
         if (!conn) {
                 kinbox__errstr(errstr, errstr_size, "no connection");

@@ -41,15 +41,16 @@
  *    locks them; no other relay can take them meanwhile, since their head
  *    is locked by this statement and still pending for everyone else.
  */
-#define HEADS_SCAN                                                             \
-    " SELECT o.id FROM kinbox_outbox o"                                        \
-    " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"               \
-    " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                             \
-    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"    \
-    "  AND p.status = 'pending' AND p.id < o.id))"                             \
-    " AND o.destination NOT IN (SELECT z.destination"                          \
-    "  FROM kinbox_outbox_paused z)"                                           \
-    " ORDER BY o.id LIMIT "
+#define HEADS_SCAN                                                            \
+        " SELECT o.id FROM kinbox_outbox o"                                   \
+        " WHERE o.status = 'pending' AND o.next_attempt_at <= now()"          \
+        " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                        \
+        "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = "             \
+        "o.aggregate_id"                                                      \
+        "  AND p.status = 'pending' AND p.id < o.id))"                        \
+        " AND o.destination NOT IN (SELECT z.destination"                     \
+        "  FROM kinbox_outbox_paused z)"                                      \
+        " ORDER BY o.id LIMIT "
 
 static const char claim_sql[] =
     "WITH w AS MATERIALIZED ("
@@ -249,8 +250,7 @@ static const char append_sql[] =
     "ON CONFLICT (destination, idem_key) DO NOTHING RETURNING id";
 
 static int
-pg_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag,
-             int64_t *idp)
+pg_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag, int64_t *idp)
 {
         struct kinbox_rows_s *rows = NULL;
         int rc = db->ops->query(db, append_sql, 7, p, tag, &rows);
@@ -261,11 +261,12 @@ pg_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag,
         return rc;
 }
 
-#define REQUEUE_SET                                                            \
-        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "          \
+#define REQUEUE_SET                                                           \
+        "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "         \
         "next_attempt_at = now(), version = version + 1, lease_owner = NULL "
-#define COUNT_NOTIFY                                                           \
-        " RETURNING 1) SELECT count(*), pg_notify('kinbox_outbox', '') FROM u"
+#define COUNT_NOTIFY                                                          \
+        " RETURNING 1) SELECT count(*), pg_notify('kinbox_outbox', '') FROM " \
+        "u"
 
 const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .claim = pg_claim,
@@ -278,16 +279,16 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .affected = pg_affected,
     .append = append_sql,
     .append_id = pg_append_id,
-    .requeue_id = "WITH u AS (" REQUEUE_SET
-                  "WHERE id = $1::bigint AND status IN ('dead', 'canceled')"
-                  COUNT_NOTIFY,
+    .requeue_id =
+        "WITH u AS (" REQUEUE_SET "WHERE id = $1::bigint AND status IN "
+        "('dead', 'canceled')" COUNT_NOTIFY,
     .cancel_id = "WITH u AS (UPDATE kinbox_outbox SET status = 'canceled', "
                  "version = version + 1, lease_owner = NULL "
                  "WHERE id = $1::bigint AND status = 'pending' RETURNING 1) "
                  "SELECT count(*) FROM u",
-    .requeue_dest = "WITH u AS (" REQUEUE_SET
-                    "WHERE status = 'dead' AND ($1 = '' OR destination = $1)"
-                    COUNT_NOTIFY,
+    .requeue_dest =
+        "WITH u AS (" REQUEUE_SET
+        "WHERE status = 'dead' AND ($1 = '' OR destination = $1)" COUNT_NOTIFY,
     .cancel_dest = "WITH u AS (UPDATE kinbox_outbox SET status = 'canceled', "
                    "version = version + 1, lease_owner = NULL "
                    "WHERE status = 'pending' AND destination = $1 "
@@ -306,7 +307,8 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
 static kinbox_err_t
 pg_code(PGconn *conn, const char *state)
 {
-        if (PQstatus(conn) != CONNECTION_OK || (state && !strncmp(state, "08", 2)))
+        if (PQstatus(conn) != CONNECTION_OK ||
+            (state && !strncmp(state, "08", 2)))
                 return KINBOX_ERR_DB_CONN;
         if (state && (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
                       !strcmp(state, "55P03")))
@@ -341,11 +343,10 @@ kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
         if (!res || PQresultStatus(res) != PGRES_TUPLES_OK) {
                 const char *st =
                     res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-                kinbox__errstr(errstr, errstr_size,
-                               "outbox append: SQLSTATE %s: %s",
-                               st ? st : "?????",
-                               res ? PQresultErrorMessage(res)
-                                   : PQerrorMessage(conn));
+                kinbox__errstr(
+                    errstr, errstr_size, "outbox append: SQLSTATE %s: %s",
+                    st ? st : "?????",
+                    res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
                 rc = pg_code(conn, st);
                 PQclear(res);
                 return rc;
