@@ -501,10 +501,13 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                 return RUN_BACKOFF;
         }
         size_t g = f->kind == FL_MSG ? f->idx / wk->gsz : f->idx;
-        if (f->kind == FL_MSG)
+        if (f->kind == FL_MSG) {
                 fail_msg(c, w, f->idx, f->fate,
                          f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
-        else if (f->kind == FL_GROUP && !f->by_result)
+                /* The culprit is out: the group's next batch handler call
+                 * is set-based again. */
+                wk->single[g] = false;
+        } else if (f->kind == FL_GROUP && !f->by_result)
                 wk->single[g] = true; /* narrow it down to the message */
         else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */
