@@ -254,7 +254,7 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
 /* A batch handler's group call is a set-based statement (often with a
  * round trip for its RETURNING): fewer, larger groups; a failing group is
  * handed to the handler one message at a time. */
-#define ISO_GROUPS_BATCH 8
+#define ISO_GROUPS_BATCH 16
 #define ISO_MIN_GROUP 4
 #define ISO_BATCHES 16
 
