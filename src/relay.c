@@ -741,6 +741,12 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
         if (b->n) {
                 STAT_ADD(r, claimed, b->n);
                 STAT_ADD(r, batches, 1);
+        } else {
+                /* An empty slot is reused without finishing: nothing of
+                 * the empty claim may stay behind in it. */
+                free(b->v);
+                kinbox_rows_destroy(b->rows);
+                memset(b, 0, sizeof(*b));
         }
         return (int)b->n;
 }
