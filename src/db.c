@@ -229,6 +229,16 @@ kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
         return db->ops->backend == KINBOX_BACKEND_MYSQL ? mysql : postgresql;
 }
 
+int
+kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes)
+{
+        struct kinbox_rows_s *rows = NULL;
+        int rc = db->ops->query(db, sql, 0, NULL, -1, &rows);
+        *yes = !rc && rows && rows->nrows > 0;
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
 void
 kinbox__db_note_none(kinbox__db_t *db, int tag)
 {

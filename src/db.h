@@ -372,6 +372,9 @@ int kinbox__rows_set(struct kinbox_rows_s *r, size_t row, int col,
                      const char *v, size_t len);
 int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
 
+/* Run sql (no parameters) now; *yes = it returned a row. */
+int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
+
 /* Note a claim statement that affected no row (see none_tags). */
 void kinbox__db_note_none(kinbox__db_t *db, int tag);
 

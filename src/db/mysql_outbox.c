@@ -366,16 +366,12 @@ my_fail(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
 static int
 my_probe(kinbox__db_t *db, bool *due)
 {
-        struct kinbox_rows_s *rows = NULL;
-        int rc = db->ops->query(
+        return kinbox__db_exists(
             db,
             "SELECT 1 FROM kinbox_outbox FORCE INDEX (kinbox_outbox_pending)"
             " WHERE status = 'pending' AND next_attempt_at <="
             " CURRENT_TIMESTAMP(6) LIMIT 1",
-            0, NULL, -1, &rows);
-        *due = !rc && rows && rows->nrows > 0;
-        kinbox_rows_destroy(rows);
-        return rc;
+            due);
 }
 
 /* The duplicate branch sets LAST_INSERT_ID() to 0, so that a following

@@ -233,15 +233,11 @@ pg_fail(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
 static int
 pg_probe(kinbox__db_t *db, bool *due)
 {
-        struct kinbox_rows_s *rows = NULL;
-        int rc = db->ops->query(
+        return kinbox__db_exists(
             db,
             "SELECT 1 FROM kinbox_outbox WHERE status = 'pending'"
             " AND next_attempt_at <= now() LIMIT 1",
-            0, NULL, -1, &rows);
-        *due = !rc && rows && rows->nrows > 0;
-        kinbox_rows_destroy(rows);
-        return rc;
+            due);
 }
 
 static const char append_sql[] =
