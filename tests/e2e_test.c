@@ -134,6 +134,13 @@ tc_close(tconn_t *c)
                 mysql_close(c->m);
 }
 
+/* qsort over an array of char *: the elements are pointers to strings. */
+static int
+cmp_str(const void *a, const void *b)
+{
+        return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 /* Distinct message_id headers on topic (read from the beginning up to the
  * high watermarks); *total gets the number of messages read. */
 static long long
@@ -185,8 +192,7 @@ distinct_ids(const char *topic, int partitions, long long *total)
         }
         rd_kafka_consumer_close(rk);
         rd_kafka_destroy(rk);
-        qsort(ids, (size_t)n, sizeof(*ids),
-              (int (*)(const void *, const void *))strcmp);
+        qsort(ids, (size_t)n, sizeof(*ids), cmp_str);
         long long distinct = 0;
         for (long long i = 0; i < n; i++) {
                 if (*ids[i] && (i == 0 || strcmp(ids[i], ids[i - 1])))
