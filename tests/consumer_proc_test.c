@@ -178,8 +178,7 @@ ParameterizedTest(int *backend, proc, offset_commit_errors, .timeout = 180)
         r = kt_run_start(c, NULL, kinbox_points_module.handle_batch, NULL);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_WATERMARK, high, 60), high));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         kt_assert_points(url, total, 2000);
         cr_assert(eq(u64, st.processed, 500));
         cr_assert(eq(u64, st.duplicates, 0));

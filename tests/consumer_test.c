@@ -51,8 +51,7 @@ ParameterizedTest(int *backend, consumer, exactly_once_with_duplicates,
         kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", high,
                      60);
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         assert_points(url, total, 10000);
         cr_assert(eq(u64, st.processed, 10000));
         cr_assert(eq(u64, st.duplicates, 2000));
@@ -83,8 +82,7 @@ ParameterizedTest(int *backend, consumer, per_message_mode, .timeout = 120)
         kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", high,
                      90);
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         assert_points(url, total, 600);
         cr_assert(eq(u64, st.duplicates, (uint64_t)dups));
         /* One transaction per message (duplicates included). */
@@ -153,8 +151,7 @@ ParameterizedTest(int *backend, consumer, retry_reject_dead_letters,
             url, "SELECT SUM(next_offset) FROM kinbox_offsets", 7, 60);
         cr_assert(eq(i64, got, 7));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         /* Effects: a, b (after two retries), c, f; not d, e, or no-id. */
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_effect"), 4));
         cr_assert(eq(i64,
@@ -329,8 +326,7 @@ ParameterizedTest(int *backend, consumer, cooperative_rebalance,
                                   high, 60),
                      high));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(b), &st);
-        kt_run_stop(b);
+        kt_run_stop_stats(b, &st);
         assert_points(url, total, 4000);
         cr_assert(gt(u64, st.processed, 0));
         cr_assert(eq(i64, kt_committed_sum(group, topic, 6), high));

@@ -186,8 +186,7 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
                                   produced, 120),
                      produced));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         /* Every good event once, at its first attempt. */
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
         cr_assert(eq(i64,
@@ -267,8 +266,7 @@ ParameterizedTest(int *backend, dirty, result_duplicate, .timeout = 120)
                                   100, 60),
                      100));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_seen"), 90));
         cr_assert(
             eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 100));
@@ -334,8 +332,7 @@ points_business_duplicates(int backend, bool single)
                                   msgs, 120),
                      msgs));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         kt_assert_points(url, total, flows);
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM "

@@ -282,8 +282,7 @@ ParameterizedTest(int *backend, e2e, relay_killed_mid_batch, .timeout = 240)
                                   N + 100, 30),
                      N + 100));
         kinbox_consumer_stats_t st;
-        kinbox_consumer_stats(kt_run_consumer(r), &st);
-        kt_run_stop(r);
+        kt_run_stop_stats(r, &st);
         cr_assert(eq(u64, st.duplicates, 100));
         kt_assert_points(url, total, N);
 }

@@ -391,10 +391,18 @@ kt_run_consumer(kt_run_t *r)
 void
 kt_run_stop(kt_run_t *r)
 {
+        kt_run_stop_stats(r, NULL);
+}
+
+void
+kt_run_stop_stats(kt_run_t *r, kinbox_consumer_stats_t *st)
+{
         kinbox_consumer_stop(r->c);
         pthread_join(r->thr, NULL);
         cr_assert(r->rc == KINBOX_OK, "consumer run: %s: %s",
                   kinbox_err_name(r->rc), kinbox_consumer_errstr(r->c));
+        if (st)
+                kinbox_consumer_stats(r->c, st);
         kinbox_consumer_destroy(r->c);
         free(r);
 }

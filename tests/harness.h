@@ -84,6 +84,10 @@ kt_run_t *kt_run_start(kinbox_conf_t *conf, kinbox_handler_fn fn,
 kinbox_consumer_t *kt_run_consumer(kt_run_t *r);
 /* Stop, join, assert it returned KINBOX_OK, destroy. */
 void kt_run_stop(kt_run_t *r);
+/* The same, reading the consumer's final counters into *st first (a
+ * batch's counters move just after its COMMIT, so counters read while the
+ * consumer runs may lag the rows a test sees). */
+void kt_run_stop_stats(kt_run_t *r, kinbox_consumer_stats_t *st);
 
 /* `kinbox run -c FILE` as a child process with extra environment
  * ("NAME=value" or NULL). stderr goes to log_path. */
