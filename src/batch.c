@@ -252,21 +252,67 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
  */
 #define ISO_GROUPS 32
 /* A batch handler's group call is a set-based statement (often with a
- * round trip for its RETURNING): fewer, larger groups; a failing group is
- * handed to the handler one message at a time. */
+ * round trip for its RETURNING): fewer, larger groups. A failing group is
+ * bisected: cut in two groups, each behind its own savepoint, until the
+ * failing part is one message (about 2 log2(group) calls instead of one
+ * per message). */
 #define ISO_GROUPS_BATCH 16
 #define ISO_MIN_GROUP 4
 #define ISO_BATCHES 16
+/* Groups of a walk after bisections, at most. */
+#define ISO_MAX_GROUPS 64
+/* Savepoints a walk may define: each one that wrote holds a PostgreSQL
+ * subtransaction id until COMMIT, and past 64 per transaction every
+ * snapshot in the server gets slower. Past the budget a failing group is
+ * handed to the batch handler one message at a time instead. */
+#define ISO_SAVEPOINTS 56
 
-/* One walk over the batch's groups, inside the open transaction. */
+/* One walk over the batch's groups, inside the open transaction. Group g
+ * is the messages [lo[g], lo[g + 1]). */
 typedef struct walk {
-        size_t gsz, ngroups;
+        size_t ngroups;
+        size_t lo[ISO_MAX_GROUPS + 1];
+        bool single[ISO_MAX_GROUPS]; /* batch handler: call per message */
         bool iso;
         size_t g; /* the group running now */
         bool sp_done; /* group g's savepoint is already defined */
-        bool *single; /* batch handler: call per message (groups) */
         bool no_merge; /* MySQL: group g runs without merged INSERTs */
+        int nsp; /* savepoints defined */
 } walk_t;
+
+/* The group holding message i. */
+static size_t
+group_of(const walk_t *wk, size_t i)
+{
+        size_t a = 0, b = wk->ngroups;
+        while (b - a > 1) {
+                size_t m = a + (b - a) / 2;
+                if (wk->lo[m] <= i)
+                        a = m;
+                else
+                        b = m;
+        }
+        return a;
+}
+
+/* Cut group g in two halves; false when it cannot be cut (one message, or
+ * the group or savepoint budget is spent). */
+static bool
+bisect(walk_t *wk, size_t g)
+{
+        size_t a = wk->lo[g], b = wk->lo[g + 1];
+        if (b - a < 2 || wk->ngroups == ISO_MAX_GROUPS ||
+            wk->nsp >= ISO_SAVEPOINTS)
+                return false;
+        memmove(wk->lo + g + 2, wk->lo + g + 1,
+                (wk->ngroups - g) * sizeof(*wk->lo));
+        memmove(wk->single + g + 2, wk->single + g + 1,
+                (wk->ngroups - g - 1) * sizeof(*wk->single));
+        wk->lo[g + 1] = a + (b - a) / 2;
+        wk->single[g] = wk->single[g + 1] = false;
+        wk->ngroups++;
+        return true;
+}
 
 /* Where a failure is charged. */
 typedef enum { FL_MSG, FL_GROUP, FL_MERGED, FL_BATCH } fkind_t;
@@ -292,12 +338,13 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
         size_t low = (size_t)KINBOX__TAG_LOW(t);
         if (t & KINBOX__TAG_MERGED_BIT) {
                 if (low < w->nmsgs)
-                        f = (failure_t){FL_MERGED, low / wk->gsz, F_RETRY,
+                        f = (failure_t){FL_MERGED, group_of(wk, low), F_RETRY,
                                         false};
         } else if (t & KINBOX__TAG_GROUP) {
-                if (low < wk->ngroups)
-                        f = (failure_t){FL_GROUP, low, statement_fate(tx, e),
-                                        false};
+                /* The low bits: the group's first message. */
+                if (low < w->nmsgs)
+                        f = (failure_t){FL_GROUP, group_of(wk, low),
+                                        statement_fate(tx, e), false};
         } else if (low < w->nmsgs && w->msgs[low]->state == M_RUN) {
                 f = (failure_t){FL_MSG, low, statement_fate(tx, e), false};
         }
@@ -307,10 +354,12 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
 static int queue_dead_letter(kinbox_consumer_t *c, worker_t *w,
                              kinbox_msg_t *m);
 
+/* A group's savepoint is named by its first message: a bisection leaves
+ * the names of the groups before the cut alone. */
 static void
-savepoint_name(char *b, size_t sz, size_t g)
+savepoint_name(char *b, size_t sz, const walk_t *wk, size_t g)
 {
-        snprintf(b, sz, "kinbox_g%zu", g);
+        snprintf(b, sz, "kinbox_g%zu", wk->lo[g]);
 }
 
 /* Run per-message handler i. Returns false when the walk must stop: *f
@@ -414,8 +463,8 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                         run[j]->dup_ok = false;
                 }
                 /* A one-message call's statements are that message's. */
-                tx->tag =
-                    cnt == 1 ? (int)idx[j0] : (int)(KINBOX__TAG_GROUP | wk->g);
+                tx->tag = cnt == 1 ? (int)idx[j0]
+                                   : (int)(KINBOX__TAG_GROUP | wk->lo[wk->g]);
                 tx->failed = tx->touched = false;
                 tx->reason[0] = '\0';
                 db->err = (kinbox__dberr_t){.tag = -1};
@@ -448,8 +497,7 @@ static bool
 run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, const walk_t *wk,
           failure_t *f)
 {
-        size_t lo = wk->g * wk->gsz;
-        size_t hi = lo + wk->gsz < w->nmsgs ? lo + wk->gsz : w->nmsgs;
+        size_t lo = wk->lo[wk->g], hi = wk->lo[wk->g + 1];
         for (size_t i = lo; i < hi; i++) {
                 kinbox_msg_t *m = w->msgs[i];
                 if (m->state == M_DEAD) {
@@ -500,16 +548,18 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                             w->idx, db->err.msg);
                 return RUN_BACKOFF;
         }
-        size_t g = f->kind == FL_MSG ? f->idx / wk->gsz : f->idx;
+        size_t g = f->kind == FL_MSG ? group_of(wk, f->idx) : f->idx;
         if (f->kind == FL_MSG) {
                 fail_msg(c, w, f->idx, f->fate,
                          f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
                 /* The culprit is out: the group's next batch handler call
                  * is set-based again. */
                 wk->single[g] = false;
-        } else if (f->kind == FL_GROUP && !f->by_result)
-                wk->single[g] = true; /* narrow it down to the message */
-        else if (f->kind == FL_MERGED)
+        } else if (f->kind == FL_GROUP && !f->by_result) {
+                /* Narrow it down to the message. */
+                if (!wk->iso || !bisect(wk, g))
+                        wk->single[g] = true;
+        } else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */
         atomic_fetch_add(&c->st_rolled_back, 1);
         bool was_iso = wk->iso;
@@ -520,7 +570,7 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                 return RUN_AGAIN;
         }
         char sp[32];
-        savepoint_name(sp, sizeof(sp), g);
+        savepoint_name(sp, sizeof(sp), wk, g);
         if (db->ops->rollback_to(db, sp)) {
                 failure_t b = {FL_BATCH, 0, F_RETRY, false};
                 return recover(c, w, wk, &b);
@@ -528,7 +578,7 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
         /* Claims of the messages rolled back are void. */
         size_t keep = 0;
         for (size_t k = 0; k < db->nnone; k++)
-                if ((size_t)KINBOX__TAG_LOW(db->none_tags[k]) < g * wk->gsz)
+                if ((size_t)KINBOX__TAG_LOW(db->none_tags[k]) < wk->lo[g])
                         db->none_tags[keep++] = db->none_tags[k];
         db->nnone = keep;
         wk->g = g;
@@ -651,7 +701,8 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
         while (wk->g < wk->ngroups) {
                 if (wk->iso && !wk->sp_done) {
                         char sp[32];
-                        savepoint_name(sp, sizeof(sp), wk->g);
+                        savepoint_name(sp, sizeof(sp), wk, wk->g);
+                        wk->nsp++;
                         if (db->ops->savepoint(db, sp)) {
                                 f = failure_of(w, wk, &db->err, tx);
                                 goto failed;
@@ -681,6 +732,24 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
         return RUN_DONE;
 }
 
+/* The groups of a batch of n: one, or in isolation mode up to ng groups
+ * of at least ISO_MIN_GROUP messages. */
+static void
+walk_init(walk_t *wk, bool iso, size_t ng, size_t n)
+{
+        size_t gsz = n ? n : 1;
+        wk->iso = iso;
+        if (iso) {
+                gsz = (n + ng - 1) / ng;
+                if (gsz < ISO_MIN_GROUP)
+                        gsz = ISO_MIN_GROUP;
+        }
+        wk->ngroups = (n + gsz - 1) / gsz;
+        for (size_t g = 0; g < wk->ngroups; g++)
+                wk->lo[g] = g * gsz;
+        wk->lo[wk->ngroups] = n;
+}
+
 /* One attempt at the batch in one transaction. */
 static enum run_rc
 run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
@@ -698,20 +767,8 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         int64_t t_begin = kinbox__now_ms();
         int64_t t_begin_us = kinbox__now_us();
         walk_t wk = {0};
-        wk.iso = w->iso_left > 0;
-        wk.gsz = w->nmsgs;
-        if (wk.iso) {
-                size_t ng = c->batch_handler ? ISO_GROUPS_BATCH : ISO_GROUPS;
-                wk.gsz = (w->nmsgs + ng - 1) / ng;
-                if (wk.gsz < ISO_MIN_GROUP)
-                        wk.gsz = ISO_MIN_GROUP;
-        }
-        wk.ngroups = (w->nmsgs + wk.gsz - 1) / wk.gsz;
-        if (wk.gsz != w->single_gsz) {
-                memset(w->single, 0, ISO_GROUPS * sizeof(*w->single));
-                w->single_gsz = wk.gsz;
-        }
-        wk.single = w->single;
+        walk_init(&wk, w->iso_left > 0,
+                  c->batch_handler ? ISO_GROUPS_BATCH : ISO_GROUPS, w->nmsgs);
         kinbox__tx_clear_ukeys(tx);
         failure_t f;
         if (begin_batch(c, w)) {
@@ -785,7 +842,6 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
         for (size_t i = 0; i < w->nmsgs; i++)
                 w->msgs[i]->state = w->msgs[i]->id ? M_RUN : M_DEAD;
         w->iso_hit = false;
-        w->single_gsz = 0;
         for (;;) {
                 if (!w->db->native) {
                         if (batch_abandoned(c, w))

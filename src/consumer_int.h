@@ -81,8 +81,6 @@ struct worker {
         int iso_left; /* batches left in isolation mode */
         int64_t handler_us; /* in handler calls, this transaction */
         bool iso_hit; /* this batch had a failure */
-        bool single[32]; /* batch handler: per-message calls, by group */
-        size_t single_gsz; /* the group size single[] was set for */
         kinbox_msg_t **msgs; /* current batch */
         size_t nmsgs, capmsgs;
         kinbox__inbox_row_t *rows;

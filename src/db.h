@@ -37,8 +37,9 @@ typedef struct kinbox__db kinbox__db_t;
  * failure to exactly the message that queued it.
  *   >= 0 without KINBOX__TAG_GROUP: a per-message handler call; the low
  *        bits are the message's index in the batch;
- *   with KINBOX__TAG_GROUP: a batch handler call for savepoint group N
- *        (low bits), whose set-based statements no one message owns;
+ *   with KINBOX__TAG_GROUP: a batch handler call for the savepoint group
+ *        whose first message has index N (low bits); no one message owns
+ *        its set-based statements;
  *   KINBOX__TAG_UNIQUE may be or'ed into either: the statement's unique
  *        violation means "already applied" (kinbox_tx_exec_unique());
  *   KINBOX__TAG_CLAIM likewise: no row affected means "already applied"
