@@ -273,6 +273,9 @@ typedef struct walk {
         size_t ngroups;
         size_t lo[ISO_MAX_GROUPS + 1];
         bool single[ISO_MAX_GROUPS]; /* batch handler: call per message */
+        /* The second half of a failed group: when the first half ran
+         * clean, the failure lies here, so it is cut before it runs. */
+        bool suspect[ISO_MAX_GROUPS];
         bool iso;
         size_t g; /* the group running now */
         bool sp_done; /* group g's savepoint is already defined */
@@ -308,8 +311,12 @@ bisect(walk_t *wk, size_t g)
                 (wk->ngroups - g) * sizeof(*wk->lo));
         memmove(wk->single + g + 2, wk->single + g + 1,
                 (wk->ngroups - g - 1) * sizeof(*wk->single));
+        memmove(wk->suspect + g + 2, wk->suspect + g + 1,
+                (wk->ngroups - g - 1) * sizeof(*wk->suspect));
         wk->lo[g + 1] = a + (b - a) / 2;
         wk->single[g] = wk->single[g + 1] = false;
+        wk->suspect[g] = false;
+        wk->suspect[g + 1] = true;
         wk->ngroups++;
         return true;
 }
@@ -549,6 +556,8 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                 return RUN_BACKOFF;
         }
         size_t g = f->kind == FL_MSG ? group_of(wk, f->idx) : f->idx;
+        if (g + 1 < wk->ngroups)
+                wk->suspect[g + 1] = false; /* the failure was before it */
         if (f->kind == FL_MSG) {
                 fail_msg(c, w, f->idx, f->fate,
                          f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
@@ -715,6 +724,8 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                 wk->no_merge = false;
                 if (ok) {
                         wk->g++;
+                        if (wk->g < wk->ngroups && wk->suspect[wk->g])
+                                bisect(wk, wk->g);
                         if (wk->g == wk->ngroups && wk->iso &&
                             db->ops->flush(db)) {
                                 /* Surface errors while a savepoint can
