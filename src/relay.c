@@ -153,6 +153,8 @@ struct kinbox_relay_s {
         char errstr[1024];
 };
 
+static void producer_warm(kinbox_relay_t *r);
+
 /* ---------------------------------------------------------------- utils */
 
 #define STAT_ADD(r, field, n)                                                 \
@@ -352,6 +354,12 @@ produce(kinbox_relay_t *r, item_t *it)
                         continue;
                 }
                 rd_kafka_headers_destroy(kh);
+                if (e == RD_KAFKA_RESP_ERR__FATAL) {
+                        /* The producer, not the row: back untouched; the
+                         * relay makes a new producer before claiming. */
+                        it->out = OUT_RELEASE;
+                        return;
+                }
                 snprintf(err, sizeof(err), "produce: %s: %s",
                          rd_kafka_err2name(e), rd_kafka_err2str(e));
                 set_err(it->err, err);
@@ -1036,6 +1044,40 @@ resize(kinbox_relay_t *r, int64_t claimed)
                 r->cur_batch = r->batch < BATCH_MIN ? r->batch : BATCH_MIN;
 }
 
+static bool
+producer_fatal(kinbox_relay_t *r)
+{
+        return atomic_load(&r->rk_fatal) ||
+               rd_kafka_fatal_error(r->rk, NULL, 0) !=
+                   RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+/*
+ * Whether another batch may be produced now. Not on a producer that
+ * failed fatally (its rows would fail at once). Not while a batch in flight
+ * has waited half its delivery deadline: that batch's deadline purges
+ * everything in the producer, in flight included, and a request in flight
+ * may already be written; a younger batch produced just before that purge
+ * would see its rows fail although they are on the topic, and publish them
+ * again after themselves (an aggregate's run "0..7, 0..7"). So a purge only
+ * ever meets messages that have had kafka.message.timeout.ms / 2 to be
+ * acknowledged, as with one batch in flight.
+ */
+static bool
+may_produce(kinbox_relay_t *r)
+{
+        if (producer_fatal(r))
+                return false;
+        int64_t now = kinbox__now_ms();
+        for (int i = 0; i < PIPE_MAX; i++) {
+                const batch_t *b = &r->pipe[i];
+                if (b->n && now - b->t0 >= r->msg_timeout_ms / 2 &&
+                    !batch_reported(b))
+                        return false;
+        }
+        return true;
+}
+
 /*
  * One step of the pipeline: claim another batch while fewer than
  * relay.pipeline batches are in flight and rows may be waiting, serve
@@ -1045,14 +1087,15 @@ resize(kinbox_relay_t *r, int64_t claimed)
 static int
 step(kinbox_relay_t *r, bool *more)
 {
-        int claimed = -1;
-        if (*more && r->inflight < r->depth && !atomic_load(&r->stop)) {
+        bool go = *more && r->inflight < r->depth && !atomic_load(&r->stop) &&
+                  may_produce(r);
+        if (go) {
                 batch_t *slot = NULL;
                 for (int i = 0; i < PIPE_MAX && !slot; i++)
                         if (!r->pipe[i].n)
                                 slot = &r->pipe[i];
                 int64_t limit = r->cur_batch;
-                claimed = batch_claim(r, slot);
+                int claimed = batch_claim(r, slot);
                 if (claimed < 0)
                         return claimed;
                 resize(r, claimed);
@@ -1064,24 +1107,26 @@ step(kinbox_relay_t *r, bool *more)
                  * every claimable row; the next ones become claimable when
                  * these are marked. */
                 *more = claimed >= limit;
+                go = *more && r->inflight < r->depth;
         }
         if (r->inflight) {
                 /* Claiming again at once when the last claim was full;
                  * otherwise wait a little for delivery reports. */
-                rd_kafka_poll(r->rk, *more && r->inflight < r->depth ? 0 : 1);
+                rd_kafka_poll(r->rk, go ? 0 : 1);
                 int fin = reap(r);
                 if (fin < 0)
                         return fin;
                 if (fin > 0)
                         *more = true; /* next rows of those aggregates */
         }
-        if (atomic_load(&r->rk_fatal) && !r->inflight) {
+        if (!r->inflight && producer_fatal(r)) {
                 /* The idempotent producer cannot continue: new one. */
                 rd_kafka_flush(r->rk, 1000);
                 rd_kafka_destroy(r->rk);
                 r->rk = producer_new(r);
                 if (!r->rk)
                         return KINBOX_ERR_KAFKA;
+                producer_warm(r);
         }
         return *more || r->inflight ? 1 : 0;
 }
