@@ -40,7 +40,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
 #include "confval.h"
@@ -136,7 +135,7 @@ struct kinbox_relay_s {
         rd_kafka_conf_t *rkconf; /* template; dup'ed per producer */
         rd_kafka_t *rk;
         atomic_bool rk_fatal;
-        PGconn *listen;
+        kinbox__listener_t *listen;
         int64_t listen_retry_at;
         int pipefd[2];
 
@@ -1159,82 +1158,35 @@ static void
 listen_close(kinbox_relay_t *r)
 {
         if (r->listen) {
-                PQfinish(r->listen);
+                r->db->ops->outbox->listen_close(r->listen);
                 r->listen = NULL;
         }
-}
-
-/* libpq's notices on the LISTEN connection ("terminating connection due
- * to immediate shutdown", ...) go through the relay's logger, never raw
- * to stderr. */
-static void
-listen_notice(void *arg, const char *message)
-{
-        kinbox_relay_t *r = arg;
-        size_t n = strlen(message);
-        while (n && (message[n - 1] == '\n' || message[n - 1] == '\r'))
-                n--;
-        rlog(r, KINBOX_LOG_NOTICE, "postgresql (LISTEN connection): %.*s",
-             (int)n, message);
 }
 
 static void
 listen_open(kinbox_relay_t *r)
 {
-        if (!r->notify || !r->db->ops->outbox->notify_channel || r->listen ||
+        const struct kinbox__outbox_ops *o = r->db->ops->outbox;
+        if (!r->notify || !o->listen_open || r->listen ||
             kinbox__now_ms() < r->listen_retry_at)
                 return;
         r->listen_retry_at = kinbox__now_ms() + 5000;
-        char e[256];
-        char *pw = NULL;
-        if (kinbox__conf_password(r->conf, &pw, e, sizeof(e))) {
-                rlog(r, KINBOX_LOG_WARNING, "LISTEN connection: %s", e);
-                return;
-        }
-        const char *kw[3] = {"dbname", pw ? "password" : NULL, NULL};
-        const char *vals[3] = {kinbox_conf_get(r->conf, "database.url"), pw,
-                               NULL};
-        PGconn *c = PQconnectdbParams(kw, vals, 1);
-        free(pw);
-        if (c)
-                PQsetNoticeProcessor(c, listen_notice, r);
-        if (!c || PQstatus(c) != CONNECTION_OK) {
+        char e[512];
+        r->listen = o->listen_open(r->conf, &r->log, e, sizeof(e));
+        if (!r->listen)
                 rlog(r, KINBOX_LOG_WARNING,
-                     "LISTEN connection failed (polling meanwhile): %s",
-                     c ? PQerrorMessage(c) : "out of memory");
-                PQfinish(c);
-                return;
-        }
-        char q[96];
-        snprintf(q, sizeof(q), "LISTEN %s",
-                 r->db->ops->outbox->notify_channel);
-        PGresult *res = PQexec(c, q);
-        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-                rlog(r, KINBOX_LOG_WARNING, "LISTEN failed: %s",
-                     PQresultErrorMessage(res));
-                PQclear(res);
-                PQfinish(c);
-                return;
-        }
-        PQclear(res);
-        PQsetnonblocking(c, 1);
-        r->listen = c;
+                     "LISTEN connection failed (polling meanwhile): %s", e);
 }
 
 /* Drain pending notifications; false if the connection broke. */
 static bool
 listen_drain(kinbox_relay_t *r, bool *woken)
 {
-        if (!PQconsumeInput(r->listen)) {
-                rlog(r, KINBOX_LOG_WARNING, "LISTEN connection lost: %s",
-                     PQerrorMessage(r->listen));
+        char e[512];
+        if (r->db->ops->outbox->listen_drain(r->listen, woken, e, sizeof(e))) {
+                rlog(r, KINBOX_LOG_WARNING, "LISTEN connection lost: %s", e);
                 listen_close(r);
                 return false;
-        }
-        PGnotify *nf;
-        while ((nf = PQnotifies(r->listen)) != NULL) {
-                *woken = true;
-                PQfreemem(nf);
         }
         return true;
 }
@@ -1262,7 +1214,7 @@ wait_wakeup(kinbox_relay_t *r, int64_t ms)
                                 continue;
                         if (woken)
                                 break;
-                        pf[nf].fd = PQsocket(r->listen);
+                        pf[nf].fd = r->db->ops->outbox->listen_fd(r->listen);
                         pf[nf++].events = POLLIN;
                 }
                 int k = poll(pf, nf, (int)left);

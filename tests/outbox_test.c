@@ -1157,7 +1157,7 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
  * in flight: those may already be on the topic, and publishing their runs
  * again would put an older row after a newer one ("seq 0 after 1").
  */
-#define PP_AGGS 120
+#define PP_AGGS 48
 #define PP_EVENTS 16
 
 KT_BACKENDS_PARAMS(outbox_pipeline_stall, backends)
