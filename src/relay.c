@@ -56,6 +56,7 @@
 #define BATCH_MIN 16 /* smallest claim */
 #define POLL_MIN_MS 1 /* polling: interval while rows keep coming */
 #define HOT_MS 200 /* polling: close interval after a local append */
+#define RELAY_LINGER_MS "1" /* producer linger.ms unless configured */
 
 /* ---------------------------------------------------------------- types */
 
@@ -1314,9 +1315,11 @@ producer_warm(kinbox_relay_t *r)
         else
                 rlog(r, KINBOX_LOG_WARNING,
                      "no broker metadata yet (publishing will wait)");
-        /* The producer id is requested once a broker is up. */
-        for (int i = 0; i < 10 && !atomic_load(&r->stop); i++)
-                rd_kafka_poll(r->rk, 10);
+        /* The idempotent producer id is requested as soon as a broker is
+         * up (one round trip), while the relay opens its LISTEN connection
+         * and runs its first claim: rows produced before it arrives wait
+         * inside the producer, no longer than that. */
+        rd_kafka_poll(r->rk, 0);
         rlog(r, KINBOX_LOG_DEBUG, "producer ready in %" PRId64 " ms",
              kinbox__now_ms() - t0);
 }
@@ -1411,6 +1414,11 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
          *    (message.timeout.ms = 0); the relay enforces
          *    kafka.message.timeout.ms itself, per batch, by purging
          *    everything queued and in flight at one instant. */
+        /* A claim is a batch already: librdkafka's default linger (5 ms)
+         * only adds latency to every cycle. */
+        if (!kinbox_conf_get(conf, "kafka.linger.ms") &&
+            !kinbox_conf_get(conf, "kafka.queue.buffering.max.ms"))
+                kafka_set_one("linger.ms", RELAY_LINGER_MS, &ks);
         const char *forced[][2] = {{"enable.idempotence", "true"},
                                    {"enable.gapless.guarantee", "true"},
                                    {"message.timeout.ms", "0"}};
