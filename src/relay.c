@@ -953,10 +953,9 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
         int64_t t_mark = kinbox__now_us();
         int rc = batch_mark(r, b, &t);
         rlog(r, KINBOX_LOG_DEBUG,
-             "batch of %zu rows: claim %lld us, published in %lld ms, "
-             "marks %lld us",
-             b->n, (long long)b->us_claim,
-             (long long)(kinbox__now_ms() - b->t0),
+             "batch of %zu rows: claim %lld us, delivery reports in %lld "
+             "ms, marks %lld us",
+             b->n, (long long)b->us_claim, (long long)(t_mark / 1000 - b->t0),
              (long long)(kinbox__now_us() - t_mark));
         if (t.conflicts)
                 rlog(r, KINBOX_LOG_NOTICE,
