@@ -156,6 +156,8 @@ relay_conf(const char *url, const char *bootstrap)
         cset(c, "relay.backoff.max.ms", "300");
         cset(c, "relay.action.timeout.ms", "1000");
         cset(c, "kafka.message.timeout.ms", "2000");
+        /* KT_RELAY_PIPELINE=N runs every relay of the suite with
+         * relay.pipeline N; KT_RELAY_LOG=debug shows each batch. */
         const char *pl = getenv("KT_RELAY_PIPELINE");
         if (pl && *pl)
                 cset(c, "relay.pipeline", pl);
