@@ -1336,6 +1336,45 @@ conf_bool(const kinbox_conf_t *conf, const char *key, bool dflt)
         return b;
 }
 
+/* The producer template: the kafka.* settings, then the relay's own. */
+static bool
+producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf, char *errstr,
+              size_t errstr_size)
+{
+        struct kset ks = {r->rkconf, errstr, errstr_size, false};
+        kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
+        if (ks.failed)
+                return false;
+        /* A claim is a batch already: librdkafka's default linger (5 ms)
+         * only adds latency to every cycle. */
+        if (!kinbox_conf_get(conf, "kafka.linger.ms") &&
+            !kinbox_conf_get(conf, "kafka.queue.buffering.max.ms"))
+                kafka_set_one("linger.ms", RELAY_LINGER_MS, &ks);
+        /* Runs of one aggregate are in flight together: a row must never
+         * be written after an earlier row of its partition failed.
+         *  - The gapless guarantee turns a failed batch that would leave a
+         *    gap into a fatal error (all outstanding messages fail, the
+         *    relay makes a new producer) instead of writing later rows.
+         *  - It does not cover message timeouts, which librdkafka applies
+         *    message by message (an earlier row can time out while a later
+         *    one is still sent). So librdkafka never times messages out
+         *    (message.timeout.ms = 0); the relay enforces
+         *    kafka.message.timeout.ms itself, per batch, by purging
+         *    everything queued and in flight at one instant. */
+        const char *forced[][2] = {{"enable.idempotence", "true"},
+                                   {"enable.gapless.guarantee", "true"},
+                                   {"message.timeout.ms", "0"}};
+        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
+                kafka_set_one(forced[i][0], forced[i][1], &ks);
+                if (ks.failed)
+                        return false;
+        }
+        rd_kafka_conf_set_dr_msg_cb(r->rkconf, dr_cb);
+        rd_kafka_conf_set_error_cb(r->rkconf, error_cb);
+        rd_kafka_conf_set_log_cb(r->rkconf, rk_log_cb);
+        return true;
+}
+
 KINBOX_API kinbox_relay_t *
 kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
 {
@@ -1398,37 +1437,8 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
 
         /* Producer configuration, validated now. */
         r->rkconf = rd_kafka_conf_new();
-        struct kset ks = {r->rkconf, errstr, errstr_size, false};
-        kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
-        if (ks.failed)
+        if (!producer_conf(r, conf, errstr, errstr_size))
                 goto fail;
-        /* Runs of one aggregate are in flight together: a row must never
-         * be written after an earlier row of its partition failed.
-         *  - The gapless guarantee turns a failed batch that would leave a
-         *    gap into a fatal error (all outstanding messages fail, the
-         *    relay makes a new producer) instead of writing later rows.
-         *  - It does not cover message timeouts, which librdkafka applies
-         *    message by message (an earlier row can time out while a later
-         *    one is still sent). So librdkafka never times messages out
-         *    (message.timeout.ms = 0); the relay enforces
-         *    kafka.message.timeout.ms itself, per batch, by purging
-         *    everything queued and in flight at one instant. */
-        /* A claim is a batch already: librdkafka's default linger (5 ms)
-         * only adds latency to every cycle. */
-        if (!kinbox_conf_get(conf, "kafka.linger.ms") &&
-            !kinbox_conf_get(conf, "kafka.queue.buffering.max.ms"))
-                kafka_set_one("linger.ms", RELAY_LINGER_MS, &ks);
-        const char *forced[][2] = {{"enable.idempotence", "true"},
-                                   {"enable.gapless.guarantee", "true"},
-                                   {"message.timeout.ms", "0"}};
-        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
-                kafka_set_one(forced[i][0], forced[i][1], &ks);
-                if (ks.failed)
-                        goto fail;
-        }
-        rd_kafka_conf_set_dr_msg_cb(r->rkconf, dr_cb);
-        rd_kafka_conf_set_error_cb(r->rkconf, error_cb);
-        rd_kafka_conf_set_log_cb(r->rkconf, rk_log_cb);
 
         kinbox__conf_logger(conf, &r->log);
         r->db = kinbox__outbox_db_open(conf, errstr, errstr_size);
