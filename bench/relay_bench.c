@@ -81,6 +81,7 @@ mk_relay(int idx)
             {"relay.poll.ms", poll_ms},
             {"relay.batch.size", batch},
             {"kafka.linger.ms", getenv("RB_LINGER")},
+            {"relay.pipeline", getenv("RB_PIPELINE")},
             {"kafka.socket.nagle.disable", getenv("RB_NAGLE")}};
         for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
                 if (kv[i][1] &&

@@ -81,7 +81,7 @@ static const prop_t props[] = {
 {"relay.run.max", P_INT, "1000", 1, 100000, NULL,
  "Most consecutive pending rows of one aggregate (same destination, in order) one claim takes together; 1 claims only the oldest pending row of each aggregate. If a row of a run fails, the rows after it go back to pending untouched (no attempt charged) and stay behind it."},
 {"relay.pipeline", P_INT, "1", 1, 4, NULL,
- "Claimed batches a relay keeps in flight: with 2 or more the next batch is claimed and published while the previous one waits for its delivery reports. Experimental above 1: tests/outbox_test.c outbox_order (injected produce errors and a broker outage on the librdkafka mock cluster) has intermittently seen an aggregate's rows out of order with 2."},
+ "Claimed batches a relay keeps in flight: with 2 or more the next batch is claimed and published while the previous one waits for its delivery reports. No new batch is produced while one in flight has waited half of kafka.message.timeout.ms, so a batch's delivery deadline (which purges the producer) never fails a younger batch's rows that may already be written. 1 by default: the relay's time goes to its claims and marks on its one database connection, and 2 measured no faster on either backend."},
 {"relay.lease.ms", P_INT, "30000", 100, 86400000, NULL,
  "How long a claimed outbox row belongs to one relay before another may take it."},
 {"relay.poll.ms", P_INT, "500", 1, 3600000, NULL,

@@ -271,6 +271,11 @@ enum {
         KINBOX__CL_NCOLS
 };
 
+/* A connection that waits for the outbox channel's notifications. */
+typedef struct kinbox__listener kinbox__listener_t;
+struct kinbox__log;
+struct kinbox_conf_s;
+
 struct kinbox__outbox_ops {
         /* Claim and commit (opens and ends its own transaction). *out gets
          * the claimed rows (NULL or 0 rows: nothing due). */
@@ -290,6 +295,20 @@ struct kinbox__outbox_ops {
         /* LISTEN channel the table's trigger notifies on commit (NULL:
          * none, the relay polls). */
         const char *notify_channel;
+        /* Wake-ups on the channel, on a connection of their own (NULL
+         * where there is no channel). listen_open connects to conf's
+         * database and listens; NULL with err set on failure; the
+         * server's notices go to log. listen_fd is the socket to poll.
+         * listen_drain consumes what arrived without blocking: *woken
+         * when a notification came; <0 with err set when the connection
+         * broke (close it). */
+        kinbox__listener_t *(*listen_open)(const struct kinbox_conf_s *conf,
+                                           const struct kinbox__log *log,
+                                           char *err, size_t errsz);
+        int (*listen_fd)(kinbox__listener_t *l);
+        int (*listen_drain)(kinbox__listener_t *l, bool *woken, char *err,
+                            size_t errsz);
+        void (*listen_close)(kinbox__listener_t *l);
         /* The claim's walk over pending rows (its first step), LIMIT 1000,
          * no parameters: for EXPLAIN in tests and benchmarks, which check
          * that it reads the pending-rows index only. */

@@ -40,7 +40,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
 #include "confval.h"
@@ -57,6 +56,7 @@
 #define BATCH_MIN 16 /* smallest claim */
 #define POLL_MIN_MS 1 /* polling: interval while rows keep coming */
 #define HOT_MS 200 /* polling: close interval after a local append */
+#define RELAY_LINGER_MS "1" /* producer linger.ms unless configured */
 
 /* ---------------------------------------------------------------- types */
 
@@ -136,7 +136,7 @@ struct kinbox_relay_s {
         rd_kafka_conf_t *rkconf; /* template; dup'ed per producer */
         rd_kafka_t *rk;
         atomic_bool rk_fatal;
-        PGconn *listen;
+        kinbox__listener_t *listen;
         int64_t listen_retry_at;
         int pipefd[2];
 
@@ -152,6 +152,8 @@ struct kinbox_relay_s {
         kinbox_relay_stats_t stats;
         char errstr[1024];
 };
+
+static void producer_warm(kinbox_relay_t *r);
 
 /* ---------------------------------------------------------------- utils */
 
@@ -352,6 +354,12 @@ produce(kinbox_relay_t *r, item_t *it)
                         continue;
                 }
                 rd_kafka_headers_destroy(kh);
+                if (e == RD_KAFKA_RESP_ERR__FATAL) {
+                        /* The producer, not the row: back untouched; the
+                         * relay makes a new producer before claiming. */
+                        it->out = OUT_RELEASE;
+                        return;
+                }
                 snprintf(err, sizeof(err), "produce: %s: %s",
                          rd_kafka_err2name(e), rd_kafka_err2str(e));
                 set_err(it->err, err);
@@ -945,10 +953,9 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
         int64_t t_mark = kinbox__now_us();
         int rc = batch_mark(r, b, &t);
         rlog(r, KINBOX_LOG_DEBUG,
-             "batch of %zu rows: claim %lld us, published in %lld ms, "
-             "marks %lld us",
-             b->n, (long long)b->us_claim,
-             (long long)(kinbox__now_ms() - b->t0),
+             "batch of %zu rows: claim %lld us, delivery reports in %lld "
+             "ms, marks %lld us",
+             b->n, (long long)b->us_claim, (long long)(t_mark / 1000 - b->t0),
              (long long)(kinbox__now_us() - t_mark));
         if (t.conflicts)
                 rlog(r, KINBOX_LOG_NOTICE,
@@ -1036,6 +1043,40 @@ resize(kinbox_relay_t *r, int64_t claimed)
                 r->cur_batch = r->batch < BATCH_MIN ? r->batch : BATCH_MIN;
 }
 
+static bool
+producer_fatal(kinbox_relay_t *r)
+{
+        return atomic_load(&r->rk_fatal) ||
+               rd_kafka_fatal_error(r->rk, NULL, 0) !=
+                   RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+/*
+ * Whether another batch may be produced now. Not on a producer that
+ * failed fatally (its rows would fail at once). Not while a batch in flight
+ * has waited half its delivery deadline: that batch's deadline purges
+ * everything in the producer, in flight included, and a request in flight
+ * may already be written; a younger batch produced just before that purge
+ * would see its rows fail although they are on the topic, and publish them
+ * again after themselves (an aggregate's run "0..7, 0..7"). So a purge only
+ * ever meets messages that have had kafka.message.timeout.ms / 2 to be
+ * acknowledged, as with one batch in flight.
+ */
+static bool
+may_produce(kinbox_relay_t *r)
+{
+        if (producer_fatal(r))
+                return false;
+        int64_t now = kinbox__now_ms();
+        for (int i = 0; i < PIPE_MAX; i++) {
+                const batch_t *b = &r->pipe[i];
+                if (b->n && now - b->t0 >= r->msg_timeout_ms / 2 &&
+                    !batch_reported(b))
+                        return false;
+        }
+        return true;
+}
+
 /*
  * One step of the pipeline: claim another batch while fewer than
  * relay.pipeline batches are in flight and rows may be waiting, serve
@@ -1045,14 +1086,15 @@ resize(kinbox_relay_t *r, int64_t claimed)
 static int
 step(kinbox_relay_t *r, bool *more)
 {
-        int claimed = -1;
-        if (*more && r->inflight < r->depth && !atomic_load(&r->stop)) {
+        bool go = *more && r->inflight < r->depth && !atomic_load(&r->stop) &&
+                  may_produce(r);
+        if (go) {
                 batch_t *slot = NULL;
                 for (int i = 0; i < PIPE_MAX && !slot; i++)
                         if (!r->pipe[i].n)
                                 slot = &r->pipe[i];
                 int64_t limit = r->cur_batch;
-                claimed = batch_claim(r, slot);
+                int claimed = batch_claim(r, slot);
                 if (claimed < 0)
                         return claimed;
                 resize(r, claimed);
@@ -1064,24 +1106,26 @@ step(kinbox_relay_t *r, bool *more)
                  * every claimable row; the next ones become claimable when
                  * these are marked. */
                 *more = claimed >= limit;
+                go = *more && r->inflight < r->depth;
         }
         if (r->inflight) {
                 /* Claiming again at once when the last claim was full;
                  * otherwise wait a little for delivery reports. */
-                rd_kafka_poll(r->rk, *more && r->inflight < r->depth ? 0 : 1);
+                rd_kafka_poll(r->rk, go ? 0 : 1);
                 int fin = reap(r);
                 if (fin < 0)
                         return fin;
                 if (fin > 0)
                         *more = true; /* next rows of those aggregates */
         }
-        if (atomic_load(&r->rk_fatal) && !r->inflight) {
+        if (!r->inflight && producer_fatal(r)) {
                 /* The idempotent producer cannot continue: new one. */
                 rd_kafka_flush(r->rk, 1000);
                 rd_kafka_destroy(r->rk);
                 r->rk = producer_new(r);
                 if (!r->rk)
                         return KINBOX_ERR_KAFKA;
+                producer_warm(r);
         }
         return *more || r->inflight ? 1 : 0;
 }
@@ -1114,82 +1158,35 @@ static void
 listen_close(kinbox_relay_t *r)
 {
         if (r->listen) {
-                PQfinish(r->listen);
+                r->db->ops->outbox->listen_close(r->listen);
                 r->listen = NULL;
         }
-}
-
-/* libpq's notices on the LISTEN connection ("terminating connection due
- * to immediate shutdown", ...) go through the relay's logger, never raw
- * to stderr. */
-static void
-listen_notice(void *arg, const char *message)
-{
-        kinbox_relay_t *r = arg;
-        size_t n = strlen(message);
-        while (n && (message[n - 1] == '\n' || message[n - 1] == '\r'))
-                n--;
-        rlog(r, KINBOX_LOG_NOTICE, "postgresql (LISTEN connection): %.*s",
-             (int)n, message);
 }
 
 static void
 listen_open(kinbox_relay_t *r)
 {
-        if (!r->notify || !r->db->ops->outbox->notify_channel || r->listen ||
+        const struct kinbox__outbox_ops *o = r->db->ops->outbox;
+        if (!r->notify || !o->listen_open || r->listen ||
             kinbox__now_ms() < r->listen_retry_at)
                 return;
         r->listen_retry_at = kinbox__now_ms() + 5000;
-        char e[256];
-        char *pw = NULL;
-        if (kinbox__conf_password(r->conf, &pw, e, sizeof(e))) {
-                rlog(r, KINBOX_LOG_WARNING, "LISTEN connection: %s", e);
-                return;
-        }
-        const char *kw[3] = {"dbname", pw ? "password" : NULL, NULL};
-        const char *vals[3] = {kinbox_conf_get(r->conf, "database.url"), pw,
-                               NULL};
-        PGconn *c = PQconnectdbParams(kw, vals, 1);
-        free(pw);
-        if (c)
-                PQsetNoticeProcessor(c, listen_notice, r);
-        if (!c || PQstatus(c) != CONNECTION_OK) {
+        char e[512];
+        r->listen = o->listen_open(r->conf, &r->log, e, sizeof(e));
+        if (!r->listen)
                 rlog(r, KINBOX_LOG_WARNING,
-                     "LISTEN connection failed (polling meanwhile): %s",
-                     c ? PQerrorMessage(c) : "out of memory");
-                PQfinish(c);
-                return;
-        }
-        char q[96];
-        snprintf(q, sizeof(q), "LISTEN %s",
-                 r->db->ops->outbox->notify_channel);
-        PGresult *res = PQexec(c, q);
-        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-                rlog(r, KINBOX_LOG_WARNING, "LISTEN failed: %s",
-                     PQresultErrorMessage(res));
-                PQclear(res);
-                PQfinish(c);
-                return;
-        }
-        PQclear(res);
-        PQsetnonblocking(c, 1);
-        r->listen = c;
+                     "LISTEN connection failed (polling meanwhile): %s", e);
 }
 
 /* Drain pending notifications; false if the connection broke. */
 static bool
 listen_drain(kinbox_relay_t *r, bool *woken)
 {
-        if (!PQconsumeInput(r->listen)) {
-                rlog(r, KINBOX_LOG_WARNING, "LISTEN connection lost: %s",
-                     PQerrorMessage(r->listen));
+        char e[512];
+        if (r->db->ops->outbox->listen_drain(r->listen, woken, e, sizeof(e))) {
+                rlog(r, KINBOX_LOG_WARNING, "LISTEN connection lost: %s", e);
                 listen_close(r);
                 return false;
-        }
-        PGnotify *nf;
-        while ((nf = PQnotifies(r->listen)) != NULL) {
-                *woken = true;
-                PQfreemem(nf);
         }
         return true;
 }
@@ -1217,7 +1214,7 @@ wait_wakeup(kinbox_relay_t *r, int64_t ms)
                                 continue;
                         if (woken)
                                 break;
-                        pf[nf].fd = PQsocket(r->listen);
+                        pf[nf].fd = r->db->ops->outbox->listen_fd(r->listen);
                         pf[nf++].events = POLLIN;
                 }
                 int k = poll(pf, nf, (int)left);
@@ -1317,9 +1314,11 @@ producer_warm(kinbox_relay_t *r)
         else
                 rlog(r, KINBOX_LOG_WARNING,
                      "no broker metadata yet (publishing will wait)");
-        /* The producer id is requested once a broker is up. */
-        for (int i = 0; i < 10 && !atomic_load(&r->stop); i++)
-                rd_kafka_poll(r->rk, 10);
+        /* The idempotent producer id is requested as soon as a broker is
+         * up (one round trip), while the relay opens its LISTEN connection
+         * and runs its first claim: rows produced before it arrives wait
+         * inside the producer, no longer than that. */
+        rd_kafka_poll(r->rk, 0);
         rlog(r, KINBOX_LOG_DEBUG, "producer ready in %" PRId64 " ms",
              kinbox__now_ms() - t0);
 }
@@ -1335,6 +1334,45 @@ conf_bool(const kinbox_conf_t *conf, const char *key, bool dflt)
         if (v && *v)
                 kinbox__confval_bool(key, v, &b, NULL, 0);
         return b;
+}
+
+/* The producer template: the kafka.* settings, then the relay's own. */
+static bool
+producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf, char *errstr,
+              size_t errstr_size)
+{
+        struct kset ks = {r->rkconf, errstr, errstr_size, false};
+        kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
+        if (ks.failed)
+                return false;
+        /* A claim is a batch already: librdkafka's default linger (5 ms)
+         * only adds latency to every cycle. */
+        if (!kinbox_conf_get(conf, "kafka.linger.ms") &&
+            !kinbox_conf_get(conf, "kafka.queue.buffering.max.ms"))
+                kafka_set_one("linger.ms", RELAY_LINGER_MS, &ks);
+        /* Runs of one aggregate are in flight together: a row must never
+         * be written after an earlier row of its partition failed.
+         *  - The gapless guarantee turns a failed batch that would leave a
+         *    gap into a fatal error (all outstanding messages fail, the
+         *    relay makes a new producer) instead of writing later rows.
+         *  - It does not cover message timeouts, which librdkafka applies
+         *    message by message (an earlier row can time out while a later
+         *    one is still sent). So librdkafka never times messages out
+         *    (message.timeout.ms = 0); the relay enforces
+         *    kafka.message.timeout.ms itself, per batch, by purging
+         *    everything queued and in flight at one instant. */
+        const char *forced[][2] = {{"enable.idempotence", "true"},
+                                   {"enable.gapless.guarantee", "true"},
+                                   {"message.timeout.ms", "0"}};
+        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
+                kafka_set_one(forced[i][0], forced[i][1], &ks);
+                if (ks.failed)
+                        return false;
+        }
+        rd_kafka_conf_set_dr_msg_cb(r->rkconf, dr_cb);
+        rd_kafka_conf_set_error_cb(r->rkconf, error_cb);
+        rd_kafka_conf_set_log_cb(r->rkconf, rk_log_cb);
+        return true;
 }
 
 KINBOX_API kinbox_relay_t *
@@ -1399,32 +1437,8 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
 
         /* Producer configuration, validated now. */
         r->rkconf = rd_kafka_conf_new();
-        struct kset ks = {r->rkconf, errstr, errstr_size, false};
-        kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
-        if (ks.failed)
+        if (!producer_conf(r, conf, errstr, errstr_size))
                 goto fail;
-        /* Runs of one aggregate are in flight together: a row must never
-         * be written after an earlier row of its partition failed.
-         *  - The gapless guarantee turns a failed batch that would leave a
-         *    gap into a fatal error (all outstanding messages fail, the
-         *    relay makes a new producer) instead of writing later rows.
-         *  - It does not cover message timeouts, which librdkafka applies
-         *    message by message (an earlier row can time out while a later
-         *    one is still sent). So librdkafka never times messages out
-         *    (message.timeout.ms = 0); the relay enforces
-         *    kafka.message.timeout.ms itself, per batch, by purging
-         *    everything queued and in flight at one instant. */
-        const char *forced[][2] = {{"enable.idempotence", "true"},
-                                   {"enable.gapless.guarantee", "true"},
-                                   {"message.timeout.ms", "0"}};
-        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
-                kafka_set_one(forced[i][0], forced[i][1], &ks);
-                if (ks.failed)
-                        goto fail;
-        }
-        rd_kafka_conf_set_dr_msg_cb(r->rkconf, dr_cb);
-        rd_kafka_conf_set_error_cb(r->rkconf, error_cb);
-        rd_kafka_conf_set_log_cb(r->rkconf, rk_log_cb);
 
         kinbox__conf_logger(conf, &r->log);
         r->db = kinbox__outbox_db_open(conf, errstr, errstr_size);

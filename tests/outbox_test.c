@@ -156,6 +156,14 @@ relay_conf(const char *url, const char *bootstrap)
         cset(c, "relay.backoff.max.ms", "300");
         cset(c, "relay.action.timeout.ms", "1000");
         cset(c, "kafka.message.timeout.ms", "2000");
+        /* KT_RELAY_PIPELINE=N runs every relay of the suite with
+         * relay.pipeline N; KT_RELAY_LOG=debug shows each batch. */
+        const char *pl = getenv("KT_RELAY_PIPELINE");
+        if (pl && *pl)
+                cset(c, "relay.pipeline", pl);
+        const char *ll = getenv("KT_RELAY_LOG");
+        if (ll && *ll)
+                cset(c, "log.level", ll);
         return c;
 }
 
@@ -1138,6 +1146,125 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
                 cr_assert(eq(int, last[a], T5_EVENTS - 1), "agg %d", a);
         cr_assert(eq(int, last[T5_AGGS], 2));
         free(last);
+        msgs_free(&got);
+        mock_stop(&mk);
+}
+
+/*
+ * relay.pipeline = 2 and a batch that stalls: the row of aggregate "slow"
+ * goes to a partition whose leader is down, the other aggregates' runs to
+ * live brokers that take 300 ms to answer (their produce requests are
+ * written on arrival and stay in flight that long). The stalled batch's
+ * delivery deadline must not fail the rows of the younger batches still
+ * in flight: those may already be on the topic, and publishing their runs
+ * again would put an older row after a newer one ("seq 0 after 1").
+ */
+#define PP_AGGS 48
+#define PP_EVENTS 16
+
+KT_BACKENDS_PARAMS(outbox_pipeline_stall, backends)
+ParameterizedTest(int *bidx, outbox_pipeline_stall, backends, .timeout = 300)
+{
+        const char *backend = kt_backend(*bidx);
+        mock_t mk;
+        mock_start(&mk, 3);
+        char *url = kt_fresh_db(backend);
+        char *live = kt_unique("obx_live");
+        char *dead = kt_unique("obx_stall");
+        cr_assert(rd_kafka_mock_topic_create(mk.mc, live, 4, 1) == 0);
+        cr_assert(rd_kafka_mock_topic_create(mk.mc, dead, 1, 1) == 0);
+        for (int p = 0; p < 4; p++)
+                rd_kafka_mock_partition_set_leader(mk.mc, live, p, 2 + p % 2);
+        rd_kafka_mock_partition_set_leader(mk.mc, dead, 0, 1);
+        rd_kafka_mock_broker_set_rtt(mk.mc, 2, 300);
+        rd_kafka_mock_broker_set_rtt(mk.mc, 3, 300);
+        rd_kafka_mock_broker_set_down(mk.mc, 1);
+
+        tconn_t c;
+        tc_open(&c, backend, url);
+        tc_sql(&c, "BEGIN");
+        /* Blocks of 8 rows per aggregate, "slow" first: a claim of 40
+         * finds 10 heads in its window of 80 rows and takes a run of 4 of
+         * each (a full claim: the next one follows at once). */
+        for (int seq = 0; seq < 8; seq++) {
+                char key[16], pay[16];
+                snprintf(key, sizeof(key), "slow-%d", seq);
+                int n = snprintf(pay, sizeof(pay), "%d", seq);
+                kinbox_outbox_msg_t m = {.destination = dead,
+                                         .idem_key = key,
+                                         .aggregate_id = "slow",
+                                         .payload = pay,
+                                         .payload_size = (size_t)n,
+                                         .max_attempts = 100000};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+        }
+        for (int b = 0; b < PP_EVENTS / 8; b++) {
+                for (int a = 0; a < PP_AGGS; a++) {
+                        for (int seq = 8 * b; seq < 8 * b + 8; seq++) {
+                                char key[48], agg[32], pay[16];
+                                snprintf(key, sizeof(key), "a%d-s%d", a, seq);
+                                snprintf(agg, sizeof(agg), "agg-%d", a);
+                                int n = snprintf(pay, sizeof(pay), "%d", seq);
+                                kinbox_outbox_msg_t m = {
+                                    .destination = live,
+                                    .idem_key = key,
+                                    .aggregate_id = agg,
+                                    .payload = pay,
+                                    .payload_size = (size_t)n,
+                                    .max_attempts = 100000};
+                                cr_assert(eq(int, tc_append(&c, &m, NULL),
+                                             KINBOX_OK));
+                        }
+                }
+        }
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+
+        kinbox_conf_t *conf = relay_conf(url, mk.bootstrap);
+        if (!getenv("KT_RELAY_PIPELINE"))
+                cset(conf, "relay.pipeline", "2");
+        cset(conf, "relay.batch.size", "40");
+        cset(conf, "kafka.message.timeout.ms", "1000");
+        cset(conf, "relay.lease.ms", "4000");
+        kinbox_relay_t *r = relay_new(conf);
+        trelay_t tr;
+        relay_start(&tr, r);
+        int total = PP_AGGS * PP_EVENTS;
+        bool ok = wait_q(url, total, 120,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "status = 'sent' AND aggregate_id <> 'slow'");
+        rd_kafka_mock_broker_set_up(mk.mc, 1);
+        ok = ok && wait_q(url, total + 8, 60,
+                          "SELECT count(*) FROM kinbox_outbox WHERE "
+                          "status = 'sent'");
+        relay_stop(&tr);
+        kinbox_relay_stats_t st;
+        kinbox_relay_stats(r, &st);
+        kinbox_relay_destroy(r);
+        cr_assert(ok, "not all sent: %lld",
+                  kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                "status = 'sent'"));
+        cr_assert(st.retried >= 1, "the slow row never timed out");
+
+        tmsgs_t got;
+        consume(mk.bootstrap, live, (size_t)total, 60, 1000, &got);
+        int last[PP_AGGS];
+        for (int a = 0; a < PP_AGGS; a++)
+                last[a] = -1;
+        size_t dups = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a = atoi(m->key + 4), seq = atoi(m->value);
+                cr_assert(a >= 0 && a < PP_AGGS);
+                cr_assert(seq == last[a] + 1 || seq == last[a],
+                          "%s: seq %d after %d", m->key, seq, last[a]);
+                dups += seq == last[a];
+                last[a] = seq;
+        }
+        for (int a = 0; a < PP_AGGS; a++)
+                cr_assert(eq(int, last[a], PP_EVENTS - 1), "agg %d", a);
+        cr_log_info("%zu messages, %zu duplicates, %" PRIu64 " retried", got.n,
+                    dups, st.retried);
         msgs_free(&got);
         mock_stop(&mk);
 }

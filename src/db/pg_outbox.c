@@ -257,6 +257,97 @@ pg_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag, int64_t *idp)
         return rc;
 }
 
+/* ------------------------------------------------ LISTEN connection */
+
+struct kinbox__listener {
+        PGconn *conn;
+        const kinbox__log_t *log;
+};
+
+/* Notices on the LISTEN connection ("terminating connection due to
+ * immediate shutdown", ...) go through the logger, never raw to stderr. */
+static void
+listen_notice(void *arg, const char *message)
+{
+        kinbox__listener_t *l = arg;
+        size_t n = strlen(message);
+        while (n && (message[n - 1] == '\n' || message[n - 1] == '\r'))
+                n--;
+        kinbox__log(l->log, KINBOX_LOG_NOTICE, "relay",
+                    "postgresql (LISTEN connection): %.*s", (int)n, message);
+}
+
+static void
+pg_listen_close(kinbox__listener_t *l)
+{
+        if (!l)
+                return;
+        PQfinish(l->conn);
+        free(l);
+}
+
+static kinbox__listener_t *
+pg_listen_open(const struct kinbox_conf_s *conf, const kinbox__log_t *log,
+               char *err, size_t errsz)
+{
+        char *pw = NULL;
+        if (kinbox__conf_password(conf, &pw, err, errsz))
+                return NULL;
+        kinbox__listener_t *l = kinbox__calloc(1, sizeof(*l));
+        if (!l) {
+                free(pw);
+                kinbox__errstr(err, errsz, "out of memory");
+                return NULL;
+        }
+        l->log = log;
+        const char *kw[3] = {"dbname", pw ? "password" : NULL, NULL};
+        const char *vals[3] = {kinbox_conf_get(conf, "database.url"), pw,
+                               NULL};
+        l->conn = PQconnectdbParams(kw, vals, 1);
+        free(pw);
+        if (l->conn)
+                PQsetNoticeProcessor(l->conn, listen_notice, l);
+        if (!l->conn || PQstatus(l->conn) != CONNECTION_OK) {
+                kinbox__errstr(err, errsz, "%s",
+                               l->conn ? PQerrorMessage(l->conn)
+                                       : "out of memory");
+                pg_listen_close(l);
+                return NULL;
+        }
+        PGresult *res = PQexec(l->conn, "LISTEN kinbox_outbox");
+        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+                kinbox__errstr(err, errsz, "LISTEN: %s",
+                               PQresultErrorMessage(res));
+                PQclear(res);
+                pg_listen_close(l);
+                return NULL;
+        }
+        PQclear(res);
+        PQsetnonblocking(l->conn, 1);
+        return l;
+}
+
+static int
+pg_listen_fd(kinbox__listener_t *l)
+{
+        return PQsocket(l->conn);
+}
+
+static int
+pg_listen_drain(kinbox__listener_t *l, bool *woken, char *err, size_t errsz)
+{
+        if (!PQconsumeInput(l->conn)) {
+                kinbox__errstr(err, errsz, "%s", PQerrorMessage(l->conn));
+                return -1;
+        }
+        PGnotify *nf;
+        while ((nf = PQnotifies(l->conn)) != NULL) {
+                *woken = true;
+                PQfreemem(nf);
+        }
+        return 0;
+}
+
 #define REQUEUE_SET                                                           \
         "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "         \
         "next_attempt_at = now(), version = version + 1, lease_owner = NULL "
@@ -271,6 +362,10 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .fail = pg_fail,
     .probe = pg_probe,
     .notify_channel = "kinbox_outbox",
+    .listen_open = pg_listen_open,
+    .listen_fd = pg_listen_fd,
+    .listen_drain = pg_listen_drain,
+    .listen_close = pg_listen_close,
     .heads_scan = HEADS_SCAN "1000",
     .affected = pg_affected,
     .append = append_sql,
