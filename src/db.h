@@ -224,6 +224,9 @@ struct kinbox__sql {
         /* Per consumer: parked messages, held keys, oldest parked
          * message's age (s) (gauges sampled at scrape). */
         const char *hold_gauges;
+        /* $1 parked row id: delete it, for outbox->affected() (the
+         * number of rows deleted). */
+        const char *parked_delete;
         /* See kinbox_admin_outbox_summary() / kinbox_admin_outbox_stuck()
          * ($1 older than, in ms). */
         const char *outbox_summary, *outbox_stuck;

@@ -619,9 +619,8 @@ release_one(relkey_t *k)
         if (rc || !r)
                 goto out;
         kinbox__param_t pid[1] = {{HV(r, 0), 0, 0}};
-        rc = db->ops->outbox->affected(db, "DELETE FROM kinbox_parked WHERE "
-                                           "id = $1",
-                                       1, pid, &gone);
+        rc = db->ops->outbox->affected(db, db->ops->sql->parked_delete, 1,
+                                       pid, &gone);
         if (!rc && gone != 1)
                 rc = KINBOX_ERR_TRANSIENT; /* taken by another owner */
         if (!rc)

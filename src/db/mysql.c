@@ -1998,6 +1998,7 @@ static const struct kinbox__sql my_sql = {
         "kinbox_dead_letter WHERE consumer = $1 AND topic = $2 AND "
         "kafka_partition = $3 AND kafka_offset = $5 ON DUPLICATE KEY "
         "UPDATE blocker_id = kinbox_hold.blocker_id",
+    .parked_delete = "DELETE FROM kinbox_parked WHERE id = $1",
     .hold_gauges =
         "SELECT consumer, SUM(parked), SUM(held), MAX(age) FROM ("
         " SELECT consumer, COUNT(*) AS parked, 0 AS held,"

@@ -827,6 +827,8 @@ static const struct kinbox__sql pg_sql = {
         "kafka_partition = $3::integer AND kafka_offset = $5::bigint ON "
         "CONFLICT (consumer, topic, kafka_partition, hold_key) DO UPDATE "
         "SET blocker_id = kinbox_hold.blocker_id",
+    .parked_delete = "WITH d AS (DELETE FROM kinbox_parked WHERE id = "
+                     "$1::bigint RETURNING 1) SELECT count(*) FROM d",
     .hold_gauges =
         "SELECT consumer, sum(parked), sum(held), max(age) FROM ("
         " SELECT consumer, count(*) AS parked, 0 AS held,"
