@@ -18,14 +18,14 @@
 static void
 metrics_stats(kinbox_consumer_t *c)
 {
-        static const char *const res[] = {"processed", "duplicate",
-                                          "business_duplicate", "dead",
-                                          "retried", "parked", "released"};
-        uint64_t v[7] = {atomic_load(&c->st_processed),
-                         atomic_load(&c->st_dup), atomic_load(&c->st_bizdup),
-                         atomic_load(&c->st_dead), atomic_load(&c->st_retried),
-                         atomic_load(&c->st_parked),
-                         atomic_load(&c->st_released)};
+        static const char *const res[] = {
+            "processed", "duplicate", "business_duplicate", "dead", "retried",
+            "parked",    "released"};
+        uint64_t v[7] = {
+            atomic_load(&c->st_processed), atomic_load(&c->st_dup),
+            atomic_load(&c->st_bizdup),    atomic_load(&c->st_dead),
+            atomic_load(&c->st_retried),   atomic_load(&c->st_parked),
+            atomic_load(&c->st_released)};
         char l[300];
         for (int i = 0; i < (c->hold_on ? 7 : 5); i++)
                 kinbox__m_set("kinbox_consumer_messages_total",

@@ -114,8 +114,8 @@ hs_del(struct kinbox__holdset *s, hent_t *e)
                 size_t home = s->e[j].hash & mask;
                 /* j's entry may move to the hole at i when its home is
                  * not in the cyclic range (i, j]. */
-                bool stays = i <= j ? (home > i && home <= j)
-                                    : (home > i || home <= j);
+                bool stays =
+                    i <= j ? (home > i && home <= j) : (home > i || home <= j);
                 if (stays)
                         continue;
                 s->e[i] = s->e[j];
@@ -154,8 +154,7 @@ kinbox__hold_conf(kinbox_consumer_t *c, const kinbox_conf_t *conf)
 
 /* The message's held-key value, or false when it has none. */
 static bool
-msg_key(const kinbox_consumer_t *c, kinbox_msg_t *m, const void **k,
-        size_t *n)
+msg_key(const kinbox_consumer_t *c, kinbox_msg_t *m, const void **k, size_t *n)
 {
         if (!m->hkey_state) {
                 const char *src = c->hold_src;
@@ -448,8 +447,8 @@ rel_msg(relkey_t *k, struct kinbox_rows_s *r, kinbox__hdrs_t *hd,
 {
         char why[128];
         *hv = NULL;
-        if (kinbox__hdrcodec_decode(HV(r, 4), HV(r, 4) ? HL(r, 4) : 0, hd,
-                                    why, sizeof(why)))
+        if (kinbox__hdrcodec_decode(HV(r, 4), HV(r, 4) ? HL(r, 4) : 0, hd, why,
+                                    sizeof(why)))
                 return NULL;
         if (hd->n && !(*hv = calloc(hd->n, sizeof(**hv))))
                 return NULL;
@@ -512,9 +511,10 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, enum fate *fate, char *why,
         } else {
                 ret = 1;
                 *fate = r == KINBOX_RESULT_REJECT ? F_DEAD : F_RETRY;
-                const char *rs = tx.reason[0]            ? tx.reason
-                                 : kinbox__msg_reason(m) ? kinbox__msg_reason(m)
-                                                         : "no reason given";
+                const char *rs = tx.reason[0] ? tx.reason
+                                 : kinbox__msg_reason(m)
+                                     ? kinbox__msg_reason(m)
+                                     : "no reason given";
                 snprintf(why, wsz, "%s", rs);
         }
 out:
@@ -530,24 +530,19 @@ rel_dead(relkey_t *k, struct kinbox_rows_s *r, const char *why)
         kinbox__db_t *db = k->w->db;
         char att[16], reason[700];
         snprintf(att, sizeof(att), "%d", k->tries + 1);
-        snprintf(reason, sizeof(reason), "%s (parked behind a held key)",
-                 why);
-        kinbox__param_t d[10] = {{k->c->name, 0, 0},
-                                 {HV(r, 2), 0, 0},
-                                 {k->p->topic, 0, 0},
-                                 {k->part, 0, 0},
-                                 {HV(r, 1), 0, 0},
-                                 {HV(r, 3), HL(r, 3), 1},
-                                 {HV(r, 4), 0, 0},
-                                 {HV(r, 5), HL(r, 5), 1},
-                                 {reason, 0, 0},
-                                 {att, 0, 0}};
+        snprintf(reason, sizeof(reason), "%s (parked behind a held key)", why);
+        kinbox__param_t d[10] = {{k->c->name, 0, 0},  {HV(r, 2), 0, 0},
+                                 {k->p->topic, 0, 0}, {k->part, 0, 0},
+                                 {HV(r, 1), 0, 0},    {HV(r, 3), HL(r, 3), 1},
+                                 {HV(r, 4), 0, 0},    {HV(r, 5), HL(r, 5), 1},
+                                 {reason, 0, 0},      {att, 0, 0}};
         kinbox__param_t u[5] = {{k->c->name, 0, 0},
                                 {k->p->topic, 0, 0},
                                 {k->part, 0, 0},
                                 {k->key, k->klen, 1},
                                 {HV(r, 1), 0, 0}};
-        int rc = db->ops->exec(db, db->ops->sql->dead_letter_insert, 10, d, -1);
+        int rc =
+            db->ops->exec(db, db->ops->sql->dead_letter_insert, 10, d, -1);
         if (!rc)
                 rc = db->ops->exec(db, SQL_REBLOCK, 5, u, -1);
         k->blocker_off = strtoll(HV(r, 1), NULL, 10);
@@ -619,8 +614,8 @@ release_one(relkey_t *k)
         if (rc || !r)
                 goto out;
         kinbox__param_t pid[1] = {{HV(r, 0), 0, 0}};
-        rc = db->ops->outbox->affected(db, db->ops->sql->parked_delete, 1,
-                                       pid, &gone);
+        rc = db->ops->outbox->affected(db, db->ops->sql->parked_delete, 1, pid,
+                                       &gone);
         if (!rc && gone != 1)
                 rc = KINBOX_ERR_TRANSIENT; /* taken by another owner */
         if (!rc)
@@ -639,7 +634,8 @@ release_one(relkey_t *k)
                         rc = KINBOX_ERR_TRANSIENT;
                         goto out;
                 }
-                if (h > 0 && fate == F_RETRY && k->tries + 1 < k->c->retry_max) {
+                if (h > 0 && fate == F_RETRY &&
+                    k->tries + 1 < k->c->retry_max) {
                         k->tries++;
                         kinbox__log(&k->c->lg, KINBOX_LOG_INFO, "hold",
                                     "%s [%" PRId32 "] offset %s: release "
@@ -703,8 +699,8 @@ release_key(relkey_t *k, size_t *budget)
                 pthread_mutex_lock(&k->w->lock);
                 bool gone = k->p->revoked || k->w->stop;
                 pthread_mutex_unlock(&k->w->lock);
-                if (gone || (!k->w->db->native &&
-                             kinbox__db_connect(k->w->db)))
+                if (gone ||
+                    (!k->w->db->native && kinbox__db_connect(k->w->db)))
                         return;
                 enum rel st = release_one(k);
                 /* The set may have moved: find the entry again. */
@@ -776,7 +772,10 @@ release_poll(kinbox_consumer_t *c, worker_t *w)
                 pthread_mutex_unlock(&w->lock);
                 if (!pp)
                         continue;
-                relkey_t k = {.c = c, .w = w, .p = pp, .key = v[2],
+                relkey_t k = {.c = c,
+                              .w = w,
+                              .p = pp,
+                              .key = v[2],
                               .klen = rows->lens[i * 4 + 2],
                               .blocker_off = -1};
                 k.first_off = strtoll(v[3], NULL, 10);

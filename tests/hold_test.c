@@ -34,7 +34,8 @@ setup_state(const char *url, int nkeys)
         kinbox_conf_t *c = kinbox_conf_new();
         kt_set(c, "database.url", url);
         char e[512];
-        cr_assert(eq(int, kinbox_migrate_module(c, &kinbox_module, e, sizeof(e)),
+        cr_assert(eq(int,
+                     kinbox_migrate_module(c, &kinbox_module, e, sizeof(e)),
                      KINBOX_OK),
                   "%s", e);
         kinbox_conf_destroy(c);
@@ -160,8 +161,8 @@ assert_poisoned(const char *url)
                                   "message_id LIKE 'm-k42-%'"),
                      NSEQ - 5));
         cr_assert(eq(i64, kt_qint(url, SQL_HOLDS), 1));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     1));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 1));
         /* Parked messages keep their inbox rows: a redelivery is a
          * duplicate. */
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
@@ -182,7 +183,8 @@ ParameterizedTest(int *backend, hold, replay_applies_followers_in_order,
         assert_poisoned(url);
         /* Later messages of the held key keep being parked behind. */
         produce_keys(topic, 43, NSEQ + 1, NSEQ + 2, -1, -1);
-        cr_assert(eq(i64, kt_wait_qint(url, SQL_OFFSETS, NKEYS * NSEQ + 86, 60),
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, SQL_OFFSETS, NKEYS * NSEQ + 86, 60),
                      NKEYS * NSEQ + 86));
         cr_assert(eq(i64, kt_qint(url, SQL_PARKED), NSEQ - 5 + 2));
         assert_key(url, 41, NSEQ + 2, NSEQ + 2);
@@ -193,9 +195,9 @@ ParameterizedTest(int *backend, hold, replay_applies_followers_in_order,
         kt_set(ac, "database.url", url);
         char e[512];
         kinbox_admin_t *adm = kinbox_admin_new(ac, e, sizeof(e));
-        cr_assert(ne(int, kinbox_dead_replay(adm, id, kthold_handle, NULL,
-                                             NULL, NULL),
-                     KINBOX_OK));
+        cr_assert(ne(
+            int, kinbox_dead_replay(adm, id, kthold_handle, NULL, NULL, NULL),
+            KINBOX_OK));
         kinbox_admin_destroy(adm);
         kinbox_conf_destroy(ac);
         usleep(500 * 1000);
@@ -236,8 +238,8 @@ ParameterizedTest(int *backend, hold, discard_releases_followers,
         char *topic = kt_unique("h2");
         char *group = kt_unique("hg2");
         poisoned_stream(url, topic);
-        kt_run_t *r = kt_run_start(hold_conf(url, group, topic),
-                                   kthold_handle, NULL, NULL);
+        kt_run_t *r = kt_run_start(hold_conf(url, group, topic), kthold_handle,
+                                   NULL, NULL);
         assert_poisoned(url);
         char *ini = kt_write_ini(url,
                                  "[consumer.hold]\ngroup.id = %s\ntopics = "
@@ -245,8 +247,8 @@ ParameterizedTest(int *backend, hold, discard_releases_followers,
                                  "dead_letter.hold_key = true\n",
                                  group, topic, kt_env("KINBOX_TEST_MODULES"));
         char *out = NULL;
-        cr_assert(eq(int, kt_kinbox(&out, NULL, true, "dead list -c %s", ini),
-                     0));
+        cr_assert(
+            eq(int, kt_kinbox(&out, NULL, true, "dead list -c %s", ini), 0));
         cr_assert(strstr(out, "5") != NULL, "%s", out);
         kt_exec(url, "INSERT INTO kthold_skip (k, seq) VALUES ('k42', 5)");
         cr_assert(eq(int,
@@ -260,8 +262,8 @@ ParameterizedTest(int *backend, hold, discard_releases_followers,
         kt_run_stop(r);
         assert_key(url, 42, NSEQ, NSEQ - 1);
         assert_others(url, NKEYS, NSEQ, 42);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kthold_poison"),
-                     0));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kthold_poison"), 0));
 }
 
 /* ---- option off: the partition moves on, the key too ---- */
@@ -406,24 +408,23 @@ ParameterizedTest(int *backend, hold, sigkill_during_release, .timeout = 300)
 }
 
 KT_BACKENDS_PARAMS(hold, rebalance_during_release)
-ParameterizedTest(int *backend, hold, rebalance_during_release,
-                  .timeout = 300)
+ParameterizedTest(int *backend, hold, rebalance_during_release, .timeout = 300)
 {
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("h5");
         char *ini = parked_by_process(url, topic, 100);
         /* Slow releases (30 ms a message); a second process joins the
          * group while the first one releases. */
-        pid_t a = kt_spawn_kinbox(ini, "KTHOLD_SLOW_US=30000",
-                                  kt_tmp("hold_ra"));
+        pid_t a =
+            kt_spawn_kinbox(ini, "KTHOLD_SLOW_US=30000", kt_tmp("hold_ra"));
         long long left = 98;
         for (int i = 0; i < 600 && left > 95; i++) {
                 usleep(100 * 1000);
                 left = kt_qint(url, SQL_PARKED);
         }
         cr_assert(lt(i64, left, 95), "the release did not start");
-        pid_t b = kt_spawn_kinbox(ini, "KTHOLD_SLOW_US=30000",
-                                  kt_tmp("hold_rb"));
+        pid_t b =
+            kt_spawn_kinbox(ini, "KTHOLD_SLOW_US=30000", kt_tmp("hold_rb"));
         cr_assert(eq(i64, kt_wait_qint(url, SQL_HOLDS, 0, 120), 0));
         kill(a, SIGTERM);
         kill(b, SIGTERM);

@@ -962,14 +962,14 @@ dead_parked(ctx_t *x)
                 char *key = escape_bytes(kv ? kv : "", kv ? kl : 0);
                 char *mid = escape_bytes(iv ? iv : "", iv ? il : 0);
                 json_array_append_new(
-                    ja, json_pack("{s:o,s:s,s:s,s:o,s:o,s:s,s:s,s:o,s:s}", "id",
-                                  jval(rv(r, i, 0)), "consumer", rv(r, i, 1),
-                                  "topic", rv(r, i, 2), "partition",
-                                  jval(rv(r, i, 3)), "offset",
-                                  jval(rv(r, i, 4)), "message_id",
-                                  mid ? mid : "", "key", key ? key : "",
-                                  "blocker", jval(rv(r, i, 7)), "parked_at",
-                                  rv(r, i, 8)));
+                    ja,
+                    json_pack("{s:o,s:s,s:s,s:o,s:o,s:s,s:s,s:o,s:s}", "id",
+                              jval(rv(r, i, 0)), "consumer", rv(r, i, 1),
+                              "topic", rv(r, i, 2), "partition",
+                              jval(rv(r, i, 3)), "offset", jval(rv(r, i, 4)),
+                              "message_id", mid ? mid : "", "key",
+                              key ? key : "", "blocker", jval(rv(r, i, 7)),
+                              "parked_at", rv(r, i, 8)));
                 tbl_add(&t, "%s", rv(r, i, 0));
                 tbl_add(&t, "%s", rv(r, i, 1));
                 tbl_add(&t, "%s [%s] %s", rv(r, i, 2), rv(r, i, 3),
@@ -1099,11 +1099,10 @@ dead_replay(ctx_t *x, int64_t id)
                                                   : KB_EX_RUNTIME;
         }
         if (x->o.json) {
-                json_out(json_pack("{s:I,s:s,s:s,s:s,s:I}", "id",
-                                   (json_int_t)id, "consumer", consumer,
-                                   "handler", m->name, "status", "replayed",
-                                   "released",
-                                   (json_int_t)(rel > 0 ? rel : 0)));
+                json_out(json_pack(
+                    "{s:I,s:s,s:s,s:s,s:I}", "id", (json_int_t)id, "consumer",
+                    consumer, "handler", m->name, "status", "replayed",
+                    "released", (json_int_t)(rel > 0 ? rel : 0)));
         } else {
                 printf("dead letter %" PRId64 ": replayed by consumer %s "
                        "(handler %s), committed with its inbox row\n",
@@ -1755,8 +1754,8 @@ kb_admin_usage(const char *cmd, void *fpv)
                         "dead|replayed|discarded]\n"
                         "                        [--limit N] -c FILE "
                         "[--json]\n"
-                        "       kinbox dead parked [--consumer NAME] [--limit N] "
-                        "-c FILE [--json]\n"
+                        "       kinbox dead parked [--consumer NAME] "
+                        "[--limit N] -c FILE [--json]\n"
                         "       kinbox dead show ID -c FILE [--json]\n"
                         "       kinbox dead replay ID -c FILE [--json]\n"
                         "       kinbox dead discard ID -c FILE [--json]\n\n"
