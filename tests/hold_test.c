@@ -249,14 +249,22 @@ ParameterizedTest(int *backend, hold, discard_releases_followers,
         char *out = NULL;
         cr_assert(
             eq(int, kt_kinbox(&out, NULL, true, "dead list -c %s", ini), 0));
-        cr_assert(strstr(out, "5") != NULL, "%s", out);
-        kt_exec(url, "INSERT INTO kthold_skip (k, seq) VALUES ('k42', 5)");
-        cr_assert(eq(int,
-                     kt_kinbox(&out, NULL, true, "dead discard %lld -c %s",
-                               dead_id(url), ini),
-                     0),
+        cr_assert(strstr(out, "HOLDS BACK") != NULL, "%s", out);
+        cr_assert(
+            eq(int, kt_kinbox(&out, NULL, true, "dead parked -c %s", ini), 0));
+        cr_assert(strstr(out, "m-k42-10") != NULL, "%s", out);
+        cr_assert(eq(int, kt_kinbox(&out, NULL, true, "status -c %s", ini), 0),
                   "%s", out);
+        cr_assert(strstr(out, "HELD KEYS") != NULL, "%s", out);
+        kt_exec(url, "INSERT INTO kthold_skip (k, seq) VALUES ('k42', 5)");
+        cr_assert(
+            eq(int,
+               kt_kinbox(&out, NULL, true, "dead discard %lld -c %s --wait",
+                         dead_id(url), ini),
+               0),
+            "%s", out);
         cr_assert(strstr(out, "5 parked") != NULL, "%s", out);
+        cr_assert(strstr(out, "released messages applied") != NULL, "%s", out);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_HOLDS, 0, 60), 0));
         cr_assert(eq(i64, kt_qint(url, SQL_PARKED), 0));
         kt_run_stop(r);

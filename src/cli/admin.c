@@ -36,6 +36,7 @@ typedef struct opts {
         const char *config;
         bool json;
         bool dry_run;
+        bool wait; /* dead replay/discard: until released */
         const char *consumer;
         const char *status;
         const char *destination;
@@ -53,6 +54,7 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
             {"config", required_argument, NULL, 'c'},
             {"json", no_argument, NULL, 'j'},
             {"dry-run", no_argument, NULL, 'n'},
+            {"wait", no_argument, NULL, 'w'},
             {"consumer", required_argument, NULL, 'C'},
             {"status", required_argument, NULL, 's'},
             {"destination", required_argument, NULL, 'd'},
@@ -90,6 +92,9 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                         break;
                 case 'n':
                         o->dry_run = true;
+                        break;
+                case 'w':
+                        o->wait = true;
                         break;
                 case 'C':
                         o->consumer = optarg;
@@ -920,6 +925,109 @@ held_followers(ctx_t *x, const char *ids)
         return n;
 }
 
+/* The last parked follower of a dead letter (highest offset): its id
+ * ("" when it holds none back) and coordinates. */
+typedef struct follower {
+        char id[24], consumer[256], topic[256], part[16], off[24];
+} follower_t;
+
+static void
+last_follower(ctx_t *x, const char *ids, follower_t *f)
+{
+        const char *v[1] = {ids};
+        kinbox_rows_t *r = NULL;
+        f->id[0] = '\0';
+        if (!kinbox_admin_query(
+                x->adm,
+                "SELECT p.id, p.consumer, p.topic, p.kafka_partition, "
+                "p.kafka_offset FROM kinbox_hold h JOIN kinbox_parked p ON "
+                "p.consumer = h.consumer AND p.topic = h.topic AND "
+                "p.kafka_partition = h.kafka_partition AND p.hold_key = "
+                "h.hold_key WHERE h.blocker_id = $1 ORDER BY p.kafka_offset "
+                "DESC LIMIT 1",
+                1, v, &r) &&
+            kinbox_rows_count(r)) {
+                snprintf(f->id, sizeof(f->id), "%s", rv(r, 0, 0));
+                snprintf(f->consumer, sizeof(f->consumer), "%s", rv(r, 0, 1));
+                snprintf(f->topic, sizeof(f->topic), "%s", rv(r, 0, 2));
+                snprintf(f->part, sizeof(f->part), "%s", rv(r, 0, 3));
+                snprintf(f->off, sizeof(f->off), "%s", rv(r, 0, 4));
+        }
+        kinbox_rows_destroy(r);
+}
+
+/* The last follower left the parked table: applied, or dead-lettered
+ * itself (then it holds the key). Returns an exit status. */
+static int
+wait_done(ctx_t *x, const follower_t *f)
+{
+        const char *v[4] = {f->consumer, f->topic, f->part, f->off};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm,
+            "SELECT id FROM kinbox_dead_letter WHERE consumer = $1 AND topic "
+            "= $2 AND kafka_partition = $3 AND kafka_offset = $4 AND status "
+            "= 'dead'",
+            4, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        int ex = KB_EX_OK;
+        if (kinbox_rows_count(r)) {
+                fprintf(stderr,
+                        "kinbox dead: a released message failed: dead "
+                        "letter %s holds its key again\n",
+                        rv(r, 0, 0));
+                ex = KB_EX_RUNTIME;
+        } else if (!x->o.json) {
+                printf("released messages applied\n");
+        }
+        kinbox_rows_destroy(r);
+        return ex;
+}
+
+/*
+ * --wait: until the running consumer applied the followers up to the
+ * parked row last (it is gone), or a new dead letter holds the key again
+ * (printed), or 10 minutes. Returns an exit status.
+ */
+static int
+wait_released(ctx_t *x, const char *ids, const follower_t *f)
+{
+        const char *v[2] = {f->id, ids};
+        for (int i = 0; i < 3000; i++) {
+                kinbox_rows_t *r = NULL;
+                kinbox_err_t rc = kinbox_admin_query(
+                    x->adm,
+                    "SELECT h.blocker_id, d.status FROM kinbox_parked q "
+                    "LEFT JOIN kinbox_hold h ON h.consumer = q.consumer AND "
+                    "h.topic = q.topic AND h.kafka_partition = "
+                    "q.kafka_partition AND h.hold_key = q.hold_key LEFT "
+                    "JOIN kinbox_dead_letter d ON d.id = h.blocker_id AND "
+                    "d.id <> $2 WHERE q.id = $1",
+                    2, v, &r);
+                if (rc)
+                        return db_fail(x, rc);
+                bool done = !kinbox_rows_count(r);
+                const char *st =
+                    done ? NULL : kinbox_rows_value(r, 0, 1, NULL);
+                if (!done && st && !strcmp(st, "dead")) {
+                        fprintf(stderr,
+                                "kinbox dead: a released message failed: "
+                                "dead letter %s holds its key again\n",
+                                rv(r, 0, 0));
+                        kinbox_rows_destroy(r);
+                        return KB_EX_RUNTIME;
+                }
+                kinbox_rows_destroy(r);
+                if (done)
+                        return wait_done(x, f);
+                usleep(200 * 1000);
+        }
+        fprintf(stderr, "kinbox dead: --wait: parked messages still waiting "
+                        "after 10 minutes (is the consumer running?)\n");
+        return KB_EX_RUNTIME;
+}
+
 /* "; N parked message(s) ... released" after a replay or discard. */
 static void
 print_released(long long n)
@@ -1023,6 +1131,8 @@ dead_discard(ctx_t *x, int64_t id)
         kinbox_rows_destroy(r);
         /* Counted first: the running consumer starts releasing them. */
         long long rel = held_followers(x, ids);
+        follower_t last;
+        last_follower(x, ids, &last);
         rc = kinbox_admin_query(
             x->adm,
             "UPDATE kinbox_dead_letter SET status = 'discarded' WHERE id = "
@@ -1038,7 +1148,8 @@ dead_discard(ctx_t *x, int64_t id)
                 printf("dead letter %" PRId64 ": discarded\n", id);
                 print_released(rel);
         }
-        return KB_EX_OK;
+        return x->o.wait && last.id[0] ? wait_released(x, ids, &last)
+                                       : KB_EX_OK;
 }
 
 static int
@@ -1087,6 +1198,8 @@ dead_replay(ctx_t *x, int64_t id)
         }
         kinbox_result_t res = KINBOX_RESULT_OK;
         long long rel = held_followers(x, ids);
+        follower_t last;
+        last_follower(x, ids, &last);
         rc = kinbox_dead_replay(x->adm, id, m->handle_batch ? NULL : m->handle,
                                 m->handle_batch, opaque, &res);
         if (m->fini)
@@ -1109,7 +1222,8 @@ dead_replay(ctx_t *x, int64_t id)
                        id, consumer, m->name);
                 print_released(rel);
         }
-        return KB_EX_OK;
+        return x->o.wait && last.id[0] ? wait_released(x, ids, &last)
+                                       : KB_EX_OK;
 }
 
 /*
@@ -1159,7 +1273,10 @@ kb_cmd_dead(int argc, char **argv)
                 return ex;
         const char *sub = argv[1];
         bool list = kind == 1 || kind == 5;
-        if (parse_opts(argc - 1, argv + 1, &x.o, list ? "jCsl" : "j"))
+        if (parse_opts(argc - 1, argv + 1, &x.o,
+                       list                   ? "jCsl"
+                       : !strcmp(sub, "show") ? "j"
+                                              : "jw"))
                 return KB_EX_USAGE;
         int64_t id = 0;
         if (list ? x.o.nargs != 0
@@ -1757,8 +1874,10 @@ kb_admin_usage(const char *cmd, void *fpv)
                         "       kinbox dead parked [--consumer NAME] "
                         "[--limit N] -c FILE [--json]\n"
                         "       kinbox dead show ID -c FILE [--json]\n"
-                        "       kinbox dead replay ID -c FILE [--json]\n"
-                        "       kinbox dead discard ID -c FILE [--json]\n\n"
+                        "       kinbox dead replay ID -c FILE [--wait] "
+                        "[--json]\n"
+                        "       kinbox dead discard ID -c FILE [--wait] "
+                        "[--json]\n\n"
                         "show prints the original key, headers and payload "
                         "(text, non-printable bytes\nas \\xNN). replay runs "
                         "the consumer's configured handler on the stored "
@@ -1770,7 +1889,9 @@ kb_admin_usage(const char *cmd, void *fpv)
                         "parked messages each dead\nletter holds back "
                         "(HOLDS BACK), parked lists them, and replay and "
                         "discard\nreport how many they release: the running "
-                        "consumer applies them in offset\norder.\n");
+                        "consumer applies them in offset\norder. --wait "
+                        "waits until it did (exit 0), or one of them failed "
+                        "and\nholds the key again (exit 1).\n");
         else if (!strcmp(cmd, "outbox"))
                 fprintf(fp,
                         "usage: kinbox outbox list [--status "
