@@ -381,7 +381,7 @@ collect(kinbox_consumer_t *c, worker_t *w, int64_t now, int64_t *next_wake)
         /* Each partition contributes its head run; round robin by taking a
          * share per partition keeps one busy partition from starving. */
         for (part_t *p = c->parts; p; p = p->next) {
-                if (p->w != w || p->revoked || !p->head)
+                if (p->w != w || p->revoked || !p->head || p->hold_unknown)
                         continue;
                 if (kinbox__part_backing_off(p, now)) {
                         if (!*next_wake || p->retry_at < *next_wake)
@@ -401,7 +401,7 @@ runnable(kinbox_consumer_t *c, worker_t *w, int64_t now)
 {
         size_t n = 0;
         for (part_t *p = c->parts; p; p = p->next)
-                if (p->w == w && !p->revoked && p->head &&
+                if (p->w == w && !p->revoked && p->head && !p->hold_unknown &&
                     !kinbox__part_backing_off(p, now))
                         n += p->count;
         return n;
@@ -545,7 +545,7 @@ parts_add(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                 p->partition = tp->partition;
                 p->w = &c->workers[hash_tp(tp->topic, tp->partition) %
                                    (unsigned)c->nworkers];
-                kinbox__hold_load(c, c->ctl, p);
+                p->hold_unknown = !kinbox__hold_load(c, c->ctl, p);
                 /* Workers walk c->parts under their own lock. */
                 for (int k = 0; k < c->nworkers; k++)
                         pthread_mutex_lock(&c->workers[k].lock);

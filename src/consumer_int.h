@@ -85,6 +85,9 @@ struct part {
         /* Keys held on this partition (hold.c): written by the rebalance
          * callback before the partition is linked, then by its worker. */
         struct kinbox__holdset *holds;
+        /* Its holds could not be read at assignment: its messages wait
+         * until its worker read them (hold.c; under w->lock). */
+        bool hold_unknown;
 };
 
 struct worker {

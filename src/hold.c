@@ -335,11 +335,11 @@ static const char SQL_LOAD[] =
     "kinbox_dead_letter d ON d.id = h.blocker_id WHERE h.consumer = $1 AND "
     "h.topic = $2 AND h.kafka_partition = $3";
 
-void
+bool
 kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p)
 {
         if (!c->hold_on)
-                return;
+                return true;
         char part[16];
         snprintf(part, sizeof(part), "%" PRId32, p->partition);
         const char *vals[3] = {c->name, p->topic, part};
@@ -351,7 +351,7 @@ kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p)
                 kinbox__log(&c->lg, KINBOX_LOG_ERR, "hold",
                             "%s [%" PRId32 "]: reading held keys: %s",
                             p->topic, p->partition, db->err.msg);
-                return;
+                return false;
         }
         for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
                 size_t n = 0;
@@ -365,6 +365,7 @@ kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p)
                             "%s [%" PRId32 "]: %zu key(s) held", p->topic,
                             p->partition, p->holds->n);
         kinbox_rows_destroy(rows);
+        return true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -785,6 +786,22 @@ release_poll(kinbox_consumer_t *c, worker_t *w)
         kinbox_rows_destroy(rows);
 }
 
+/* Under w->lock (released while reading): the holds of w's partitions
+ * that could not be read at assignment. */
+static void
+load_unknown(kinbox_consumer_t *c, worker_t *w)
+{
+        for (part_t *p = c->parts; p; p = p->next) {
+                if (p->w != w || p->revoked || !p->hold_unknown)
+                        continue;
+                pthread_mutex_unlock(&w->lock);
+                bool ok = (w->db->native || !kinbox__db_connect(w->db)) &&
+                          kinbox__hold_load(c, w->db, p);
+                pthread_mutex_lock(&w->lock);
+                p->hold_unknown = !ok;
+        }
+}
+
 void
 kinbox__hold_tick(kinbox_consumer_t *c, worker_t *w)
 {
@@ -794,14 +811,19 @@ kinbox__hold_tick(kinbox_consumer_t *c, worker_t *w)
         if (now < w->hold_poll_at)
                 return;
         size_t held = 0;
+        bool unknown = false;
         for (part_t *p = c->parts; p; p = p->next)
-                if (p->w == w && !p->revoked && p->holds)
-                        held += p->holds->n;
-        if (!held)
+                if (p->w == w && !p->revoked) {
+                        held += p->holds ? p->holds->n : 0;
+                        unknown = unknown || p->hold_unknown;
+                }
+        if (!held && !unknown)
                 return;
         w->hold_poll_at = now + c->release_poll;
         /* A revoke waits for us as for a batch. */
         w->in_batch = true;
+        if (unknown)
+                load_unknown(c, w);
         pthread_mutex_unlock(&w->lock);
         release_poll(c, w);
         metrics_hold(c);

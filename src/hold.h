@@ -25,9 +25,10 @@
 void kinbox__hold_conf(kinbox_consumer_t *c, const kinbox_conf_t *conf);
 
 /* Rebalance callback: the holds of a newly assigned partition, read on
- * db (the consumer's control connection). A failure leaves the set empty
- * and is logged; the release poll re-reads holds of the partition. */
-void kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p);
+ * db (the consumer's control connection). False when they could not be
+ * read (logged): the caller sets p->hold_unknown, and the partition's
+ * worker reads them before it runs a batch of the partition. */
+bool kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p);
 /* The partition's set of held keys (on part_free). */
 void kinbox__hold_free(part_t *p);
 
