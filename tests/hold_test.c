@@ -250,12 +250,15 @@ ParameterizedTest(int *backend, hold, discard_releases_followers,
         cr_assert(
             eq(int, kt_kinbox(&out, NULL, true, "dead list -c %s", ini), 0));
         cr_assert(strstr(out, "HOLDS BACK") != NULL, "%s", out);
+        free(out);
         cr_assert(
             eq(int, kt_kinbox(&out, NULL, true, "dead parked -c %s", ini), 0));
         cr_assert(strstr(out, "m-k42-10") != NULL, "%s", out);
+        free(out);
         cr_assert(eq(int, kt_kinbox(&out, NULL, true, "status -c %s", ini), 0),
                   "%s", out);
         cr_assert(strstr(out, "HELD KEYS") != NULL, "%s", out);
+        free(out);
         kt_exec(url, "INSERT INTO kthold_skip (k, seq) VALUES ('k42', 5)");
         cr_assert(
             eq(int,
@@ -265,6 +268,7 @@ ParameterizedTest(int *backend, hold, discard_releases_followers,
             "%s", out);
         cr_assert(strstr(out, "5 parked") != NULL, "%s", out);
         cr_assert(strstr(out, "released messages applied") != NULL, "%s", out);
+        free(out);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_HOLDS, 0, 60), 0));
         cr_assert(eq(i64, kt_qint(url, SQL_PARKED), 0));
         kt_run_stop(r);
@@ -390,6 +394,7 @@ parked_by_process(const char *url, const char *topic, int nseq)
         char want[64];
         snprintf(want, sizeof(want), "%d parked", nseq - 2);
         cr_assert(strstr(out, want) != NULL, "%s", out);
+        free(out);
         assert_key(url, 3, 2, 2);
         return ini;
 }
