@@ -81,6 +81,35 @@ kinbox_admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
         return rc ? kinbox__admin_fail(adm, rc) : KINBOX_OK;
 }
 
+/* dead_letter.hold_key: parked messages, held keys, oldest parked age. */
+static kinbox_err_t
+hold_gauges(kinbox_admin_t *adm)
+{
+        static const char *const names[3] = {
+            "kinbox_parked_messages", "kinbox_held_keys",
+            "kinbox_parked_oldest_age_seconds"};
+        kinbox_rows_t *rows = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            adm, adm->db->ops->sql->hold_gauges, 0, NULL, &rows);
+        if (rc)
+                return rc;
+        for (int k = 0; k < 3; k++)
+                kinbox__m_drop(names[k], "");
+        for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
+                char l[300];
+                const char *cn = kinbox_rows_value(rows, i, 0, NULL);
+                kinbox__m_labels(l, sizeof(l), "consumer", cn ? cn : "",
+                                 (char *)NULL);
+                for (int k = 0; k < 3; k++) {
+                        const char *v =
+                            kinbox_rows_value(rows, i, k + 1, NULL);
+                        kinbox__m_set(names[k], l, v ? strtod(v, NULL) : 0);
+                }
+        }
+        kinbox_rows_destroy(rows);
+        return KINBOX_OK;
+}
+
 kinbox_err_t
 kinbox_admin_collect_metrics(kinbox_admin_t *adm)
 {
@@ -129,7 +158,7 @@ kinbox_admin_collect_metrics(kinbox_admin_t *adm)
                               age ? strtod(age, NULL) : 0);
         }
         kinbox_rows_destroy(rows);
-        return KINBOX_OK;
+        return hold_gauges(adm);
 }
 
 kinbox_err_t

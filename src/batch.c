@@ -5,6 +5,7 @@
  */
 #include "consumer_int.h"
 #include "hdrcodec.h"
+#include "hold.h"
 #include "metrics.h"
 #include <inttypes.h>
 #include <signal.h>
@@ -18,13 +19,15 @@ static void
 metrics_stats(kinbox_consumer_t *c)
 {
         static const char *const res[] = {
-            "processed", "duplicate", "business_duplicate", "dead", "retried"};
-        uint64_t v[5] = {atomic_load(&c->st_processed),
-                         atomic_load(&c->st_dup), atomic_load(&c->st_bizdup),
-                         atomic_load(&c->st_dead),
-                         atomic_load(&c->st_retried)};
+            "processed", "duplicate", "business_duplicate", "dead", "retried",
+            "parked",    "released"};
+        uint64_t v[7] = {
+            atomic_load(&c->st_processed), atomic_load(&c->st_dup),
+            atomic_load(&c->st_bizdup),    atomic_load(&c->st_dead),
+            atomic_load(&c->st_retried),   atomic_load(&c->st_parked),
+            atomic_load(&c->st_released)};
         char l[300];
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < (c->hold_on ? 7 : 5); i++)
                 kinbox__m_set("kinbox_consumer_messages_total",
                               kinbox__m_labels(l, sizeof(l), "consumer",
                                                c->name, "result", res[i],
@@ -115,6 +118,8 @@ queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
         int rc = w->db->ops->exec(w->db, w->db->ops->sql->dead_letter_insert,
                                   10, p, -1);
         kinbox__buf_free(&h);
+        if (!rc && c->hold_on)
+                rc = kinbox__hold_block(c, w, m);
         return rc;
 }
 
@@ -160,17 +165,6 @@ queue_watermarks(kinbox_consumer_t *c, worker_t *w)
         return KINBOX_OK;
 }
 
-/*
- * What a failure means for the one message it is charged to:
- *  F_RETRY  may succeed later (a foreign-key violation, an unknown error,
- *           a handler's RETRY): back off, then again; dead after retry.max;
- *  F_DEAD   can never succeed (REJECT, an unmarked unique violation, a
- *           CHECK / NOT NULL violation, a data exception): dead-lettered;
- *  F_BIZDUP the event was already applied (KINBOX_RESULT_DUPLICATE, or a
- *           kinbox_tx_exec_unique() statement's unique violation).
- */
-enum fate { F_RETRY, F_DEAD, F_BIZDUP };
-
 /* A unique violation on the statement of tag t means "already applied"
  * when t is a kinbox_tx_exec_unique() statement whose key matches. */
 static bool
@@ -211,6 +205,7 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
         if (f == F_DEAD) {
                 m->failures++;
                 m->state = M_DEAD;
+                w->hold_dead = true;
                 return;
         }
         atomic_fetch_add(&c->st_retried, 1);
@@ -220,6 +215,7 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
                          m->failures, m->reason ? m->reason : "");
                 kinbox__msg_set_reason(m, b);
                 m->state = M_DEAD;
+                w->hold_dead = true;
                 return;
         }
         for (size_t j = i; j < w->nmsgs; j++)
@@ -236,6 +232,12 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
                     ": attempt %d failed, retry in %" PRId64 " ms: %s",
                     m->part->topic, m->rkm->partition, m->rkm->offset,
                     m->failures, delay, m->reason);
+}
+
+enum fate
+kinbox__batch_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
+{
+        return statement_fate(tx, e);
 }
 
 enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
@@ -442,6 +444,11 @@ batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 }
                 undo = undo || tx->touched;
         }
+        /* A rejected message's follower (same key) ran in this call: the
+         * call goes, the follower is parked when the group runs again. */
+        if (!undo && w->hold_dead && c->hold_on &&
+            kinbox__hold_followers(c, w, idx, n))
+                undo = true;
         if (undo) /* fates decided: only the statements are to go */
                 *f = (failure_t){FL_GROUP, wk->g, F_RETRY, true};
         return !undo;
@@ -509,6 +516,15 @@ run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, const walk_t *wk,
                 kinbox_msg_t *m = w->msgs[i];
                 if (m->state == M_DEAD) {
                         if (queue_dead_letter(c, w, m)) {
+                                *f = failure_of(w, wk, &w->db->err, tx);
+                                return false;
+                        }
+                        continue;
+                }
+                if (m->state == M_RUN && kinbox__hold_park(c, w, i))
+                        m->state = M_PARK;
+                if (m->state == M_PARK) {
+                        if (kinbox__hold_queue_park(c, w, m)) {
                                 *f = failure_of(w, wk, &w->db->err, tx);
                                 return false;
                         }
@@ -621,7 +637,7 @@ static void
 batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
                 int64_t t_begin)
 {
-        size_t done = 0, dups = 0, biz = 0, dead = 0;
+        size_t done = 0, dups = 0, biz = 0, dead = 0, parked = 0;
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
                 switch (m->state) {
@@ -636,6 +652,9 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
                         break;
                 case M_BIZDUP:
                         biz++;
+                        break;
+                case M_PARK:
+                        parked++;
                         break;
                 case M_DEAD:
                         dead++;
@@ -653,9 +672,10 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
         atomic_fetch_add(&c->st_dup, dups);
         atomic_fetch_add(&c->st_bizdup, biz);
         atomic_fetch_add(&c->st_dead, dead);
+        atomic_fetch_add(&c->st_parked, parked);
         atomic_fetch_add(&c->st_batches, 1);
         kinbox__m_observe("kinbox_consumer_batch_size", mlab,
-                          (double)(done + dups + biz + dead));
+                          (double)(done + dups + biz + dead + parked));
         kinbox__m_observe("kinbox_consumer_transaction_seconds", mlab,
                           (double)(kinbox__now_ms() - t_begin) / 1000.0);
         /* Once per transaction: the metrics lock is process-wide. */
@@ -690,7 +710,7 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
                 if (m->state == M_CUT || !m->id)
                         continue;
                 m->inserted = w->is_new[k++];
-                if (!m->inserted && m->state == M_RUN)
+                if (!m->inserted && (m->state == M_RUN || m->state == M_PARK))
                         m->state = M_DUP;
                 else if (m->inserted && m->state == M_DUP)
                         m->state = M_RUN; /* its twin was cut this time */
@@ -824,6 +844,8 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                         w->msgs[i]->dup_ok = true;
         }
         db->nnone = 0;
+        if (w->hold_dead)
+                kinbox__hold_committed(c, w);
         store_offsets(c, w);
         batch_committed(c, w, mlab, t_begin);
         return RUN_DONE;
@@ -850,8 +872,11 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
 {
         kinbox_tx_t tx = {.c = c, .w = w, .db = w->db, .tag = -1};
         int down = 0, backoff = 0;
-        for (size_t i = 0; i < w->nmsgs; i++)
+        w->hold_dead = false;
+        for (size_t i = 0; i < w->nmsgs; i++) {
                 w->msgs[i]->state = w->msgs[i]->id ? M_RUN : M_DEAD;
+                w->hold_dead = w->hold_dead || !w->msgs[i]->id;
+        }
         w->iso_hit = false;
         for (;;) {
                 if (!w->db->native) {

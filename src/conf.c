@@ -52,6 +52,12 @@ static const prop_t props[] = {
  "MySQL/MariaDB: in a batch, single-row `INSERT ... VALUES (...)` statements with the same SQL text are sent as one multi-row INSERT (only tables without triggers or foreign keys, only pure expressions; see README, MySQL / MariaDB). `false` sends every statement as written."},
 {"retry.max", P_INT, "8", 0, 1000, NULL,
  "Attempts for a message whose handler says RETRY before it is dead-lettered."},
+{"dead_letter.hold_key", P_BOOL, "false", 0, 0, NULL,
+ "Per-key order across failures: once a message is dead-lettered, the later messages of its key on its partition are parked (stored with their inbox row, offset moves on) instead of applied, until the dead letter is replayed or discarded; then the running consumer applies them in offset order. Messages without a key are never held (see README, Holding a key)."},
+{"dead_letter.hold_key.source", P_STR, "key", 0, 0, NULL,
+ "What a held key is: `key` (the Kafka key), `header:NAME` (a header's bytes) or `json:/pointer` (a payload field). At most 1024 bytes; a message without one is never held."},
+{"dead_letter.release.poll.ms", P_INT, "1000", 10, 3600000, NULL,
+ "While a worker holds keys: how often it looks for holds whose dead letter was replayed or discarded, to apply their parked messages."},
 {"retry.backoff.base.ms", P_INT, "100", 1, 3600000, NULL,
  "First retry backoff ceiling; doubles per attempt, full jitter."},
 {"retry.backoff.max.ms", P_INT, "30000", 1, 86400000, NULL,
@@ -217,6 +223,15 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
                                        "message_id: \"%s\" is not one of "
                                        "header:NAME, key, json:/pointer, "
                                        "coords",
+                                       value);
+                        return KINBOX_ERR_INVALID;
+                }
+                if (!strcmp(p->key, "dead_letter.hold_key.source") &&
+                    (check_msgid(value) || !strcmp(value, "coords"))) {
+                        kinbox__errstr(errstr, sz,
+                                       "dead_letter.hold_key.source: \"%s\" "
+                                       "is not one of key, header:NAME, "
+                                       "json:/pointer",
                                        value);
                         return KINBOX_ERR_INVALID;
                 }

@@ -17,6 +17,7 @@
  */
 #include "consumer_int.h"
 #include "db.h"
+#include "hold.h"
 #include "internal.h"
 #include "metrics.h"
 #include "msgid.h"
@@ -154,6 +155,7 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         c->reconnect_max = kinbox__conf_int(conf, "reconnect.backoff.max.ms");
         if (c->queue_max < c->batch_max)
                 c->queue_max = c->batch_max;
+        kinbox__hold_conf(c, conf);
         rd_kafka_conf_t *rkc = NULL;
         if (!c->name || !c->msgid_spec)
                 goto oom;
@@ -296,6 +298,7 @@ part_free(part_t *p)
                 kinbox__msg_free(m);
                 m = n;
         }
+        kinbox__hold_free(p);
         free(p->topic);
         free(p);
 }
@@ -323,6 +326,7 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         pthread_cond_destroy(&c->nudge_cond);
         free(c->name);
         free(c->msgid_spec);
+        free(c->hold_src);
         kinbox_conf_destroy(c->conf);
         free(c);
 }
@@ -377,7 +381,7 @@ collect(kinbox_consumer_t *c, worker_t *w, int64_t now, int64_t *next_wake)
         /* Each partition contributes its head run; round robin by taking a
          * share per partition keeps one busy partition from starving. */
         for (part_t *p = c->parts; p; p = p->next) {
-                if (p->w != w || p->revoked || !p->head)
+                if (p->w != w || p->revoked || !p->head || p->hold_unknown)
                         continue;
                 if (kinbox__part_backing_off(p, now)) {
                         if (!*next_wake || p->retry_at < *next_wake)
@@ -397,7 +401,7 @@ runnable(kinbox_consumer_t *c, worker_t *w, int64_t now)
 {
         size_t n = 0;
         for (part_t *p = c->parts; p; p = p->next)
-                if (p->w == w && !p->revoked && p->head &&
+                if (p->w == w && !p->revoked && p->head && !p->hold_unknown &&
                     !kinbox__part_backing_off(p, now))
                         n += p->count;
         return n;
@@ -410,6 +414,9 @@ worker_main(void *arg)
         kinbox_consumer_t *c = w->c;
         pthread_mutex_lock(&w->lock);
         while (!w->stop) {
+                kinbox__hold_tick(c, w);
+                if (w->stop)
+                        break;
                 int64_t now = kinbox__now_ms();
                 size_t avail = runnable(c, w, now);
                 if (!avail) {
@@ -538,6 +545,7 @@ parts_add(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                 p->partition = tp->partition;
                 p->w = &c->workers[hash_tp(tp->topic, tp->partition) %
                                    (unsigned)c->nworkers];
+                p->hold_unknown = !kinbox__hold_load(c, c->ctl, p);
                 /* Workers walk c->parts under their own lock. */
                 for (int k = 0; k < c->nworkers; k++)
                         pthread_mutex_lock(&c->workers[k].lock);

@@ -42,13 +42,33 @@ struct kinbox_msg_s {
         /* A replayed dead letter (replay.c) has no rkm: its headers are
          * a list of its own, its other parts borrowed from the caller. */
         rd_kafka_headers_t *own_headers;
+        /* dead_letter.hold_key (hold.c): the message's held-key value,
+         * looked up once when needed; hkey_own is malloc'ed (json:). */
+        int hkey_state; /* 0 not looked up, 1 none, 2 hkey/hkey_len */
+        const void *hkey;
+        size_t hkey_len;
+        char *hkey_own;
+        int64_t hold_off; /* M_PARK: offset of the blocker */
 };
 
 /* M_RUN: run the handler; M_DUP: the inbox has its id (redelivery);
  * M_DEAD: dead-letter it; M_CUT: not in this transaction (retried later);
  * M_BIZDUP: a business duplicate: inbox row only, the handler's effect
- * undone. */
-enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT, M_BIZDUP };
+ * undone; M_PARK: its key is held (hold.c): inbox row and parked row. */
+enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT, M_BIZDUP, M_PARK };
+
+/*
+ * What a failure means for the one message it is charged to:
+ *  F_RETRY  may succeed later (a foreign-key violation, an unknown error,
+ *           a handler's RETRY): back off, then again; dead after retry.max;
+ *  F_DEAD   can never succeed (REJECT, an unmarked unique violation, a
+ *           CHECK / NOT NULL violation, a data exception): dead-lettered;
+ *  F_BIZDUP the event was already applied (KINBOX_RESULT_DUPLICATE, or a
+ *           kinbox_tx_exec_unique() statement's unique violation).
+ */
+enum fate { F_RETRY, F_DEAD, F_BIZDUP };
+
+struct kinbox__holdset;
 
 struct part {
         char *topic;
@@ -62,6 +82,12 @@ struct part {
         /* main thread only */
         bool paused;
         part_t *next; /* in the consumer's table */
+        /* Keys held on this partition (hold.c): written by the rebalance
+         * callback before the partition is linked, then by its worker. */
+        struct kinbox__holdset *holds;
+        /* Its holds could not be read at assignment: its messages wait
+         * until its worker read them (hold.c; under w->lock). */
+        bool hold_unknown;
 };
 
 struct worker {
@@ -86,6 +112,8 @@ struct worker {
         kinbox__inbox_row_t *rows;
         bool *is_new;
         kinbox_result_t *results;
+        bool hold_dead; /* hold.c: this batch has a dead message */
+        int64_t hold_poll_at; /* hold.c: next release poll (monotonic) */
 };
 
 /* A kinbox_tx_exec_unique() statement's key, by tag. */
@@ -147,6 +175,11 @@ struct kinbox_consumer_s {
         pthread_mutex_t nudge_lock;
         pthread_cond_t nudge_cond;
         bool nudge_req, nudge_stop; /* under nudge_lock */
+        /* dead_letter.hold_key (hold.c) */
+        bool hold_on;
+        char *hold_src;
+        int64_t release_poll;
+        atomic_uint_fast64_t st_parked, st_released;
         atomic_uint_fast64_t st_processed, st_dup, st_bizdup, st_dead,
             st_retried, st_batches, st_rolled_back;
         char errstr[512];
@@ -165,6 +198,8 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
 /* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
  * or was abandoned; pops the committed messages from their partitions. */
 void kinbox__batch_process(kinbox_consumer_t *c, worker_t *w);
+/* The fate of a statement failure (db->err) for the message it names. */
+enum fate kinbox__batch_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e);
 
 /* ---- shared by consumer.c and batch.c */
 static inline bool

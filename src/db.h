@@ -217,6 +217,17 @@ struct kinbox__sql {
         const char *outbox_pause;
         /* After a resume: wake listening relays, or NULL. */
         const char *outbox_wake;
+        /* dead_letter.hold_key (hold.c): $1 consumer $2 topic $3 partition
+         * $4 hold_key (binary) $5 offset of the blocking dead letter.
+         * Inserts the hold row, or locks and keeps an existing one (so a
+         * release of the key waits for the inserting transaction). */
+        const char *hold_upsert;
+        /* Per consumer: parked messages, held keys, oldest parked
+         * message's age (s) (gauges sampled at scrape). */
+        const char *hold_gauges;
+        /* $1 parked row id: delete it, for outbox->affected() (the
+         * number of rows deleted). */
+        const char *parked_delete;
         /* See kinbox_admin_outbox_summary() / kinbox_admin_outbox_stuck()
          * ($1 older than, in ms). */
         const char *outbox_summary, *outbox_stuck;

@@ -82,6 +82,18 @@ static const family_t families[] = {
      "Age of the oldest dead letter with status dead per consumer (sampled "
      "at scrape time).",
      NULL, 0},
+    {"kinbox_parked_messages", M_GAUGE,
+     "Messages parked behind a held key per consumer (dead_letter.hold_key; "
+     "sampled at scrape time).",
+     NULL, 0},
+    {"kinbox_held_keys", M_GAUGE,
+     "Keys held back by a dead letter per consumer (dead_letter.hold_key; "
+     "sampled at scrape time).",
+     NULL, 0},
+    {"kinbox_parked_oldest_age_seconds", M_GAUGE,
+     "Age of the oldest parked message per consumer (sampled at scrape "
+     "time).",
+     NULL, 0},
     {"kinbox_relay_published_total", M_COUNTER,
      "Outbox rows published to Kafka (or local actions done) and marked "
      "sent.",

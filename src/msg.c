@@ -108,6 +108,7 @@ kinbox__msg_free(kinbox_msg_t *m)
                 rd_kafka_headers_destroy(m->own_headers);
         free(m->id);
         free(m->reason);
+        free(m->hkey_own);
         free(m);
 }
 

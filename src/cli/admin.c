@@ -36,6 +36,7 @@ typedef struct opts {
         const char *config;
         bool json;
         bool dry_run;
+        bool wait; /* dead replay/discard: until released */
         const char *consumer;
         const char *status;
         const char *destination;
@@ -53,6 +54,7 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
             {"config", required_argument, NULL, 'c'},
             {"json", no_argument, NULL, 'j'},
             {"dry-run", no_argument, NULL, 'n'},
+            {"wait", no_argument, NULL, 'w'},
             {"consumer", required_argument, NULL, 'C'},
             {"status", required_argument, NULL, 's'},
             {"destination", required_argument, NULL, 'd'},
@@ -90,6 +92,9 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                         break;
                 case 'n':
                         o->dry_run = true;
+                        break;
+                case 'w':
+                        o->wait = true;
                         break;
                 case 'C':
                         o->consumer = optarg;
@@ -589,6 +594,20 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
         long long dl[3];
         if ((rc = dead_counts(x, name, dl)))
                 return rc;
+        rc = kinbox_admin_query(
+            x->adm,
+            "SELECT (SELECT count(*) FROM kinbox_parked WHERE consumer = $1),"
+            " (SELECT count(*) FROM kinbox_hold WHERE consumer = $1),"
+            " (SELECT min(parked_at) FROM kinbox_parked WHERE consumer = $1)",
+            1, v, &r);
+        if (rc)
+                return rc;
+        long long parked = strtoll(rv(r, 0, 0), NULL, 10);
+        long long held = strtoll(rv(r, 0, 1), NULL, 10);
+        char oldest[64];
+        snprintf(oldest, sizeof(oldest), "%s",
+                 kinbox_rows_value(r, 0, 2, NULL) ? rv(r, 0, 2) : "-");
+        kinbox_rows_destroy(r);
         json_t *jo = json_pack(
             "{s:s,s:s,s:I,s:I,s:I,s:I,s:s}", "consumer", name, "group",
             group_of(conf), "inbox_rows", (json_int_t)inbox, "dead_letters",
@@ -598,6 +617,10 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
             "since its start (kinbox_consumer_messages_total{result="
             "\"duplicate\"} and {result=\"business_duplicate\"} on "
             "/metrics)");
+        json_object_set_new(jo, "parked", json_integer(parked));
+        json_object_set_new(jo, "held_keys", json_integer(held));
+        json_object_set_new(jo, "oldest_parked_at",
+                            parked ? json_string(oldest) : json_null());
         char lagbuf[64];
         status_lag(x, conf, name, jo, lagbuf, sizeof(lagbuf));
         long long hits = dedup_hits(live, name, "duplicate");
@@ -621,6 +644,9 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
         tbl_add(tc, "%lld", dl[0]);
         tbl_add(tc, "%lld", dl[1]);
         tbl_add(tc, "%lld", dl[2]);
+        tbl_add(tc, "%lld", parked);
+        tbl_add(tc, "%lld", held);
+        tbl_add(tc, "%s", oldest);
         return KINBOX_OK;
 }
 
@@ -673,9 +699,9 @@ kb_cmd_status(int argc, char **argv)
                 goto out;
         json_t *jc = json_array(), *jd = json_array();
         table_t tc, td;
-        tbl_init(&tc, 9, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
+        tbl_init(&tc, 12, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
                  "DEDUP HITS", "BUSINESS DUPS", "DEAD", "REPLAYED",
-                 "DISCARDED");
+                 "DISCARDED", "PARKED", "HELD KEYS", "OLDEST PARKED");
         tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING", "DEAD",
                  "SENT 1H", "PAUSED");
         live = local_metrics(x.cfg.metrics_listen);
@@ -741,8 +767,12 @@ dead_list(ctx_t *x)
         char sql[1024];
         snprintf(sql, sizeof(sql),
                  "SELECT id, consumer, topic, kafka_partition, kafka_offset,"
-                 " message_id, status, attempts, dead_at, error"
-                 " FROM kinbox_dead_letter"
+                 " message_id, status, attempts, dead_at, error,"
+                 " (SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p"
+                 "  ON p.consumer = h.consumer AND p.topic = h.topic"
+                 "  AND p.kafka_partition = h.kafka_partition"
+                 "  AND p.hold_key = h.hold_key WHERE h.blocker_id = d.id)"
+                 " FROM kinbox_dead_letter d"
                  " WHERE COALESCE($1, consumer) = consumer"
                  " AND COALESCE($2, status) = status"
                  " ORDER BY id LIMIT %ld",
@@ -753,8 +783,8 @@ dead_list(ctx_t *x)
                 return db_fail(x, rc);
         json_t *ja = json_array();
         table_t t;
-        tbl_init(&t, 8, "ID", "CONSUMER", "TOPIC [PART] OFFSET", "MESSAGE ID",
-                 "STATUS", "ATTEMPTS", "DEAD AT", "ERROR");
+        tbl_init(&t, 9, "ID", "CONSUMER", "TOPIC [PART] OFFSET", "MESSAGE ID",
+                 "STATUS", "ATTEMPTS", "DEAD AT", "HOLDS BACK", "ERROR");
         for (size_t i = 0; i < kinbox_rows_count(r); i++) {
                 size_t idl = 0;
                 const char *idv = kinbox_rows_value(r, i, 5, &idl);
@@ -769,6 +799,8 @@ dead_list(ctx_t *x)
                               mid ? json_string(mid) : json_null(), "status",
                               rv(r, i, 6), "attempts", jval(rv(r, i, 7)),
                               "dead_at", rv(r, i, 8), "error", rv(r, i, 9)));
+                json_object_set_new(json_array_get(ja, i), "holds_back",
+                                    jval(rv(r, i, 10)));
                 char err[61];
                 snprintf(err, sizeof(err), "%s", rv(r, i, 9));
                 tbl_add(&t, "%s", rv(r, i, 0));
@@ -779,6 +811,7 @@ dead_list(ctx_t *x)
                 tbl_add(&t, "%s", rv(r, i, 6));
                 tbl_add(&t, "%s", rv(r, i, 7));
                 tbl_add(&t, "%s", rv(r, i, 8));
+                tbl_add(&t, "%s", rv(r, i, 10));
                 tbl_add(&t, "%s", err);
                 free(mid);
         }
@@ -873,6 +906,200 @@ dead_show(ctx_t *x, int64_t id)
         return KB_EX_OK;
 }
 
+/* Parked messages held back by dead letter ids (its key's followers);
+ * -1 on a database error. */
+static long long
+held_followers(ctx_t *x, const char *ids)
+{
+        const char *v[1] = {ids};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm,
+            "SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p ON "
+            "p.consumer = h.consumer AND p.topic = h.topic AND "
+            "p.kafka_partition = h.kafka_partition AND p.hold_key = "
+            "h.hold_key WHERE h.blocker_id = $1",
+            1, v, &r);
+        long long n = rc ? -1 : strtoll(rv(r, 0, 0), NULL, 10);
+        kinbox_rows_destroy(r);
+        return n;
+}
+
+/* The last parked follower of a dead letter (highest offset): its id
+ * ("" when it holds none back) and coordinates. */
+typedef struct follower {
+        char id[24], consumer[256], topic[256], part[16], off[24];
+} follower_t;
+
+static void
+last_follower(ctx_t *x, const char *ids, follower_t *f)
+{
+        const char *v[1] = {ids};
+        kinbox_rows_t *r = NULL;
+        f->id[0] = '\0';
+        if (!kinbox_admin_query(
+                x->adm,
+                "SELECT p.id, p.consumer, p.topic, p.kafka_partition, "
+                "p.kafka_offset FROM kinbox_hold h JOIN kinbox_parked p ON "
+                "p.consumer = h.consumer AND p.topic = h.topic AND "
+                "p.kafka_partition = h.kafka_partition AND p.hold_key = "
+                "h.hold_key WHERE h.blocker_id = $1 ORDER BY p.kafka_offset "
+                "DESC LIMIT 1",
+                1, v, &r) &&
+            kinbox_rows_count(r)) {
+                snprintf(f->id, sizeof(f->id), "%s", rv(r, 0, 0));
+                snprintf(f->consumer, sizeof(f->consumer), "%s", rv(r, 0, 1));
+                snprintf(f->topic, sizeof(f->topic), "%s", rv(r, 0, 2));
+                snprintf(f->part, sizeof(f->part), "%s", rv(r, 0, 3));
+                snprintf(f->off, sizeof(f->off), "%s", rv(r, 0, 4));
+        }
+        kinbox_rows_destroy(r);
+}
+
+/* The last follower left the parked table: applied, or dead-lettered
+ * itself (then it holds the key). Returns an exit status. */
+static int
+wait_done(ctx_t *x, const follower_t *f)
+{
+        const char *v[4] = {f->consumer, f->topic, f->part, f->off};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            x->adm,
+            "SELECT id FROM kinbox_dead_letter WHERE consumer = $1 AND topic "
+            "= $2 AND kafka_partition = $3 AND kafka_offset = $4 AND status "
+            "= 'dead'",
+            4, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        int ex = KB_EX_OK;
+        if (kinbox_rows_count(r)) {
+                fprintf(stderr,
+                        "kinbox dead: a released message failed: dead "
+                        "letter %s holds its key again\n",
+                        rv(r, 0, 0));
+                ex = KB_EX_RUNTIME;
+        } else if (!x->o.json) {
+                printf("released messages applied\n");
+        }
+        kinbox_rows_destroy(r);
+        return ex;
+}
+
+/*
+ * --wait: until the running consumer applied the followers up to the
+ * parked row last (it is gone), or a new dead letter holds the key again
+ * (printed), or 10 minutes. Returns an exit status.
+ */
+static int
+wait_released(ctx_t *x, const char *ids, const follower_t *f)
+{
+        const char *v[2] = {f->id, ids};
+        for (int i = 0; i < 3000; i++) {
+                kinbox_rows_t *r = NULL;
+                kinbox_err_t rc = kinbox_admin_query(
+                    x->adm,
+                    "SELECT h.blocker_id, d.status FROM kinbox_parked q "
+                    "LEFT JOIN kinbox_hold h ON h.consumer = q.consumer AND "
+                    "h.topic = q.topic AND h.kafka_partition = "
+                    "q.kafka_partition AND h.hold_key = q.hold_key LEFT "
+                    "JOIN kinbox_dead_letter d ON d.id = h.blocker_id AND "
+                    "d.id <> $2 WHERE q.id = $1",
+                    2, v, &r);
+                if (rc)
+                        return db_fail(x, rc);
+                bool done = !kinbox_rows_count(r);
+                const char *st =
+                    done ? NULL : kinbox_rows_value(r, 0, 1, NULL);
+                if (!done && st && !strcmp(st, "dead")) {
+                        fprintf(stderr,
+                                "kinbox dead: a released message failed: "
+                                "dead letter %s holds its key again\n",
+                                rv(r, 0, 0));
+                        kinbox_rows_destroy(r);
+                        return KB_EX_RUNTIME;
+                }
+                kinbox_rows_destroy(r);
+                if (done)
+                        return wait_done(x, f);
+                usleep(200 * 1000);
+        }
+        fprintf(stderr, "kinbox dead: --wait: parked messages still waiting "
+                        "after 10 minutes (is the consumer running?)\n");
+        return KB_EX_RUNTIME;
+}
+
+/* "; N parked message(s) ... released" after a replay or discard. */
+static void
+print_released(long long n)
+{
+        if (n > 0)
+                printf("%lld parked message(s) of its key released: the "
+                       "running consumer applies them in order\n",
+                       n);
+}
+
+/* `kinbox dead parked`: messages held back behind a dead letter. */
+static int
+dead_parked(ctx_t *x)
+{
+        const char *v[1] = {x->o.consumer};
+        kinbox_rows_t *r = NULL;
+        char sql[1024];
+        snprintf(sql, sizeof(sql),
+                 "SELECT p.id, p.consumer, p.topic, p.kafka_partition,"
+                 " p.kafka_offset, p.message_id, p.hold_key, h.blocker_id,"
+                 " p.parked_at FROM kinbox_parked p LEFT JOIN kinbox_hold h"
+                 " ON h.consumer = p.consumer AND h.topic = p.topic"
+                 " AND h.kafka_partition = p.kafka_partition"
+                 " AND h.hold_key = p.hold_key"
+                 " WHERE COALESCE($1, p.consumer) = p.consumer"
+                 " ORDER BY p.consumer, p.topic, p.kafka_partition,"
+                 " p.hold_key, p.kafka_offset LIMIT %ld",
+                 x->o.limit);
+        kinbox_err_t rc = kinbox_admin_query(x->adm, sql, 1, v, &r);
+        if (rc)
+                return db_fail(x, rc);
+        json_t *ja = json_array();
+        table_t t;
+        tbl_init(&t, 7, "ID", "CONSUMER", "TOPIC [PART] OFFSET", "KEY",
+                 "MESSAGE ID", "BLOCKER", "PARKED AT");
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                size_t kl = 0, il = 0;
+                const char *kv = kinbox_rows_value(r, i, 6, &kl);
+                const char *iv = kinbox_rows_value(r, i, 5, &il);
+                char *key = escape_bytes(kv ? kv : "", kv ? kl : 0);
+                char *mid = escape_bytes(iv ? iv : "", iv ? il : 0);
+                json_array_append_new(
+                    ja,
+                    json_pack("{s:o,s:s,s:s,s:o,s:o,s:s,s:s,s:o,s:s}", "id",
+                              jval(rv(r, i, 0)), "consumer", rv(r, i, 1),
+                              "topic", rv(r, i, 2), "partition",
+                              jval(rv(r, i, 3)), "offset", jval(rv(r, i, 4)),
+                              "message_id", mid ? mid : "", "key",
+                              key ? key : "", "blocker", jval(rv(r, i, 7)),
+                              "parked_at", rv(r, i, 8)));
+                tbl_add(&t, "%s", rv(r, i, 0));
+                tbl_add(&t, "%s", rv(r, i, 1));
+                tbl_add(&t, "%s [%s] %s", rv(r, i, 2), rv(r, i, 3),
+                        rv(r, i, 4));
+                tbl_add(&t, "%s", key ? key : "");
+                tbl_add(&t, "%s", mid ? mid : "");
+                tbl_add(&t, "%s", rv(r, i, 7));
+                tbl_add(&t, "%s", rv(r, i, 8));
+                free(key);
+                free(mid);
+        }
+        kinbox_rows_destroy(r);
+        if (x->o.json) {
+                tbl_print(&t, NULL);
+                json_out(ja);
+        } else {
+                json_decref(ja);
+                tbl_print(&t, stdout);
+        }
+        return KB_EX_OK;
+}
+
 static int
 dead_discard(ctx_t *x, int64_t id)
 {
@@ -902,6 +1129,10 @@ dead_discard(ctx_t *x, int64_t id)
                 return KB_EX_RUNTIME;
         }
         kinbox_rows_destroy(r);
+        /* Counted first: the running consumer starts releasing them. */
+        long long rel = held_followers(x, ids);
+        follower_t last;
+        last_follower(x, ids, &last);
         rc = kinbox_admin_query(
             x->adm,
             "UPDATE kinbox_dead_letter SET status = 'discarded' WHERE id = "
@@ -909,12 +1140,16 @@ dead_discard(ctx_t *x, int64_t id)
             1, v, NULL);
         if (rc)
                 return db_fail(x, rc);
-        if (x->o.json)
-                json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id, "status",
-                                   "discarded"));
-        else
+        if (x->o.json) {
+                json_out(json_pack("{s:I,s:s,s:I}", "id", (json_int_t)id,
+                                   "status", "discarded", "released",
+                                   (json_int_t)(rel > 0 ? rel : 0)));
+        } else {
                 printf("dead letter %" PRId64 ": discarded\n", id);
-        return KB_EX_OK;
+                print_released(rel);
+        }
+        return x->o.wait && last.id[0] ? wait_released(x, ids, &last)
+                                       : KB_EX_OK;
 }
 
 static int
@@ -962,6 +1197,9 @@ dead_replay(ctx_t *x, int64_t id)
                 return KB_EX_USAGE;
         }
         kinbox_result_t res = KINBOX_RESULT_OK;
+        long long rel = held_followers(x, ids);
+        follower_t last;
+        last_follower(x, ids, &last);
         rc = kinbox_dead_replay(x->adm, id, m->handle_batch ? NULL : m->handle,
                                 m->handle_batch, opaque, &res);
         if (m->fini)
@@ -973,15 +1211,19 @@ dead_replay(ctx_t *x, int64_t id)
                        : rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
                                                   : KB_EX_RUNTIME;
         }
-        if (x->o.json)
-                json_out(json_pack("{s:I,s:s,s:s,s:s}", "id", (json_int_t)id,
-                                   "consumer", consumer, "handler", m->name,
-                                   "status", "replayed"));
-        else
+        if (x->o.json) {
+                json_out(json_pack(
+                    "{s:I,s:s,s:s,s:s,s:I}", "id", (json_int_t)id, "consumer",
+                    consumer, "handler", m->name, "status", "replayed",
+                    "released", (json_int_t)(rel > 0 ? rel : 0)));
+        } else {
                 printf("dead letter %" PRId64 ": replayed by consumer %s "
                        "(handler %s), committed with its inbox row\n",
                        id, consumer, m->name);
-        return KB_EX_OK;
+                print_released(rel);
+        }
+        return x->o.wait && last.id[0] ? wait_released(x, ids, &last)
+                                       : KB_EX_OK;
 }
 
 /*
@@ -1024,20 +1266,23 @@ int
 kb_cmd_dead(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "dead"}};
-        static const char *const subs[] = {"list", "show", "replay", "discard",
-                                           NULL};
+        static const char *const subs[] = {"list",    "show",   "replay",
+                                           "discard", "parked", NULL};
         int ex, kind = subcommand("dead", argc, argv, subs, &ex);
         if (!kind)
                 return ex;
         const char *sub = argv[1];
-        bool list = kind == 1;
-        if (parse_opts(argc - 1, argv + 1, &x.o, list ? "jCsl" : "j"))
+        bool list = kind == 1 || kind == 5;
+        if (parse_opts(argc - 1, argv + 1, &x.o,
+                       list                   ? "jCsl"
+                       : !strcmp(sub, "show") ? "j"
+                                              : "jw"))
                 return KB_EX_USAGE;
         int64_t id = 0;
         if (list ? x.o.nargs != 0
                  : (x.o.nargs != 1 || parse_id(&x.o, x.o.args[0], &id))) {
                 fprintf(stderr,
-                        list ? "usage: kinbox dead list [options]\n"
+                        list ? "usage: kinbox dead list|parked [options]\n"
                              : "usage: kinbox dead %s ID -c FILE\n",
                         sub);
                 return KB_EX_USAGE;
@@ -1051,7 +1296,9 @@ kb_cmd_dead(int argc, char **argv)
         }
         ex = ctx_open(&x);
         if (!ex) {
-                if (list)
+                if (kind == 5)
+                        ex = dead_parked(&x);
+                else if (list)
                         ex = dead_list(&x);
                 else if (!strcmp(sub, "show"))
                         ex = dead_show(&x, id);
@@ -1624,16 +1871,27 @@ kb_admin_usage(const char *cmd, void *fpv)
                         "dead|replayed|discarded]\n"
                         "                        [--limit N] -c FILE "
                         "[--json]\n"
+                        "       kinbox dead parked [--consumer NAME] "
+                        "[--limit N] -c FILE [--json]\n"
                         "       kinbox dead show ID -c FILE [--json]\n"
-                        "       kinbox dead replay ID -c FILE [--json]\n"
-                        "       kinbox dead discard ID -c FILE [--json]\n\n"
+                        "       kinbox dead replay ID -c FILE [--wait] "
+                        "[--json]\n"
+                        "       kinbox dead discard ID -c FILE [--wait] "
+                        "[--json]\n\n"
                         "show prints the original key, headers and payload "
                         "(text, non-printable bytes\nas \\xNN). replay runs "
                         "the consumer's configured handler on the stored "
                         "copy in\none transaction with its inbox row, as if "
                         "it arrived again, and marks the\ndead letter "
                         "replayed; a dead letter is replayed at most once. "
-                        "discard marks it\ndiscarded (the row is kept).\n");
+                        "discard marks it\ndiscarded (the row is kept).\n"
+                        "With dead_letter.hold_key, list shows how many "
+                        "parked messages each dead\nletter holds back "
+                        "(HOLDS BACK), parked lists them, and replay and "
+                        "discard\nreport how many they release: the running "
+                        "consumer applies them in offset\norder. --wait "
+                        "waits until it did (exit 0), or one of them failed "
+                        "and\nholds the key again (exit 1).\n");
         else if (!strcmp(cmd, "outbox"))
                 fprintf(fp,
                         "usage: kinbox outbox list [--status "

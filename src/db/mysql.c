@@ -1992,6 +1992,20 @@ static const struct kinbox__sql my_sql = {
         "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
         "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "
         "kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
+    .hold_upsert =
+        "INSERT INTO kinbox_hold (consumer, topic, kafka_partition, "
+        "hold_key, blocker_id) SELECT $1, $2, $3, $4, MAX(id) FROM "
+        "kinbox_dead_letter WHERE consumer = $1 AND topic = $2 AND "
+        "kafka_partition = $3 AND kafka_offset = $5 ON DUPLICATE KEY "
+        "UPDATE blocker_id = kinbox_hold.blocker_id",
+    .parked_delete = "DELETE FROM kinbox_parked WHERE id = $1",
+    .hold_gauges =
+        "SELECT consumer, SUM(parked), SUM(held), MAX(age) FROM ("
+        " SELECT consumer, COUNT(*) AS parked, 0 AS held,"
+        "  TIMESTAMPDIFF(MICROSECOND, MIN(parked_at), CURRENT_TIMESTAMP(6))"
+        "  / 1000000 AS age FROM kinbox_parked GROUP BY consumer"
+        " UNION ALL SELECT consumer, 0, COUNT(*), 0 FROM kinbox_hold"
+        "  GROUP BY consumer) x GROUP BY consumer",
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {

@@ -820,6 +820,22 @@ static const struct kinbox__sql pg_sql = {
     .dead_letter_gauges =
         "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
         "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
+    .hold_upsert =
+        "INSERT INTO kinbox_hold (consumer, topic, kafka_partition, "
+        "hold_key, blocker_id) SELECT $1, $2, $3::integer, $4, max(id) FROM "
+        "kinbox_dead_letter WHERE consumer = $1 AND topic = $2 AND "
+        "kafka_partition = $3::integer AND kafka_offset = $5::bigint ON "
+        "CONFLICT (consumer, topic, kafka_partition, hold_key) DO UPDATE "
+        "SET blocker_id = kinbox_hold.blocker_id",
+    .parked_delete = "WITH d AS (DELETE FROM kinbox_parked WHERE id = "
+                     "$1::bigint RETURNING 1) SELECT count(*) FROM d",
+    .hold_gauges =
+        "SELECT consumer, sum(parked), sum(held), max(age) FROM ("
+        " SELECT consumer, count(*) AS parked, 0 AS held,"
+        "  extract(epoch FROM now() - min(parked_at)) AS age"
+        "  FROM kinbox_parked GROUP BY consumer"
+        " UNION ALL SELECT consumer, 0, count(*), 0 FROM kinbox_hold"
+        "  GROUP BY consumer) x GROUP BY consumer",
 };
 
 const struct kinbox__db_ops kinbox__pg_ops = {
