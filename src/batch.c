@@ -234,10 +234,24 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
                     m->failures, delay, m->reason);
 }
 
-enum fate
-kinbox__batch_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
+/* Whether e is a statement's own failure, one a message can be charged
+ * with; not a lost connection, a deadlock, out of memory, or a failure of
+ * kinbox's own statement (or of an unknown merge). */
+static bool
+own_failure(const kinbox__dberr_t *e)
 {
-        return statement_fate(tx, e);
+        return (e->code == KINBOX_ERR_DB || e->code == KINBOX_ERR_DUPLICATE) &&
+               e->tag >= 0;
+}
+
+bool
+kinbox__batch_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e,
+                   enum fate *fate)
+{
+        if (!own_failure(e))
+                return false;
+        *fate = statement_fate(tx, e);
+        return true;
 }
 
 enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
@@ -340,10 +354,8 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
 {
         failure_t f = {FL_BATCH, 0, F_RETRY, false};
         int t = e->tag;
-        if (e->code != KINBOX_ERR_DB && e->code != KINBOX_ERR_DUPLICATE)
-                return f; /* lost connection, deadlock, out of memory */
-        if (t < 0)
-                return f; /* kinbox's own statement, or an unknown merge */
+        if (!own_failure(e))
+                return f;
         size_t low = (size_t)KINBOX__TAG_LOW(t);
         if (t & KINBOX__TAG_MERGED_BIT) {
                 if (low < w->nmsgs)

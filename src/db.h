@@ -236,11 +236,16 @@ struct kinbox__sql {
 /* The one of a module's two schema texts that is this backend's. */
 const char *kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
                             const char *mysql);
-/* Whether db is a connection of backend b. */
-bool kinbox__db_is(const kinbox__db_t *db, kinbox_backend_t b);
 /* The native connection for a handler asking for backend b (flushing
- * what is queued), or NULL when db is another backend or is down. */
-void *kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b);
+ * what is queued), or NULL when db is another backend or is down; *down
+ * tells the latter (db is b's, but not connected). */
+void *kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b, bool *down);
+/* The embedded migrations (migrate.h) of db's backend in order: the first
+ * after m (NULL: the first of all); NULL after the last. */
+struct kinbox__migration;
+const struct kinbox__migration *
+kinbox__db_migration(const kinbox__db_t *db,
+                     const struct kinbox__migration *m);
 
 /*
  * The outbox writer's, operator calls' and relay's statements, one table

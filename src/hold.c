@@ -502,12 +502,7 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, enum fate *fate, char *why,
             !db->ops->flush(db))
                 goto out;
         if (db->err.code) {
-                ret = (db->err.code != KINBOX_ERR_DB &&
-                       db->err.code != KINBOX_ERR_DUPLICATE) ||
-                              db->err.tag < 0
-                          ? -1
-                          : 1;
-                *fate = kinbox__batch_fate(&tx, &db->err);
+                ret = kinbox__batch_fate(&tx, &db->err, fate) ? 1 : -1;
                 snprintf(why, wsz, "%s", db->err.msg);
         } else {
                 ret = 1;

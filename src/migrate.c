@@ -93,11 +93,10 @@ kinbox_migrate(const kinbox_conf_t *conf, char *errstr, size_t sz)
         if (!db)
                 return (kinbox_err_t)rc;
         rc = KINBOX_OK;
-        for (const kinbox__migration_t *m = kinbox__migrations; m->name && !rc;
-             m++)
-                if (kinbox__db_is(db, (kinbox_backend_t)m->backend))
-                        rc = apply(db, "kinbox", m->version, m->name, m->sql,
-                                   errstr, sz);
+        for (const kinbox__migration_t *m = kinbox__db_migration(db, NULL);
+             m && !rc; m = kinbox__db_migration(db, m))
+                rc = apply(db, "kinbox", m->version, m->name, m->sql, errstr,
+                           sz);
         kinbox__db_destroy(db);
         return (kinbox_err_t)rc;
 }

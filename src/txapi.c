@@ -216,16 +216,15 @@ kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
         return tx_outcome(tx, rc);
 }
 
-/* The native connection when the handler asked for this backend's. */
+/* The native connection when the handler asked for this backend's: the
+ * transaction is then touched, and failed when the connection is down. */
 static void *
 tx_native(kinbox_tx_t *tx, kinbox_backend_t b)
 {
-        if (!kinbox__db_is(tx->db, b))
-                return NULL;
-        tx->touched = true;
-        void *n = kinbox__db_native_of(tx->db, b);
-        if (!n)
-                tx->failed = true;
+        bool down = false;
+        void *n = kinbox__db_native_of(tx->db, b, &down);
+        tx->touched = tx->touched || n || down;
+        tx->failed = tx->failed || down;
         return n;
 }
 

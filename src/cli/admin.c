@@ -288,6 +288,17 @@ json_out(json_t *j)
         json_decref(j);
 }
 
+/* A listing: the JSON array (--json) or the table; frees both. */
+static void
+rows_out(bool json, table_t *t, json_t *ja)
+{
+        tbl_print(t, json ? NULL : stdout);
+        if (json)
+                json_out(ja);
+        else
+                json_decref(ja);
+}
+
 /* A value as JSON: integer when it looks like one, else string. */
 static json_t *
 jval(const char *v)
@@ -816,13 +827,7 @@ dead_list(ctx_t *x)
                 free(mid);
         }
         kinbox_rows_destroy(r);
-        if (x->o.json) {
-                tbl_print(&t, NULL);
-                json_out(ja);
-        } else {
-                json_decref(ja);
-                tbl_print(&t, stdout);
-        }
+        rows_out(x->o.json, &t, ja);
         return KB_EX_OK;
 }
 
@@ -1090,13 +1095,7 @@ dead_parked(ctx_t *x)
                 free(mid);
         }
         kinbox_rows_destroy(r);
-        if (x->o.json) {
-                tbl_print(&t, NULL);
-                json_out(ja);
-        } else {
-                json_decref(ja);
-                tbl_print(&t, stdout);
-        }
+        rows_out(x->o.json, &t, ja);
         return KB_EX_OK;
 }
 
@@ -1464,13 +1463,7 @@ outbox_list(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_outbox_status_t st)
                 json_decref(l.ja);
                 return outbox_fail(x, oa, rc, "");
         }
-        if (x->o.json) {
-                tbl_print(&l.t, NULL);
-                json_out(l.ja);
-        } else {
-                json_decref(l.ja);
-                tbl_print(&l.t, stdout);
-        }
+        rows_out(x->o.json, &l.t, l.ja);
         return KB_EX_OK;
 }
 

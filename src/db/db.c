@@ -1,8 +1,9 @@
 /*
  * db.c -- backend-neutral parts of the database layer: URLs, rows, errors.
  */
-#include "db.h"
-#include "internal.h"
+#include "../db.h"
+#include "../internal.h"
+#include "../migrate.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -253,16 +254,21 @@ kinbox__db_note_none(kinbox__db_t *db, int tag)
         db->none_tags[db->nnone++] = tag;
 }
 
-bool
-kinbox__db_is(const kinbox__db_t *db, kinbox_backend_t b)
+void *
+kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b, bool *down)
 {
-        return db->ops->backend == b;
+        void *n = db->ops->backend == b ? db->ops->native(db) : NULL;
+        *down = db->ops->backend == b && !n;
+        return n;
 }
 
-void *
-kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b)
+const kinbox__migration_t *
+kinbox__db_migration(const kinbox__db_t *db, const kinbox__migration_t *m)
 {
-        return db->ops->backend == b ? db->ops->native(db) : NULL;
+        for (m = m ? m + 1 : kinbox__migrations; m->name; m++)
+                if (m->backend == (int)db->ops->backend)
+                        return m;
+        return NULL;
 }
 
 void
