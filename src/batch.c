@@ -185,8 +185,8 @@ static enum fate
 statement_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
 {
         if (e->code == KINBOX_ERR_DUPLICATE)
-                return ukey_matches(tx, e->tag, e->constraint) ? F_BIZDUP
-                                                               : F_DEAD;
+                return ukey_matches(tx, e->stmt_tag, e->constraint) ? F_BIZDUP
+                                                                    : F_DEAD;
         return e->permanent ? F_DEAD : F_RETRY;
 }
 
@@ -273,6 +273,12 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
  * failing part is one message (about 2 log2(group) calls instead of one
  * per message). */
 #define ISO_GROUPS_BATCH 16
+/* While every failure of a batch handler was pinned on its message (the
+ * server named the row of a kinbox_tx_exec_rows() statement), no group
+ * needs narrowing: a failure re-runs its group once without the culprit,
+ * so groups only bound what that re-run repeats; each group costs its own
+ * handler call. */
+#define ISO_GROUPS_EXACT 4
 #define ISO_MIN_GROUP 4
 #define ISO_BATCHES 16
 /* Groups of a walk after bisections, at most. */
@@ -314,13 +320,15 @@ group_of(const walk_t *wk, size_t i)
         return a;
 }
 
-/* Cut group g in two halves; false when it cannot be cut (one message, or
- * the group or savepoint budget is spent). */
+/* Cut group g before message at, for a batch handler whose group call
+ * failed on that message's row: the rows before it went through, so the
+ * part after it gets its own savepoint and a second failure there re-runs
+ * only that part. False when the cut is empty or the budget is spent. */
 static bool
-bisect(walk_t *wk, size_t g)
+split_at(walk_t *wk, size_t g, size_t at)
 {
         size_t a = wk->lo[g], b = wk->lo[g + 1];
-        if (b - a < 2 || wk->ngroups == ISO_MAX_GROUPS ||
+        if (at <= a || at >= b || wk->ngroups == ISO_MAX_GROUPS ||
             wk->nsp >= ISO_SAVEPOINTS)
                 return false;
         memmove(wk->lo + g + 2, wk->lo + g + 1,
@@ -329,11 +337,24 @@ bisect(walk_t *wk, size_t g)
                 (wk->ngroups - g - 1) * sizeof(*wk->single));
         memmove(wk->suspect + g + 2, wk->suspect + g + 1,
                 (wk->ngroups - g - 1) * sizeof(*wk->suspect));
-        wk->lo[g + 1] = a + (b - a) / 2;
-        wk->single[g] = wk->single[g + 1] = false;
+        wk->lo[g + 1] = at;
+        wk->single[g + 1] = false;
+        wk->suspect[g + 1] = false;
+        wk->ngroups++;
+        return true;
+}
+
+/* Cut group g in two halves; false when it cannot be cut (one message, or
+ * the group or savepoint budget is spent). */
+static bool
+bisect(walk_t *wk, size_t g)
+{
+        size_t a = wk->lo[g], b = wk->lo[g + 1];
+        if (b - a < 2 || !split_at(wk, g, a + (b - a) / 2))
+                return false;
+        wk->single[g] = false;
         wk->suspect[g] = false;
         wk->suspect[g + 1] = true;
-        wk->ngroups++;
         return true;
 }
 
@@ -397,7 +418,7 @@ run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
         tx->reason[0] = '\0';
         /* An error seen during the call is one the call's own database
          * calls ran into (maybe another message's deferred statement). */
-        db->err = (kinbox__dberr_t){.tag = -1};
+        db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
         m->attempt = m->failures + 1;
         m->dup_ok = false;
         int64_t t_h = kinbox__now_us();
@@ -493,11 +514,13 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                                    : (int)(KINBOX__TAG_GROUP | wk->lo[wk->g]);
                 tx->failed = tx->touched = false;
                 tx->reason[0] = '\0';
-                db->err = (kinbox__dberr_t){.tag = -1};
+                db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
                 int64_t t_h = kinbox__now_us();
+                db->call_tag = tx->tag;
                 kinbox_result_t r =
                     c->batch_handler(tx, (const kinbox_msg_t *const *)run + j0,
                                      cnt, w->results, c->opaque);
+                db->call_tag = -1;
                 w->handler_us += kinbox__now_us() - t_h;
                 if (tx->failed && db->err.code) {
                         *f = failure_of(w, wk, &db->err, tx);
@@ -590,7 +613,11 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                 fail_msg(c, w, f->idx, f->fate,
                          f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
                 /* The culprit is out: the group's next batch handler call
-                 * is set-based again. */
+                 * is set-based again. A set-based call's row named it:
+                 * what follows it becomes a group of its own. */
+                if (c->batch_handler && !c->handler && !wk->single[g] &&
+                    wk->iso)
+                        split_at(wk, g, f->idx + 1);
                 wk->single[g] = false;
         } else if (f->kind == FL_GROUP && !f->by_result) {
                 /* Narrow it down to the message. */
@@ -598,8 +625,19 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                         wk->single[g] = true;
         } else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */
-        atomic_fetch_add(&c->st_rolled_back, 1);
+        bool exact = f->kind == FL_MSG || f->by_result;
         bool was_iso = wk->iso;
+        w->iso_exact = (was_iso ? w->iso_exact : true) && exact;
+        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                    "worker %d: group %zu of %zu failed (%s%s), %s", w->idx, g,
+                    wk->ngroups,
+                    f->kind == FL_MSG     ? "one message"
+                    : f->kind == FL_GROUP ? "a group call"
+                                          : "a merged statement",
+                    f->by_result ? ", by its results" : "",
+                    was_iso ? "rolling back to its savepoint"
+                            : "rolling back the batch");
+        atomic_fetch_add(&c->st_rolled_back, 1);
         w->iso_left = ISO_BATCHES;
         w->iso_hit = true;
         if (!was_iso) {
@@ -710,6 +748,10 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
                     m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
         }
         db->nnone = 0;
+        db->ndrops = 0;
+        /* exec_values() rows may be dropped (not with held keys: a
+         * follower of the dropped message's key may be in the call). */
+        db->drop_rows = c->batch_handler && !c->handler && !c->hold_on;
         w->handler_us = 0;
         int rc = db->ops->begin(db);
         if (!rc && n)
@@ -730,6 +772,60 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
         return KINBOX_OK;
 }
 
+/* Messages whose exec_values() rows the backend dropped (db->drops): a
+ * permanent failure or a unique violation of their own row, found after
+ * their call returned; the statements went on without their rows, so
+ * only their fate and dead letter are left to do. */
+static bool
+drops_decide(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+             const walk_t *wk, failure_t *f, bool queue)
+{
+        kinbox__db_t *db = w->db;
+        size_t n = db->ndrops;
+        db->ndrops = 0;
+        for (size_t k = 0; k < n; k++) {
+                const kinbox__dberr_t *e = &db->drops[k];
+                size_t i = (size_t)KINBOX__TAG_LOW(e->tag);
+                if (i >= w->nmsgs || w->msgs[i]->state != M_RUN)
+                        continue;
+                fail_msg(c, w, i, statement_fate(tx, e), e->msg);
+                if (queue && w->msgs[i]->state == M_DEAD &&
+                    queue_dead_letter(c, w, w->msgs[i])) {
+                        *f = failure_of(w, wk, &db->err, tx);
+                        return false;
+                }
+        }
+        return true;
+}
+
+static bool
+take_drops(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+           const walk_t *wk, failure_t *f)
+{
+        return drops_decide(c, w, tx, wk, f, true);
+}
+
+/* Send what is queued when exec_values() rows are among it, so that a
+ * dropped row's dead letter is queued here (before the next savepoint, or
+ * before the epilogue) and not inside a later group. */
+static bool
+flush_values(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+             const walk_t *wk, failure_t *f)
+{
+        if (!tx->values_used)
+                return true;
+        tx->values_used = false;
+        if (w->db->ops->flush(w->db)) {
+                *f = failure_of(w, wk, &w->db->err, tx);
+                /* Fates found before the failure stand; their dead letters
+                 * come with their group's run again. */
+                failure_t ignored;
+                drops_decide(c, w, tx, wk, &ignored, false);
+                return false;
+        }
+        return take_drops(c, w, tx, wk, f);
+}
+
 /* Walk every group from wk->g on; RUN_AGAIN means "committed nothing yet,
  * the walk may go on" only inside; returns RUN_DONE when all ran. */
 static enum run_rc
@@ -741,6 +837,8 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
         enum run_rc rc = RUN_DONE;
         while (wk->g < wk->ngroups) {
                 if (wk->iso && !wk->sp_done) {
+                        if (!flush_values(c, w, tx, wk, &f))
+                                goto failed;
                         char sp[32];
                         savepoint_name(sp, sizeof(sp), wk, wk->g);
                         wk->nsp++;
@@ -765,6 +863,10 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                                 f = failure_of(w, wk, &db->err, tx);
                                 goto failed;
                         }
+                        if (wk->g == wk->ngroups &&
+                            ((wk->iso && !take_drops(c, w, tx, wk, &f)) ||
+                             !flush_values(c, w, tx, wk, &f)))
+                                goto failed;
                         continue;
                 }
         failed:
@@ -810,9 +912,12 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         int64_t t_begin = kinbox__now_ms();
         int64_t t_begin_us = kinbox__now_us();
         walk_t wk = {0};
-        walk_init(&wk, w->iso_left > 0,
-                  c->batch_handler ? ISO_GROUPS_BATCH : ISO_GROUPS, w->nmsgs);
+        size_t ng = ISO_GROUPS;
+        if (c->batch_handler && !c->handler)
+                ng = w->iso_exact ? ISO_GROUPS_EXACT : ISO_GROUPS_BATCH;
+        walk_init(&wk, w->iso_left > 0, ng, w->nmsgs);
         kinbox__tx_clear_ukeys(tx);
+        tx->values_used = false;
         failure_t f;
         if (begin_batch(c, w)) {
                 f = failure_of(w, &wk, &db->err, tx);
@@ -886,6 +991,7 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
         int down = 0, backoff = 0;
         w->hold_dead = false;
         for (size_t i = 0; i < w->nmsgs; i++) {
+                w->msgs[i]->bidx = i;
                 w->msgs[i]->state = w->msgs[i]->id ? M_RUN : M_DEAD;
                 w->hold_dead = w->hold_dead || !w->msgs[i]->id;
         }

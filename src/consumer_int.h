@@ -36,6 +36,7 @@ struct kinbox_msg_s {
         int state; /* per batch run, see enum mstate */
         bool inserted; /* this transaction inserted its inbox row */
         bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
+        size_t bidx; /* its index in the worker's batch (w->msgs) */
         kinbox_msg_t *next;
         kinbox__msgview_t v; /* what the accessors read */
         int64_t ts; /* Kafka timestamp (ms), -1 if none */
@@ -107,6 +108,10 @@ struct worker {
         int iso_left; /* batches left in isolation mode */
         int64_t handler_us; /* in handler calls, this transaction */
         bool iso_hit; /* this batch had a failure */
+        /* Batch handler: every failure of this isolation spell was pinned
+         * on its message (a named row, the handler's own verdicts), so its
+         * batches need few groups; false once one needed narrowing. */
+        bool iso_exact;
         kinbox_msg_t **msgs; /* current batch */
         size_t nmsgs, capmsgs;
         kinbox__inbox_row_t *rows;
@@ -129,6 +134,10 @@ struct kinbox_tx_s {
         int tag; /* statement tag of the running call (db.h) */
         bool failed; /* a statement failed during the current call */
         bool touched; /* the current call queued or ran statements */
+        /* An exec_values() statement with row owners is queued (the
+         * consumer flushes before a savepoint or the epilogue, so a
+         * dropped row's dead letter lands where it can stay). */
+        bool values_used;
         char reason[512]; /* kinbox_tx_set_error() */
         const char *consumer; /* when c is NULL (replay) */
         ukey_t *ukeys; /* this transaction's exec_unique() keys */

@@ -67,6 +67,15 @@ typedef struct kinbox__param {
         int binary; /* raw bytes for a bytea/blob column */
 } kinbox__param_t;
 
+/** An exec_values() statement. */
+typedef struct kinbox__values {
+        const char *head, *tuple, *tail;
+        int nper; /* parameters per row */
+        const kinbox__param_t *p; /* nrows * nper, row after row */
+        size_t nrows;
+        const int *row_tags; /* nrows */
+} kinbox__values_t;
+
 /** One inbox row to insert. */
 typedef struct kinbox__inbox_row {
         const char *id;
@@ -80,7 +89,10 @@ typedef struct kinbox__dberr {
         int code; /* kinbox_err_t */
         char sqlstate[6]; /* PostgreSQL SQLSTATE, "" on MySQL */
         int vendor; /* MySQL errno, 0 on PostgreSQL */
-        int tag; /* tag of the failing statement, -1 if none */
+        int tag; /* whom the failure is charged to: the failing
+                  * statement's tag, or for an exec_rows() statement the
+                  * tag of the row the server named; -1 if none */
+        int stmt_tag; /* the failing statement's own tag, as queued */
         /* Retrying cannot help: a CHECK / NOT NULL / exclusion violation or
          * a data exception (SQLSTATE class 22 and MySQL equivalents). A
          * unique violation is code KINBOX_ERR_DUPLICATE instead. */
@@ -116,6 +128,16 @@ struct kinbox__db {
          * the order their results were read (the consumer empties it). */
         int *none_tags;
         size_t nnone, capnone;
+        /* exec_values() (set by the consumer per batch): drop_rows lets a
+         * failed row's message be dropped from its statement; call_tag is
+         * the tag of the handler call running now (its statements are
+         * never dropped from: the call may still queue more), -1 if none.
+         * drops: the failures of dropped messages (err.tag names the
+         * message), in the order found; the consumer empties it. */
+        bool drop_rows;
+        int call_tag;
+        kinbox__dberr_t *drops;
+        size_t ndrops, capdrops;
         kinbox__dberr_t err;
         void (*log)(void *ctx, int level, const char *fmt, ...);
         void *log_ctx;
@@ -133,6 +155,18 @@ struct kinbox__db_ops {
         int (*begin)(kinbox__db_t *db);
         int (*exec)(kinbox__db_t *db, const char *sql, int n,
                     const kinbox__param_t *p, int tag);
+        /* One multi-row INSERT: head, then tuple once per row (its $1..
+         * $nper are that row's parameters), rows joined by ", ", then
+         * tail. Row r belongs to row_tags[r]. When a row fails and the
+         * server names it, db->err.tag is that row's tag (err.stmt_tag
+         * stays tag); with db->drop_rows the row's owner may be dropped
+         * from the statement (and from the same call's later exec_values()
+         * statements) and the transaction goes on: the failure is then
+         * appended to db->drops instead of returned. NULL where the server
+         * cannot name a row (the caller renders the statement and uses
+         * exec()). */
+        int (*exec_values)(kinbox__db_t *db, const struct kinbox__values *v,
+                           int tag);
         /* Flushes deferred statements, then runs sql; *out may be NULL. */
         int (*query)(kinbox__db_t *db, const char *sql, int n,
                      const kinbox__param_t *p, int tag,

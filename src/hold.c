@@ -485,7 +485,7 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, enum fate *fate, char *why,
         kinbox_consumer_t *c = k->c;
         kinbox__db_t *db = k->w->db;
         kinbox_tx_t tx = {.c = c, .w = k->w, .db = db, .tag = 0};
-        db->err = (kinbox__dberr_t){.tag = -1};
+        db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
         kinbox_result_t r;
         if (c->handler) {
                 r = c->handler(&tx, m, c->opaque);

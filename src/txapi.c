@@ -5,6 +5,7 @@
 #include "consumer_int.h"
 #include <stdarg.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,7 +116,9 @@ tx_outcome(kinbox_tx_t *tx, int rc)
         if (!rc)
                 return KINBOX_OK;
         tx->failed = true;
-        int t = tx->db->err.tag;
+        /* The statement's own tag: a row of a set-based statement that the
+         * server pinned on one message is still this call's statement. */
+        int t = tx->db->err.stmt_tag;
         if (t >= 0 && tx->tag >= 0 &&
             (t & ~(KINBOX__TAG_UNIQUE | KINBOX__TAG_CLAIM)) !=
                 (tx->tag & ~(KINBOX__TAG_UNIQUE | KINBOX__TAG_CLAIM)))
@@ -123,6 +126,30 @@ tx_outcome(kinbox_tx_t *tx, int rc)
         if (t == KINBOX__TAG_MERGED || (t < 0 && t != -1))
                 return KINBOX_ERR_ABORTED;
         return (kinbox_err_t)rc;
+}
+
+/* The tag of each row of a batch handler's set-based statement: its
+ * owner's index in the batch, the call's own tag where the owner is not a
+ * message of this call. NULL when none is needed (one message's call, no
+ * rows, a backend that cannot name a failing row) or out of memory. */
+static int *
+row_tags(kinbox_tx_t *tx, int tag, const kinbox_msg_t *const *owners,
+         size_t nrows)
+{
+        if (!owners || !nrows || tag < 0 || !(tag & KINBOX__TAG_GROUP) ||
+            !tx->w || !tx->db->ops->exec_values)
+                return NULL;
+        int *t = kinbox__calloc(nrows, sizeof(*t));
+        if (!t)
+                return NULL;
+        for (size_t r = 0; r < nrows; r++) {
+                const kinbox_msg_t *m = owners[r];
+                t[r] = tag;
+                if (m && m->bidx < tx->w->nmsgs && tx->w->msgs[m->bidx] == m &&
+                    m->state == M_RUN)
+                        t[r] = (int)m->bidx | (tag & KINBOX__TAG_UNIQUE);
+        }
+        return t;
 }
 
 static kinbox_err_t
@@ -146,6 +173,110 @@ tx_exec(kinbox_tx_t *tx, int tag, const char *what, const char *sql,
         return tx_outcome(tx, rc);
 }
 
+/* Append piece to b with its $N placeholders moved up by base (quoted
+ * text, quoted names and comments are copied as they are). */
+static void
+renumber(kinbox__buf_t *b, const char *piece, int base)
+{
+        for (const char *c = piece; *c;) {
+                if (*c == '\'' || *c == '"') {
+                        const char *e = c + 1;
+                        while (*e && (*e != *c || e[1] == *c))
+                                e += *e == *c ? 2 : 1;
+                        if (*e)
+                                e++;
+                        kinbox__buf_add(b, c, (size_t)(e - c));
+                        c = e;
+                } else if (c[0] == '-' && c[1] == '-') {
+                        size_t n = strcspn(c, "\n");
+                        kinbox__buf_add(b, c, n);
+                        c += n;
+                } else if (c[0] == '/' && c[1] == '*') {
+                        const char *e = strstr(c + 2, "*/");
+                        size_t n = e ? (size_t)(e + 2 - c) : strlen(c);
+                        kinbox__buf_add(b, c, n);
+                        c += n;
+                } else if (*c == '$' && c[1] >= '0' && c[1] <= '9') {
+                        char *e;
+                        long k = strtol(c + 1, &e, 10);
+                        char num[24];
+                        int n =
+                            snprintf(num, sizeof(num), "$%ld", k + (long)base);
+                        kinbox__buf_add(b, num, (size_t)n);
+                        c = e;
+                } else {
+                        kinbox__buf_add(b, c++, 1);
+                }
+        }
+}
+
+/* head, tuple once per row ($N of row r moved up by r * nper), tail. */
+static char *
+values_sql(const char *head, const char *tuple, const char *tail, int nper,
+           size_t nrows)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_add(&b, head, strlen(head));
+        for (size_t r = 0; r < nrows; r++) {
+                if (r)
+                        kinbox__buf_add(&b, ", ", 2);
+                renumber(&b, tuple, (int)r * nper);
+        }
+        kinbox__buf_add(&b, tail, strlen(tail));
+        kinbox__buf_add(&b, "", 1);
+        if (b.oom) {
+                kinbox__buf_free(&b);
+                return NULL;
+        }
+        return b.p;
+}
+
+static kinbox_err_t
+tx_values(kinbox_tx_t *tx, int tag, const char *what, const char *head,
+          const char *tuple, const char *tail, int nper,
+          const char *const *params, const kinbox_msg_t *const *owners,
+          size_t nrows)
+{
+        if (!head || !tuple || nper < 0 || (nper && !params) || !nrows ||
+            nrows > (size_t)INT_MAX / (size_t)(nper ? nper : 1)) {
+                snprintf(tx->reason, sizeof(tx->reason),
+                         "%s: bad arguments (%zu rows of %d parameters)", what,
+                         nrows, nper);
+                tx->failed = true;
+                return KINBOX_ERR_INVALID;
+        }
+        int np = (int)nrows * nper;
+        int *rt = row_tags(tx, tag, owners, nrows);
+        if (!rt) {
+                char *sql =
+                    values_sql(head, tuple, tail ? tail : "", nper, nrows);
+                kinbox_err_t rc = sql ? tx_exec(tx, tag, what, sql, np, params)
+                                      : KINBOX_ERR_NOMEM;
+                if (!sql)
+                        tx->failed = true;
+                free(sql);
+                return rc;
+        }
+        kinbox__param_t stack[32] = {{0}};
+        bool heap;
+        kinbox__param_t *ps = tx_params(np, params, stack, 32, &heap);
+        if (!ps) {
+                free(rt);
+                tx->failed = true;
+                return KINBOX_ERR_NOMEM;
+        }
+        kinbox__values_t v = {head,  tuple, tail ? tail : "", nper, ps,
+                              nrows, rt};
+        tx->touched = true;
+        tx->values_used = true;
+        int rc = tx->db->ops->exec_values(tx->db, &v, tag);
+        free(rt);
+        if (heap)
+                free(ps);
+        return tx_outcome(tx, rc);
+}
+
 kinbox_err_t
 kinbox_tx_exec(kinbox_tx_t *tx, const char *sql, int nparams,
                const char *const *params)
@@ -163,13 +294,11 @@ kinbox_tx_exec_claim(kinbox_tx_t *tx, const char *sql, int nparams,
         return tx_exec(tx, tag, "kinbox_tx_exec_claim", sql, nparams, params);
 }
 
-kinbox_err_t
-kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key, const char *sql,
-                      int nparams, const char *const *params)
+/* Note key as the "already applied" unique key of the statement about to
+ * be queued; its tag in *tagp. */
+static kinbox_err_t
+tx_ukey(kinbox_tx_t *tx, const char *key, int *tagp)
 {
-        if (tx->tag < 0) /* replay and kinbox's own: no batch to isolate */
-                return tx_exec(tx, tx->tag, "kinbox_tx_exec_unique", sql,
-                               nparams, params);
         int tag = tx->tag | KINBOX__TAG_UNIQUE;
         if (tx->nukeys == tx->capukeys) {
                 size_t cap = tx->capukeys ? tx->capukeys * 2 : 16;
@@ -189,7 +318,48 @@ kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key, const char *sql,
                 return KINBOX_ERR_NOMEM;
         }
         tx->ukeys[tx->nukeys++] = (ukey_t){tag, k};
+        *tagp = tag;
+        return KINBOX_OK;
+}
+
+kinbox_err_t
+kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key, const char *sql,
+                      int nparams, const char *const *params)
+{
+        int tag = tx->tag;
+        /* Replay and kinbox's own statements: no batch to isolate. */
+        if (tag >= 0) {
+                kinbox_err_t rc = tx_ukey(tx, key, &tag);
+                if (rc)
+                        return rc;
+        }
         return tx_exec(tx, tag, "kinbox_tx_exec_unique", sql, nparams, params);
+}
+
+kinbox_err_t
+kinbox_tx_exec_values(kinbox_tx_t *tx, const char *head, const char *tuple,
+                      const char *tail, int nparams, const char *const *params,
+                      const kinbox_msg_t *const *owners, size_t nrows)
+{
+        return tx_values(tx, tx->tag, "kinbox_tx_exec_values", head, tuple,
+                         tail, nparams, params, owners, nrows);
+}
+
+kinbox_err_t
+kinbox_tx_exec_values_unique(kinbox_tx_t *tx, const char *key,
+                             const char *head, const char *tuple,
+                             const char *tail, int nparams,
+                             const char *const *params,
+                             const kinbox_msg_t *const *owners, size_t nrows)
+{
+        int tag = tx->tag;
+        if (tag >= 0) {
+                kinbox_err_t rc = tx_ukey(tx, key, &tag);
+                if (rc)
+                        return rc;
+        }
+        return tx_values(tx, tag, "kinbox_tx_exec_values_unique", head, tuple,
+                         tail, nparams, params, owners, nrows);
 }
 
 kinbox_err_t

@@ -382,12 +382,20 @@ granted_orders(kinbox_tx_t *tx, const oref_t *orders, size_t n)
         return rows;
 }
 
-/* MySQL: look the orders up, insert the new ones' flow rows (a twin
- * inserted meanwhile by another worker is a unique violation that kinbox
- * narrows down to its message: a business duplicate), credit their sums. */
+/* Rows per INSERT of the MySQL batch path: a row the server rejects
+ * costs the rows before it in its statement (inserted, then undone), so
+ * statements stay short; they still share one round trip. */
+#define VALUES_ROWS 64
+
+/* MySQL: look the orders up, insert the new ones' flow rows and credit
+ * each grant, one row per message in kinbox_tx_exec_values() statements:
+ * a row the server rejects (a CHECK the handler does not know, a twin's
+ * unique key inserted meanwhile by another worker) is charged to its own
+ * message, whose rows kinbox then takes out of both statements. */
 static kinbox_result_t
-batch_mysql(kinbox_tx_t *tx, const grant_t *g, size_t count,
-            kinbox_result_t *results, const oref_t *orders, size_t n)
+batch_mysql(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
+            size_t count, kinbox_result_t *results, const oref_t *orders,
+            size_t n)
 {
         kinbox_rows_t *rows = granted_orders(tx, orders, n);
         if (!rows)
@@ -400,52 +408,69 @@ batch_mysql(kinbox_tx_t *tx, const grant_t *g, size_t count,
         kinbox_rows_destroy(rows);
         if (!known)
                 return KINBOX_RESULT_RETRY;
-        char num[64];
-        sbuf_t flow, acct;
-        sb_init(&flow, "INSERT INTO user_points_flow (user_id, order_id, "
-                       "biz_type, points_delta) VALUES ");
-        sb_init(&acct, "INSERT INTO user_account (user_id, points) VALUES ");
-        /* Accounts in user order: two consumers whose batches share users
+        size_t cap = count ? count : 1;
+        char(*uid)[24] = malloc(cap * sizeof(*uid));
+        char(*pts)[24] = malloc(cap * sizeof(*pts));
+        const char **fp = malloc(3 * cap * sizeof(*fp));
+        const char **ap = malloc(2 * cap * sizeof(*ap));
+        const kinbox_msg_t **fo = malloc(cap * sizeof(*fo));
+        const kinbox_msg_t **ao = malloc(cap * sizeof(*ao));
+        /* Credits in user order: two consumers whose batches share users
          * lock the rows in the same order. */
-        acct_row_t *ord = malloc((count ? count : 1) * sizeof(*ord));
-        size_t nf = 0, na = 0;
-        for (size_t i = 0; ord && i < count; i++) {
+        acct_row_t *ord = malloc(cap * sizeof(*ord));
+        kinbox_result_t ret = KINBOX_RESULT_RETRY;
+        if (!uid || !pts || !fp || !ap || !fo || !ao || !ord)
+                goto out;
+        size_t nf = 0;
+        for (size_t i = 0; i < count; i++) {
                 if (results[i] != KINBOX_RESULT_OK)
                         continue;
-                snprintf(num, sizeof(num), "%s(%lld,", nf++ ? "," : "",
-                         g[i].user_id);
-                sb_add(&flow, num);
-                sb_add_quoted(&flow, g[i].order_id);
-                snprintf(num, sizeof(num), ",'ORDER_REWARD',%lld)",
-                         g[i].points);
-                sb_add(&flow, num);
-                ord[na++] = (acct_row_t){g[i].user_id, g[i].points, i};
+                snprintf(uid[i], sizeof(uid[i]), "%lld", g[i].user_id);
+                snprintf(pts[i], sizeof(pts[i]), "%lld", g[i].points);
+                fp[3 * nf] = uid[i];
+                fp[3 * nf + 1] = g[i].order_id;
+                fp[3 * nf + 2] = pts[i];
+                fo[nf] = msgs[i];
+                ord[nf++] = (acct_row_t){g[i].user_id, g[i].points, i};
         }
-        kinbox_result_t ret = KINBOX_RESULT_OK;
-        if (ord && na) {
-                qsort(ord, na, sizeof(*ord), acct_cmp);
-                /* One row per user with the sum. */
-                for (size_t k = 0, out = 0; k < na; k++) {
-                        long long sum = ord[k].points;
-                        while (k + 1 < na &&
-                               ord[k + 1].user_id == ord[k].user_id)
-                                sum += ord[++k].points;
-                        snprintf(num, sizeof(num), "%s(%lld,%lld)",
-                                 out++ ? "," : "", ord[k].user_id, sum);
-                        sb_add(&acct, num);
-                }
-                sb_add(&acct, " ON DUPLICATE KEY UPDATE points = points + "
-                              "VALUES(points)");
-                if (!flow.p || !acct.p ||
-                    kinbox_tx_exec_unique(tx, NULL, flow.p, 0, NULL) ||
-                    kinbox_tx_exec(tx, acct.p, 0, NULL))
+        qsort(ord, nf, sizeof(*ord), acct_cmp);
+        for (size_t k = 0; k < nf; k++) {
+                ap[2 * k] = uid[ord[k].i];
+                ap[2 * k + 1] = pts[ord[k].i];
+                ao[k] = msgs[ord[k].i];
+        }
+        ret = KINBOX_RESULT_OK;
+        for (size_t k = 0; k < nf && ret == KINBOX_RESULT_OK;
+             k += VALUES_ROWS) {
+                size_t m = nf - k < VALUES_ROWS ? nf - k : VALUES_ROWS;
+                if (kinbox_tx_exec_values_unique(
+                        tx, NULL,
+                        "INSERT INTO user_points_flow (user_id, order_id, "
+                        "biz_type, points_delta) VALUES ",
+                        "($1, $2, 'ORDER_REWARD', $3)", "", 3, fp + 3 * k,
+                        fo + k, m))
                         ret = KINBOX_RESULT_RETRY;
-        } else if (!ord) {
-                ret = KINBOX_RESULT_RETRY;
         }
+        for (size_t k = 0; k < nf && ret == KINBOX_RESULT_OK;
+             k += VALUES_ROWS) {
+                size_t m = nf - k < VALUES_ROWS ? nf - k : VALUES_ROWS;
+                if (kinbox_tx_exec_values(
+                        tx,
+                        "INSERT INTO user_account (user_id, points) VALUES ",
+                        "($1, $2)",
+                        " ON DUPLICATE KEY UPDATE points = points + "
+                        "VALUES(points)",
+                        2, ap + 2 * k, ao + k, m))
+                        ret = KINBOX_RESULT_RETRY;
+        }
+out:
+        free(uid);
+        free(pts);
+        free(fp);
+        free(ap);
+        free(fo);
+        free(ao);
         free(ord);
-        free(flow.p);
-        free(acct.p);
         return ret;
 }
 
@@ -487,9 +512,10 @@ points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
         qsort(orders, n, sizeof(*orders), oref_cmp);
         kinbox_result_t ret = KINBOX_RESULT_OK;
         if (n)
-                ret = kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL
-                          ? batch_pg(tx, g, count, results, orders, n)
-                          : batch_mysql(tx, g, count, results, orders, n);
+                ret =
+                    kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL
+                        ? batch_pg(tx, g, count, results, orders, n)
+                        : batch_mysql(tx, msgs, g, count, results, orders, n);
         free(orders);
         free(g);
         return ret;

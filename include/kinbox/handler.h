@@ -237,6 +237,78 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
                                               const char *const *params);
 
 /**
+ * @brief Queue a batch handler's multi-row INSERT, one row per message:
+ *        a poison row costs its own message, and nothing else.
+ *
+ * The statement is @p head, then @p tuple once per row (rows joined by
+ * ", "), then @p tail, e.g. head `"INSERT INTO user_points_flow (user_id,
+ * order_id, biz_type, points_delta) VALUES "`, tuple `"($1, $2,
+ * 'ORDER_REWARD', $3)"`, tail `""` or `" ON DUPLICATE KEY UPDATE ..."`.
+ * The tuple's placeholders `$1..$nparams` are its row's parameters:
+ * row i takes `params[i * nparams]` .. `params[i * nparams + nparams - 1]`
+ * (text, NULL = SQL NULL, copied before the call returns). Row i carries
+ * the effect of message `owners[i]` and of no other; a message may own
+ * several rows.
+ *
+ * What a failing row does:
+ * - It is always charged to its own message, like a statement that message
+ *   queued itself (see kinbox_tx_exec() and the README's failure table).
+ * - Where the server names the failing row (MariaDB 10.7 and later; one
+ *   extra statement, only after a failure) and the failure can never
+ *   succeed (a CHECK, NOT NULL or data violation: dead letter; a unique
+ *   violation: dead letter, or a business duplicate with
+ *   kinbox_tx_exec_values_unique()), kinbox takes that message's rows out
+ *   of this statement and out of the call's later exec_values()
+ *   statements and sends them again: the transaction goes on, no handler
+ *   runs again, no savepoint, no backoff. This holds when every statement
+ *   the call queued after this one is an exec_values() one, nothing the
+ *   call ran earlier carries the message's effect (queries starting with
+ *   `SELECT` are taken to change nothing), the failure is found after the
+ *   call returned, and `dead_letter.hold_key` is off.
+ * - Otherwise (PostgreSQL, MySQL, older MariaDB, a retryable error such
+ *   as a foreign-key violation, the conditions above not met) kinbox
+ *   undoes the call and runs it again without the message, narrowing a
+ *   failure the server does not pin down (the README's failure
+ *   isolation). The outcome is the same on every server; only the cost
+ *   differs.
+ *
+ * So write a batch as one exec_values() per table, each row built from its
+ * own message (e.g. one account credit per message, not a sum per user:
+ * `INSERT ... ON DUPLICATE KEY UPDATE points = points + VALUES(points)`
+ * applies rows one after the other).
+ *
+ * @param owners  @p nrows messages of this call (read during the call
+ *                only). An entry that is NULL or not a message of this call
+ *                charges its row to the whole call.
+ * @returns as kinbox_tx_exec(); ::KINBOX_ERR_INVALID for no rows, a NULL
+ *          head or tuple, or a tuple with a `;`.
+ * @remark Batch handlers. In a per-message handler (or a batch handler
+ *         called with one message) every row is that message's anyway and
+ *         this is kinbox_tx_exec() of the assembled statement. Placeholders
+ *         inside quoted text or comments are left alone; PostgreSQL
+ *         dollar-quoted strings are not understood in @p tuple.
+ */
+KINBOX_API kinbox_err_t kinbox_tx_exec_values(
+    kinbox_tx_t *tx, const char *head, const char *tuple, const char *tail,
+    int nparams, const char *const *params, const kinbox_msg_t *const *owners,
+    size_t nrows);
+
+/**
+ * @brief kinbox_tx_exec_values() for the INSERT that records the batch's
+ *        business keys (kinbox_tx_exec_unique() with one row per message).
+ *
+ * A unique violation of @p key (or of any unique key when NULL) on row i
+ * makes `owners[i]` a business duplicate: its inbox row commits, whatever
+ * the handler queued for it is undone (on MariaDB 10.7+ by dropping its
+ * rows, see kinbox_tx_exec_values()).
+ * @returns as kinbox_tx_exec_values().
+ */
+KINBOX_API kinbox_err_t kinbox_tx_exec_values_unique(
+    kinbox_tx_t *tx, const char *key, const char *head, const char *tuple,
+    const char *tail, int nparams, const char *const *params,
+    const kinbox_msg_t *const *owners, size_t nrows);
+
+/**
  * @brief Run a statement and return its rows now (flushes queued
  *        statements first).
  * @param rowsp receives rows owned by the caller (kinbox_rows_destroy());

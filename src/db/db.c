@@ -157,7 +157,8 @@ kinbox__db_new(const char *url, const char *password, char *errstr,
                                                     : &kinbox__pg_ops;
         db->url = kinbox__strdup(url);
         db->password = kinbox__strdup(password);
-        db->err.tag = -1;
+        db->err.tag = db->err.stmt_tag = -1;
+        db->call_tag = -1;
         kinbox__dburl_free(&u);
         return db;
 }
@@ -185,6 +186,7 @@ kinbox__db_destroy(kinbox__db_t *db)
         free(db->url);
         free(db->password);
         free(db->none_tags);
+        free(db->drops);
         free(db);
 }
 
@@ -280,6 +282,7 @@ kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate, int vendor,
                  sqlstate ? sqlstate : "");
         db->err.vendor = vendor;
         db->err.tag = tag;
+        db->err.stmt_tag = tag;
         db->err.permanent = false;
         db->err.constraint[0] = '\0';
         va_list ap;

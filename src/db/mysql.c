@@ -22,6 +22,7 @@
 #include "db.h"
 #include "internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -83,9 +84,46 @@ struct mystate {
          * after it (0: sent, or none). */
         size_t sp_len, sp_ntags;
         char sp_name[64];
+        /* Per statement of q, beside tags: where its text starts and
+         * ST_* flags; next_flags are the flags of the next one queued. */
+        size_t *offs;
+        unsigned char *flags;
+        unsigned char next_flags;
+        /* The exec_values() statements in q (see rm_drop()), and the
+         * index of the statement whose result failed in the last round
+         * trip. */
+        struct rowmap *rmaps;
+        size_t nrmaps, caprmaps;
+        size_t fail_stmt;
+        bool no_rownum; /* the server has no ROW_NUMBER diagnostics */
+        /* Tags of handler calls whose effectful statements ran in an
+         * earlier round trip of this transaction (since the last
+         * rollback to a savepoint). */
+        int *sent_tags;
+        size_t nsent, capsent;
+        /* Owners of exec_values() rows that ran, likewise. */
+        int *ran_owners;
+        size_t nran, capran;
+};
+
+/* Statement flags. */
+#define ST_EFF 1u /* may change data (anything but a SELECT query) */
+#define ST_VALUES 2u /* an exec_values() statement (has a rowmap) */
+
+/* An exec_values() statement in the queue: its text and the owner of
+ * each of its rows. */
+struct rowmap {
+        size_t stmt; /* its index in the queue (s->tags) */
+        int tag; /* the statement's tag */
+        char *text; /* rendered: head, rows joined by ", ", tail */
+        size_t len, head_len, tail_off;
+        size_t *rs, *rl; /* row r is text[rs[r], rs[r] + rl[r]) */
+        int *tags; /* row r's owner */
+        size_t n;
 };
 
 struct mergestate;
+static void rm_cut(struct mystate *s, size_t from);
 static void m_free(struct mergestate *ms);
 static void m_drop(struct mergestate *ms);
 static int m_flush(kinbox__db_t *db);
@@ -117,15 +155,45 @@ st_free(kinbox__db_t *db)
         kinbox__buf_free(&s->q);
         kinbox__buf_free(&s->tmp);
         free(s->tags);
+        free(s->offs);
+        free(s->flags);
+        free(s->sent_tags);
+        free(s->ran_owners);
+        rm_cut(s, 0);
+        free(s->rmaps);
         m_free(s->merge);
         free(s);
         db->impl = NULL;
 }
 
 static void
+rm_free(struct rowmap *rm)
+{
+        free(rm->text);
+        free(rm->rs);
+        free(rm->rl);
+        free(rm->tags);
+}
+
+/* Forget the row maps of statements from queue index from on. */
+static void
+rm_cut(struct mystate *s, size_t from)
+{
+        size_t keep = 0;
+        for (size_t k = 0; k < s->nrmaps; k++) {
+                if (s->rmaps[k].stmt < from)
+                        s->rmaps[keep++] = s->rmaps[k];
+                else
+                        rm_free(&s->rmaps[k]);
+        }
+        s->nrmaps = keep;
+}
+
+static void
 q_reset(struct mystate *s)
 {
         kinbox__buf_reset(&s->q);
+        rm_cut(s, 0);
         s->ntags = 0;
         s->sp_len = s->sp_ntags = 0;
         s->begin_queued = false;
@@ -559,6 +627,8 @@ roundtrip(kinbox__db_t *db, const char *sql, size_t len, const int *tags,
 #define TAG_AT(i) (ntags ? tags[(i) < ntags ? (i) : ntags - 1] : -1)
         if (out)
                 *out = NULL;
+        if (db->impl)
+                st_get(db)->fail_stmt = 0;
         if (mysql_real_query(m, sql, (unsigned long)len))
                 return my_fail(db, TAG_AT(0), in_commit, NULL);
         for (;;) {
@@ -586,6 +656,8 @@ roundtrip(kinbox__db_t *db, const char *sql, size_t len, const int *tags,
                         kinbox_rows_destroy(out ? *out : NULL);
                         if (out)
                                 *out = NULL;
+                        if (db->impl)
+                                st_get(db)->fail_stmt = idx;
                         return my_fail(db, TAG_AT(idx), in_commit, NULL);
                 } else if (TAG_AT(idx) >= 0 &&
                            (TAG_AT(idx) & KINBOX__TAG_CLAIM) &&
@@ -601,6 +673,8 @@ roundtrip(kinbox__db_t *db, const char *sql, size_t len, const int *tags,
                                 kinbox_rows_destroy(*out);
                                 *out = NULL;
                         }
+                        if (db->impl)
+                                st_get(db)->fail_stmt = idx;
                         return my_fail(db, TAG_AT(idx), in_commit, NULL);
                 }
         }
@@ -614,21 +688,44 @@ roundtrip(kinbox__db_t *db, const char *sql, size_t len, const int *tags,
         return KINBOX_OK;
 }
 
+/* Make room for need statements in the per-statement arrays. */
 static int
-q_push_tags(struct mystate *s, int tag, int count)
+q_reserve(struct mystate *s, size_t need)
 {
-        if (s->ntags + (size_t)count > s->captags) {
-                size_t cap = s->captags ? s->captags * 2 : 64;
-                while (cap < s->ntags + (size_t)count)
-                        cap *= 2;
-                int *t = realloc(s->tags, cap * sizeof(*t));
-                if (!t)
-                        return -1;
+        if (need <= s->captags)
+                return 0;
+        size_t cap = s->captags ? s->captags * 2 : 64;
+        while (cap < need)
+                cap *= 2;
+        int *t = realloc(s->tags, cap * sizeof(*t));
+        if (t)
                 s->tags = t;
-                s->captags = cap;
-        }
-        for (int k = 0; k < count; k++)
+        size_t *o = realloc(s->offs, cap * sizeof(*o));
+        if (o)
+                s->offs = o;
+        unsigned char *f = realloc(s->flags, cap);
+        if (f)
+                s->flags = f;
+        if (!t || !o || !f)
+                return -1;
+        s->captags = cap;
+        return 0;
+}
+
+/* count statements whose text starts at off, all with tag and the flags
+ * s->next_flags (which go back to ST_EFF). */
+static int
+q_push_tags(struct mystate *s, int tag, int count, size_t off)
+{
+        unsigned char fl = s->next_flags;
+        s->next_flags = ST_EFF;
+        if (q_reserve(s, s->ntags + (size_t)count))
+                return -1;
+        for (int k = 0; k < count; k++) {
+                s->offs[s->ntags] = off;
+                s->flags[s->ntags] = fl;
                 s->tags[s->ntags++] = tag;
+        }
         return 0;
 }
 
@@ -640,8 +737,9 @@ q_append_raw(kinbox__db_t *db, const char *text, size_t len, int tag,
         struct mystate *s = st_get(db);
         if (s->ntags)
                 kinbox__buf_add(&s->q, ";\n", 2);
+        size_t off = s->q.len;
         kinbox__buf_add(&s->q, text, len);
-        if (s->q.oom || q_push_tags(s, tag, count))
+        if (s->q.oom || q_push_tags(s, tag, count, off))
                 return my_oom(db);
         return KINBOX_OK;
 }
@@ -651,14 +749,331 @@ q_append_raw(kinbox__db_t *db, const char *text, size_t len, int tag,
 static int
 q_append(kinbox__db_t *db, const char *text, size_t len, int tag, int count)
 {
+        struct mystate *s = st_get(db);
+        unsigned char fl = s->next_flags; /* this statement's, not theirs */
+        s->next_flags = ST_EFF;
         int rc = m_flush(db);
+        s->next_flags = fl;
         return rc ? rc : q_append_raw(db, text, len, tag, count);
+}
+
+/* The handler call a tag stands for (its flags stripped). */
+static int
+call_of(int t)
+{
+        return t < 0 ? t : t & ~(KINBOX__TAG_UNIQUE | KINBOX__TAG_CLAIM);
+}
+
+/* Whether call t is in the list of calls whose effects ran earlier. */
+static bool
+sent_has(const struct mystate *s, int t)
+{
+        for (size_t k = 0; k < s->nsent; k++)
+                if (s->sent_tags[k] == call_of(t))
+                        return true;
+        return false;
+}
+
+static struct rowmap *rm_at(struct mystate *s, size_t stmt);
+
+/* Append v to a growing int list; false when out of memory. */
+static bool
+ints_add(int **a, size_t *n, size_t *cap, int v)
+{
+        if (*n == *cap) {
+                size_t c = *cap ? *cap * 2 : 64;
+                int *x = realloc(*a, c * sizeof(*x));
+                if (!x)
+                        return false;
+                *a = x;
+                *cap = c;
+        }
+        (*a)[(*n)++] = v;
+        return true;
+}
+
+/* The statements [0, upto) of q ran: note the handler calls whose plain
+ * statements ran, and the owners of exec_values() rows that ran. */
+static void
+sent_note(struct mystate *s, size_t upto)
+{
+        bool ok = true;
+        for (size_t k = 0; k < upto && k < s->ntags && ok; k++) {
+                int t = s->tags[k];
+                if (t < 0 || !(s->flags[k] & ST_EFF))
+                        continue;
+                struct rowmap *rm =
+                    s->flags[k] & ST_VALUES ? rm_at(s, k) : NULL;
+                if (rm) {
+                        for (size_t r = 0; r < rm->n && ok; r++)
+                                ok = ints_add(&s->ran_owners, &s->nran,
+                                              &s->capran,
+                                              KINBOX__TAG_LOW(rm->tags[r]));
+                } else if (!sent_has(s, t)) {
+                        ok = ints_add(&s->sent_tags, &s->nsent, &s->capsent,
+                                      call_of(t));
+                }
+        }
+        /* Forgetting would allow a wrong drop: none in this session. */
+        if (!ok)
+                s->no_rownum = true;
+}
+
+/* Whether a row of message mt ran in an earlier round trip. */
+static bool
+ran_has(const struct mystate *s, int mt)
+{
+        for (size_t k = 0; k < s->nran; k++)
+                if (s->ran_owners[k] == KINBOX__TAG_LOW(mt))
+                        return true;
+        return false;
+}
+
+static struct rowmap *
+rm_at(struct mystate *s, size_t stmt)
+{
+        for (size_t k = 0; k < s->nrmaps; k++)
+                if (s->rmaps[k].stmt == stmt)
+                        return &s->rmaps[k];
+        return NULL;
+}
+
+/* Whether rm has a row of the message with tag mt. */
+static bool
+rm_owns(const struct rowmap *rm, int mt)
+{
+        for (size_t r = 0; rm && r < rm->n; r++)
+                if (KINBOX__TAG_LOW(rm->tags[r]) == KINBOX__TAG_LOW(mt))
+                        return true;
+        return false;
+}
+
+/*
+ * The statement that failed in the last round trip was an exec_values()
+ * one: ask the server which of its rows failed (MariaDB 10.7+ keeps the
+ * row number in the diagnostics area until the next statement) and charge
+ * the failure to that row's owner (db->err.tag; err.stmt_tag stays the
+ * statement's). Without an answer the statement's own tag stays. Returns
+ * rc, or the error of a lost connection.
+ */
+static int
+rm_pin(kinbox__db_t *db, int rc)
+{
+        struct mystate *s = st_get(db);
+        if ((rc != KINBOX_ERR_DB && rc != KINBOX_ERR_DUPLICATE) ||
+            s->no_rownum)
+                return rc;
+        struct rowmap *rm = rm_at(s, s->fail_stmt);
+        if (!rm)
+                return rc;
+        static const char q[] =
+            "GET DIAGNOSTICS CONDITION 1 @kinbox_row = ROW_NUMBER;\n"
+            "SELECT @kinbox_row";
+        static const int t2[2] = {-1, -1};
+        kinbox__dberr_t saved = db->err;
+        size_t f = s->fail_stmt;
+        struct kinbox_rows_s *r = NULL;
+        int drc = roundtrip(db, q, sizeof(q) - 1, t2, 2, &r, false);
+        if (!db->native) /* the connection went: that is the news now */
+                return drc;
+        s->fail_stmt = f; /* the statement that failed, not this one */
+        long rn = 0;
+        if (!drc && r && r->nrows == 1 && r->ncols >= 1 && r->values[0])
+                rn = strtol(r->values[0], NULL, 10);
+        else if (drc && db->err.vendor == 1064) /* no such item */
+                s->no_rownum = true;
+        kinbox_rows_destroy(r);
+        db->err = saved;
+        if (rn >= 1 && (size_t)rn <= rm->n)
+                db->err.tag = rm->tags[rn - 1];
+        return rc;
+}
+
+/*
+ * Whether the failed exec_values() statement can go on without the row's
+ * message (see rm_drop()): the consumer allows it (db->drop_rows), no
+ * COMMIT rides in the round trip, the failure can never succeed (a unique
+ * violation, a permanent error), the server named the row, the handler
+ * call that queued it has returned, no statement of that call that ran
+ * carries the message's effect (nothing effectful of the call ran in an
+ * earlier round trip; before it in this one only exec_values() rows of
+ * other messages), and every statement of the call after it is an
+ * exec_values() one.
+ */
+static bool
+rm_can_drop(kinbox__db_t *db, bool in_commit)
+{
+        struct mystate *s = st_get(db);
+        const kinbox__dberr_t *e = &db->err;
+        size_t f = s->fail_stmt;
+        struct rowmap *rm = rm_at(s, f);
+        if (!db->drop_rows || in_commit || !rm || e->tag == e->stmt_tag ||
+            e->tag < 0 || (e->code != KINBOX_ERR_DUPLICATE && !e->permanent))
+                return false;
+        int t = call_of(rm->tag);
+        if (t == call_of(db->call_tag) || sent_has(s, t) || ran_has(s, e->tag))
+                return false;
+        for (size_t k = 0; k < s->ntags; k++) {
+                if (k == f || call_of(s->tags[k]) != t)
+                        continue;
+                bool values = s->flags[k] & ST_VALUES;
+                if (k > f && !values)
+                        return false;
+                if (k < f && (s->flags[k] & ST_EFF) &&
+                    (!values || rm_owns(rm_at(s, k), e->tag)))
+                        return false;
+        }
+        return true;
+}
+
+/* Text of statement k of q and how many statements share it. */
+static const char *
+q_text(const struct mystate *s, size_t k, size_t *len, size_t *count)
+{
+        size_t j = k + 1;
+        while (j < s->ntags && s->offs[j] == s->offs[k])
+                j++;
+        size_t end = j < s->ntags ? s->offs[j] - 2 : s->q.len;
+        *len = end - s->offs[k];
+        *count = j - k;
+        return s->q.p + s->offs[k];
+}
+
+/* Take the rows of message mt out of rm (its text is rebuilt). */
+static int
+rm_remove(struct rowmap *rm, int mt)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_add(&b, rm->text, rm->head_len);
+        size_t n = 0;
+        for (size_t r = 0; r < rm->n; r++) {
+                if (KINBOX__TAG_LOW(rm->tags[r]) == KINBOX__TAG_LOW(mt))
+                        continue;
+                if (n)
+                        kinbox__buf_add(&b, ", ", 2);
+                size_t at = b.len;
+                kinbox__buf_add(&b, rm->text + rm->rs[r], rm->rl[r]);
+                rm->rs[n] = at;
+                rm->rl[n] = rm->rl[r];
+                rm->tags[n++] = rm->tags[r];
+        }
+        size_t tail = b.len;
+        kinbox__buf_add(&b, rm->text + rm->tail_off, rm->len - rm->tail_off);
+        if (b.oom) {
+                kinbox__buf_free(&b);
+                return -1;
+        }
+        free(rm->text);
+        rm->text = b.p; /* the buffer's bytes now belong to rm */
+        rm->len = b.len;
+        rm->tail_off = tail;
+        rm->n = n;
+        return 0;
+}
+
+/*
+ * Drop the failed message's rows: the queue becomes the statements from
+ * the failed one on (those before it ran), with the failed statement and
+ * the call's later exec_values() statements without the message's rows
+ * (a statement left with no row goes). The failure is recorded in
+ * db->drops for the consumer. Returns 0 when the queue is ready to be
+ * sent again.
+ */
+static int
+rm_drop(kinbox__db_t *db)
+{
+        struct mystate *s = st_get(db);
+        size_t f = s->fail_stmt, n0 = s->ntags;
+        int mt = db->err.tag, t = call_of(s->tags[f]);
+        if (db->ndrops == db->capdrops) {
+                size_t cap = db->capdrops ? db->capdrops * 2 : 8;
+                kinbox__dberr_t *d = realloc(db->drops, cap * sizeof(*d));
+                if (!d)
+                        return -1;
+                db->drops = d;
+                db->capdrops = cap;
+        }
+        kinbox__buf_t nq;
+        kinbox__buf_init(&nq);
+        size_t nt = 0;
+        int *tags = malloc(n0 * sizeof(*tags));
+        size_t *offs = malloc(n0 * sizeof(*offs));
+        unsigned char *fl = malloc(n0);
+        /* New index of each old statement, (size_t)-1 when it goes. */
+        size_t *to = malloc(n0 * sizeof(*to));
+        if (!tags || !offs || !fl || !to)
+                goto oom;
+        for (size_t k = 0; k < n0; k++)
+                to[k] = (size_t)-1;
+        for (size_t k = f; k < n0;) {
+                size_t len, cnt;
+                const char *txt = q_text(s, k, &len, &cnt);
+                struct rowmap *rm = rm_at(s, k);
+                if (rm && call_of(rm->tag) == t) {
+                        if (rm_remove(rm, mt))
+                                goto oom;
+                        if (!rm->n) {
+                                k += cnt;
+                                continue;
+                        }
+                        txt = rm->text;
+                        len = rm->len;
+                }
+                if (nt)
+                        kinbox__buf_add(&nq, ";\n", 2);
+                size_t at = nq.len;
+                kinbox__buf_add(&nq, txt, len);
+                for (size_t j = 0; j < cnt; j++) {
+                        to[k + j] = nt;
+                        tags[nt] = s->tags[k + j];
+                        offs[nt] = at;
+                        fl[nt++] = s->flags[k + j];
+                }
+                k += cnt;
+        }
+        if (nq.oom)
+                goto oom;
+        db->drops[db->ndrops++] = db->err;
+        size_t keep = 0;
+        for (size_t k = 0; k < s->nrmaps; k++) {
+                struct rowmap *rm = &s->rmaps[k];
+                if (to[rm->stmt] == (size_t)-1) {
+                        rm_free(rm); /* it ran, or it went */
+                        continue;
+                }
+                rm->stmt = to[rm->stmt];
+                s->rmaps[keep++] = *rm;
+        }
+        s->nrmaps = keep;
+        kinbox__buf_free(&s->q);
+        s->q = nq;
+        memcpy(s->tags, tags, nt * sizeof(*tags));
+        memcpy(s->offs, offs, nt * sizeof(*offs));
+        memcpy(s->flags, fl, nt);
+        s->ntags = nt;
+        s->sp_len = s->sp_ntags = 0;
+        free(tags);
+        free(offs);
+        free(fl);
+        free(to);
+        db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
+        return 0;
+oom:
+        kinbox__buf_free(&nq);
+        free(tags);
+        free(offs);
+        free(fl);
+        free(to);
+        return -1;
 }
 
 /*
  * Send the queue (plus whatever the caller appended last) and empty it.
  * The queue is emptied whatever happens: after an error the transaction
- * is dead and only rollback() may follow.
+ * is dead and only rollback() may follow. A failed exec_values() row whose
+ * message can be dropped (rm_can_drop()) is taken out and the rest is
+ * sent again, so the transaction goes on.
  */
 static int
 q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
@@ -672,10 +1087,33 @@ q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
         if (!s->ntags)
                 return KINBOX_OK;
         s->tx_sent = true;
-        int rc =
-            roundtrip(db, s->q.p, s->q.len, s->tags, s->ntags, out, in_commit);
-        if (db->native) /* still up: state survived */
-                q_reset(s);
+        int rc;
+        for (;;) {
+                rc = roundtrip(db, s->q.p, s->q.len, s->tags, s->ntags, out,
+                               in_commit);
+                if (!db->native)
+                        return rc; /* the state went with the connection */
+                if (!rc) {
+                        sent_note(s, s->ntags);
+                        break;
+                }
+                if (s->nrmaps)
+                        rc = rm_pin(db, rc);
+                if (!db->native)
+                        return rc;
+                if (!rm_can_drop(db, in_commit))
+                        break;
+                sent_note(s, s->fail_stmt);
+                kinbox__dberr_t e = db->err;
+                if (rm_drop(db)) {
+                        db->err = e;
+                        break;
+                }
+                rc = KINBOX_OK;
+                if (!s->ntags)
+                        break;
+        }
+        q_reset(s);
         return rc;
 }
 
@@ -1371,6 +1809,7 @@ my_connect(kinbox__db_t *db)
                 kinbox__dburl_free(&u);
                 return my_oom(db);
         }
+        s->next_flags = ST_EFF;
         kinbox__buf_init(&s->q);
         kinbox__buf_init(&s->tmp);
         mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
@@ -1442,6 +1881,7 @@ my_begin(kinbox__db_t *db)
                 return KINBOX_ERR_STATE;
         }
         q_reset(s);
+        s->nsent = s->nran = 0;
         s->tx_sent = false;
         if (s->merge) {
                 s->merge->off = s->merge->off_next;
@@ -1535,6 +1975,122 @@ my_exec(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
         return q_append(db, s->tmp.p, s->tmp.len, tag, count);
 }
 
+/* Render one piece of an exec_values() statement into b: blank pieces
+ * are skipped; a piece must not hold a ';'. */
+static int
+values_piece(kinbox__db_t *db, kinbox__buf_t *b, const char *sql, int n,
+             const kinbox__param_t *p, int tag)
+{
+        if (!sql[strspn(sql, " \t\r\n")])
+                return KINBOX_OK;
+        char err[200];
+        int count = 0;
+        int rc = render(db->native, b, sql, n, p, &count, err, sizeof(err));
+        if (!rc && count != 1)
+                rc = KINBOX_ERR_INVALID,
+                kinbox__errstr(err, sizeof(err), "a ';' in a values piece");
+        if (rc)
+                kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s", err);
+        return rc;
+}
+
+/* Render head, the rows and tail into s->tmp and note where the rows are
+ * (rm->rs/rl, head_len, tail_off). */
+static int
+values_render(kinbox__db_t *db, const kinbox__values_t *v, int tag,
+              struct rowmap *rm)
+{
+        struct mystate *s = st_get(db);
+        kinbox__buf_t *b = &s->tmp;
+        kinbox__buf_reset(b);
+        int rc = values_piece(db, b, v->head, 0, NULL, tag);
+        rm->head_len = b->len;
+        for (size_t r = 0; !rc && r < v->nrows; r++) {
+                if (r)
+                        kinbox__buf_add(b, ", ", 2);
+                rm->rs[r] = b->len;
+                rc = values_piece(db, b, v->tuple, v->nper,
+                                  v->p + r * (size_t)v->nper, tag);
+                rm->rl[r] = b->len - rm->rs[r];
+        }
+        rm->tail_off = b->len;
+        if (!rc)
+                rc = values_piece(db, b, v->tail, 0, NULL, tag);
+        if (!rc && b->oom)
+                rc = my_oom(db);
+        return rc;
+}
+
+/* A query that starts with SELECT (after blanks and an opening '('). */
+static bool
+is_select(const char *sql)
+{
+        while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r' ||
+               *sql == '(')
+                sql++;
+        return !strncasecmp(sql, "SELECT", 6) &&
+               !isalnum((unsigned char)sql[6]) && sql[6] != '_';
+}
+
+/* exec_values(): one multi-row INSERT whose rows keep their owners (never
+ * merged); see rm_pin() and rm_drop(). */
+static int
+my_exec_values(kinbox__db_t *db, const kinbox__values_t *v, int tag)
+{
+        struct mystate *s = st_get(db);
+        if (!db->native || !s)
+                return my_down_err(db);
+        struct rowmap rm = {.tag = tag, .n = v->nrows};
+        rm.rs = malloc(v->nrows * sizeof(*rm.rs));
+        rm.rl = malloc(v->nrows * sizeof(*rm.rl));
+        rm.tags = malloc(v->nrows * sizeof(*rm.tags));
+        int rc = KINBOX_OK;
+        if (!rm.rs || !rm.rl || !rm.tags || !v->nrows) {
+                rc = v->nrows ? my_oom(db) : KINBOX_ERR_INVALID;
+                if (rc == KINBOX_ERR_INVALID)
+                        kinbox__db_seterr(db, rc, "", 0, tag,
+                                          "MySQL: a values statement "
+                                          "without rows");
+                goto out;
+        }
+        if ((rc = values_render(db, v, tag, &rm)))
+                goto out;
+        if (!db->in_tx) {
+                rc = run_tmp(db, tag, 1, NULL);
+                goto out;
+        }
+        if (s->ntags && s->q.len + s->tmp.len + 2 > s->flush_at &&
+            (rc = q_send(db, NULL, false)))
+                goto out;
+        if (s->nrmaps == s->caprmaps) {
+                size_t cap = s->caprmaps ? s->caprmaps * 2 : 8;
+                struct rowmap *m = realloc(s->rmaps, cap * sizeof(*m));
+                if (!m) {
+                        rc = my_oom(db);
+                        goto out;
+                }
+                s->rmaps = m;
+                s->caprmaps = cap;
+        }
+        rm.text = malloc(s->tmp.len ? s->tmp.len : 1);
+        if (!rm.text) {
+                rc = my_oom(db);
+                goto out;
+        }
+        memcpy(rm.text, s->tmp.p, s->tmp.len);
+        rm.len = s->tmp.len;
+        memcpy(rm.tags, v->row_tags, v->nrows * sizeof(*rm.tags));
+        s->next_flags = ST_EFF | ST_VALUES;
+        if ((rc = q_append(db, s->tmp.p, s->tmp.len, tag, 1)))
+                goto out;
+        rm.stmt = s->ntags - 1;
+        s->rmaps[s->nrmaps++] = rm;
+        return KINBOX_OK;
+out:
+        rm_free(&rm);
+        return rc;
+}
+
 static int
 my_query(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
          int tag, struct kinbox_rows_s **out)
@@ -1555,6 +2111,10 @@ my_query(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 if (s->ntags && s->q.len + s->tmp.len + 2 > s->flush_at &&
                     (rc = q_send(db, NULL, false)))
                         return rc;
+                /* A SELECT changes nothing a dropped row could need
+                 * undone (rm_can_drop()). */
+                if (is_select(sql))
+                        s->next_flags = 0;
                 if ((rc = q_append(db, s->tmp.p, s->tmp.len, tag, count)))
                         return rc;
                 rc = q_send(db, out ? &r : NULL, false);
@@ -1614,6 +2174,7 @@ my_rollback(kinbox__db_t *db)
                 return;
         bool sent = s->tx_sent;
         q_reset(s);
+        s->nsent = s->nran = 0;
         s->tx_sent = false;
         if (!sent)
                 return;
@@ -1659,11 +2220,15 @@ my_rollback_to(kinbox__db_t *db, const char *name)
         if (!db->native || !s)
                 return my_down_err(db);
         m_drop(s->merge);
+        /* What ran after the savepoint is undone; what ran before it
+         * belongs to calls that are over. */
+        s->nsent = s->nran = 0;
         if (s->sp_len && s->sp_len <= s->q.len && !strcmp(s->sp_name, name)) {
                 s->q.len = s->sp_len;
                 s->q.p[s->q.len] = '\0';
                 s->ntags = s->sp_ntags;
-                db->err = (kinbox__dberr_t){.tag = -1};
+                rm_cut(s, s->ntags);
+                db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
                 return KINBOX_OK;
         }
         int rc = KINBOX_OK;
@@ -1678,7 +2243,7 @@ my_rollback_to(kinbox__db_t *db, const char *name)
         MYSQL_RES *res = mysql_store_result(db->native);
         if (res)
                 mysql_free_result(res);
-        db->err = (kinbox__dberr_t){.tag = -1};
+        db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
         return rc;
 }
 
@@ -2015,6 +2580,7 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
     .disconnect = my_disconnect,
     .begin = my_begin,
     .exec = my_exec,
+    .exec_values = my_exec_values,
     .query = my_query,
     .flush = my_flush,
     .commit = my_commit,

@@ -616,7 +616,7 @@ pg_rollback_to(kinbox__db_t *db, const char *name)
         snprintf(sql, sizeof(sql), "ROLLBACK TO SAVEPOINT %s", name);
         int rc = send_plain(db, sql, K_INTERNAL);
         if (!rc)
-                db->err = (kinbox__dberr_t){.tag = -1};
+                db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
         return rc;
 }
 
