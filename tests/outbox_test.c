@@ -234,8 +234,27 @@ dupn(const void *p, size_t n)
         return s;
 }
 
+/* Messages in the log of every partition of topic (high - low watermark),
+ * or -1 when the broker did not say. */
+static long long
+log_size(rd_kafka_t *rk, const char *topic, int parts)
+{
+        long long n = 0;
+        for (int p = 0; p < parts; p++) {
+                int64_t lo, hi;
+                if (rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi,
+                                                     5000))
+                        return -1;
+                n += hi - lo;
+        }
+        return n;
+}
+
 /* Read every partition of topic from the start until want messages came
- * (then linger_ms more, to see extras) or timeout_s passed. */
+ * (then on, to see extras: until every message in the log was read, or
+ * linger_ms more when the broker does not tell the log's size) or
+ * timeout_s passed. Callers have stopped every producer of the topic, so a
+ * log read to its end holds every extra there is. */
 static void
 consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
         int linger_ms, tmsgs_t *out)
@@ -286,7 +305,9 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
                         break;
                 if (out->n >= want && enough_at < 0)
                         enough_at = ms;
-                if (enough_at >= 0 && ms - enough_at >= linger_ms)
+                if (enough_at >= 0 &&
+                    (ms - enough_at >= linger_ms ||
+                     log_size(rk, topic, parts) == (long long)out->n))
                         break;
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
                 if (!m)
@@ -1159,7 +1180,7 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
  * in flight: those may already be on the topic, and publishing their runs
  * again would put an older row after a newer one ("seq 0 after 1").
  */
-#define PP_AGGS 48
+#define PP_AGGS 24
 #define PP_EVENTS 16
 
 KT_BACKENDS_PARAMS(outbox_pipeline_stall, backends)
