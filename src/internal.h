@@ -34,6 +34,11 @@ void kinbox__deadline_on(clockid_t clock, int64_t ms, struct timespec *ts);
 /* ---- backoff: full jitter, min(cap, base * 2^attempt) * U(0,1] */
 int64_t kinbox__backoff_ms(int attempt, int64_t base_ms, int64_t cap_ms);
 
+/* ---- growable arrays: make room for need elements of elem bytes in the
+ * array *pp of capacity *cap (doubling, at least 8). 0, or -1 when out of
+ * memory (the array is then unchanged). */
+int kinbox__grow(void *pp, size_t *cap, size_t need, size_t elem);
+
 /* ---- growable string buffer */
 typedef struct kinbox__buf {
         char *p;

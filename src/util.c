@@ -192,6 +192,23 @@ kinbox__buf_reset(kinbox__buf_t *b)
                 b->p[0] = '\0';
 }
 
+int
+kinbox__grow(void *pp, size_t *cap, size_t need, size_t elem)
+{
+        void **p = pp;
+        if (need <= *cap)
+                return 0;
+        size_t c = *cap ? *cap : 8;
+        while (c < need)
+                c *= 2;
+        void *n = realloc(*p, c * elem);
+        if (!n)
+                return -1;
+        *p = n;
+        *cap = c;
+        return 0;
+}
+
 static bool
 buf_grow(kinbox__buf_t *b, size_t extra)
 {

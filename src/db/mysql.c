@@ -780,14 +780,8 @@ static struct rowmap *rm_at(struct mystate *s, size_t stmt);
 static bool
 ints_add(int **a, size_t *n, size_t *cap, int v)
 {
-        if (*n == *cap) {
-                size_t c = *cap ? *cap * 2 : 64;
-                int *x = realloc(*a, c * sizeof(*x));
-                if (!x)
-                        return false;
-                *a = x;
-                *cap = c;
-        }
+        if (kinbox__grow(a, cap, *n + 1, sizeof(**a)))
+                return false;
         (*a)[(*n)++] = v;
         return true;
 }
@@ -986,14 +980,9 @@ rm_drop(kinbox__db_t *db)
         struct mystate *s = st_get(db);
         size_t f = s->fail_stmt, n0 = s->ntags;
         int mt = db->err.tag, t = call_of(s->tags[f]);
-        if (db->ndrops == db->capdrops) {
-                size_t cap = db->capdrops ? db->capdrops * 2 : 8;
-                kinbox__dberr_t *d = realloc(db->drops, cap * sizeof(*d));
-                if (!d)
-                        return -1;
-                db->drops = d;
-                db->capdrops = cap;
-        }
+        if (kinbox__grow(&db->drops, &db->capdrops, db->ndrops + 1,
+                         sizeof(*db->drops)))
+                return -1;
         kinbox__buf_t nq;
         kinbox__buf_init(&nq);
         size_t nt = 0;
@@ -2062,15 +2051,10 @@ my_exec_values(kinbox__db_t *db, const kinbox__values_t *v, int tag)
         if (s->ntags && s->q.len + s->tmp.len + 2 > s->flush_at &&
             (rc = q_send(db, NULL, false)))
                 goto out;
-        if (s->nrmaps == s->caprmaps) {
-                size_t cap = s->caprmaps ? s->caprmaps * 2 : 8;
-                struct rowmap *m = realloc(s->rmaps, cap * sizeof(*m));
-                if (!m) {
-                        rc = my_oom(db);
-                        goto out;
-                }
-                s->rmaps = m;
-                s->caprmaps = cap;
+        if (kinbox__grow(&s->rmaps, &s->caprmaps, s->nrmaps + 1,
+                         sizeof(*s->rmaps))) {
+                rc = my_oom(db);
+                goto out;
         }
         rm.text = malloc(s->tmp.len ? s->tmp.len : 1);
         if (!rm.text) {
