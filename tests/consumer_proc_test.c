@@ -134,8 +134,17 @@ ParameterizedTest(int *backend, proc, rebalance_and_kill, .timeout = 240)
                                            "o", 0, NULL);
                 sleep(2);
         }
-        /* B has joined (it logged an assignment) before A dies. */
-        char *outb = kt_slurp(logb);
+        /* B has joined (it logged an assignment) before A dies: its
+         * start and the rebalance take a few seconds, more on a loaded
+         * machine, so wait for the log line rather than a fixed time. */
+        char *outb = NULL;
+        for (int i = 0; i < 600; i++) {
+                free(outb);
+                outb = kt_slurp(logb);
+                if (outb && strstr(outb, "assigned"))
+                        break;
+                usleep(100 * 1000);
+        }
         cr_assert(outb && strstr(outb, "assigned") != NULL,
                   "second consumer never got partitions:\n%s", outb);
         free(outb);
