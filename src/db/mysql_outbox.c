@@ -6,7 +6,8 @@
  * The claim takes a few statements (MariaDB has no LATERAL, and a locking
  * read's subquery must not see rows skipped by SKIP LOCKED):
  *   1. candidate heads, a plain read walking kinbox_outbox_pending
- *      (status, id, ...) over the 'pending' prefix only, index-only;
+ *      (status, id, ...) over the 'pending' prefix only, index-only
+ *      (FRONT_SCAN, else WINDOW_SCAN, else HEADS_SCAN);
  *   2. in a transaction: lock the candidates still pending and due
  *      (FOR UPDATE SKIP LOCKED), at most limit;
  *   3. the heads' runs: each aggregate's next pending rows in id order,
@@ -52,6 +53,25 @@
         "  SELECT 1 FROM kinbox_outbox p"                                     \
         "  WHERE p.aggregate_id = o.aggregate_id"                             \
         "  AND p.status = 'pending' AND p.id < o.id)))"                       \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
+        "  WHERE z.destination = o.destination)"                              \
+        " ORDER BY o.id LIMIT %" PRId64
+
+/* The first window pending rows, due or not: a row's older pending rows
+ * of its aggregate are all in the window too, so the first row of each
+ * aggregate in it (rn = 1) has none, without a probe per row (a quarter
+ * of the claim with 1,000 heads). blocked: rows of the window not due
+ * (leased, waiting for a retry): when they crowd out the heads, the
+ * claim looks past them with WINDOW_SCAN. */
+#define FRONT_SCAN                                                            \
+        "SELECT o.id, o.blocked FROM (SELECT v.*, ROW_NUMBER() OVER"          \
+        " (PARTITION BY v.aggregate_id ORDER BY v.id) AS rn,"                 \
+        " SUM(NOT v.due) OVER () AS blocked FROM (SELECT w.id,"               \
+        " w.aggregate_id, w.destination,"                                     \
+        " w.next_attempt_at <= CURRENT_TIMESTAMP(6) AS due"                   \
+        " FROM kinbox_outbox w FORCE INDEX (kinbox_outbox_pending)"           \
+        " WHERE w.status = 'pending' ORDER BY w.id LIMIT %" PRId64 ") v) o"   \
+        " WHERE o.due AND (o.aggregate_id IS NULL OR o.rn = 1)"               \
         " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
         "  WHERE z.destination = o.destination)"                              \
         " ORDER BY o.id LIMIT %" PRId64
@@ -103,20 +123,37 @@ truthy(const char *s)
         return s && (!strcmp(s, "1") || !strcmp(s, "t"));
 }
 
+/* Step 1: candidate heads (id first). */
+static int
+candidates(kinbox__db_t *db, int64_t limit, int64_t window,
+           struct kinbox_rows_s **cand)
+{
+        char sql[1536];
+        /* More candidates than wanted: relays racing for the same heads
+         * each get a share instead of nothing. */
+        if (window <= 0) {
+                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
+                return db->ops->query(db, sql, 0, NULL, -1, cand);
+        }
+        snprintf(sql, sizeof(sql), FRONT_SCAN, window, limit * 4);
+        int rc = db->ops->query(db, sql, 0, NULL, -1, cand);
+        struct kinbox_rows_s *c = *cand;
+        if (rc || (c && c->nrows &&
+                   ((int64_t)c->nrows >= limit || i64(c->values[1]) == 0)))
+                return rc;
+        kinbox_rows_destroy(c);
+        *cand = NULL;
+        snprintf(sql, sizeof(sql), WINDOW_SCAN, window, limit * 4);
+        return db->ops->query(db, sql, 0, NULL, -1, cand);
+}
+
 /* Steps 1 and 2: locked heads (id, aggregate_id, destination). */
 static int
 lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
            struct kinbox_rows_s **heads)
 {
-        char sql[1536];
         struct kinbox_rows_s *cand = NULL;
-        /* More candidates than wanted: relays racing for the same heads
-         * each get a share instead of nothing. */
-        if (window > 0)
-                snprintf(sql, sizeof(sql), WINDOW_SCAN, window, limit * 4);
-        else
-                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
-        int rc = db->ops->query(db, sql, 0, NULL, -1, &cand);
+        int rc = candidates(db, limit, window, &cand);
         if (rc || !cand || !cand->nrows) {
                 kinbox_rows_destroy(cand);
                 return rc;
