@@ -23,13 +23,21 @@
 /*
  * $1 limit, $2 lease ms, $3 owner, $4 run_max, $5 window (NULL: all).
  *
+ * wf, cf: the first $5 pending rows in id order, due or not (index-only,
+ *    pending rows only): a row's older pending rows of its aggregate are
+ *    all in that window too, so the due first row of each aggregate in it
+ *    (rn = 1) is a head without a probe per row. g: cf is taken unless
+ *    rows of the window not due (leased, waiting for a retry) crowd out
+ *    the heads (fewer than $1 found while some are not due), or no
+ *    window was given; otherwise w and co:
  * w: the first $5 due pending rows in id order (index-only, pending rows
  *    only). A window keeps the walk short when one aggregate's rows fill
  *    the front of the backlog; the relay walks everything when a window
  *    gave nothing (see relay.c).
- * c: candidate heads, no locks. Due pending rows in id order with no older
+ * co: candidate heads, no locks. Due pending rows in id order with no older
  *    pending row of their aggregate, destination not paused. NOT IN (a
  *    hashed subplan) for the paused table keeps the walk in id order.
+ * c: cf or co, whichever g chose (the other is never run).
  * h: the candidates still pending and due once locked (SKIP LOCKED: a row
  *    another relay is claiming right now is left to it). "= ANY (ARRAY(
  *    ...))" here and in the UPDATE: primary-key lookups whatever the
@@ -53,13 +61,30 @@
         " ORDER BY o.id LIMIT "
 
 static const char claim_sql[] =
-    "WITH w AS MATERIALIZED ("
+    "WITH wf AS MATERIALIZED ("
+    " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"
+    "  ORDER BY v.id) AS rn FROM ("
+    "  SELECT o.id, o.aggregate_id, o.destination,"
+    "   o.next_attempt_at <= now() AS due FROM kinbox_outbox o"
+    "  WHERE o.status = 'pending'"
+    "  ORDER BY o.id LIMIT $5::integer) v),"
+    " cf AS MATERIALIZED ("
+    " SELECT o.id FROM wf o WHERE o.due"
+    " AND (o.aggregate_id IS NULL OR o.rn = 1)"
+    " AND o.destination NOT IN (SELECT z.destination"
+    "  FROM kinbox_outbox_paused z)"
+    " ORDER BY o.id LIMIT $1::integer),"
+    " g AS MATERIALIZED (SELECT $5::integer IS NOT NULL AND ("
+    "  (SELECT count(*) FROM cf) >= $1::integer"
+    "  OR ((SELECT count(*) FROM cf) > 0"
+    "   AND NOT EXISTS (SELECT 1 FROM wf WHERE NOT wf.due))) AS front),"
+    " w AS MATERIALIZED ("
     " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"
     "  ORDER BY v.id) AS rn FROM ("
     "  SELECT o.id, o.aggregate_id, o.destination FROM kinbox_outbox o"
     "  WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
     "  ORDER BY o.id LIMIT $5::integer) v),"
-    " c AS MATERIALIZED ("
+    " co AS MATERIALIZED ("
     " SELECT o.id FROM w o"
     " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("
     "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
@@ -67,6 +92,8 @@ static const char claim_sql[] =
     " AND o.destination NOT IN (SELECT z.destination"
     "  FROM kinbox_outbox_paused z)"
     " ORDER BY o.id LIMIT $1::integer),"
+    " c AS (SELECT cf.id FROM cf WHERE (SELECT front FROM g)"
+    "  UNION ALL SELECT co.id FROM co WHERE NOT (SELECT front FROM g)),"
     " h AS MATERIALIZED ("
     " SELECT t.id, t.aggregate_id, t.destination,"
     "  t.lease_owner IS NOT NULL AS reclaimed"
