@@ -1149,8 +1149,12 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
 
         tmsgs_t got;
         consume(mk.bootstrap, topic, (size_t)total - 1, 60, 1000, &got);
-        /* Per key: seq never goes back; duplicates (at-least-once after a
-         * timed-out delivery) only repeat the latest one. */
+        /* Per key: each seq first appears right after the one before it
+         * (no gap, nothing overtakes an older row). A seq seen already is
+         * a re-published copy: at-least-once after a delivery that timed
+         * out in flight (the broker outage above) publishes the run again
+         * from its first unconfirmed row, so copies of 6 and 7 may follow
+         * 7. */
         int *last = malloc(sizeof(int) * (T5_AGGS + 1));
         for (int a = 0; a <= T5_AGGS; a++)
                 last[a] = -1;
@@ -1159,9 +1163,10 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
                 int a =
                     !strcmp(m->key, "agg-stuck") ? T5_AGGS : atoi(m->key + 4);
                 int seq = atoi(m->value);
-                cr_assert(seq == last[a] + 1 || seq == last[a],
-                          "%s: seq %d after %d", m->key, seq, last[a]);
-                last[a] = seq;
+                cr_assert(seq <= last[a] + 1, "%s: seq %d first seen after %d",
+                          m->key, seq, last[a]);
+                if (seq > last[a])
+                        last[a] = seq;
         }
         for (int a = 0; a < T5_AGGS; a++)
                 cr_assert(eq(int, last[a], T5_EVENTS - 1), "agg %d", a);
