@@ -316,7 +316,10 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         if (c->cq)
                 rd_kafka_queue_destroy(c->cq);
         if (c->rk)
-                rd_kafka_destroy(c->rk);
+                rd_kafka_destroy_flags(
+                    c->rk, c->left_unclosed
+                               ? RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE
+                               : 0);
         if (c->topics)
                 rd_kafka_topic_partition_list_destroy(c->topics);
         kinbox__db_destroy(c->ctl);
@@ -1008,6 +1011,46 @@ poll_loop(kinbox_consumer_t *c)
         return KINBOX_OK;
 }
 
+/* How long leaving the group may take at shutdown. librdkafka's close
+ * waits for the revoke and the LeaveGroup answer, roughly up to
+ * session.timeout.ms, longer when the group is rebalancing under broker
+ * trouble; nothing of kinbox's depends on it (the offsets are committed, the
+ * DB watermark covers them), so it is bounded well inside the 30 s shutdown
+ * watchdog: the broker then drops the member after its session timeout. */
+#define LEAVE_GROUP_MS 10000
+
+/* rd_kafka_consumer_close(), bounded: the close runs in librdkafka's
+ * background and its rebalance callbacks are served here. */
+static void
+leave_group(kinbox_consumer_t *c)
+{
+        rd_kafka_queue_t *q = rd_kafka_queue_new(c->rk);
+        rd_kafka_error_t *e =
+            q ? rd_kafka_consumer_close_queue(c->rk, q) : NULL;
+        if (!q || e) {
+                if (e)
+                        rd_kafka_error_destroy(e);
+                if (q)
+                        rd_kafka_queue_destroy(q);
+                rd_kafka_consumer_close(c->rk);
+                return;
+        }
+        int64_t end = kinbox__now_ms() + LEAVE_GROUP_MS;
+        while (!rd_kafka_consumer_closed(c->rk)) {
+                if (kinbox__now_ms() >= end) {
+                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                                    "%s: leaving the group did not finish "
+                                    "within %d s (the broker drops this "
+                                    "member after session.timeout.ms)",
+                                    c->name, LEAVE_GROUP_MS / 1000);
+                        c->left_unclosed = true;
+                        break;
+                }
+                rd_kafka_queue_poll_callback(q, 100);
+        }
+        rd_kafka_queue_destroy(q);
+}
+
 /* Finish the batches in flight, commit offsets, leave the group. */
 static void
 shutdown_all(kinbox_consumer_t *c)
@@ -1022,7 +1065,7 @@ shutdown_all(kinbox_consumer_t *c)
                         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                                     "final offset commit: %s",
                                     rd_kafka_err2str(ce));
-                rd_kafka_consumer_close(c->rk);
+                leave_group(c);
         }
         while (c->parts) {
                 part_t *n = c->parts->next;

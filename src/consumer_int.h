@@ -146,6 +146,7 @@ struct kinbox_tx_s {
 
 struct kinbox_consumer_s {
         kinbox_conf_t *conf;
+        bool left_unclosed; /* leaving the group timed out at shutdown */
         kinbox__log_t lg;
         char *name;
         char *msgid_spec;

@@ -108,6 +108,16 @@ kt_exec(const char *url, const char *sql)
         kinbox__db_destroy(db);
 }
 
+int
+kt_exec_err(const char *url, const char *sql)
+{
+        kinbox__db_t *db = kt_db(url);
+        int rc = db->ops->script(db, sql);
+        int vendor = rc ? (db->err.vendor ? db->err.vendor : -1) : 0;
+        kinbox__db_destroy(db);
+        return vendor;
+}
+
 long long
 kt_qint(const char *url, const char *sql)
 {

@@ -105,6 +105,9 @@ long long kt_qintf(const char *url, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Run a statement (fail the test on error). */
 void kt_exec(const char *url, const char *sql);
+/* Run sql; 0, or the MySQL errno of its failure (-1 for another error):
+ * for statements that may fail in an expected way. */
+int kt_exec_err(const char *url, const char *sql);
 
 /* Poll until kt_qint(url, sql) == want or timeout; returns last value. */
 long long kt_wait_qint(const char *url, const char *sql, long long want,
