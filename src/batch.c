@@ -805,16 +805,16 @@ take_drops(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
         return drops_decide(c, w, tx, wk, f, true);
 }
 
-/* Send what is queued when exec_values() rows are among it, so that a
- * dropped row's dead letter is queued here (before the next savepoint, or
- * before the epilogue) and not inside a later group. */
+/* Send what is queued when exec_values() rows with owners are among it
+ * (db->rows_queued), then take the dropped messages: their dead letters
+ * are queued here (before the next savepoint, or before the epilogue) and
+ * not inside a later group. */
 static bool
 flush_values(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
              const walk_t *wk, failure_t *f)
 {
-        if (!tx->values_used)
-                return true;
-        tx->values_used = false;
+        if (!w->db->rows_queued)
+                return take_drops(c, w, tx, wk, f);
         if (w->db->ops->flush(w->db)) {
                 *f = failure_of(w, wk, &w->db->err, tx);
                 /* Fates found before the failure stand; their dead letters
@@ -864,8 +864,7 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                                 goto failed;
                         }
                         if (wk->g == wk->ngroups &&
-                            ((wk->iso && !take_drops(c, w, tx, wk, &f)) ||
-                             !flush_values(c, w, tx, wk, &f)))
+                            !flush_values(c, w, tx, wk, &f))
                                 goto failed;
                         continue;
                 }
@@ -917,7 +916,6 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
                 ng = w->iso_exact ? ISO_GROUPS_EXACT : ISO_GROUPS_BATCH;
         walk_init(&wk, w->iso_left > 0, ng, w->nmsgs);
         kinbox__tx_clear_ukeys(tx);
-        tx->values_used = false;
         failure_t f;
         if (begin_batch(c, w)) {
                 f = failure_of(w, &wk, &db->err, tx);

@@ -134,10 +134,6 @@ struct kinbox_tx_s {
         int tag; /* statement tag of the running call (db.h) */
         bool failed; /* a statement failed during the current call */
         bool touched; /* the current call queued or ran statements */
-        /* An exec_values() statement with row owners is queued (the
-         * consumer flushes before a savepoint or the epilogue, so a
-         * dropped row's dead letter lands where it can stay). */
-        bool values_used;
         char reason[512]; /* kinbox_tx_set_error() */
         const char *consumer; /* when c is NULL (replay) */
         ukey_t *ukeys; /* this transaction's exec_unique() keys */

@@ -136,6 +136,11 @@ struct kinbox__db {
          * message), in the order found; the consumer empties it. */
         bool drop_rows;
         int call_tag;
+        /* exec_values() rows with owners are queued, unsent (the backend
+         * sets and clears it): the consumer flushes them before a
+         * savepoint or the epilogue, so a dropped row's dead letter is
+         * queued where it stays. */
+        bool rows_queued;
         kinbox__dberr_t *drops;
         size_t ndrops, capdrops;
         kinbox__dberr_t err;
@@ -162,9 +167,9 @@ struct kinbox__db_ops {
          * stays tag); with db->drop_rows the row's owner may be dropped
          * from the statement (and from the same call's later exec_values()
          * statements) and the transaction goes on: the failure is then
-         * appended to db->drops instead of returned. NULL where the server
-         * cannot name a row (the caller renders the statement and uses
-         * exec()). */
+         * appended to db->drops instead of returned. row_tags NULL: no
+         * owners, a plain statement. Backends whose server cannot name a
+         * row use kinbox__db_exec_values_text(). */
         int (*exec_values)(kinbox__db_t *db, const struct kinbox__values *v,
                            int tag);
         /* Flushes deferred statements, then runs sql; *out may be NULL. */
@@ -444,6 +449,11 @@ int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
 
 /* Run sql (no parameters) now; *yes = it returned a row. */
 int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
+
+/* exec_values() as one exec(): the rows joined into one statement, each
+ * row's $N moved up to its own parameters (no row can be named). */
+int kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,
+                                int tag);
 
 /* Note a claim statement that affected no row (see none_tags). */
 void kinbox__db_note_none(kinbox__db_t *db, int tag);

@@ -131,13 +131,13 @@ tx_outcome(kinbox_tx_t *tx, int rc)
 /* The tag of each row of a batch handler's set-based statement: its
  * owner's index in the batch, the call's own tag where the owner is not a
  * message of this call. NULL when none is needed (one message's call, no
- * rows, a backend that cannot name a failing row) or out of memory. */
+ * rows) or out of memory. */
 static int *
 row_tags(kinbox_tx_t *tx, int tag, const kinbox_msg_t *const *owners,
          size_t nrows)
 {
         if (!owners || !nrows || tag < 0 || !(tag & KINBOX__TAG_GROUP) ||
-            !tx->w || !tx->db->ops->exec_values)
+            !tx->w)
                 return NULL;
         int *t = kinbox__calloc(nrows, sizeof(*t));
         if (!t)
@@ -173,103 +173,30 @@ tx_exec(kinbox_tx_t *tx, int tag, const char *what, const char *sql,
         return tx_outcome(tx, rc);
 }
 
-/* Append piece to b with its $N placeholders moved up by base (quoted
- * text, quoted names and comments are copied as they are). */
-static void
-renumber(kinbox__buf_t *b, const char *piece, int base)
-{
-        for (const char *c = piece; *c;) {
-                if (*c == '\'' || *c == '"') {
-                        const char *e = c + 1;
-                        while (*e && (*e != *c || e[1] == *c))
-                                e += *e == *c ? 2 : 1;
-                        if (*e)
-                                e++;
-                        kinbox__buf_add(b, c, (size_t)(e - c));
-                        c = e;
-                } else if (c[0] == '-' && c[1] == '-') {
-                        size_t n = strcspn(c, "\n");
-                        kinbox__buf_add(b, c, n);
-                        c += n;
-                } else if (c[0] == '/' && c[1] == '*') {
-                        const char *e = strstr(c + 2, "*/");
-                        size_t n = e ? (size_t)(e + 2 - c) : strlen(c);
-                        kinbox__buf_add(b, c, n);
-                        c += n;
-                } else if (*c == '$' && c[1] >= '0' && c[1] <= '9') {
-                        char *e;
-                        long k = strtol(c + 1, &e, 10);
-                        char num[24];
-                        int n =
-                            snprintf(num, sizeof(num), "$%ld", k + (long)base);
-                        kinbox__buf_add(b, num, (size_t)n);
-                        c = e;
-                } else {
-                        kinbox__buf_add(b, c++, 1);
-                }
-        }
-}
-
-/* head, tuple once per row ($N of row r moved up by r * nper), tail. */
-static char *
-values_sql(const char *head, const char *tuple, const char *tail, int nper,
-           size_t nrows)
-{
-        kinbox__buf_t b;
-        kinbox__buf_init(&b);
-        kinbox__buf_add(&b, head, strlen(head));
-        for (size_t r = 0; r < nrows; r++) {
-                if (r)
-                        kinbox__buf_add(&b, ", ", 2);
-                renumber(&b, tuple, (int)r * nper);
-        }
-        kinbox__buf_add(&b, tail, strlen(tail));
-        kinbox__buf_add(&b, "", 1);
-        if (b.oom) {
-                kinbox__buf_free(&b);
-                return NULL;
-        }
-        return b.p;
-}
-
 static kinbox_err_t
 tx_values(kinbox_tx_t *tx, int tag, const char *what, const char *head,
           const char *tuple, const char *tail, int nper,
           const char *const *params, const kinbox_msg_t *const *owners,
           size_t nrows)
 {
-        if (!head || !tuple || nper < 0 || (nper && !params) || !nrows ||
-            nrows > (size_t)INT_MAX / (size_t)(nper ? nper : 1)) {
+        kinbox__param_t stack[32] = {{0}};
+        bool heap = false;
+        kinbox__param_t *ps = NULL;
+        if (head && tuple && nper >= 0 && (!nper || params) && nrows &&
+            nrows <= (size_t)INT_MAX / (size_t)(nper ? nper : 1))
+                ps = tx_params((int)nrows * nper, params, stack, 32, &heap);
+        if (!ps) {
                 snprintf(tx->reason, sizeof(tx->reason),
                          "%s: bad arguments (%zu rows of %d parameters)", what,
                          nrows, nper);
                 tx->failed = true;
                 return KINBOX_ERR_INVALID;
         }
-        int np = (int)nrows * nper;
+        /* Owners only where a row can be charged to one message. */
         int *rt = row_tags(tx, tag, owners, nrows);
-        if (!rt) {
-                char *sql =
-                    values_sql(head, tuple, tail ? tail : "", nper, nrows);
-                kinbox_err_t rc = sql ? tx_exec(tx, tag, what, sql, np, params)
-                                      : KINBOX_ERR_NOMEM;
-                if (!sql)
-                        tx->failed = true;
-                free(sql);
-                return rc;
-        }
-        kinbox__param_t stack[32] = {{0}};
-        bool heap;
-        kinbox__param_t *ps = tx_params(np, params, stack, 32, &heap);
-        if (!ps) {
-                free(rt);
-                tx->failed = true;
-                return KINBOX_ERR_NOMEM;
-        }
         kinbox__values_t v = {head,  tuple, tail ? tail : "", nper, ps,
                               nrows, rt};
         tx->touched = true;
-        tx->values_used = true;
         int rc = tx->db->ops->exec_values(tx->db, &v, tag);
         free(rt);
         if (heap)

@@ -423,3 +423,77 @@ kinbox__inbox_mark_new(const kinbox__idref_t *sorted, size_t n, const char *id,
         if (lo < n && strcmp(sorted[lo].id, id) == 0)
                 is_new[sorted[lo].idx] = true;
 }
+
+/* Append piece to b with its $N placeholders moved up by base (quoted
+ * text, quoted names and comments are copied as they are). */
+static void
+renumber(kinbox__buf_t *b, const char *piece, int base)
+{
+        for (const char *c = piece; *c;) {
+                if (*c == '\'' || *c == '"') {
+                        const char *e = c + 1;
+                        while (*e && (*e != *c || e[1] == *c))
+                                e += *e == *c ? 2 : 1;
+                        if (*e)
+                                e++;
+                        kinbox__buf_add(b, c, (size_t)(e - c));
+                        c = e;
+                } else if (c[0] == '-' && c[1] == '-') {
+                        size_t n = strcspn(c, "\n");
+                        kinbox__buf_add(b, c, n);
+                        c += n;
+                } else if (c[0] == '/' && c[1] == '*') {
+                        const char *e = strstr(c + 2, "*/");
+                        size_t n = e ? (size_t)(e + 2 - c) : strlen(c);
+                        kinbox__buf_add(b, c, n);
+                        c += n;
+                } else if (*c == '$' && c[1] >= '0' && c[1] <= '9') {
+                        char *e;
+                        long k = strtol(c + 1, &e, 10);
+                        char num[24];
+                        int n =
+                            snprintf(num, sizeof(num), "$%ld", k + (long)base);
+                        kinbox__buf_add(b, num, (size_t)n);
+                        c = e;
+                } else {
+                        kinbox__buf_add(b, c++, 1);
+                }
+        }
+}
+
+/* head, tuple once per row ($N of row r moved up by r * nper), tail. */
+static char *
+values_sql(const char *head, const char *tuple, const char *tail, int nper,
+           size_t nrows)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_add(&b, head, strlen(head));
+        for (size_t r = 0; r < nrows; r++) {
+                if (r)
+                        kinbox__buf_add(&b, ", ", 2);
+                renumber(&b, tuple, (int)r * nper);
+        }
+        kinbox__buf_add(&b, tail, strlen(tail));
+        kinbox__buf_add(&b, "", 1);
+        if (b.oom) {
+                kinbox__buf_free(&b);
+                return NULL;
+        }
+        return b.p;
+}
+
+int
+kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,
+                            int tag)
+{
+        char *sql = values_sql(v->head, v->tuple, v->tail, v->nper, v->nrows);
+        if (!sql) {
+                kinbox__db_seterr(db, KINBOX_ERR_NOMEM, "", 0, tag,
+                                  "out of memory");
+                return KINBOX_ERR_NOMEM;
+        }
+        int rc = db->ops->exec(db, sql, (int)v->nrows * v->nper, v->p, tag);
+        free(sql);
+        return rc;
+}

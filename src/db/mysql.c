@@ -164,6 +164,7 @@ st_free(kinbox__db_t *db)
         m_free(s->merge);
         free(s);
         db->impl = NULL;
+        db->rows_queued = false;
 }
 
 static void
@@ -794,7 +795,11 @@ sent_note(struct mystate *s, size_t upto)
         bool ok = true;
         for (size_t k = 0; k < upto && k < s->ntags && ok; k++) {
                 int t = s->tags[k];
-                if (t < 0 || !(s->flags[k] & ST_EFF))
+                /* Only a batch handler's group call queues row maps: a
+                 * per-message call's or kinbox's own statements never
+                 * decide a drop (and are most of a per-message batch). */
+                if (t < 0 || !(t & KINBOX__TAG_GROUP) ||
+                    !(s->flags[k] & ST_EFF))
                         continue;
                 struct rowmap *rm =
                     s->flags[k] & ST_VALUES ? rm_at(s, k) : NULL;
@@ -1103,6 +1108,7 @@ q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
                         break;
         }
         q_reset(s);
+        db->rows_queued = false;
         return rc;
 }
 
@@ -1871,6 +1877,7 @@ my_begin(kinbox__db_t *db)
         }
         q_reset(s);
         s->nsent = s->nran = 0;
+        db->rows_queued = false;
         s->tx_sent = false;
         if (s->merge) {
                 s->merge->off = s->merge->off_next;
@@ -2051,6 +2058,10 @@ my_exec_values(kinbox__db_t *db, const kinbox__values_t *v, int tag)
         if (s->ntags && s->q.len + s->tmp.len + 2 > s->flush_at &&
             (rc = q_send(db, NULL, false)))
                 goto out;
+        if (!v->row_tags) { /* no owners to keep: a plain statement */
+                rc = q_append(db, s->tmp.p, s->tmp.len, tag, 1);
+                goto out;
+        }
         if (kinbox__grow(&s->rmaps, &s->caprmaps, s->nrmaps + 1,
                          sizeof(*s->rmaps))) {
                 rc = my_oom(db);
@@ -2069,6 +2080,7 @@ my_exec_values(kinbox__db_t *db, const kinbox__values_t *v, int tag)
                 goto out;
         rm.stmt = s->ntags - 1;
         s->rmaps[s->nrmaps++] = rm;
+        db->rows_queued = true;
         return KINBOX_OK;
 out:
         rm_free(&rm);
@@ -2159,6 +2171,7 @@ my_rollback(kinbox__db_t *db)
         bool sent = s->tx_sent;
         q_reset(s);
         s->nsent = s->nran = 0;
+        db->rows_queued = false;
         s->tx_sent = false;
         if (!sent)
                 return;

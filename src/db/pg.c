@@ -846,6 +846,7 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .release = pg_release,
     .begin = pg_begin,
     .exec = pg_exec,
+    .exec_values = kinbox__db_exec_values_text,
     .query = pg_query,
     .flush = pg_flush,
     .commit = pg_commit,
