@@ -516,12 +516,15 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 tx->reason[0] = '\0';
                 db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
                 int64_t t_h = kinbox__now_us();
+                uint64_t waits = tx->waits;
                 db->call_tag = tx->tag;
                 kinbox_result_t r =
                     c->batch_handler(tx, (const kinbox_msg_t *const *)run + j0,
                                      cnt, w->results, c->opaque);
                 db->call_tag = -1;
                 w->handler_us += kinbox__now_us() - t_h;
+                if (cnt == 1)
+                        w->one_call = tx->waits == waits ? 1 : -1;
                 if (tx->failed && db->err.code) {
                         *f = failure_of(w, wk, &db->err, tx);
                         return false;
@@ -620,8 +623,12 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                         split_at(wk, g, f->idx + 1);
                 wk->single[g] = false;
         } else if (f->kind == FL_GROUP && !f->by_result) {
-                /* Narrow it down to the message. */
-                if (!wk->iso || !bisect(wk, g))
+                /* Narrow it down to the message: one message at a time
+                 * when the handler's one-message call needs no round trip
+                 * (its statements are pipelined: a group's worth of them
+                 * costs less than the 2 log2(group) set-based calls, each
+                 * waiting, of a bisection), else by bisection. */
+                if (!wk->iso || w->one_call > 0 || !bisect(wk, g))
                         wk->single[g] = true;
         } else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */

@@ -112,6 +112,11 @@ struct worker {
          * on its message (a named row, the handler's own verdicts), so its
          * batches need few groups; false once one needed narrowing. */
         bool iso_exact;
+        /* Batch handler: how its last one-message call went: 0 not seen
+         * yet, 1 without a round trip of its own (narrowing a failed
+         * group one message at a time costs statements, not waits), -1
+         * it waited for the server (bisect instead). */
+        int one_call;
         kinbox_msg_t **msgs; /* current batch */
         size_t nmsgs, capmsgs;
         kinbox__inbox_row_t *rows;
@@ -134,6 +139,9 @@ struct kinbox_tx_s {
         int tag; /* statement tag of the running call (db.h) */
         bool failed; /* a statement failed during the current call */
         bool touched; /* the current call queued or ran statements */
+        /* Round trips the handler's calls waited for (kinbox_tx_query(),
+         * native access): counts only ever go up. */
+        uint64_t waits;
         char reason[512]; /* kinbox_tx_set_error() */
         const char *consumer; /* when c is NULL (replay) */
         ukey_t *ukeys; /* this transaction's exec_unique() keys */

@@ -307,6 +307,7 @@ kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
                 return KINBOX_ERR_INVALID;
         }
         tx->touched = true;
+        tx->waits++;
         int rc = tx->db->ops->query(tx->db, sql, nparams, ps, tx->tag, rowsp);
         if (heap)
                 free(ps);
@@ -321,6 +322,7 @@ tx_native(kinbox_tx_t *tx, kinbox_backend_t b)
         bool down = false;
         void *n = kinbox__db_native_of(tx->db, b, &down);
         tx->touched = tx->touched || n || down;
+        tx->waits++; /* the pipeline was flushed for it */
         tx->failed = tx->failed || down;
         return n;
 }
