@@ -280,6 +280,11 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
  * handler call. */
 #define ISO_GROUPS_EXACT 4
 #define ISO_MIN_GROUP 4
+/* Isolation mode, per-message handlers: statements the walk may queue
+ * ahead of the server's answers (about two groups): pipelining keeps the
+ * client and the server busy together, and a failure is found before
+ * more than this many statements behind it are built and skipped. */
+#define ISO_AHEAD 40
 #define ISO_BATCHES 16
 /* Groups of a walk after bisections, at most. */
 #define ISO_MAX_GROUPS 64
@@ -846,6 +851,14 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                 if (wk->iso && !wk->sp_done) {
                         if (!flush_values(c, w, tx, wk, &f))
                                 goto failed;
+                        /* A failure of an earlier group is taken before
+                         * this group's statements are built behind it for
+                         * nothing: the walk stays at most ISO_AHEAD
+                         * statements ahead of the server's answers. */
+                        if (db->ops->peek && db->ops->peek(db, ISO_AHEAD)) {
+                                f = failure_of(w, wk, &db->err, tx);
+                                goto failed;
+                        }
                         char sp[32];
                         savepoint_name(sp, sizeof(sp), wk, wk->g);
                         wk->nsp++;

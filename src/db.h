@@ -177,6 +177,11 @@ struct kinbox__db_ops {
                      const kinbox__param_t *p, int tag,
                      struct kinbox_rows_s **out);
         int (*flush)(kinbox__db_t *db);
+        /* Take the results of queued statements that have arrived, then
+         * wait until at most ahead statements are unanswered: a failure
+         * among those taken is returned (db->err) as by flush, the rest
+         * stay queued. May be NULL. */
+        int (*peek)(kinbox__db_t *db, size_t ahead);
         int (*commit)(kinbox__db_t *db);
         void (*rollback)(kinbox__db_t *db);
         /* Inside a transaction: queue SAVEPOINT name (may be deferred). */

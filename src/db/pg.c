@@ -240,67 +240,59 @@ ensure_pipeline(kinbox__db_t *db)
         return KINBOX_OK;
 }
 
-/*
- * Read results for every queued command. The first failure is recorded in
- * db->err and returned; later commands report PIPELINE_ABORTED and are
- * skipped. A K_QUERY result is kept in pg->want.
- */
+/* The results of the oldest queued command: 0 taken, -1 the connection
+ * broke. The first failure is recorded in db->err and in *rc; later
+ * commands report PIPELINE_ABORTED and are skipped. */
 static int
-drain(kinbox__db_t *db)
+take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
 {
         pg_t *pg = PG(db);
-        int rc = KINBOX_OK;
-        bool commit_sent = false;
-        if (PQflush(pg->conn) < 0)
-                goto lost;
-        while (pg->qlen) {
-                pend_t p = pg->q[pg->qhead];
-                if (p.kind == K_COMMIT)
-                        commit_sent = true;
-                PGresult *res = PQgetResult(pg->conn);
-                if (!res)
-                        goto lost;
-                ExecStatusType st = PQresultStatus(res);
-                if (p.kind == K_SYNC) {
-                        if (st != PGRES_PIPELINE_SYNC) {
-                                PQclear(res);
-                                goto lost;
-                        }
-                        PQclear(res);
-                        pg->qhead++;
-                        pg->qlen--;
-                        continue;
-                }
-                bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-                if (!ok && st != PGRES_PIPELINE_ABORTED && rc == KINBOX_OK)
-                        rc = fail_res(db, res, p.tag);
-                if (!ok && p.kind == K_PREPARE)
-                        pg->stmts[p.stmt].prepared = false;
-                if (ok && p.kind == K_EXEC && p.tag >= 0 &&
-                    (p.tag & KINBOX__TAG_CLAIM) &&
-                    !strcmp(PQcmdTuples(res), "0"))
-                        kinbox__db_note_none(db, p.tag);
-                if (ok && p.kind == K_QUERY && rc == KINBOX_OK) {
-                        if (pg->want)
-                                PQclear(pg->want);
-                        pg->want = res;
-                } else {
-                        PQclear(res);
-                }
-                /* Each non-sync command ends with a NULL result. */
-                res = PQgetResult(pg->conn);
-                if (res) {
-                        PQclear(res);
-                        goto lost;
-                }
+        pend_t p = pg->q[pg->qhead];
+        if (p.kind == K_COMMIT)
+                *commit_sent = true;
+        PGresult *res = PQgetResult(pg->conn);
+        if (!res)
+                return -1;
+        ExecStatusType st = PQresultStatus(res);
+        if (p.kind == K_SYNC) {
+                PQclear(res);
+                if (st != PGRES_PIPELINE_SYNC)
+                        return -1;
                 pg->qhead++;
                 pg->qlen--;
+                return 0;
         }
-        pg->qhead = 0;
-        if (rc == KINBOX_ERR_DB_CONN)
-                goto lost_keep;
-        return rc;
-lost:
+        bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+        if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK)
+                *rc = fail_res(db, res, p.tag);
+        if (!ok && p.kind == K_PREPARE)
+                pg->stmts[p.stmt].prepared = false;
+        if (ok && p.kind == K_EXEC && p.tag >= 0 &&
+            (p.tag & KINBOX__TAG_CLAIM) && !strcmp(PQcmdTuples(res), "0"))
+                kinbox__db_note_none(db, p.tag);
+        if (ok && p.kind == K_QUERY && *rc == KINBOX_OK) {
+                if (pg->want)
+                        PQclear(pg->want);
+                pg->want = res;
+        } else {
+                PQclear(res);
+        }
+        /* Each non-sync command ends with a NULL result. */
+        res = PQgetResult(pg->conn);
+        if (res) {
+                PQclear(res);
+                return -1;
+        }
+        pg->qhead++;
+        pg->qlen--;
+        return 0;
+}
+
+/* The connection broke while results were read. */
+static int
+drain_lost(kinbox__db_t *db, int rc, bool commit_sent)
+{
+        pg_t *pg = PG(db);
         if (rc == KINBOX_OK || rc == KINBOX_ERR_DB_CONN) {
                 if (commit_sent ||
                     (pg->qlen && pg->q[pg->qhead].kind == K_COMMIT))
@@ -313,8 +305,58 @@ lost:
                                   "a batch");
                 rc = db->err.code;
         }
-lost_keep:
         pg_disconnect(db);
+        return rc;
+}
+
+/*
+ * Read results for every queued command. The first failure is recorded in
+ * db->err and returned; later commands report PIPELINE_ABORTED and are
+ * skipped. A K_QUERY result is kept in pg->want.
+ */
+static int
+drain(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        int rc = KINBOX_OK;
+        bool commit_sent = false;
+        if (PQflush(pg->conn) < 0)
+                return drain_lost(db, rc, commit_sent);
+        while (pg->qlen)
+                if (take_one(db, &rc, &commit_sent))
+                        return drain_lost(db, rc, commit_sent);
+        pg->qhead = 0;
+        if (rc == KINBOX_ERR_DB_CONN) {
+                pg_disconnect(db);
+                return rc;
+        }
+        return rc;
+}
+
+/*
+ * Take the results that have already arrived, then wait until at most
+ * ahead commands are still unanswered: a statement that failed is known
+ * before many more are built and queued behind it (the server would skip
+ * them, and they would all be built again after the rollback). The server
+ * is asked to send what it has (a Flush message, no Sync: the pipeline
+ * segment goes on).
+ */
+static int
+pg_peek(kinbox__db_t *db, size_t ahead)
+{
+        pg_t *pg = PG(db);
+        if (!pg || !pg->conn || !pg->pipeline || !pg->qlen)
+                return KINBOX_OK;
+        int rc = KINBOX_OK;
+        bool commit_sent = false;
+        if (!PQsendFlushRequest(pg->conn) || PQflush(pg->conn) < 0 ||
+            !PQconsumeInput(pg->conn))
+                return drain_lost(db, rc, commit_sent);
+        while (pg->qlen && (pg->qlen > ahead || !PQisBusy(pg->conn)))
+                if (take_one(db, &rc, &commit_sent))
+                        return drain_lost(db, rc, commit_sent);
+        if (!pg->qlen)
+                pg->qhead = 0;
         return rc;
 }
 
@@ -849,6 +891,7 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .exec_values = kinbox__db_exec_values_text,
     .query = pg_query,
     .flush = pg_flush,
+    .peek = pg_peek,
     .commit = pg_commit,
     .rollback = pg_rollback,
     .savepoint = pg_savepoint,
