@@ -20,6 +20,16 @@
  * next row follows right away); an empty claim waits for a NOTIFY or
  * relay.poll.ms.
  *
+ * relay.claim = lock (lock-held claims, pipeline 1): step 1 writes nothing
+ * and keeps its transaction open, the rows held by its row locks (FOR
+ * UPDATE SKIP LOCKED, each aggregate's run cut at the first row it could
+ * not lock); step 4 runs in that transaction and commits: one write per
+ * row. A batch whose reports are not all in within relay.lock.ms of its
+ * BEGIN, or that holds actions, degrades: the leases of step 1 are written
+ * in its transaction, which commits, and it goes on as above. A database
+ * failure while the locks are held ends the transaction: nothing is
+ * marked, the rows are pending again at once and published again.
+ *
  * Per-aggregate order holds because a row is only claimable while no older
  * row of its aggregate is pending, and that older row stays pending until
  * it was acknowledged by the broker (or went dead / was canceled). Rows of

@@ -15,6 +15,13 @@
  *   4. lease heads and runs in one UPDATE (which locks the run rows: no
  *      other relay can claim them, their head being locked and pending);
  *   5. read the claimed rows back and commit.
+ * A lock-held claim (req->lock) replaces step 4 by locking the run rows
+ * (by primary key, FOR UPDATE SKIP LOCKED; each run cut at the first row
+ * not locked), reads the rows back and leaves the transaction open. The
+ * session runs READ COMMITTED (db/mysql.c): a locking read is a current
+ * read of the newest committed row and takes no gap locks, so appends of
+ * new rows never wait for a claim; each plain read sees what committed
+ * before it (step 3 runs after the heads are locked).
  */
 #include <inttypes.h>
 #include <stdio.h>

@@ -7,7 +7,9 @@
  * the partial index kinbox_outbox_pending (index-only, pending rows only,
  * so neither sent rows nor statistics change its cost), locked with SKIP
  * LOCKED, then each head's run of following rows, all leased in the same
- * UPDATE.
+ * UPDATE. The lock-held claim (claim_lock_sql) reads the same candidates
+ * and locks heads and runs instead of leasing them, leaving its
+ * transaction open.
  */
 #include <inttypes.h>
 #include <stdio.h>
