@@ -328,6 +328,10 @@ typedef struct kinbox__claim_req {
         int64_t window;
         bool lock;
         int64_t idle_ms;
+        /* > 0: most candidate heads read before locking (lock-held
+         * claims: other relays' held rows look due and are skipped, so
+         * more candidates than limit are needed); 0: the backend's own. */
+        int64_t cand;
 } kinbox__claim_req_t;
 
 /* Columns of a claim result row, in this order. */

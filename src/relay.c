@@ -745,10 +745,19 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
         /* Heads among the first rows of the backlog first; everything
          * when that found nothing (an aggregate whose head waits for a
          * retry can fill the front of the backlog with its rows). */
-        kinbox__claim_req_t req = {r->cur_batch,      r->lease_ms,
-                                   r->owner,          r->run_max,
-                                   2 * r->cur_batch,  r->lock_mode,
-                                   r->lock_ms + 2 * MARGIN_MS};
+        kinbox__claim_req_t req = {r->cur_batch,     r->lease_ms,
+                                   r->owner,         r->run_max,
+                                   2 * r->cur_batch, r->lock_mode,
+                                   r->lock_ms + 2 * MARGIN_MS, 0};
+        if (r->lock_mode) {
+                /* Rows another lock-held relay holds look due to this
+                 * claim's walk and are skipped at the lock: look past as
+                 * many as one relay holds at most (relay.batch.size), so
+                 * a second relay gets rows of its own instead of a claim
+                 * that comes back short (and shrinks its next one). */
+                req.window += r->batch;
+                req.cand = 4 * r->cur_batch + r->batch;
+        }
         b->tx0 = kinbox__now_ms();
         int64_t us = kinbox__now_us();
         int rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);

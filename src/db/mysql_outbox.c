@@ -132,17 +132,19 @@ truthy(const char *s)
 
 /* Step 1: candidate heads (id first). */
 static int
-candidates(kinbox__db_t *db, int64_t limit, int64_t window,
+candidates(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
            struct kinbox_rows_s **cand)
 {
         char sql[1536];
         /* More candidates than wanted: relays racing for the same heads
          * each get a share instead of nothing. */
+        if (most <= 0)
+                most = limit * 4;
         if (window <= 0) {
-                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
+                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, most);
                 return db->ops->query(db, sql, 0, NULL, -1, cand);
         }
-        snprintf(sql, sizeof(sql), FRONT_SCAN, window, limit * 4);
+        snprintf(sql, sizeof(sql), FRONT_SCAN, window, most);
         int rc = db->ops->query(db, sql, 0, NULL, -1, cand);
         struct kinbox_rows_s *c = *cand;
         if (rc || (c && c->nrows &&
@@ -150,17 +152,17 @@ candidates(kinbox__db_t *db, int64_t limit, int64_t window,
                 return rc;
         kinbox_rows_destroy(c);
         *cand = NULL;
-        snprintf(sql, sizeof(sql), WINDOW_SCAN, window, limit * 4);
+        snprintf(sql, sizeof(sql), WINDOW_SCAN, window, most);
         return db->ops->query(db, sql, 0, NULL, -1, cand);
 }
 
 /* Steps 1 and 2: locked heads (id, aggregate_id, destination). */
 static int
-lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t idle_ms,
-           struct kinbox_rows_s **heads)
+lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
+           int64_t idle_ms, struct kinbox_rows_s **heads)
 {
         struct kinbox_rows_s *cand = NULL;
-        int rc = candidates(db, limit, window, &cand);
+        int rc = candidates(db, limit, window, most, &cand);
         if (rc || !cand || !cand->nrows) {
                 kinbox_rows_destroy(cand);
                 return rc;
@@ -408,7 +410,7 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         *out = NULL;
         struct kinbox_rows_s *h = NULL;
         claimset_t cs = {0};
-        int rc = lock_heads(db, req->limit, req->window,
+        int rc = lock_heads(db, req->limit, req->window, req->cand,
                             req->lock ? req->idle_ms : 0, &h);
         if (rc || !h || !h->nrows)
                 goto out;

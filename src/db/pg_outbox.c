@@ -62,8 +62,9 @@
         "  FROM kinbox_outbox_paused z)"                                      \
         " ORDER BY o.id LIMIT "
 
-/* wf .. c of the claim; LIM: the limit's placeholder, WIN: the window's. */
-#define CLAIM_FRONT(LIM, WIN)                                                 \
+/* wf .. c of the claim; LIM: the limit's placeholder, CAND: the most
+ * candidate heads, WIN: the window's. */
+#define CLAIM_FRONT(LIM, CAND, WIN)                                           \
         "WITH wf AS MATERIALIZED ("                                           \
         " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"         \
         "  ORDER BY v.id) AS rn FROM ("                                       \
@@ -76,7 +77,7 @@
         " AND (o.aggregate_id IS NULL OR o.rn = 1)"                           \
         " AND o.destination NOT IN (SELECT z.destination"                     \
         "  FROM kinbox_outbox_paused z)"                                      \
-        " ORDER BY o.id LIMIT " LIM "::integer),"                             \
+        " ORDER BY o.id LIMIT " CAND "::integer),"                            \
         " g AS MATERIALIZED (SELECT " WIN "::integer IS NOT NULL AND ("       \
         "  (SELECT count(*) FROM cf) >= " LIM "::integer"                     \
         "  OR ((SELECT count(*) FROM cf) > 0"                                 \
@@ -95,12 +96,12 @@
         "  AND p.status = 'pending' AND p.id < o.id)))"                       \
         " AND o.destination NOT IN (SELECT z.destination"                     \
         "  FROM kinbox_outbox_paused z)"                                      \
-        " ORDER BY o.id LIMIT " LIM "::integer),"                             \
+        " ORDER BY o.id LIMIT " CAND "::integer),"                            \
         " c AS (SELECT cf.id FROM cf WHERE (SELECT front FROM g)"             \
         "  UNION ALL SELECT co.id FROM co WHERE NOT (SELECT front FROM g)),"
 
 static const char claim_sql[] =
-    CLAIM_FRONT("$1", "$5")
+    CLAIM_FRONT("$1", "$1", "$5")
     " h AS MATERIALIZED ("
     " SELECT t.id, t.aggregate_id, t.destination,"
     "  t.lease_owner IS NOT NULL AS reclaimed"
@@ -144,10 +145,14 @@ static const char claim_sql[] =
 
 /*
  * The lock-held claim (relay.claim = lock): $1 limit, $2 run_max, $3
- * window (NULL: all). The same candidates as claim_sql; nothing written.
- * h: the heads still pending and due once locked (SKIP LOCKED; a head
- *    another relay holds is skipped, and with it its aggregate: no later
- *    row of it is a candidate, candidates being first pending rows).
+ * window (NULL: all), $4 most candidate heads. The candidates of
+ * claim_sql, but up to $4 of them: another lock-held relay's rows are
+ * not written, so they look pending and due to this claim's walk, and
+ * with only $1 candidates a second relay would find the first one's heads
+ * and nothing else. Nothing is written.
+ * h: the first $1 heads still pending and due once locked (SKIP LOCKED;
+ *    a head another relay holds is skipped, and with it its aggregate: no
+ *    later row of it is a candidate, candidates being first pending rows).
  * f: each head's run as claim_sql reads it (the statement's snapshot),
  *    with its head (hid).
  * l: the run rows still pending and due once locked (SKIP LOCKED, the
@@ -159,12 +164,12 @@ static const char claim_sql[] =
  *    the rows right after it.
  */
 static const char claim_lock_sql[] =
-    CLAIM_FRONT("$1", "$3")
+    CLAIM_FRONT("$1", "$4", "$3")
     " h AS MATERIALIZED ("
     " SELECT" LOCK_COLS
     " FROM kinbox_outbox t WHERE t.id = ANY (ARRAY(SELECT c.id FROM c))"
     " AND t.status = 'pending' AND t.next_attempt_at <= now()"
-    " ORDER BY t.id FOR UPDATE OF t SKIP LOCKED),"
+    " ORDER BY t.id LIMIT $1::integer FOR UPDATE OF t SKIP LOCKED),"
     " n AS (SELECT count(*) AS k FROM h),"
     " f AS MATERIALIZED ("
     " SELECT x.id, x.hid FROM ("
@@ -196,8 +201,10 @@ static int
 pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
          struct kinbox_rows_s **out)
 {
-        char lim[24], lease[24], run[24], win[24], idle[96];
+        char lim[24], lease[24], run[24], win[24], cand[24], idle[96];
         snprintf(lim, sizeof(lim), "%" PRId64, req->limit);
+        snprintf(cand, sizeof(cand), "%" PRId64,
+                 req->cand > 0 ? req->cand : req->limit * 4);
         snprintf(lease, sizeof(lease), "%" PRId64, req->lease_ms);
         snprintf(run, sizeof(run), "%" PRId64, req->run_max);
         snprintf(win, sizeof(win), "%" PRId64, req->window);
@@ -206,8 +213,10 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                                 {req->owner, 0, 0},
                                 {run, 0, 0},
                                 {req->window > 0 ? win : NULL, 0, 0}};
-        kinbox__param_t pl[3] = {
-            {lim, 0, 0}, {run, 0, 0}, {req->window > 0 ? win : NULL, 0, 0}};
+        kinbox__param_t pl[4] = {{lim, 0, 0},
+                                 {run, 0, 0},
+                                 {req->window > 0 ? win : NULL, 0, 0},
+                                 {cand, 0, 0}};
         /* No sequential scans: the per-aggregate check of each walked row
          * must probe an index; with a hot aggregate the planner otherwise
          * scans the heap from its start (over every sent row) per row. */
@@ -226,7 +235,7 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 rc = db->ops->exec(db, idle, 0, NULL, -1);
         }
         if (!rc)
-                rc = req->lock ? db->ops->query(db, claim_lock_sql, 3, pl, -1,
+                rc = req->lock ? db->ops->query(db, claim_lock_sql, 4, pl, -1,
                                                 out)
                                : db->ops->query(db, claim_sql, 5, p, -1, out);
         /* Lock-held: the transaction stays open while it holds rows,
