@@ -745,10 +745,14 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
         /* Heads among the first rows of the backlog first; everything
          * when that found nothing (an aggregate whose head waits for a
          * retry can fill the front of the backlog with its rows). */
-        kinbox__claim_req_t req = {r->cur_batch,     r->lease_ms,
-                                   r->owner,         r->run_max,
-                                   2 * r->cur_batch, r->lock_mode,
-                                   r->lock_ms + 2 * MARGIN_MS, 0};
+        kinbox__claim_req_t req = {r->cur_batch,
+                                   r->lease_ms,
+                                   r->owner,
+                                   r->run_max,
+                                   2 * r->cur_batch,
+                                   r->lock_mode,
+                                   r->lock_ms + 2 * MARGIN_MS,
+                                   0};
         if (r->lock_mode) {
                 /* Rows another lock-held relay holds look due to this
                  * claim's walk and are skipped at the lock: look past as
@@ -1589,8 +1593,8 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         if (r->lock_ms <= 0)
                 r->lock_ms = 250;
         if (r->lock_ms > r->msg_timeout_ms / 2)
-                r->lock_ms = r->msg_timeout_ms / 2 > 0 ? r->msg_timeout_ms / 2
-                                                      : 1;
+                r->lock_ms =
+                    r->msg_timeout_ms / 2 > 0 ? r->msg_timeout_ms / 2 : 1;
         if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
                 kinbox__errstr(errstr, errstr_size,
                                "kafka.bootstrap.servers is required");

@@ -1694,8 +1694,8 @@ ParameterizedTest(int *bidx, outbox_lock_claim, backends, .timeout = 120)
         const char *all = "k0,k1,k2,k3,k4,k5,k6,k7,k8,k9,t0,t1,t2";
         kinbox__claim_req_t lk = {100, 5000, "relay-a", 100, 200, true, 0, 0},
                             lk0 = {100, 5000, "relay-a", 100, 0, true, 0, 0},
-                            ls = {100, 60000, "relay-b", 100, 200, false, 0,
-                                  0};
+                            ls = {100, 60000, "relay-b", 100,
+                                  200, false, 0,         0};
 
         /* A claim whose transaction dies: nothing changed. */
         char *k = claim_on(z, &lk, NULL);
@@ -1739,9 +1739,9 @@ ParameterizedTest(int *bidx, outbox_lock_claim, backends, .timeout = 120)
         int64_t ids[16], vers[16];
         claim_ids(ra, ids, vers);
         uint64_t done = 0;
-        cr_assert(eq(int, a->ops->outbox->mark_sent(a, 7, ids, vers, &done),
-                     0),
-                  "%s", a->err.msg);
+        cr_assert(
+            eq(int, a->ops->outbox->mark_sent(a, 7, ids, vers, &done), 0),
+            "%s", a->err.msg);
         cr_assert(eq(u64, done, 7));
         cr_assert(eq(int, a->ops->commit(a), 0), "%s", a->err.msg);
         kinbox_rows_destroy(ra);
@@ -1767,11 +1767,11 @@ ParameterizedTest(int *bidx, outbox_lock_claim, backends, .timeout = 120)
         cr_assert(eq(str, k, "k4,k5,k6,k7,k8,k9"));
         free(k);
         claim_ids(rb, ids, vers);
-        cr_assert(eq(int,
-                     b->ops->outbox->lease(b, "relay-b", 60000, 6, ids, vers,
-                                           &done),
-                     0),
-                  "%s", b->err.msg);
+        cr_assert(
+            eq(int,
+               b->ops->outbox->lease(b, "relay-b", 60000, 6, ids, vers, &done),
+               0),
+            "%s", b->err.msg);
         cr_assert(eq(u64, done, 6));
         cr_assert(eq(int, b->ops->commit(b), 0), "%s", b->err.msg);
         kinbox_rows_destroy(rb);
@@ -1784,13 +1784,13 @@ ParameterizedTest(int *bidx, outbox_lock_claim, backends, .timeout = 120)
         cr_assert(eq(str, k, ""));
         free(k);
         /* Old versions no longer match; the leased ones do. */
-        cr_assert(eq(int, b->ops->outbox->mark_sent(b, 6, ids, vers, &done),
-                     0));
+        cr_assert(
+            eq(int, b->ops->outbox->mark_sent(b, 6, ids, vers, &done), 0));
         cr_assert(eq(u64, done, 0));
         for (int i = 0; i < 6; i++)
                 vers[i]++;
-        cr_assert(eq(int, b->ops->outbox->mark_sent(b, 6, ids, vers, &done),
-                     0));
+        cr_assert(
+            eq(int, b->ops->outbox->mark_sent(b, 6, ids, vers, &done), 0));
         cr_assert(eq(u64, done, 6));
         cr_assert(eq(int,
                      kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
@@ -2273,8 +2273,7 @@ ParameterizedTest(int *bidx, outbox_lock_relays, backends, .timeout = 400)
                 mock_start(&mk, 3);
                 char *url = kt_fresh_db(backend);
                 char *topic = kt_unique("obx_lockrel");
-                cr_assert(rd_kafka_mock_topic_create(mk.mc, topic, 4, 1) ==
-                          0);
+                cr_assert(rd_kafka_mock_topic_create(mk.mc, topic, 4, 1) == 0);
                 lrctx_t x;
                 memset(&x, 0, sizeof(x));
                 x.backend = backend;
@@ -2321,12 +2320,13 @@ ParameterizedTest(int *bidx, outbox_lock_relays, backends, .timeout = 400)
                 long long once = kt_qintf(url, "SELECT count(*) FROM "
                                                "kinbox_outbox WHERE version = "
                                                "1");
-                cr_log_info("%s %s+%s: %llu + %llu published, %d rows held "
-                            "elsewhere meanwhile, %lld of %d rows written once",
-                            backend, pairs[pi][0], pairs[pi][1],
-                            (unsigned long long)st[0].published,
-                            (unsigned long long)st[1].published,
-                            atomic_load(&x.locked), once, total);
+                cr_log_info(
+                    "%s %s+%s: %llu + %llu published, %d rows held "
+                    "elsewhere meanwhile, %lld of %d rows written once",
+                    backend, pairs[pi][0], pairs[pi][1],
+                    (unsigned long long)st[0].published,
+                    (unsigned long long)st[1].published,
+                    atomic_load(&x.locked), once, total);
                 tmsgs_t got;
                 consume(mk.bootstrap, topic, (size_t)total, 60, 1000, &got);
                 check_first_order(&got, LR_AGGS, LR_ROWS);
@@ -2356,16 +2356,16 @@ tx_watch(void *arg)
         }
         bool my = !strcmp(x->backend, "mysql");
         const char *sql =
-            my  ? "SELECT COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND,"
-                  " t.trx_started, NOW(6))) DIV 1000, 0)"
-                  " FROM information_schema.innodb_trx t"
-                  " JOIN information_schema.processlist p"
-                  " ON p.id = t.trx_mysql_thread_id"
-                  " WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()"
-                : "SELECT COALESCE(MAX(EXTRACT(EPOCH FROM clock_timestamp()"
-                  " - xact_start) * 1000), 0)::bigint FROM pg_stat_activity"
-                  " WHERE datname = current_database()"
-                  " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL";
+            my ? "SELECT COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND,"
+                 " t.trx_started, NOW(6))) DIV 1000, 0)"
+                 " FROM information_schema.innodb_trx t"
+                 " JOIN information_schema.processlist p"
+                 " ON p.id = t.trx_mysql_thread_id"
+                 " WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()"
+               : "SELECT COALESCE(MAX(EXTRACT(EPOCH FROM clock_timestamp()"
+                 " - xact_start) * 1000), 0)::bigint FROM pg_stat_activity"
+                 " WHERE datname = current_database()"
+                 " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL";
         while (!atomic_load(&x->stop)) {
                 long long v = db_int(db, sql);
                 if (v > atomic_load(&x->max_ms))
@@ -2418,8 +2418,7 @@ append_hot(const char *backend, const char *url, const char *topic, int aggs,
  * mark: version 2).
  */
 KT_BACKENDS_PARAMS(outbox_lock_slow_broker, backends)
-ParameterizedTest(int *bidx, outbox_lock_slow_broker, backends,
-                  .timeout = 300)
+ParameterizedTest(int *bidx, outbox_lock_slow_broker, backends, .timeout = 300)
 {
         const char *backend = kt_backend(*bidx);
         mock_t mk;

@@ -240,8 +240,8 @@ lock_runs(kinbox__db_t *db, const int64_t *ids, const size_t *grp,
         for (size_t i = 0; !rc && i < n; i++) {
                 if (i == 0 || grp[i] != grp[i - 1])
                         cut = false;
-                if (!cut && !(nl && bsearch(&ids[i], got, nl, sizeof(*got),
-                                            cmp_i64)))
+                if (!cut &&
+                    !(nl && bsearch(&ids[i], got, nl, sizeof(*got), cmp_i64)))
                         cut = true;
                 if (!cut)
                         rc = cs_add(cs, ids[i], re[i]);
@@ -322,8 +322,8 @@ add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
                                 lid[nl] = i64(d[0]);
                                 lgrp[nl] = i;
                                 lre[nl++] = truthy(d[4]);
-                        } else if ((rc = cs_add(cs, i64(d[0]),
-                                                truthy(d[4])))) {
+                        } else if ((rc =
+                                        cs_add(cs, i64(d[0]), truthy(d[4])))) {
                                 break;
                         }
                 }
@@ -341,8 +341,7 @@ add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
 /* Lock-held claims, step 4: read the claimed rows (locked by us, so the
  * read sees their current versions). */
 static int
-read_locked(kinbox__db_t *db, const claimset_t *cs,
-            struct kinbox_rows_s **out)
+read_locked(kinbox__db_t *db, const claimset_t *cs, struct kinbox_rows_s **out)
 {
         kinbox__buf_t b;
         kinbox__buf_init(&b);

@@ -100,8 +100,10 @@
         " c AS (SELECT cf.id FROM cf WHERE (SELECT front FROM g)"             \
         "  UNION ALL SELECT co.id FROM co WHERE NOT (SELECT front FROM g)),"
 
-static const char claim_sql[] =
-    CLAIM_FRONT("$1", "$1", "$5")
+#define LEASE_FRONT CLAIM_FRONT("$1", "$1", "$5")
+#define LOCK_FRONT CLAIM_FRONT("$1", "$4", "$3")
+
+static const char claim_sql[] = LEASE_FRONT
     " h AS MATERIALIZED ("
     " SELECT t.id, t.aggregate_id, t.destination,"
     "  t.lease_owner IS NOT NULL AS reclaimed"
@@ -163,8 +165,7 @@ static const char claim_sql[] =
  *    them), so what is claimed of an aggregate is always its head and
  *    the rows right after it.
  */
-static const char claim_lock_sql[] =
-    CLAIM_FRONT("$1", "$4", "$3")
+static const char claim_lock_sql[] = LOCK_FRONT
     " h AS MATERIALIZED ("
     " SELECT" LOCK_COLS
     " FROM kinbox_outbox t WHERE t.id = ANY (ARRAY(SELECT c.id FROM c))"
@@ -235,9 +236,9 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 rc = db->ops->exec(db, idle, 0, NULL, -1);
         }
         if (!rc)
-                rc = req->lock ? db->ops->query(db, claim_lock_sql, 4, pl, -1,
-                                                out)
-                               : db->ops->query(db, claim_sql, 5, p, -1, out);
+                rc = req->lock
+                         ? db->ops->query(db, claim_lock_sql, 4, pl, -1, out)
+                         : db->ops->query(db, claim_sql, 5, p, -1, out);
         /* Lock-held: the transaction stays open while it holds rows,
          * idle in the server's eyes (its timeout armed, visible as such
          * in pg_stat_activity), not inside an unfinished pipeline. */
