@@ -2,6 +2,10 @@
  * relay_bench -- outbox relay benchmark on the public kinbox_relay_* API
  * (the same relay `kinbox run` starts with `[relay] enabled = true`).
  *
+ *   Environment: KINBOX_BENCH_RELAY_CLAIM (relay.claim: lock / lease),
+ *   RB_LOCK_MS (relay.lock.ms), RB_PIPELINE, RB_LINGER, RB_NAGLE, RB_LOG
+ *   (log.level of the relays: debug logs every batch's timings).
+ *
  *   relay_bench throughput --url URL -b BOOTSTRAP --relays K -n N
  *         [--batch B]
  *       The outbox already holds N committed pending rows. Starts K relays
@@ -82,6 +86,8 @@ mk_relay(int idx)
             {"relay.batch.size", batch},
             {"kafka.linger.ms", getenv("RB_LINGER")},
             {"relay.pipeline", getenv("RB_PIPELINE")},
+            {"relay.claim", getenv("KINBOX_BENCH_RELAY_CLAIM")},
+            {"relay.lock.ms", getenv("RB_LOCK_MS")},
             {"kafka.socket.nagle.disable", getenv("RB_NAGLE")}};
         for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
                 if (kv[i][1] &&

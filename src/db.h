@@ -191,6 +191,13 @@ struct kinbox__db_ops {
          * every statement queued since and the last error. The
          * transaction is usable again on success. */
         int (*rollback_to)(kinbox__db_t *db, const char *name);
+        /* Inside a transaction: send what is queued and end the protocol
+         * exchange, so that the server sees the session idle in its
+         * transaction (PostgreSQL's pipeline: a Sync, which commits
+         * nothing inside a transaction block; its idle timeouts and
+         * pg_stat_activity then apply). NULL where a statement's round
+         * trip already ends it. */
+        int (*settle)(kinbox__db_t *db);
         /* Flush and hand out the native handle for synchronous use. */
         void *(*native)(kinbox__db_t *db);
         /* Several ;-separated statements, no parameters, outside any
@@ -302,7 +309,19 @@ kinbox__db_migration(const kinbox__db_t *db,
 /* One claim: up to limit rows, heads of their aggregates first, then runs
  * of those aggregates' next pending rows (same destination, due, in id
  * order; run_max rows of one aggregate at most). Leases for lease_ms to
- * owner. $4 of the PostgreSQL claim is run_max. */
+ * owner. $4 of the PostgreSQL claim is run_max.
+ *
+ * With lock set (relay.claim = lock): the same rows, locked FOR UPDATE
+ * SKIP LOCKED and nothing written; the transaction stays open when rows
+ * came back (the caller marks them in it and commits, or writes their
+ * leases with lease() and commits; rollback() hands them back), and is
+ * ended when none did. Versions are the rows' current ones. Run rows are
+ * locked too, and an aggregate keeps only the prefix of its run that it
+ * could lock (head first, in id order): a row skipped (locked elsewhere)
+ * or no longer pending and due ends the run there, so nothing is claimed
+ * past a row this claim does not hold. idle_ms > 0: the server ends the
+ * session when that transaction sits idle longer (a relay that hangs
+ * holding the locks does not hold them for ever). */
 typedef struct kinbox__claim_req {
         int64_t limit;
         int64_t lease_ms;
@@ -312,6 +331,12 @@ typedef struct kinbox__claim_req {
          * only (cheap when a hot aggregate's rows fill the front of the
          * backlog); 0: walk every pending row. */
         int64_t window;
+        bool lock;
+        int64_t idle_ms;
+        /* > 0: most candidate heads read before locking (lock-held
+         * claims: other relays' held rows look due and are skipped, so
+         * more candidates than limit are needed); 0: the backend's own. */
+        int64_t cand;
 } kinbox__claim_req_t;
 
 /* Columns of a claim result row, in this order. */
@@ -349,9 +374,18 @@ struct kinbox__outbox_ops {
         int (*release)(kinbox__db_t *db, size_t n, const int64_t *ids,
                        const int64_t *versions, uint64_t *done);
         /* One failed attempt: attempts + 1, status 'dead' or 'pending'
-         * with next_attempt_at = now + delay_ms, last_error = err. */
+         * with next_attempt_at = now + delay_ms, last_error = err.
+         * mark_sent, release and fail run in the open transaction when
+         * there is one (a lock-held claim's), else in autocommit. */
         int (*fail)(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
                     const char *err, int64_t delay_ms, uint64_t *done);
+        /* Inside a lock-held claim's transaction: write the lease claim()
+         * writes in lease mode (next_attempt_at = now + lease_ms, version
+         * + 1, lease_owner = owner) on the rows whose (id, version) match
+         * and that are still pending; the caller commits. */
+        int (*lease)(kinbox__db_t *db, const char *owner, int64_t lease_ms,
+                     size_t n, const int64_t *ids, const int64_t *versions,
+                     uint64_t *done);
         /* LISTEN channel the table's trigger notifies on commit (NULL:
          * none, the relay polls). */
         const char *notify_channel;

@@ -20,6 +20,16 @@
  * next row follows right away); an empty claim waits for a NOTIFY or
  * relay.poll.ms.
  *
+ * relay.claim = lock (lock-held claims, pipeline 1): step 1 writes nothing
+ * and keeps its transaction open, the rows held by its row locks (FOR
+ * UPDATE SKIP LOCKED, each aggregate's run cut at the first row it could
+ * not lock); step 4 runs in that transaction and commits: one write per
+ * row. A batch whose reports are not all in within relay.lock.ms of its
+ * BEGIN, or that holds actions, degrades: the leases of step 1 are written
+ * in its transaction, which commits, and it goes on as above. A database
+ * failure while the locks are held ends the transaction: nothing is
+ * marked, the rows are pending again at once and published again.
+ *
  * Per-aggregate order holds because a row is only claimable while no older
  * row of its aggregate is pending, and that older row stays pending until
  * it was acknowledged by the broker (or went dead / was canceled). Rows of
@@ -112,7 +122,16 @@ typedef struct batch {
         item_t *v;
         size_t n;
         int64_t t0; /* claimed at (monotonic ms) */
+        int64_t tx0; /* the claim's transaction began (monotonic ms) */
         int64_t us_claim; /* the claim took */
+        /* Lock-held (relay.claim = lock): the rows are held by row locks
+         * of the claim's transaction, still open on r->db; no lease was
+         * written. Cleared when the batch degrades to leases. */
+        bool locked;
+        bool degraded; /* was lock-held, leases written since */
+        /* The transaction holding the rows ended without marking them
+         * (the database failed): wait for the reports, mark nothing. */
+        bool nomark;
 } batch_t;
 
 struct kinbox_relay_s {
@@ -121,6 +140,11 @@ struct kinbox_relay_s {
         char *owner;
         int64_t batch, lease_ms, poll_ms, base_ms, cap_ms, action_ms;
         int64_t run_max; /* rows of one aggregate per claim */
+        /* relay.claim = lock: claims hold row locks until the marks
+         * (pipeline 1 only); lock_ms bounds how long, from the claim's
+         * BEGIN, a batch waits for its reports before it degrades. */
+        bool lock_mode;
+        int64_t lock_ms;
         int64_t cur_batch; /* claim size now, follows the backlog */
         int depth; /* batches in flight at most */
         batch_t pipe[PIPE_MAX];
@@ -721,8 +745,24 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
         /* Heads among the first rows of the backlog first; everything
          * when that found nothing (an aggregate whose head waits for a
          * retry can fill the front of the backlog with its rows). */
-        kinbox__claim_req_t req = {r->cur_batch, r->lease_ms, r->owner,
-                                   r->run_max, 2 * r->cur_batch};
+        kinbox__claim_req_t req = {r->cur_batch,
+                                   r->lease_ms,
+                                   r->owner,
+                                   r->run_max,
+                                   2 * r->cur_batch,
+                                   r->lock_mode,
+                                   r->lock_ms + 2 * MARGIN_MS,
+                                   0};
+        if (r->lock_mode) {
+                /* Rows another lock-held relay holds look due to this
+                 * claim's walk and are skipped at the lock: look past as
+                 * many as one relay holds at most (relay.batch.size), so
+                 * a second relay gets rows of its own instead of a claim
+                 * that comes back short (and shrinks its next one). */
+                req.window += r->batch;
+                req.cand = 4 * r->cur_batch + r->batch;
+        }
+        b->tx0 = kinbox__now_ms();
         int64_t us = kinbox__now_us();
         int rc = r->db->ops->outbox->claim(r->db, &req, &b->rows);
         if (!rc && (!b->rows || !b->rows->nrows)) {
@@ -738,11 +778,16 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
                 return rc > 0 ? -rc : rc;
         }
         b->v = items_from_rows(b->rows, &b->n);
+        b->locked = r->lock_mode && b->n;
         if (b->n && !b->v) {
-                /* The claim committed: the leases just expire. */
+                /* Lease mode: the claim committed, the leases just expire.
+                 * Lock-held: the rows go back untouched. */
+                if (r->db->in_tx)
+                        r->db->ops->rollback(r->db);
                 kinbox_rows_destroy(b->rows);
                 b->rows = NULL;
                 b->n = 0;
+                b->locked = false;
                 return KINBOX_ERR_NOMEM;
         }
         b->t0 = kinbox__now_ms();
@@ -757,6 +802,15 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
                 memset(b, 0, sizeof(*b));
         }
         return (int)b->n;
+}
+
+static bool
+batch_has_action(const batch_t *b)
+{
+        for (size_t i = 0; i < b->n; i++)
+                if (b->v[i].action)
+                        return true;
+        return false;
 }
 
 /* ---------------------------------------------------------------- marking */
@@ -902,11 +956,72 @@ batch_mark(kinbox_relay_t *r, batch_t *b, tally_t *t)
                 else
                         t->retried++;
         }
+        if (b->locked) {
+                /* Lock-held: rows handed back are just not written; the
+                 * commit ends their locks, they are pending and due. */
+                for (size_t i = 0; i < b->n; i++)
+                        t->released += b->v[i].out == OUT_RELEASE ||
+                                       b->v[i].out == OUT_NONE;
+                return 0;
+        }
         rc = mark_group(r, b, OUT_RELEASE, &asked, &done);
         if (rc)
                 return rc;
         t->released += done;
         t->conflicts += asked - done;
+        return 0;
+}
+
+/*
+ * A lock-held batch becomes a leased one: in its transaction, write the
+ * leases the lease-mode claim writes (version + 1) on every row of the
+ * batch and commit; the batch then goes on exactly as a lease-mode batch
+ * (version-checked marks in autocommit once its reports are in). Rows
+ * whose reports are in are leased too: their outcome may still depend on
+ * an earlier row of their run. On a database error the transaction is
+ * rolled back (rows pending and due, no attempt charged: published again
+ * later, at-least-once) and the batch waits for its reports unmarked.
+ */
+static int
+batch_degrade(kinbox_relay_t *r, batch_t *b, const char *why)
+{
+        int64_t *ids = malloc(b->n * sizeof(*ids) * 2);
+        int rc = ids ? 0 : KINBOX_ERR_NOMEM;
+        uint64_t done = 0;
+        if (!rc) {
+                int64_t *vers = ids + b->n;
+                for (size_t i = 0; i < b->n; i++) {
+                        ids[i] = b->v[i].id;
+                        vers[i] = b->v[i].version;
+                }
+                rc = r->db->ops->outbox->lease(r->db, r->owner, r->lease_ms,
+                                               b->n, ids, vers, &done);
+        }
+        free(ids);
+        /* Every row is ours (locked): a lease that misses one means
+         * something changed the row under the lock; take nothing. */
+        if (!rc && done != b->n) {
+                kinbox__db_seterr(r->db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "lease of a lock-held batch wrote %" PRIu64
+                                  " of %zu rows",
+                                  done, b->n);
+                rc = KINBOX_ERR_STATE;
+        }
+        if (!rc)
+                rc = r->db->ops->commit(r->db);
+        if (rc && r->db->in_tx)
+                r->db->ops->rollback(r->db);
+        b->locked = false;
+        if (rc) {
+                b->nomark = true;
+                return rc > 0 ? -rc : rc;
+        }
+        b->degraded = true;
+        for (size_t i = 0; i < b->n; i++)
+                b->v[i].version++;
+        rlog(r, KINBOX_LOG_DEBUG,
+             "batch of %zu rows degraded to leases after %lld ms (%s)", b->n,
+             (long long)(kinbox__now_ms() - b->tx0), why);
         return 0;
 }
 
@@ -951,11 +1066,30 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
         }
         tally_t t = {0};
         int64_t t_mark = kinbox__now_us();
-        int rc = batch_mark(r, b, &t);
+        int rc = 0;
+        if (!b->nomark)
+                rc = batch_mark(r, b, &t);
+        if (b->locked) {
+                /* The marks of a lock-held batch are written by its
+                 * commit; a failed statement or commit (connection lost:
+                 * the server ended the transaction) marked nothing: the
+                 * rows are pending, no attempt charged, published again. */
+                if (!rc)
+                        rc = r->db->ops->commit(r->db);
+                if (rc && r->db->in_tx)
+                        r->db->ops->rollback(r->db);
+                if (rc)
+                        memset(&t, 0, sizeof(t));
+        }
         rlog(r, KINBOX_LOG_DEBUG,
-             "batch of %zu rows: claim %lld us, delivery reports in %lld "
-             "ms, marks %lld us",
-             b->n, (long long)b->us_claim, (long long)(t_mark / 1000 - b->t0),
+             "batch of %zu rows (%s): claim %lld us, delivery reports in "
+             "%lld ms, marks %lld us",
+             b->n,
+             b->nomark     ? "unmarked"
+             : b->locked   ? "lock-held"
+             : b->degraded ? "degraded to leases"
+                           : "leased",
+             (long long)b->us_claim, (long long)(t_mark / 1000 - b->t0),
              (long long)(kinbox__now_us() - t_mark));
         if (t.conflicts)
                 rlog(r, KINBOX_LOG_NOTICE,
@@ -970,7 +1104,7 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
         r->stats.released += t.released;
         r->stats.conflicts += t.conflicts;
         pthread_mutex_unlock(&r->lock);
-        batch_metrics(r, b, &t, rc == 0);
+        batch_metrics(r, b, &t, rc == 0 && !b->nomark);
         free(b->v);
         kinbox_rows_destroy(b->rows);
         memset(b, 0, sizeof(*b));
@@ -1011,6 +1145,14 @@ reap(kinbox_relay_t *r)
                 batch_t *b = &r->pipe[i];
                 if (!b->n)
                         continue;
+                if (b->locked && !batch_reported(b) &&
+                    kinbox__now_ms() >= b->tx0 + r->lock_ms) {
+                        /* The broker is slow: no transaction stays open
+                         * past relay.lock.ms. */
+                        int rc = batch_degrade(r, b, "delivery reports late");
+                        if (rc < 0)
+                                return rc;
+                }
                 if (!batch_reported(b)) {
                         if (kinbox__now_ms() <
                             b->t0 + r->msg_timeout_ms + MARGIN_MS)
@@ -1098,6 +1240,18 @@ step(kinbox_relay_t *r, bool *more)
                 if (claimed < 0)
                         return claimed;
                 resize(r, claimed);
+                if (claimed > 0 && slot->locked && batch_has_action(slot)) {
+                        /* An action may run up to relay.action.timeout.ms:
+                         * leases before anything runs, not row locks. */
+                        int rc = batch_degrade(r, slot, "local actions");
+                        if (rc < 0) {
+                                /* Nothing was produced: drop the batch. */
+                                free(slot->v);
+                                kinbox_rows_destroy(slot->rows);
+                                memset(slot, 0, sizeof(*slot));
+                                return rc;
+                        }
+                }
                 if (claimed > 0) {
                         r->inflight++;
                         batch_start(r, slot);
@@ -1398,6 +1552,11 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         if (r->depth < 1 || r->depth > PIPE_MAX)
                 r->depth = 1;
         r->lease_ms = kinbox__conf_int(conf, "relay.lease.ms");
+        r->lock_ms = kinbox__conf_int(conf, "relay.lock.ms");
+        const char *cm = kinbox_conf_get(conf, "relay.claim");
+        /* Row locks only with one batch in flight: a second batch's claim
+         * would need its own transaction on the one connection. */
+        r->lock_mode = cm && !strcmp(cm, "lock") && r->depth == 1;
         r->poll_ms = kinbox__conf_int(conf, "relay.poll.ms");
         r->base_ms = kinbox__conf_int(conf, "relay.backoff.base.ms");
         r->cap_ms = kinbox__conf_int(conf, "relay.backoff.max.ms");
@@ -1429,6 +1588,13 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
                     r->lease_ms, r->action_ms, r->msg_timeout_ms, MARGIN_MS);
                 goto fail;
         }
+        /* A lock-held batch degrades before half its delivery deadline,
+         * so the deadline's purge only ever meets leased batches. */
+        if (r->lock_ms <= 0)
+                r->lock_ms = 250;
+        if (r->lock_ms > r->msg_timeout_ms / 2)
+                r->lock_ms =
+                    r->msg_timeout_ms / 2 > 0 ? r->msg_timeout_ms / 2 : 1;
         if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
                 kinbox__errstr(errstr, errstr_size,
                                "kafka.bootstrap.servers is required");
@@ -1536,8 +1702,9 @@ kinbox_relay_run(kinbox_relay_t *r)
         r->idle_ms = POLL_MIN_MS;
         rlog(r, KINBOX_LOG_INFO,
              "relay %s started (%s, batch %" PRId64 ", lease %" PRId64
-             " ms, %s)",
+             " ms, claims %s, %s)",
              r->owner, r->db->ops->name, r->batch, r->lease_ms,
+             r->lock_mode ? "lock-held" : "leased",
              r->listen ? "LISTEN/NOTIFY" : "polling");
 
         int failures = 0;

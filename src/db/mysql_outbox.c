@@ -15,6 +15,13 @@
  *   4. lease heads and runs in one UPDATE (which locks the run rows: no
  *      other relay can claim them, their head being locked and pending);
  *   5. read the claimed rows back and commit.
+ * A lock-held claim (req->lock) replaces step 4 by locking the run rows
+ * (by primary key, FOR UPDATE SKIP LOCKED; each run cut at the first row
+ * not locked), reads the rows back and leaves the transaction open. The
+ * session runs READ COMMITTED (db/mysql.c): a locking read is a current
+ * read of the newest committed row and takes no gap locks, so appends of
+ * new rows never wait for a claim; each plain read sees what committed
+ * before it (step 3 runs after the heads are locked).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -125,17 +132,19 @@ truthy(const char *s)
 
 /* Step 1: candidate heads (id first). */
 static int
-candidates(kinbox__db_t *db, int64_t limit, int64_t window,
+candidates(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
            struct kinbox_rows_s **cand)
 {
         char sql[1536];
         /* More candidates than wanted: relays racing for the same heads
          * each get a share instead of nothing. */
+        if (most <= 0)
+                most = limit * 4;
         if (window <= 0) {
-                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, limit * 4);
+                snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, most);
                 return db->ops->query(db, sql, 0, NULL, -1, cand);
         }
-        snprintf(sql, sizeof(sql), FRONT_SCAN, window, limit * 4);
+        snprintf(sql, sizeof(sql), FRONT_SCAN, window, most);
         int rc = db->ops->query(db, sql, 0, NULL, -1, cand);
         struct kinbox_rows_s *c = *cand;
         if (rc || (c && c->nrows &&
@@ -143,17 +152,17 @@ candidates(kinbox__db_t *db, int64_t limit, int64_t window,
                 return rc;
         kinbox_rows_destroy(c);
         *cand = NULL;
-        snprintf(sql, sizeof(sql), WINDOW_SCAN, window, limit * 4);
+        snprintf(sql, sizeof(sql), WINDOW_SCAN, window, most);
         return db->ops->query(db, sql, 0, NULL, -1, cand);
 }
 
 /* Steps 1 and 2: locked heads (id, aggregate_id, destination). */
 static int
-lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
-           struct kinbox_rows_s **heads)
+lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
+           int64_t idle_ms, struct kinbox_rows_s **heads)
 {
         struct kinbox_rows_s *cand = NULL;
-        int rc = candidates(db, limit, window, &cand);
+        int rc = candidates(db, limit, window, most, &cand);
         if (rc || !cand || !cand->nrows) {
                 kinbox_rows_destroy(cand);
                 return rc;
@@ -173,9 +182,71 @@ lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
                            limit);
         kinbox_rows_destroy(cand);
         rc = b.oom ? KINBOX_ERR_NOMEM : db->ops->begin(db);
+        if (!rc && idle_ms > 0) {
+                /* Lock-held claims: a relay that stops answering while
+                 * holding its row locks has its session ended by the
+                 * server (whole seconds, rounded up). */
+                char idle[96];
+                snprintf(idle, sizeof(idle),
+                         "SET SESSION idle_transaction_timeout = %" PRId64,
+                         (idle_ms + 999) / 1000);
+                rc = db->ops->exec(db, idle, 0, NULL, -1);
+        }
         if (!rc)
                 rc = db->ops->query(db, b.p, 0, NULL, -1, heads);
         kinbox__buf_free(&b);
+        return rc;
+}
+
+static int
+cmp_i64(const void *a, const void *b)
+{
+        int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* Lock-held claims: lock the n run rows ids[] (grouped by aggregate, in id
+ * order, grp[i] the group of row i) FOR UPDATE SKIP LOCKED, still pending
+ * and due (a locking read is a current read: the newest committed row),
+ * and add to cs each group's rows up to the first one not locked: what is
+ * claimed of an aggregate is its head and the rows right after it, never
+ * a row past one this claim does not hold (rows locked past such a gap
+ * stay locked until the transaction ends; nothing is written to them). */
+static int
+lock_runs(kinbox__db_t *db, const int64_t *ids, const size_t *grp,
+          const bool *re, size_t n, claimset_t *cs)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_adds(&b, "SELECT id FROM kinbox_outbox WHERE id IN (");
+        id_list(&b, ids, n);
+        kinbox__buf_adds(&b, ") AND status = 'pending' AND next_attempt_at"
+                             " <= CURRENT_TIMESTAMP(6) FOR UPDATE SKIP"
+                             " LOCKED");
+        struct kinbox_rows_s *r = NULL;
+        int rc = b.oom ? KINBOX_ERR_NOMEM
+                       : db->ops->query(db, b.p, 0, NULL, -1, &r);
+        kinbox__buf_free(&b);
+        size_t nl = r ? r->nrows : 0;
+        int64_t *got = NULL;
+        if (!rc && nl && !(got = malloc(nl * sizeof(*got))))
+                rc = KINBOX_ERR_NOMEM;
+        for (size_t i = 0; !rc && i < nl; i++)
+                got[i] = i64(r->values[i * (size_t)r->ncols]);
+        kinbox_rows_destroy(r);
+        if (!rc && nl)
+                qsort(got, nl, sizeof(*got), cmp_i64);
+        bool cut = false;
+        for (size_t i = 0; !rc && i < n; i++) {
+                if (i == 0 || grp[i] != grp[i - 1])
+                        cut = false;
+                if (!cut &&
+                    !(nl && bsearch(&ids[i], got, nl, sizeof(*got), cmp_i64)))
+                        cut = true;
+                if (!cut)
+                        rc = cs_add(cs, ids[i], re[i]);
+        }
+        free(got);
         return rc;
 }
 
@@ -183,10 +254,12 @@ lock_heads(kinbox__db_t *db, int64_t limit, int64_t window,
  * One branch per head, each an ordered range of kinbox_outbox_aggregate
  * (aggregate_id, status, id) that stops after per + 1 rows: a window
  * function over the aggregates' pending rows would read every one of
- * them (10,000 rows of a hot aggregate for a run of 1,000). */
+ * them (10,000 rows of a hot aggregate for a run of 1,000). lock: the
+ * rows are locked too (lock_runs), and an aggregate whose first pending
+ * row is not its locked head gets no run. */
 static int
 add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
-         claimset_t *cs)
+         bool lock, claimset_t *cs)
 {
         kinbox__buf_t b;
         kinbox__buf_init(&b);
@@ -197,12 +270,14 @@ add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
                 if (!c[1])
                         continue;
                 kinbox__buf_adds(&b, k++ ? " UNION ALL (" : "(");
-                kinbox__buf_adds(&b,
-                                 "SELECT id, aggregate_id, destination,"
-                                 " next_attempt_at <= CURRENT_TIMESTAMP(6),"
-                                 " lease_owner IS NOT NULL FROM kinbox_outbox"
-                                 " WHERE status = 'pending' AND aggregate_id"
-                                 " = X'");
+                kinbox__buf_printf(&b,
+                                   "SELECT id, aggregate_id, destination,"
+                                   " next_attempt_at <= CURRENT_TIMESTAMP(6),"
+                                   " lease_owner IS NOT NULL, %s AS hid"
+                                   " FROM kinbox_outbox"
+                                   " WHERE status = 'pending' AND aggregate_id"
+                                   " = X'",
+                                   c[0]);
                 for (size_t j = 0; j < l[1]; j++)
                         kinbox__buf_printf(&b, "%02x", (unsigned char)c[1][j]);
                 kinbox__buf_printf(&b, "' ORDER BY id LIMIT %" PRId64 ")",
@@ -215,26 +290,72 @@ add_runs(kinbox__db_t *db, const struct kinbox_rows_s *h, int64_t per,
                 rc = b.oom ? KINBOX_ERR_NOMEM
                            : db->ops->query(db, b.p, 0, NULL, -1, &r);
         kinbox__buf_free(&b);
+        size_t nr = r ? r->nrows : 0, nl = 0;
+        int64_t *lid = NULL;
+        size_t *lgrp = NULL;
+        bool *lre = NULL;
+        if (!rc && lock && nr) {
+                lid = malloc(nr * sizeof(*lid));
+                lgrp = malloc(nr * sizeof(*lgrp));
+                lre = malloc(nr * sizeof(*lre));
+                if (!lid || !lgrp || !lre)
+                        rc = KINBOX_ERR_NOMEM;
+        }
         /* Rows come grouped by aggregate in id order; the first one of an
          * aggregate is its head (locked by us), the run follows it. */
-        for (size_t i = 0; !rc && r && i < r->nrows;) {
+        for (size_t i = 0; !rc && i < nr;) {
                 char **c = r->values + i * (size_t)r->ncols;
                 size_t j = i + 1;
-                bool run = true;
-                for (; j < r->nrows; j++) {
+                /* Lock-held: the head was locked by a current read, this
+                 * is a fresh snapshot after it; a first row that is not
+                 * the head would mean an older pending row: no run. */
+                bool run = !lock || !strcmp(c[0], c[5]);
+                for (; j < nr; j++) {
                         char **d = r->values + j * (size_t)r->ncols;
                         if (strcmp(d[1], c[1]))
                                 break;
                         if (run && (!truthy(d[3]) || strcmp(d[2], c[2])))
                                 run = false;
-                        if (run)
-                                rc = cs_add(cs, i64(d[0]), truthy(d[4]));
-                        if (rc)
+                        if (!run)
+                                continue;
+                        if (lock) {
+                                lid[nl] = i64(d[0]);
+                                lgrp[nl] = i;
+                                lre[nl++] = truthy(d[4]);
+                        } else if ((rc =
+                                        cs_add(cs, i64(d[0]), truthy(d[4])))) {
                                 break;
+                        }
                 }
                 i = j;
         }
         kinbox_rows_destroy(r);
+        if (!rc && nl)
+                rc = lock_runs(db, lid, lgrp, lre, nl, cs);
+        free(lid);
+        free(lgrp);
+        free(lre);
+        return rc;
+}
+
+/* Lock-held claims, step 4: read the claimed rows (locked by us, so the
+ * read sees their current versions). */
+static int
+read_locked(kinbox__db_t *db, const claimset_t *cs, struct kinbox_rows_s **out)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_adds(&b, "SELECT id, version, kind, destination, idem_key,"
+                             " aggregate_id, payload, headers, attempts,"
+                             " max_attempts, lease_owner IS NOT NULL,"
+                             " TIMESTAMPDIFF(MICROSECOND, created_at,"
+                             " CURRENT_TIMESTAMP(6)) DIV 1000"
+                             " FROM kinbox_outbox WHERE id IN (");
+        id_list(&b, cs->ids, cs->n);
+        kinbox__buf_adds(&b, ") ORDER BY id");
+        int rc = b.oom ? KINBOX_ERR_NOMEM
+                       : db->ops->query(db, b.p, 0, NULL, -1, out);
+        kinbox__buf_free(&b);
         return rc;
 }
 
@@ -288,7 +409,8 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         *out = NULL;
         struct kinbox_rows_s *h = NULL;
         claimset_t cs = {0};
-        int rc = lock_heads(db, req->limit, req->window, &h);
+        int rc = lock_heads(db, req->limit, req->window, req->cand,
+                            req->lock ? req->idle_ms : 0, &h);
         if (rc || !h || !h->nrows)
                 goto out;
         for (size_t i = 0; !rc && i < h->nrows; i++) {
@@ -299,7 +421,13 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         if (per > req->run_max - 1)
                 per = req->run_max - 1;
         if (!rc && per > 0)
-                rc = add_runs(db, h, per, &cs);
+                rc = add_runs(db, h, per, req->lock, &cs);
+        if (!rc && req->lock) {
+                /* Lock-held: nothing written, the transaction stays open
+                 * (the caller marks and commits). */
+                rc = read_locked(db, &cs, out);
+                goto out;
+        }
         if (!rc)
                 rc = lease_and_read(db, req, &cs, out);
         if (!rc)
@@ -307,7 +435,8 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
 out:
         if (rc && db->in_tx)
                 db->ops->rollback(db);
-        if (!rc && db->in_tx) /* nothing locked: end the read transaction */
+        /* Nothing locked (or lease mode): end the transaction. */
+        if (!rc && db->in_tx && (!req->lock || !*out || !(*out)->nrows))
                 rc = db->ops->commit(db);
         if (rc) {
                 kinbox_rows_destroy(*out);
@@ -380,6 +509,31 @@ my_release(kinbox__db_t *db, size_t n, const int64_t *ids,
 }
 
 static int
+my_lease(kinbox__db_t *db, const char *owner, int64_t lease_ms, size_t n,
+         const int64_t *ids, const int64_t *versions, uint64_t *done)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_printf(&b,
+                           "UPDATE kinbox_outbox SET version = version + 1,"
+                           " next_attempt_at = CURRENT_TIMESTAMP(6) +"
+                           " INTERVAL %" PRId64 " MICROSECOND,"
+                           " lease_owner = $1 WHERE id IN (",
+                           lease_ms * 1000);
+        id_list(&b, ids, n);
+        kinbox__buf_adds(&b,
+                         ") AND status = 'pending' AND (id, version) IN (");
+        for (size_t i = 0; i < n; i++)
+                kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
+                                   i ? "," : "", ids[i], versions[i]);
+        kinbox__buf_adds(&b, ")");
+        kinbox__param_t p[1] = {{owner, 0, 0}};
+        int rc = b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, 1, p, done);
+        kinbox__buf_free(&b);
+        return rc;
+}
+
+static int
 my_fail(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
         const char *err, int64_t delay_ms, uint64_t *done)
 {
@@ -439,6 +593,7 @@ const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
     .mark_sent = my_mark_sent,
     .release = my_release,
     .fail = my_fail,
+    .lease = my_lease,
     .probe = my_probe,
     .notify_channel = NULL,
     .heads_scan = HEADS_SCAN "1000",

@@ -626,6 +626,20 @@ out:
 }
 
 static int
+pg_settle(kinbox__db_t *db)
+{
+        pg_t *pg = PG(db);
+        if (!pg || !pg->conn)
+                return fail_conn(db, -1, "sync");
+        if (!pg->pipeline)
+                return KINBOX_OK;
+        if (!PQpipelineSync(pg->conn))
+                return fail_conn(db, -1, "sync");
+        int rc = qpush(db, K_SYNC, -1, -1);
+        return rc ? rc : drain(db);
+}
+
+static int
 pg_savepoint(kinbox__db_t *db, const char *name)
 {
         char sql[96];
@@ -896,6 +910,7 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .rollback = pg_rollback,
     .savepoint = pg_savepoint,
     .rollback_to = pg_rollback_to,
+    .settle = pg_settle,
     .native = pg_native,
     .script = pg_script,
     .inbox_insert = pg_inbox_insert,

@@ -7,7 +7,9 @@
  * the partial index kinbox_outbox_pending (index-only, pending rows only,
  * so neither sent rows nor statistics change its cost), locked with SKIP
  * LOCKED, then each head's run of following rows, all leased in the same
- * UPDATE.
+ * UPDATE. The lock-held claim (claim_lock_sql) reads the same candidates
+ * and locks heads and runs instead of leasing them, leaving its
+ * transaction open.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -60,40 +62,48 @@
         "  FROM kinbox_outbox_paused z)"                                      \
         " ORDER BY o.id LIMIT "
 
-static const char claim_sql[] =
-    "WITH wf AS MATERIALIZED ("
-    " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"
-    "  ORDER BY v.id) AS rn FROM ("
-    "  SELECT o.id, o.aggregate_id, o.destination,"
-    "   o.next_attempt_at <= now() AS due FROM kinbox_outbox o"
-    "  WHERE o.status = 'pending'"
-    "  ORDER BY o.id LIMIT $5::integer) v),"
-    " cf AS MATERIALIZED ("
-    " SELECT o.id FROM wf o WHERE o.due"
-    " AND (o.aggregate_id IS NULL OR o.rn = 1)"
-    " AND o.destination NOT IN (SELECT z.destination"
-    "  FROM kinbox_outbox_paused z)"
-    " ORDER BY o.id LIMIT $1::integer),"
-    " g AS MATERIALIZED (SELECT $5::integer IS NOT NULL AND ("
-    "  (SELECT count(*) FROM cf) >= $1::integer"
-    "  OR ((SELECT count(*) FROM cf) > 0"
-    "   AND NOT EXISTS (SELECT 1 FROM wf WHERE NOT wf.due))) AS front),"
-    " w AS MATERIALIZED ("
-    " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"
-    "  ORDER BY v.id) AS rn FROM ("
-    "  SELECT o.id, o.aggregate_id, o.destination FROM kinbox_outbox o"
-    "  WHERE o.status = 'pending' AND o.next_attempt_at <= now()"
-    "  ORDER BY o.id LIMIT $5::integer) v),"
-    " co AS MATERIALIZED ("
-    " SELECT o.id FROM w o"
-    " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("
-    "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id = o.aggregate_id"
-    "  AND p.status = 'pending' AND p.id < o.id)))"
-    " AND o.destination NOT IN (SELECT z.destination"
-    "  FROM kinbox_outbox_paused z)"
-    " ORDER BY o.id LIMIT $1::integer),"
-    " c AS (SELECT cf.id FROM cf WHERE (SELECT front FROM g)"
-    "  UNION ALL SELECT co.id FROM co WHERE NOT (SELECT front FROM g)),"
+/* wf .. c of the claim; LIM: the limit's placeholder, CAND: the most
+ * candidate heads, WIN: the window's. */
+#define CLAIM_FRONT(LIM, CAND, WIN)                                           \
+        "WITH wf AS MATERIALIZED ("                                           \
+        " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"         \
+        "  ORDER BY v.id) AS rn FROM ("                                       \
+        "  SELECT o.id, o.aggregate_id, o.destination,"                       \
+        "   o.next_attempt_at <= now() AS due FROM kinbox_outbox o"           \
+        "  WHERE o.status = 'pending'"                                        \
+        "  ORDER BY o.id LIMIT " WIN "::integer) v),"                         \
+        " cf AS MATERIALIZED ("                                               \
+        " SELECT o.id FROM wf o WHERE o.due"                                  \
+        " AND (o.aggregate_id IS NULL OR o.rn = 1)"                           \
+        " AND o.destination NOT IN (SELECT z.destination"                     \
+        "  FROM kinbox_outbox_paused z)"                                      \
+        " ORDER BY o.id LIMIT " CAND "::integer),"                            \
+        " g AS MATERIALIZED (SELECT " WIN "::integer IS NOT NULL AND ("       \
+        "  (SELECT count(*) FROM cf) >= " LIM "::integer"                     \
+        "  OR ((SELECT count(*) FROM cf) > 0"                                 \
+        "   AND NOT EXISTS (SELECT 1 FROM wf WHERE NOT wf.due))) AS front),"  \
+        " w AS MATERIALIZED ("                                                \
+        " SELECT v.*, row_number() OVER (PARTITION BY v.aggregate_id"         \
+        "  ORDER BY v.id) AS rn FROM ("                                       \
+        "  SELECT o.id, o.aggregate_id, o.destination FROM kinbox_outbox o"   \
+        "  WHERE o.status = 'pending' AND o.next_attempt_at <= now()"         \
+        "  ORDER BY o.id LIMIT " WIN "::integer) v),"                         \
+        " co AS MATERIALIZED ("                                               \
+        " SELECT o.id FROM w o"                                               \
+        " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("        \
+        "  SELECT 1 FROM kinbox_outbox p WHERE p.aggregate_id ="              \
+        " o.aggregate_id"                                                     \
+        "  AND p.status = 'pending' AND p.id < o.id)))"                       \
+        " AND o.destination NOT IN (SELECT z.destination"                     \
+        "  FROM kinbox_outbox_paused z)"                                      \
+        " ORDER BY o.id LIMIT " CAND "::integer),"                            \
+        " c AS (SELECT cf.id FROM cf WHERE (SELECT front FROM g)"             \
+        "  UNION ALL SELECT co.id FROM co WHERE NOT (SELECT front FROM g)),"
+
+#define LEASE_FRONT CLAIM_FRONT("$1", "$1", "$5")
+#define LOCK_FRONT CLAIM_FRONT("$1", "$4", "$3")
+
+static const char claim_sql[] = LEASE_FRONT
     " h AS MATERIALIZED ("
     " SELECT t.id, t.aggregate_id, t.destination,"
     "  t.lease_owner IS NOT NULL AS reclaimed"
@@ -125,12 +135,77 @@ static const char claim_sql[] =
     " t.id = ANY (ARRAY(SELECT u.id FROM u WHERE u.reclaimed)),"
     " (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
 
+/* The claim result's columns (KINBOX__CL_*) of a locked row t. */
+#define LOCK_COLS                                                             \
+        " t.id, t.version, t.kind, t.destination, t.idem_key,"                \
+        " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"  \
+        " t.lease_owner IS NOT NULL AS reclaimed,"                            \
+        " (extract(epoch FROM now() - t.created_at) * 1000)::bigint AS age"
+#define OUT_COLS                                                              \
+        " id, version, kind, destination, idem_key, aggregate_id, payload,"   \
+        " headers, attempts, max_attempts, reclaimed, age"
+
+/*
+ * The lock-held claim (relay.claim = lock): $1 limit, $2 run_max, $3
+ * window (NULL: all), $4 most candidate heads. The candidates of
+ * claim_sql, but up to $4 of them: another lock-held relay's rows are
+ * not written, so they look pending and due to this claim's walk, and
+ * with only $1 candidates a second relay would find the first one's heads
+ * and nothing else. Nothing is written.
+ * h: the first $1 heads still pending and due once locked (SKIP LOCKED;
+ *    a head another relay holds is skipped, and with it its aggregate: no
+ *    later row of it is a candidate, candidates being first pending rows).
+ * f: each head's run as claim_sql reads it (the statement's snapshot),
+ *    with its head (hid).
+ * l: the run rows still pending and due once locked (SKIP LOCKED, the
+ *    newest row versions, as FOR UPDATE returns them).
+ * k: per head, the run rows up to the first one l does not hold (skipped
+ *    or changed since the snapshot): rows past it are not claimed (they
+ *    stay locked until this transaction ends, nothing is written to
+ *    them), so what is claimed of an aggregate is always its head and
+ *    the rows right after it.
+ */
+static const char claim_lock_sql[] = LOCK_FRONT
+    " h AS MATERIALIZED ("
+    " SELECT" LOCK_COLS
+    " FROM kinbox_outbox t WHERE t.id = ANY (ARRAY(SELECT c.id FROM c))"
+    " AND t.status = 'pending' AND t.next_attempt_at <= now()"
+    " ORDER BY t.id LIMIT $1::integer FOR UPDATE OF t SKIP LOCKED),"
+    " n AS (SELECT count(*) AS k FROM h),"
+    " f AS MATERIALIZED ("
+    " SELECT x.id, x.hid FROM ("
+    "  SELECT q.id, h.id AS hid, bool_and(q.ok) OVER"
+    "   (PARTITION BY h.id ORDER BY q.id) AS run"
+    "  FROM h CROSS JOIN LATERAL ("
+    "   SELECT r.id,"
+    "    (r.destination = h.destination AND r.next_attempt_at <= now())"
+    "     AS ok"
+    "   FROM kinbox_outbox r WHERE r.aggregate_id = h.aggregate_id"
+    "   AND r.status = 'pending' AND r.id > h.id ORDER BY r.id"
+    "   LIMIT (SELECT least(($1::integer - n.k) / greatest(n.k, 1),"
+    "    $2::integer - 1) FROM n)) q"
+    "  WHERE h.aggregate_id IS NOT NULL) x WHERE x.run),"
+    " l AS MATERIALIZED ("
+    " SELECT" LOCK_COLS
+    " FROM kinbox_outbox t WHERE t.id = ANY (ARRAY(SELECT f.id FROM f))"
+    " AND t.status = 'pending' AND t.next_attempt_at <= now()"
+    " FOR UPDATE OF t SKIP LOCKED),"
+    " k AS (SELECT z.id FROM ("
+    "  SELECT f.id, bool_and(l.id IS NOT NULL) OVER"
+    "   (PARTITION BY f.hid ORDER BY f.id) AS ok"
+    "  FROM f LEFT JOIN l ON l.id = f.id) z WHERE z.ok)"
+    " SELECT" OUT_COLS " FROM h"
+    " UNION ALL SELECT" OUT_COLS " FROM l"
+    "  WHERE l.id = ANY (ARRAY(SELECT k.id FROM k))";
+
 static int
 pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
          struct kinbox_rows_s **out)
 {
-        char lim[24], lease[24], run[24], win[24];
+        char lim[24], lease[24], run[24], win[24], cand[24], idle[96];
         snprintf(lim, sizeof(lim), "%" PRId64, req->limit);
+        snprintf(cand, sizeof(cand), "%" PRId64,
+                 req->cand > 0 ? req->cand : req->limit * 4);
         snprintf(lease, sizeof(lease), "%" PRId64, req->lease_ms);
         snprintf(run, sizeof(run), "%" PRId64, req->run_max);
         snprintf(win, sizeof(win), "%" PRId64, req->window);
@@ -139,6 +214,10 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                                 {req->owner, 0, 0},
                                 {run, 0, 0},
                                 {req->window > 0 ? win : NULL, 0, 0}};
+        kinbox__param_t pl[4] = {{lim, 0, 0},
+                                 {run, 0, 0},
+                                 {req->window > 0 ? win : NULL, 0, 0},
+                                 {cand, 0, 0}};
         /* No sequential scans: the per-aggregate check of each walked row
          * must probe an index; with a hot aggregate the planner otherwise
          * scans the heap from its start (over every sent row) per row. */
@@ -146,10 +225,27 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         if (!rc)
                 rc = db->ops->exec(db, "SET LOCAL enable_seqscan = off", 0,
                                    NULL, -1);
+        if (!rc && req->lock && req->idle_ms > 0) {
+                /* A relay that stops answering (stopped, cut off) while
+                 * holding its row locks: the server ends its session, the
+                 * rows go back to pending. */
+                snprintf(idle, sizeof(idle),
+                         "SET LOCAL idle_in_transaction_session_timeout = "
+                         "%" PRId64,
+                         req->idle_ms);
+                rc = db->ops->exec(db, idle, 0, NULL, -1);
+        }
         if (!rc)
-                rc = db->ops->query(db, claim_sql, 5, p, -1, out);
-        if (!rc)
+                rc = req->lock
+                         ? db->ops->query(db, claim_lock_sql, 4, pl, -1, out)
+                         : db->ops->query(db, claim_sql, 5, p, -1, out);
+        /* Lock-held: the transaction stays open while it holds rows,
+         * idle in the server's eyes (its timeout armed, visible as such
+         * in pg_stat_activity), not inside an unfinished pipeline. */
+        if (!rc && (!req->lock || !*out || !(*out)->nrows))
                 rc = db->ops->commit(db);
+        else if (!rc && db->ops->settle)
+                rc = db->ops->settle(db);
         if (rc && db->in_tx)
                 db->ops->rollback(db);
         if (rc) {
@@ -231,6 +327,36 @@ pg_release(kinbox__db_t *db, size_t n, const int64_t *ids,
            const int64_t *versions, uint64_t *done)
 {
         return pg_set_based(db, release_sql, n, ids, versions, done);
+}
+
+static const char lease_sql[] =
+    "WITH u AS (UPDATE kinbox_outbox o SET"
+    " next_attempt_at = now() + $3::bigint * interval '1 millisecond',"
+    " version = o.version + 1, lease_owner = $4"
+    " FROM unnest($1::bigint[], $2::bigint[]) AS x(id, v)"
+    " WHERE o.id = x.id AND o.version = x.v AND o.status = 'pending'"
+    " RETURNING 1) SELECT count(*) FROM u";
+
+static int
+pg_lease(kinbox__db_t *db, const char *owner, int64_t lease_ms, size_t n,
+         const int64_t *ids, const int64_t *versions, uint64_t *done)
+{
+        kinbox__buf_t a, b;
+        kinbox__buf_init(&a);
+        kinbox__buf_init(&b);
+        char lease[24];
+        snprintf(lease, sizeof(lease), "%" PRId64, lease_ms);
+        int rc = int_array(&a, n, ids);
+        if (!rc)
+                rc = int_array(&b, n, versions);
+        if (!rc) {
+                kinbox__param_t p[4] = {
+                    {a.p, 0, 0}, {b.p, 0, 0}, {lease, 0, 0}, {owner, 0, 0}};
+                rc = pg_affected(db, lease_sql, 4, p, done);
+        }
+        kinbox__buf_free(&a);
+        kinbox__buf_free(&b);
+        return rc;
 }
 
 static const char fail_sql[] =
@@ -387,6 +513,7 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .mark_sent = pg_mark_sent,
     .release = pg_release,
     .fail = pg_fail,
+    .lease = pg_lease,
     .probe = pg_probe,
     .notify_channel = "kinbox_outbox",
     .listen_open = pg_listen_open,
