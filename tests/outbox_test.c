@@ -172,6 +172,22 @@ relay_conf(const char *url, const char *bootstrap)
         return c;
 }
 
+/* A lock-held relay (pipeline 1) in batches of 40, with lock_ms, the
+ * producer's delivery deadline and the lease in milliseconds. */
+static kinbox_conf_t *
+lock_relay_conf(const char *url, const char *bootstrap, const char *lock_ms,
+                const char *timeout_ms, const char *lease_ms)
+{
+        kinbox_conf_t *c = relay_conf(url, bootstrap);
+        cset(c, "relay.claim", "lock");
+        cset(c, "relay.pipeline", "1");
+        cset(c, "relay.lock.ms", lock_ms);
+        cset(c, "relay.batch.size", "40");
+        cset(c, "kafka.message.timeout.ms", timeout_ms);
+        cset(c, "relay.lease.ms", lease_ms);
+        return c;
+}
+
 static kinbox_relay_t *
 relay_new(kinbox_conf_t *c)
 {
@@ -2436,13 +2452,8 @@ ParameterizedTest(int *bidx, outbox_lock_slow_broker, backends, .timeout = 300)
         tw.url = url;
         pthread_t wt;
         cr_assert(pthread_create(&wt, NULL, tx_watch, &tw) == 0);
-        kinbox_conf_t *conf = relay_conf(url, mk.bootstrap);
-        cset(conf, "relay.claim", "lock");
-        cset(conf, "relay.pipeline", "1");
-        cset(conf, "relay.lock.ms", "200");
-        cset(conf, "relay.batch.size", "40");
-        cset(conf, "kafka.message.timeout.ms", "10000");
-        cset(conf, "relay.lease.ms", "15000");
+        kinbox_conf_t *conf =
+            lock_relay_conf(url, mk.bootstrap, "200", "10000", "15000");
         kinbox_relay_t *r = relay_new(conf);
         trelay_t tr;
         relay_start(&tr, r);
@@ -2557,13 +2568,8 @@ ParameterizedTest(int *bidx, outbox_lock_conn_lost, backends, .timeout = 300)
         kx.url = url;
         pthread_t kt;
         cr_assert(pthread_create(&kt, NULL, tx_killer, &kx) == 0);
-        kinbox_conf_t *conf = relay_conf(url, mk.bootstrap);
-        cset(conf, "relay.claim", "lock");
-        cset(conf, "relay.pipeline", "1");
-        cset(conf, "relay.lock.ms", "1500");
-        cset(conf, "relay.batch.size", "40");
-        cset(conf, "kafka.message.timeout.ms", "4000");
-        cset(conf, "relay.lease.ms", "6000");
+        kinbox_conf_t *conf =
+            lock_relay_conf(url, mk.bootstrap, "1500", "4000", "6000");
         kinbox_relay_t *r = relay_new(conf);
         trelay_t tr;
         relay_start(&tr, r);

@@ -465,10 +465,12 @@ my_affected(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
         return rc;
 }
 
-/* SET ... WHERE (id, version) IN ((..),..): the id list first lets the
- * optimizer use the primary key. */
+/* UPDATE the pending rows ids[] still at versions[]: SET set (its
+ * placeholders take p[0..np)) WHERE (id, version) IN ((..),..); the id
+ * list first lets the optimizer use the primary key. */
 static int
-my_set_based(kinbox__db_t *db, const char *set, size_t n, const int64_t *ids,
+my_set_based(kinbox__db_t *db, const char *set, int np,
+             const kinbox__param_t *p, size_t n, const int64_t *ids,
              const int64_t *versions, uint64_t *done)
 {
         kinbox__buf_t b;
@@ -483,7 +485,7 @@ my_set_based(kinbox__db_t *db, const char *set, size_t n, const int64_t *ids,
                                    i ? "," : "", ids[i], versions[i]);
         kinbox__buf_adds(&b, ")");
         int rc =
-            b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, 0, NULL, done);
+            b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, np, p, done);
         kinbox__buf_free(&b);
         return rc;
 }
@@ -495,7 +497,7 @@ my_mark_sent(kinbox__db_t *db, size_t n, const int64_t *ids,
         return my_set_based(db,
                             "status = 'sent', sent_at = CURRENT_TIMESTAMP(6),"
                             " lease_owner = NULL, version = version + 1",
-                            n, ids, versions, done);
+                            0, NULL, n, ids, versions, done);
 }
 
 static int
@@ -505,32 +507,21 @@ my_release(kinbox__db_t *db, size_t n, const int64_t *ids,
         return my_set_based(db,
                             "next_attempt_at = CURRENT_TIMESTAMP(6),"
                             " lease_owner = NULL, version = version + 1",
-                            n, ids, versions, done);
+                            0, NULL, n, ids, versions, done);
 }
 
 static int
 my_lease(kinbox__db_t *db, const char *owner, int64_t lease_ms, size_t n,
          const int64_t *ids, const int64_t *versions, uint64_t *done)
 {
-        kinbox__buf_t b;
-        kinbox__buf_init(&b);
-        kinbox__buf_printf(&b,
-                           "UPDATE kinbox_outbox SET version = version + 1,"
-                           " next_attempt_at = CURRENT_TIMESTAMP(6) +"
-                           " INTERVAL %" PRId64 " MICROSECOND,"
-                           " lease_owner = $1 WHERE id IN (",
-                           lease_ms * 1000);
-        id_list(&b, ids, n);
-        kinbox__buf_adds(&b,
-                         ") AND status = 'pending' AND (id, version) IN (");
-        for (size_t i = 0; i < n; i++)
-                kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
-                                   i ? "," : "", ids[i], versions[i]);
-        kinbox__buf_adds(&b, ")");
+        char set[160];
+        snprintf(set, sizeof(set),
+                 "version = version + 1, next_attempt_at ="
+                 " CURRENT_TIMESTAMP(6) + INTERVAL %" PRId64 " MICROSECOND,"
+                 " lease_owner = $1",
+                 lease_ms * 1000);
         kinbox__param_t p[1] = {{owner, 0, 0}};
-        int rc = b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, 1, p, done);
-        kinbox__buf_free(&b);
-        return rc;
+        return my_set_based(db, set, 1, p, n, ids, versions, done);
 }
 
 static int
