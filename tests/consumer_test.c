@@ -537,14 +537,19 @@ ordered_run(const char *url, int mode, int count)
         kinbox_conf_t *c = kt_conf(url, names[mode], group, topic);
         kt_set(c, "batch.wait.ms", "200"); /* a few large batches */
         kt_run_t *r = kt_run_start(c, ordered_handler, NULL, &mode);
-        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets",
-                     (long long)(mode + 1) * count, 60);
+        long long want = (long long)(mode + 1) * count;
+        long long got = kt_wait_qint(
+            url, "SELECT SUM(next_offset) FROM kinbox_offsets", want, 90);
         kt_run_stop(r);
+        cr_assert(eq(i64, got, want), "%s: watermarks at %lld of %lld",
+                  names[mode], got, want);
 }
 
+/* Three consumer lifecycles (join, consume, leave): under ASan on a
+ * loaded 2-core machine each may take tens of seconds. */
 KT_BACKENDS_PARAMS(consumer, batched_statements_keep_order)
 ParameterizedTest(int *backend, consumer, batched_statements_keep_order,
-                  .timeout = 120)
+                  .timeout = 330)
 {
         bool my = !strcmp(kt_backend(*backend), "mysql");
         char *url = kt_fresh_db(kt_backend(*backend));
