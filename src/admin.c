@@ -61,8 +61,7 @@ kinbox__admin_fail(kinbox_admin_t *adm, int rc)
         snprintf(adm->errstr, sizeof(adm->errstr), "%s",
                  adm->db->err.msg[0] ? adm->db->err.msg
                                      : kinbox_strerror((kinbox_err_t)rc));
-        if (adm->db->in_tx)
-                adm->db->ops->rollback(adm->db);
+        kinbox__db_abandon(adm->db);
         if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_COMMIT_UNKNOWN) {
                 adm->db->ops->disconnect(adm->db);
                 return KINBOX_ERR_DB_CONN;

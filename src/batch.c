@@ -855,7 +855,7 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                          * this group's statements are built behind it for
                          * nothing: the walk stays at most ISO_AHEAD
                          * statements ahead of the server's answers. */
-                        if (db->ops->peek && db->ops->peek(db, ISO_AHEAD)) {
+                        if (kinbox__db_peek(db, ISO_AHEAD)) {
                                 f = failure_of(w, wk, &db->err, tx);
                                 goto failed;
                         }

@@ -458,6 +458,13 @@ int kinbox__db_connect(kinbox__db_t *db);
  * transaction is open). */
 int kinbox__db_query(kinbox__db_t *db, const char *sql, int n,
                      const kinbox__param_t *p, struct kinbox_rows_s **out);
+/* ops->peek where the backend has one; 0 (nothing taken) otherwise. */
+int kinbox__db_peek(kinbox__db_t *db, size_t ahead);
+/* Ends a transaction by rc: rc 0 commits (returns the commit's result),
+ * anything else rolls back an open transaction and returns rc. */
+int kinbox__db_end(kinbox__db_t *db, int rc);
+/* Rolls back the open transaction, if there is one. */
+void kinbox__db_abandon(kinbox__db_t *db);
 /* Text-parameter helper: vals[i] NUL-terminated or NULL. */
 int kinbox__db_queryv(kinbox__db_t *db, const char *sql, int n,
                       const char *const *vals, struct kinbox_rows_s **out);

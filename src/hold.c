@@ -656,8 +656,8 @@ release_one(relkey_t *k)
                 k->tries = 0;
         }
 out:
-        if (rc && db->in_tx)
-                db->ops->rollback(db);
+        if (rc)
+                kinbox__db_abandon(db);
         if (rc && rc != KINBOX_ERR_TRANSIENT)
                 kinbox__log(&k->c->lg, KINBOX_LOG_WARNING, "hold",
                             "%s [%" PRId32 "]: release: %s", k->p->topic,

@@ -782,8 +782,7 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
         if (b->n && !b->v) {
                 /* Lease mode: the claim committed, the leases just expire.
                  * Lock-held: the rows go back untouched. */
-                if (r->db->in_tx)
-                        r->db->ops->rollback(r->db);
+                kinbox__db_abandon(r->db);
                 kinbox_rows_destroy(b->rows);
                 b->rows = NULL;
                 b->n = 0;
@@ -1007,10 +1006,7 @@ batch_degrade(kinbox_relay_t *r, batch_t *b, const char *why)
                                   done, b->n);
                 rc = KINBOX_ERR_STATE;
         }
-        if (!rc)
-                rc = r->db->ops->commit(r->db);
-        if (rc && r->db->in_tx)
-                r->db->ops->rollback(r->db);
+        rc = kinbox__db_end(r->db, rc);
         b->locked = false;
         if (rc) {
                 b->nomark = true;
@@ -1074,10 +1070,7 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
                  * commit; a failed statement or commit (connection lost:
                  * the server ended the transaction) marked nothing: the
                  * rows are pending, no attempt charged, published again. */
-                if (!rc)
-                        rc = r->db->ops->commit(r->db);
-                if (rc && r->db->in_tx)
-                        r->db->ops->rollback(r->db);
+                rc = kinbox__db_end(r->db, rc);
                 if (rc)
                         memset(&t, 0, sizeof(t));
         }

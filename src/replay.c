@@ -281,8 +281,7 @@ dberr:
         ret = kinbox__admin_fail(adm, rc);
         goto done;
 out:
-        if (db->in_tx)
-                db->ops->rollback(db);
+        kinbox__db_abandon(db);
 done:
         kinbox__msg_destroy(msg);
         kinbox__tx_destroy(tx);

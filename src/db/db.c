@@ -211,6 +211,29 @@ kinbox__db_query(kinbox__db_t *db, const char *sql, int n,
 }
 
 int
+kinbox__db_peek(kinbox__db_t *db, size_t ahead)
+{
+        return db->ops->peek ? db->ops->peek(db, ahead) : 0;
+}
+
+void
+kinbox__db_abandon(kinbox__db_t *db)
+{
+        if (db->in_tx)
+                db->ops->rollback(db);
+}
+
+int
+kinbox__db_end(kinbox__db_t *db, int rc)
+{
+        if (!rc)
+                rc = db->ops->commit(db);
+        if (rc)
+                kinbox__db_abandon(db);
+        return rc;
+}
+
+int
 kinbox__db_queryv(kinbox__db_t *db, const char *sql, int n,
                   const char *const *vals, struct kinbox_rows_s **out)
 {

@@ -433,8 +433,8 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         if (!rc)
                 rc = db->ops->commit(db);
 out:
-        if (rc && db->in_tx)
-                db->ops->rollback(db);
+        if (rc)
+                kinbox__db_abandon(db);
         /* Nothing locked (or lease mode): end the transaction. */
         if (!rc && db->in_tx && (!req->lock || !*out || !(*out)->nrows))
                 rc = db->ops->commit(db);

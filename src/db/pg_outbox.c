@@ -246,8 +246,8 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 rc = db->ops->commit(db);
         else if (!rc && db->ops->settle)
                 rc = db->ops->settle(db);
-        if (rc && db->in_tx)
-                db->ops->rollback(db);
+        if (rc)
+                kinbox__db_abandon(db);
         if (rc) {
                 kinbox_rows_destroy(*out);
                 *out = NULL;

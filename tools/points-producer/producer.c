@@ -6,6 +6,7 @@
  * usage: kinbox-points-producer -b BOOTSTRAP -t TOPIC -n COUNT
  *            [-d DUP_PERCENT] [-u USERS] [-s START] [-e EXPECTED_FILE]
  *            [-B BAD_COUNT] [-K] [-z BIZDUP_PERMILLE] [-p POISON_PERMILLE]
+ *            [-I MAX_IN_FLIGHT]
  *
  * Message i has header message_id = m-<i>, key = user, payload
  * {"order_id":"o-<i>","user_id":U,"grant_points":P}. DUP_PERCENT % of the
@@ -25,6 +26,13 @@
  * order px-<i>): a grant of 5,000,000 points, which the handler accepts
  * and a `CHECK (points_delta <= 1000000)` on user_points_flow (added by
  * bench/run) rejects in SQL; they must end in the dead-letter table.
+ * -I: max.in.flight.requests.per.connection (librdkafka's default: 5).
+ * scripts/chaos passes 1: the dev broker (librdkafka's mock cluster) does
+ * not check an idempotent producer's sequence numbers, so with a request
+ * failing under injected errors while a later one of the same partition
+ * succeeds, librdkafka takes the failed one's messages as written
+ * (implicitly acknowledged) although the mock never stored them. A real
+ * broker rejects the later request (OUT_OF_ORDER_SEQUENCE_NUMBER).
  */
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
@@ -72,7 +80,7 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 
 /* An idempotent producer for bootstrap, or NULL (reason on stderr). */
 static rd_kafka_t *
-producer_new(const char *bootstrap)
+producer_new(const char *bootstrap, const char *in_flight)
 {
         char err[256];
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
@@ -80,7 +88,10 @@ producer_new(const char *bootstrap)
                               sizeof(err)) ||
             rd_kafka_conf_set(conf, "enable.idempotence", "true", err,
                               sizeof(err)) ||
-            rd_kafka_conf_set(conf, "linger.ms", "10", err, sizeof(err))) {
+            rd_kafka_conf_set(conf, "linger.ms", "10", err, sizeof(err)) ||
+            (in_flight &&
+             rd_kafka_conf_set(conf, "max.in.flight.requests.per.connection",
+                               in_flight, err, sizeof(err)))) {
                 fprintf(stderr, "%s\n", err);
                 rd_kafka_conf_destroy(conf);
                 return NULL;
@@ -115,11 +126,12 @@ write_expected(const char *expected, const long long *bal, long users)
 int
 main(int argc, char **argv)
 {
-        const char *bootstrap = NULL, *topic = NULL, *expected = NULL;
+        const char *bootstrap = NULL, *topic = NULL, *expected = NULL,
+                   *in_flight = NULL;
         long n = 0, dup = 0, users = 100, start = 0, bad = 0, biz = 0,
              poison = 0;
         int ch, same_key = 0;
-        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kz:p:h")) != -1) {
+        while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kz:p:I:h")) != -1) {
                 switch (ch) {
                 case 'b':
                         bootstrap = optarg;
@@ -154,11 +166,16 @@ main(int argc, char **argv)
                 case 'p':
                         poison = strtol(optarg, NULL, 10);
                         break;
+                case 'I':
+                        in_flight = optarg;
+                        break;
                 default:
                         fprintf(stderr,
                                 "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT "
                                 "[-d DUP_PERCENT] [-u USERS] [-s START] "
-                                "[-e EXPECTED_FILE] [-B BAD_COUNT] [-K]\n",
+                                "[-e EXPECTED_FILE] [-B BAD_COUNT] [-K] "
+                                "[-z BIZDUP_PERMILLE] [-p POISON_PERMILLE] "
+                                "[-I MAX_IN_FLIGHT]\n",
                                 argv[0]);
                         return ch == 'h' ? 0 : 2;
                 }
@@ -169,7 +186,7 @@ main(int argc, char **argv)
                         argv[0]);
                 return 2;
         }
-        rd_kafka_t *rk = producer_new(bootstrap);
+        rd_kafka_t *rk = producer_new(bootstrap, in_flight);
         if (!rk)
                 return 1;
         long long *bal = calloc((size_t)users + 1, sizeof(*bal));
