@@ -123,51 +123,56 @@ write_expected(const char *expected, const long long *bal, long users)
         return 0;
 }
 
-int
-main(int argc, char **argv)
+/* The command line. */
+typedef struct opts {
+        const char *bootstrap, *topic, *expected, *in_flight;
+        long n, dup, users, start, bad, biz, poison;
+        int same_key;
+} opts_t;
+
+/* Parse argv into o. Returns -1 to go on, else the exit status. */
+static int
+parse_args(int argc, char **argv, opts_t *o)
 {
-        const char *bootstrap = NULL, *topic = NULL, *expected = NULL,
-                   *in_flight = NULL;
-        long n = 0, dup = 0, users = 100, start = 0, bad = 0, biz = 0,
-             poison = 0;
-        int ch, same_key = 0;
+        *o = (opts_t){.users = 100};
+        int ch;
         while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kz:p:I:h")) != -1) {
                 switch (ch) {
                 case 'b':
-                        bootstrap = optarg;
+                        o->bootstrap = optarg;
                         break;
                 case 't':
-                        topic = optarg;
+                        o->topic = optarg;
                         break;
                 case 'n':
-                        n = strtol(optarg, NULL, 10);
+                        o->n = strtol(optarg, NULL, 10);
                         break;
                 case 'd':
-                        dup = strtol(optarg, NULL, 10);
+                        o->dup = strtol(optarg, NULL, 10);
                         break;
                 case 'u':
-                        users = strtol(optarg, NULL, 10);
+                        o->users = strtol(optarg, NULL, 10);
                         break;
                 case 's':
-                        start = strtol(optarg, NULL, 10);
+                        o->start = strtol(optarg, NULL, 10);
                         break;
                 case 'e':
-                        expected = optarg;
+                        o->expected = optarg;
                         break;
                 case 'B':
-                        bad = strtol(optarg, NULL, 10);
+                        o->bad = strtol(optarg, NULL, 10);
                         break;
                 case 'K':
-                        same_key = 1;
+                        o->same_key = 1;
                         break;
                 case 'z':
-                        biz = strtol(optarg, NULL, 10);
+                        o->biz = strtol(optarg, NULL, 10);
                         break;
                 case 'p':
-                        poison = strtol(optarg, NULL, 10);
+                        o->poison = strtol(optarg, NULL, 10);
                         break;
                 case 'I':
-                        in_flight = optarg;
+                        o->in_flight = optarg;
                         break;
                 default:
                         fprintf(stderr,
@@ -180,13 +185,27 @@ main(int argc, char **argv)
                         return ch == 'h' ? 0 : 2;
                 }
         }
-        if (!bootstrap || !topic || n <= 0 || users <= 0 || dup < 0 ||
-            dup > 100) {
+        if (!o->bootstrap || !o->topic || o->n <= 0 || o->users <= 0 ||
+            o->dup < 0 || o->dup > 100) {
                 fprintf(stderr, "%s: -b, -t and -n are required (see -h)\n",
                         argv[0]);
                 return 2;
         }
-        rd_kafka_t *rk = producer_new(bootstrap, in_flight);
+        return -1;
+}
+
+int
+main(int argc, char **argv)
+{
+        opts_t o;
+        int st = parse_args(argc, argv, &o);
+        if (st >= 0)
+                return st;
+        const char *topic = o.topic;
+        long n = o.n, dup = o.dup, users = o.users, start = o.start,
+             bad = o.bad, biz = o.biz, poison = o.poison;
+        int same_key = o.same_key;
+        rd_kafka_t *rk = producer_new(o.bootstrap, o.in_flight);
         if (!rk)
                 return 1;
         long long *bal = calloc((size_t)users + 1, sizeof(*bal));
@@ -246,7 +265,7 @@ main(int argc, char **argv)
                 return 1;
         }
         rd_kafka_destroy(rk);
-        if (expected && write_expected(expected, bal, users))
+        if (o.expected && write_expected(o.expected, bal, users))
                 return 1;
         free(bal);
         printf("produced %ld events, %ld re-sent duplicates, %ld business "
