@@ -363,6 +363,30 @@ bisect(walk_t *wk, size_t g)
         return true;
 }
 
+/* Cut message s out of group g into a one-message group of its own, for
+ * a group call that failed on a row the server's detail seems to name
+ * (a suspect): the rows before it went through, the part after it and
+ * the suspect each get a savepoint. The suspect's own call then decides
+ * whether it is to blame; a wrong hint leaves a smaller failing group.
+ * False when the budget is spent (the group is narrowed as before). */
+static bool
+cut_suspect(walk_t *wk, size_t g, size_t s)
+{
+        size_t a = wk->lo[g], b = wk->lo[g + 1];
+        int cuts = (s > a) + (s + 1 < b);
+        if (s < a || s >= b || !cuts ||
+            wk->ngroups + (size_t)cuts > ISO_MAX_GROUPS ||
+            wk->nsp + cuts > ISO_SAVEPOINTS)
+                return false;
+        wk->single[g] = false;
+        wk->suspect[g] = false;
+        if (s > a && split_at(wk, g, s))
+                g++;
+        if (s + 1 < b)
+                split_at(wk, g, s + 1);
+        return true;
+}
+
 /* Where a failure is charged. */
 typedef enum { FL_MSG, FL_GROUP, FL_MERGED, FL_BATCH } fkind_t;
 
@@ -371,6 +395,9 @@ typedef struct failure {
         size_t idx; /* FL_MSG: message; FL_GROUP/FL_MERGED: group */
         enum fate fate;
         bool by_result; /* the handler's own result, no statement failed */
+        /* FL_GROUP: 1 + the message the server's detail seems to name
+         * (db->err.suspect), 0 none: where to cut, never whom to charge */
+        size_t suspect;
 } failure_t;
 
 /* Charge db->err to a message, a group or the whole batch. */
@@ -378,7 +405,7 @@ static failure_t
 failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
            const kinbox_tx_t *tx)
 {
-        failure_t f = {FL_BATCH, 0, F_RETRY, false};
+        failure_t f = {FL_BATCH, 0, F_RETRY, false, 0};
         int t = e->tag;
         if (!own_failure(e))
                 return f;
@@ -386,14 +413,21 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
         if (t & KINBOX__TAG_MERGED_BIT) {
                 if (low < w->nmsgs)
                         f = (failure_t){FL_MERGED, group_of(wk, low), F_RETRY,
-                                        false};
+                                        false, 0};
         } else if (t & KINBOX__TAG_GROUP) {
                 /* The low bits: the group's first message. */
                 if (low < w->nmsgs)
                         f = (failure_t){FL_GROUP, group_of(wk, low),
-                                        statement_fate(tx, e), false};
+                                        statement_fate(tx, e), false, 0};
+                size_t s = (size_t)KINBOX__TAG_LOW(e->suspect - 1);
+                if (f.kind == FL_GROUP && e->suspect > 0 &&
+                    !getenv("KINBOX_X_NOHINT") &&
+                    !((e->suspect - 1) & KINBOX__TAG_GROUP) && s < w->nmsgs &&
+                    w->msgs[s]->state == M_RUN && group_of(wk, s) == f.idx)
+                        f.suspect = s + 1;
         } else if (low < w->nmsgs && w->msgs[low]->state == M_RUN) {
-                f = (failure_t){FL_MSG, low, statement_fate(tx, e), false};
+                f = (failure_t){FL_MSG, low, statement_fate(tx, e), false,
+                                0};
         }
         return f;
 }
@@ -452,7 +486,7 @@ run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 return true;
         }
         kinbox__msg_set_reason(m, why);
-        *f = (failure_t){FL_MSG, i, fate, true};
+        *f = (failure_t){FL_MSG, i, fate, true, 0};
         return false;
 }
 
@@ -488,7 +522,7 @@ batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
             kinbox__hold_followers(c, w, idx, n))
                 undo = true;
         if (undo) /* fates decided: only the statements are to go */
-                *f = (failure_t){FL_GROUP, wk->g, F_RETRY, true};
+                *f = (failure_t){FL_GROUP, wk->g, F_RETRY, true, 0};
         return !undo;
 }
 
@@ -539,7 +573,7 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                                     "batch handler asked to retry the "
                                     "batch: %s",
                                     tx->reason);
-                        *f = (failure_t){FL_BATCH, 0, F_RETRY, true};
+                        *f = (failure_t){FL_BATCH, 0, F_RETRY, true, 0};
                         return false;
                 }
                 if (!batch_results(c, w, tx, wk, run + j0, idx + j0, cnt, f))
@@ -627,6 +661,10 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                     wk->iso)
                         split_at(wk, g, f->idx + 1);
                 wk->single[g] = false;
+        } else if (f->kind == FL_GROUP && !f->by_result && wk->iso &&
+                   f->suspect && cut_suspect(wk, g, f->suspect - 1)) {
+                /* The suspect runs alone next to the rest of the group:
+                 * its own statement's failure is what charges it. */
         } else if (f->kind == FL_GROUP && !f->by_result) {
                 /* Narrow it down to the message: one message at a time
                  * when the handler's one-message call needs no round trip
@@ -637,16 +675,19 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                         wk->single[g] = true;
         } else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */
-        bool exact = f->kind == FL_MSG || f->by_result;
+        /* A group call the server's detail pointed into counts as
+         * exact (fewer, larger groups) while the hints prove right. */
+        bool exact = f->kind == FL_MSG || f->by_result || f->suspect;
         bool was_iso = wk->iso;
         w->iso_exact = (was_iso ? w->iso_exact : true) && exact;
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
-                    "worker %d: group %zu of %zu failed (%s%s), %s", w->idx, g,
-                    wk->ngroups,
+                    "worker %d: group %zu of %zu failed (%s%s%s), %s", w->idx,
+                    g, wk->ngroups,
                     f->kind == FL_MSG     ? "one message"
                     : f->kind == FL_GROUP ? "a group call"
                                           : "a merged statement",
                     f->by_result ? ", by its results" : "",
+                    f->suspect ? ", a row's owner suspected" : "",
                     was_iso ? "rolling back to its savepoint"
                             : "rolling back the batch");
         atomic_fetch_add(&c->st_rolled_back, 1);
@@ -659,7 +700,7 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
         char sp[32];
         savepoint_name(sp, sizeof(sp), wk, g);
         if (db->ops->rollback_to(db, sp)) {
-                failure_t b = {FL_BATCH, 0, F_RETRY, false};
+                failure_t b = {FL_BATCH, 0, F_RETRY, false, 0};
                 return recover(c, w, wk, &b);
         }
         /* Claims of the messages rolled back are void. */
@@ -934,6 +975,14 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         size_t ng = ISO_GROUPS;
         if (c->batch_handler && !c->handler)
                 ng = w->iso_exact ? ISO_GROUPS_EXACT : ISO_GROUPS_BATCH;
+        /* XXX experiment knobs */
+        if (getenv("KINBOX_X_ISO_GROUPS"))
+                ng = (size_t)atoi(getenv("KINBOX_X_ISO_GROUPS"));
+        if (w->iso_exact && c->batch_handler && !c->handler &&
+            getenv("KINBOX_X_EXACT_GROUPS"))
+                ng = (size_t)atoi(getenv("KINBOX_X_EXACT_GROUPS"));
+        if (getenv("KINBOX_X_ISO_FORCE"))
+                w->iso_left = ISO_BATCHES;
         walk_init(&wk, w->iso_left > 0, ng, w->nmsgs);
         kinbox__tx_clear_ukeys(tx);
         failure_t f;

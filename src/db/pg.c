@@ -40,6 +40,9 @@ typedef struct pg {
         size_t nstmts, capstmts;
         unsigned long next_name;
         bool pipeline;
+        /* A failure was read in the pipeline segment open now: the server
+         * skips every command after it up to the next Sync. */
+        bool aborted;
         PGresult *want; /* K_QUERY result kept for the caller */
 } pg_t;
 
@@ -109,6 +112,23 @@ fail_res(kinbox__db_t *db, PGresult *res, int tag)
         return code;
 }
 
+/* The owner the server's detail seems to name: PostgreSQL describes the
+ * row a CHECK or NOT NULL constraint rejected ("Failing row contains
+ * (...)", values cut to 64 bytes; absent without the right to read
+ * every column). */
+static int
+row_suspect(const kinbox__db_t *db, PGresult *res)
+{
+        static const char pre[] = "Failing row contains ";
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+        if (!state || !detail ||
+            (strcmp(state, "23514") && strcmp(state, "23502")) ||
+            strncmp(detail, pre, sizeof(pre) - 1))
+                return 0;
+        return kinbox__db_row_suspect(db, detail + sizeof(pre) - 1);
+}
+
 static void
 notice_cb(void *arg, const char *message)
 {
@@ -123,6 +143,7 @@ reset_state(pg_t *pg)
 {
         pg->qhead = pg->qlen = 0;
         pg->pipeline = false;
+        pg->aborted = false;
         if (pg->want) {
                 PQclear(pg->want);
                 pg->want = NULL;
@@ -258,13 +279,21 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
                 PQclear(res);
                 if (st != PGRES_PIPELINE_SYNC)
                         return -1;
+                pg->aborted = false;
                 pg->qhead++;
                 pg->qlen--;
                 return 0;
         }
         bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-        if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK)
+        if (!ok && st != PGRES_PIPELINE_ABORTED)
+                pg->aborted = true;
+        if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK) {
                 *rc = fail_res(db, res, p.tag);
+                /* A query with owners: at most one is queued (a query is
+                 * read at once), so the failing K_QUERY is that one. */
+                if (p.kind == K_QUERY && db->hint_n)
+                        db->err.suspect = row_suspect(db, res);
+        }
         if (!ok && p.kind == K_PREPARE)
                 pg->stmts[p.stmt].prepared = false;
         if (ok && p.kind == K_EXEC && p.tag >= 0 &&
@@ -663,7 +692,15 @@ pg_rollback_to(kinbox__db_t *db, const char *name)
                 if (!PQpipelineSync(pg->conn))
                         return fail_conn(db, -1, "sync");
                 int rc = qpush(db, K_SYNC, -1, -1);
-                if (!rc)
+                /* After a failure read in this segment, every answer up to
+                 * the Sync is "skipped": nothing to wait for, the next read
+                 * takes them. Otherwise (the handler's own verdict undoes
+                 * its statements) their answers are read and dropped here,
+                 * so that no failure of a statement rolled back is read
+                 * later as a failure of the walk. */
+                if (!rc && pg->aborted && !getenv("KINBOX_X_SYNCWAIT"))
+                        pg->aborted = false;
+                else if (!rc)
                         rc = drain(db);
                 if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_NOMEM)
                         return rc;
