@@ -40,9 +40,6 @@ typedef struct pg {
         size_t nstmts, capstmts;
         unsigned long next_name;
         bool pipeline;
-        /* A failure was read in the pipeline segment open now: the server
-         * skips every command after it up to the next Sync. */
-        bool aborted;
         PGresult *want; /* K_QUERY result kept for the caller */
 } pg_t;
 
@@ -143,7 +140,6 @@ reset_state(pg_t *pg)
 {
         pg->qhead = pg->qlen = 0;
         pg->pipeline = false;
-        pg->aborted = false;
         if (pg->want) {
                 PQclear(pg->want);
                 pg->want = NULL;
@@ -279,14 +275,11 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
                 PQclear(res);
                 if (st != PGRES_PIPELINE_SYNC)
                         return -1;
-                pg->aborted = false;
                 pg->qhead++;
                 pg->qlen--;
                 return 0;
         }
         bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-        if (!ok && st != PGRES_PIPELINE_ABORTED)
-                pg->aborted = true;
         if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK) {
                 *rc = fail_res(db, res, p.tag);
                 /* A query with owners: at most one is queued (a query is
@@ -692,15 +685,7 @@ pg_rollback_to(kinbox__db_t *db, const char *name)
                 if (!PQpipelineSync(pg->conn))
                         return fail_conn(db, -1, "sync");
                 int rc = qpush(db, K_SYNC, -1, -1);
-                /* After a failure read in this segment, every answer up to
-                 * the Sync is "skipped": nothing to wait for, the next read
-                 * takes them. Otherwise (the handler's own verdict undoes
-                 * its statements) their answers are read and dropped here,
-                 * so that no failure of a statement rolled back is read
-                 * later as a failure of the walk. */
-                if (!rc && pg->aborted && !getenv("KINBOX_X_SYNCWAIT"))
-                        pg->aborted = false;
-                else if (!rc)
+                if (!rc)
                         rc = drain(db);
                 if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_NOMEM)
                         return rc;
