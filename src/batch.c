@@ -975,14 +975,6 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         size_t ng = ISO_GROUPS;
         if (c->batch_handler && !c->handler)
                 ng = w->iso_exact ? ISO_GROUPS_EXACT : ISO_GROUPS_BATCH;
-        /* XXX experiment knobs */
-        if (getenv("KINBOX_X_ISO_GROUPS"))
-                ng = (size_t)atoi(getenv("KINBOX_X_ISO_GROUPS"));
-        if (w->iso_exact && c->batch_handler && !c->handler &&
-            getenv("KINBOX_X_EXACT_GROUPS"))
-                ng = (size_t)atoi(getenv("KINBOX_X_EXACT_GROUPS"));
-        if (getenv("KINBOX_X_ISO_FORCE"))
-                w->iso_left = ISO_BATCHES;
         walk_init(&wk, w->iso_left > 0, ng, w->nmsgs);
         kinbox__tx_clear_ukeys(tx);
         failure_t f;
