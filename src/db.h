@@ -509,12 +509,12 @@ int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
 /* Run sql (no parameters) now; *yes = it returned a row. */
 int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
 
+/* 1 + the tag of the first hinted row (db->hint_*) with an owner whose
+ * key is a whole field of row, a row as servers describe it: "(v1, v2,
+ * ...)"; 0 when none matches. */
+int kinbox__db_row_suspect(const kinbox__db_t *db, const char *row);
 /* exec_values() as one exec(): the rows joined into one statement, each
  * row's $N moved up to its own parameters (no row can be named). */
-/* 1 + the tag of the first hinted row (db->hint_*) whose key is a whole
- * field of row, a row as servers describe it: "(v1, v2, ...)"; 0 when
- * none matches. */
-int kinbox__db_row_suspect(const kinbox__db_t *db, const char *row);
 int kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,
                                 int tag);
 

@@ -81,7 +81,6 @@ attr_handler(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
  * attr_batch(). */
 static int one_msg_calls, msgs_handed;
 
-
 /* The same effect, set-based: one INSERT for the batch and one UPDATE of
  * the total (opaque NULL), the INSERT as exec_values() rows after the
  * UPDATE, or exec_values() rows only: each message's value goes to
@@ -171,11 +170,10 @@ attr_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
                                 ql += (size_t)sprintf(q + ql, "%s($%zu, $%zu)",
                                                       r ? ", " : "", 2 * r + 1,
                                                       2 * r + 2);
-                        failed = kinbox_tx_query_owned(tx, q, (int)(2 * nrows),
-                                                       pp, owner, hint, nrows,
-                                                       NULL) ||
-                                 kinbox_tx_exec_unique(tx, NULL, sql, (int)np,
-                                                       p);
+                        failed =
+                            kinbox_tx_query_owned(tx, q, (int)(2 * nrows), pp,
+                                                  owner, hint, nrows, NULL) ||
+                            kinbox_tx_exec_unique(tx, NULL, sql, (int)np, p);
                 }
                 free(q);
         } else
