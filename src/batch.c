@@ -680,8 +680,12 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
         } else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */
         /* A group call whose suspect was cut out counts as exact: its
-         * group runs again with no narrowing but the suspect's call. */
-        bool exact = f->kind == FL_MSG || f->by_result || cut;
+         * group runs again with no narrowing but the suspect's call. So
+         * does a suspect outside isolation mode (the batch runs again
+         * isolated, where it is cut): otherwise the next batches would
+         * start with ISO_GROUPS_BATCH groups and stay there. */
+        bool exact = f->kind == FL_MSG || f->by_result || cut ||
+                     (!wk->iso && f->suspect);
         bool was_iso = wk->iso;
         w->iso_exact = (was_iso ? w->iso_exact : true) && exact;
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
