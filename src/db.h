@@ -93,6 +93,13 @@ typedef struct kinbox__dberr {
                   * statement's tag, or for an exec_rows() statement the
                   * tag of the row the server named; -1 if none */
         int stmt_tag; /* the failing statement's own tag, as queued */
+        /* 1 + the tag of the row the server's detail seems to describe
+         * (PostgreSQL: "Failing row contains (...)" of a CHECK / NOT NULL
+         * violation, matched against the keys of a query with owners,
+         * db->hint_*), 0 when none. A hint for narrowing, never blame:
+         * the row's owner is only charged when its own one-message call
+         * fails. */
+        int suspect;
         /* Retrying cannot help: a CHECK / NOT NULL / exclusion violation or
          * a data exception (SQLSTATE class 22 and MySQL equivalents). A
          * unique violation is code KINBOX_ERR_DUPLICATE instead. */
@@ -143,6 +150,12 @@ struct kinbox__db {
         bool rows_queued;
         kinbox__dberr_t *drops;
         size_t ndrops, capdrops;
+        /* The query running now has rows with owners (set around
+         * ops->query() by kinbox_tx_query_owned()): row r's key
+         * hint_keys[r], owner tag hint_tags[r]. hint_n 0: none. */
+        const char *const *hint_keys;
+        const int *hint_tags;
+        size_t hint_n;
         kinbox__dberr_t err;
         void (*log)(void *ctx, int level, const char *fmt, ...);
         void *log_ctx;
@@ -496,6 +509,10 @@ int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
 /* Run sql (no parameters) now; *yes = it returned a row. */
 int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
 
+/* 1 + the tag of the first hinted row (db->hint_*) with an owner whose
+ * key is a whole field of row, a row as servers describe it: "(v1, v2,
+ * ...)"; 0 when none matches. */
+int kinbox__db_row_suspect(const kinbox__db_t *db, const char *row);
 /* exec_values() as one exec(): the rows joined into one statement, each
  * row's $N moved up to its own parameters (no row can be named). */
 int kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,

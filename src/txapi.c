@@ -289,9 +289,10 @@ kinbox_tx_exec_values_unique(kinbox_tx_t *tx, const char *key,
                          tail, nparams, params, owners, nrows);
 }
 
-kinbox_err_t
-kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
-                const char *const *params, kinbox_rows_t **rowsp)
+static kinbox_err_t
+tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
+         const char *const *params, const kinbox_msg_t *const *owners,
+         const char *const *keys, size_t nrows, kinbox_rows_t **rowsp)
 {
         kinbox__param_t stack[32] = {{0}};
         bool heap;
@@ -308,10 +309,40 @@ kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
         }
         tx->touched = true;
         tx->waits++;
-        int rc = tx->db->ops->query(tx->db, sql, nparams, ps, tx->tag, rowsp);
+        /* Owners only where a row can be charged to one message; the
+         * keys only ever make a hint (db->err.suspect). */
+        int *rt = keys ? row_tags(tx, tx->tag, owners, nrows) : NULL;
+        kinbox__db_t *db = tx->db;
+        if (rt) {
+                db->hint_keys = keys;
+                db->hint_tags = rt;
+                db->hint_n = nrows;
+        }
+        int rc = db->ops->query(db, sql, nparams, ps, tx->tag, rowsp);
+        db->hint_keys = NULL;
+        db->hint_tags = NULL;
+        db->hint_n = 0;
+        free(rt);
         if (heap)
                 free(ps);
         return tx_outcome(tx, rc);
+}
+
+kinbox_err_t
+kinbox_tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
+                const char *const *params, kinbox_rows_t **rowsp)
+{
+        return tx_query(tx, sql, nparams, params, NULL, NULL, 0, rowsp);
+}
+
+kinbox_err_t
+kinbox_tx_query_owned(kinbox_tx_t *tx, const char *sql, int nparams,
+                      const char *const *params,
+                      const kinbox_msg_t *const *owners,
+                      const char *const *keys, size_t nrows,
+                      kinbox_rows_t **rowsp)
+{
+        return tx_query(tx, sql, nparams, params, owners, keys, nrows, rowsp);
 }
 
 /* The native connection when the handler asked for this backend's: the

@@ -273,3 +273,29 @@ Test(util, json_escaping)
             eq(str, b.p, "\"a\\\"b\\\\c\\u000a\\u0001\\u00ff\xc3\xa9\""));
         kinbox__buf_free(&b);
 }
+
+/* A suspect from a server's description of a failing row: the first row
+ * with an owner whose key is a whole field; a key that is only part of a
+ * field, or a row without an owner, names no one. */
+Test(db, row_suspect_matches_whole_fields)
+{
+        const char *keys[] = {"x", "o-1", "o-12", "5000000"};
+        int tags[] = {KINBOX__TAG_GROUP | 0, 3, 7, KINBOX__TAG_GROUP | 0};
+        kinbox__db_t db = {0};
+        db.hint_keys = keys;
+        db.hint_tags = tags;
+        db.hint_n = 4;
+        cr_assert(eq(int,
+                     kinbox__db_row_suspect(
+                         &db, "(11, 42, o-12, ORDER_REWARD, 5000000, "
+                              "2026-12-02 01:49:30+00)."),
+                     1 + 7));
+        cr_assert(eq(int, kinbox__db_row_suspect(&db, "(o-1)."), 1 + 3));
+        cr_assert(eq(int, kinbox__db_row_suspect(&db, "(2, o-1, 3)"), 1 + 3));
+        /* "x" is in a field but has no owner; o-1 only inside o-123. */
+        cr_assert(eq(int, kinbox__db_row_suspect(&db, "(x, o-123, xo-1)"), 0));
+        cr_assert(eq(int, kinbox__db_row_suspect(&db, "no row"), 0));
+        cr_assert(eq(int, kinbox__db_row_suspect(&db, NULL), 0));
+        db.hint_n = 0;
+        cr_assert(eq(int, kinbox__db_row_suspect(&db, "(o-1)"), 0));
+}

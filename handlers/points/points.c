@@ -306,8 +306,9 @@ sorted_values(kinbox_rows_t *rows, size_t *np)
  * skipped), credits the summed grants of the rows it inserted and returns
  * their order ids. */
 static kinbox_result_t
-batch_pg(kinbox_tx_t *tx, const grant_t *g, size_t count,
-         kinbox_result_t *results, const oref_t *orders, size_t n)
+batch_pg(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
+         size_t count, kinbox_result_t *results, const oref_t *orders,
+         size_t n)
 {
         char num[32];
         char *uids = NULL, *oids = NULL, *pts = NULL;
@@ -315,9 +316,17 @@ batch_pg(kinbox_tx_t *tx, const grant_t *g, size_t count,
         arr_add(&uids, &ul, &uc, "{", 0);
         arr_add(&oids, &ol, &oc, "{", 0);
         arr_add(&pts, &pl, &pc, "{", 0);
-        for (size_t i = 0; i < count; i++) {
+        /* Each flow row's owner and order id: a row the server rejects
+         * (a CHECK the handler does not know) names its order, a hint
+         * kinbox narrows the failure with. */
+        const kinbox_msg_t **own = malloc((count ? count : 1) * sizeof(*own));
+        const char **keys = malloc((count ? count : 1) * sizeof(*keys));
+        size_t nrows = 0;
+        for (size_t i = 0; own && keys && i < count; i++) {
                 if (results[i] != KINBOX_RESULT_OK)
                         continue;
+                own[nrows] = msgs[i];
+                keys[nrows++] = g[i].order_id;
                 snprintf(num, sizeof(num), "%lld", g[i].user_id);
                 arr_add(&uids, &ul, &uc, num, 0);
                 arr_add(&oids, &ol, &oc, g[i].order_id, 1);
@@ -326,13 +335,13 @@ batch_pg(kinbox_tx_t *tx, const grant_t *g, size_t count,
         }
         kinbox_result_t ret = KINBOX_RESULT_RETRY;
         kinbox_rows_t *rows = NULL;
-        if (!uids || !oids || !pts)
+        if (!uids || !oids || !pts || !own || !keys)
                 goto out;
         strcat(uids, "}");
         strcat(oids, "}");
         strcat(pts, "}");
         const char *p[3] = {uids, oids, pts};
-        if (kinbox_tx_query(
+        if (kinbox_tx_query_owned(
                 tx,
                 "WITH f AS (INSERT INTO user_points_flow (user_id, order_id, "
                 "biz_type, points_delta) SELECT u, o, 'ORDER_REWARD', p FROM "
@@ -345,7 +354,7 @@ batch_pg(kinbox_tx_t *tx, const grant_t *g, size_t count,
                 "user_id ON CONFLICT (user_id) DO UPDATE SET points = "
                 "user_account.points + EXCLUDED.points) "
                 "SELECT order_id FROM f",
-                3, p, &rows))
+                3, p, own, keys, nrows, &rows))
                 goto out;
         size_t nk = 0;
         char **known = sorted_values(rows, &nk);
@@ -356,6 +365,8 @@ batch_pg(kinbox_tx_t *tx, const grant_t *g, size_t count,
         ret = KINBOX_RESULT_OK;
 out:
         kinbox_rows_destroy(rows);
+        free(own);
+        free(keys);
         free(uids);
         free(oids);
         free(pts);
@@ -514,7 +525,7 @@ points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
         if (n)
                 ret =
                     kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL
-                        ? batch_pg(tx, g, count, results, orders, n)
+                        ? batch_pg(tx, msgs, g, count, results, orders, n)
                         : batch_mysql(tx, msgs, g, count, results, orders, n);
         free(orders);
         free(g);

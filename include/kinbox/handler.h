@@ -322,6 +322,29 @@ KINBOX_API kinbox_err_t kinbox_tx_query(kinbox_tx_t *tx, const char *sql,
                                         int nparams, const char *const *params,
                                         kinbox_rows_t **rowsp);
 
+/**
+ * @brief kinbox_tx_query() for a batch handler's set-based statement whose
+ *        rows belong to messages: row r of the statement is owners[r]'s,
+ *        and keys[r] is a value of that row the server shows when it
+ *        rejects the row (its business key, say).
+ *
+ * When the statement fails on a row and the server describes it
+ * (PostgreSQL: "Failing row contains (...)" of a CHECK or NOT NULL
+ * violation; values longer than 64 bytes are cut and do not match), the
+ * first row whose key is one of the described values makes its owner a
+ * suspect. A suspect is only a hint: kinbox runs the batch again with the
+ * suspect in a call of its own, and charges a message only when its own
+ * one-message call fails. A wrong hint costs time, never another
+ * message's retry or dead letter. Elsewhere, and for one message's call,
+ * this is kinbox_tx_query().
+ * @param owners, keys nrows each (keys may be NULL: no hint).
+ * @returns as kinbox_tx_query().
+ */
+KINBOX_API kinbox_err_t kinbox_tx_query_owned(
+    kinbox_tx_t *tx, const char *sql, int nparams, const char *const *params,
+    const kinbox_msg_t *const *owners, const char *const *keys, size_t nrows,
+    kinbox_rows_t **rowsp);
+
 /** @brief Number of rows. */
 KINBOX_API size_t kinbox_rows_count(const kinbox_rows_t *rows);
 /** @brief Number of columns. */

@@ -306,6 +306,7 @@ kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate, int vendor,
         db->err.vendor = vendor;
         db->err.tag = tag;
         db->err.stmt_tag = tag;
+        db->err.suspect = 0;
         db->err.permanent = false;
         db->err.constraint[0] = '\0';
         va_list ap;
@@ -504,6 +505,36 @@ values_sql(const char *head, const char *tuple, const char *tail, int nper,
                 return NULL;
         }
         return b.p;
+}
+
+int
+kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
+{
+        if (!row || row[0] != '(')
+                return 0;
+        for (size_t r = 0; r < db->hint_n; r++) {
+                const char *k = db->hint_keys[r];
+                size_t kl = k ? strlen(k) : 0;
+                /* A row without an owner (the call's own tag) names no
+                 * one. */
+                if (!kl || db->hint_tags[r] < 0 ||
+                    (db->hint_tags[r] & KINBOX__TAG_GROUP))
+                        continue;
+                /* k as a field: after "(" or ", ", before ", " or ")".
+                 * A value that merely looks like k (another column, a
+                 * field with ", " inside) only makes a wrong hint. */
+                for (const char *f = row + 1; (f = strstr(f, k)); f++) {
+                        bool open =
+                            f == row + 1 ||
+                            (f >= row + 3 && f[-2] == ',' && f[-1] == ' ');
+                        const char *e = f + kl;
+                        bool close =
+                            e[0] == ')' || (e[0] == ',' && e[1] == ' ');
+                        if (open && close)
+                                return 1 + db->hint_tags[r];
+                }
+        }
+        return 0;
 }
 
 int

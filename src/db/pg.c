@@ -109,6 +109,23 @@ fail_res(kinbox__db_t *db, PGresult *res, int tag)
         return code;
 }
 
+/* The owner the server's detail seems to name: PostgreSQL describes the
+ * row a CHECK or NOT NULL constraint rejected ("Failing row contains
+ * (...)", values cut to 64 bytes; absent without the right to read
+ * every column). */
+static int
+row_suspect(const kinbox__db_t *db, PGresult *res)
+{
+        static const char pre[] = "Failing row contains ";
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+        if (!state || !detail ||
+            (strcmp(state, "23514") && strcmp(state, "23502")) ||
+            strncmp(detail, pre, sizeof(pre) - 1))
+                return 0;
+        return kinbox__db_row_suspect(db, detail + sizeof(pre) - 1);
+}
+
 static void
 notice_cb(void *arg, const char *message)
 {
@@ -263,8 +280,13 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
                 return 0;
         }
         bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-        if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK)
+        if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK) {
                 *rc = fail_res(db, res, p.tag);
+                /* A query with owners: at most one is queued (a query is
+                 * read at once), so the failing K_QUERY is that one. */
+                if (p.kind == K_QUERY && db->hint_n)
+                        db->err.suspect = row_suspect(db, res);
+        }
         if (!ok && p.kind == K_PREPARE)
                 pg->stmts[p.stmt].prepared = false;
         if (ok && p.kind == K_EXEC && p.tag >= 0 &&
