@@ -64,11 +64,6 @@
 #define MSGID_HEADER "message_id"
 #define PIPE_MAX 4 /* batches in flight at most */
 #define BATCH_MIN 16 /* smallest claim */
-/* How long lock-held claims look past other relays' rows after a claim
- * came back short: a second relay then misses a full claim once per
- * this long (one claim in ~100 at 1,000-row batches), a relay alone
- * never pays for the longer walk while its claims are full. */
-#define LOOK_PAST_MS 10000
 #define POLL_MIN_MS 1 /* polling: interval while rows keep coming */
 #define HOT_MS 200 /* polling: close interval after a local append */
 #define RELAY_LINGER_MS "1" /* producer linger.ms unless configured */
@@ -151,9 +146,6 @@ struct kinbox_relay_s {
         bool lock_mode;
         int64_t lock_ms;
         int64_t cur_batch; /* claim size now, follows the backlog */
-        /* Lock-held claims look past another relay's rows until then
-         * (monotonic ms): set by a claim that came back short. */
-        int64_t look_past_until;
         int depth; /* batches in flight at most */
         batch_t pipe[PIPE_MAX];
         int inflight;
@@ -761,14 +753,17 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
                                    r->lock_mode,
                                    r->lock_ms + 2 * MARGIN_MS,
                                    0};
-        if (r->lock_mode && kinbox__now_ms() < r->look_past_until) {
+        if (r->lock_mode) {
                 /* Rows another lock-held relay holds look due to this
                  * claim's walk and are skipped at the lock: look past as
                  * many as one relay holds at most (relay.batch.size), so
                  * a second relay gets rows of its own instead of a claim
-                 * that comes back short (and shrinks its next one). Only
-                 * after a short claim: the longer walk cost a relay alone
-                 * ~5 ms per 1,000-row claim on PostgreSQL. */
+                 * that comes back short (and shrinks its next one).
+                 * Always, not only after a short claim: that variant
+                 * saved a PostgreSQL relay alone ~2 ms per 1,000-row
+                 * claim but left two relays at 1.0x one (two relays
+                 * 23.1 k / 20.2 k rows/s against 31.9 k / 31.6 k, A/B in
+                 * one run; docs/benchmarks.md, issue 11 fifth pass). */
                 req.window += r->batch;
                 req.cand = 4 * r->cur_batch + r->batch;
         }
@@ -787,8 +782,6 @@ batch_claim(kinbox_relay_t *r, batch_t *b)
                 b->rows = NULL;
                 return rc > 0 ? -rc : rc;
         }
-        if (r->lock_mode && (!b->rows || (int64_t)b->rows->nrows < req.limit))
-                r->look_past_until = kinbox__now_ms() + LOOK_PAST_MS;
         b->v = items_from_rows(b->rows, &b->n);
         b->locked = r->lock_mode && b->n;
         if (b->n && !b->v) {
@@ -1096,8 +1089,8 @@ batch_finish(kinbox_relay_t *r, batch_t *b)
              : b->degraded ? "degraded to leases"
                            : "leased",
              (long long)b->us_claim, (long long)(t_mark / 1000 - b->t0),
-             (long long)(kinbox__now_us() - t_mark), t.published + t.actions_ok,
-             t.released);
+             (long long)(kinbox__now_us() - t_mark),
+             t.published + t.actions_ok, t.released);
         if (t.conflicts)
                 rlog(r, KINBOX_LOG_NOTICE,
                      "%" PRIu64 " outbox rows were taken over by another "

@@ -548,8 +548,7 @@ my_set_based(kinbox__db_t *db, const char *set, int np,
                 kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
                                    i ? "," : "", ids[i], versions[i]);
         kinbox__buf_adds(&b, ")");
-        int rc =
-            b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, np, p, done);
+        int rc = b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, np, p, done);
         kinbox__buf_free(&b);
         return rc;
 }
