@@ -156,7 +156,57 @@ candidates(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
         return db->ops->query(db, sql, 0, NULL, -1, cand);
 }
 
-/* Steps 1 and 2: locked heads (id, aggregate_id, destination). */
+/* Move src's rows to the end of dst (same columns); src is left empty. */
+static int
+rows_append(struct kinbox_rows_s **dst, struct kinbox_rows_s *src)
+{
+        if (!src || !src->nrows) {
+                kinbox_rows_destroy(src);
+                return 0;
+        }
+        struct kinbox_rows_s *d = *dst;
+        if (!d || !d->nrows) {
+                kinbox_rows_destroy(d);
+                *dst = src;
+                return 0;
+        }
+        size_t nc = (size_t)d->ncols, n = d->nrows + src->nrows;
+        char **v = realloc(d->values, n * nc * sizeof(*v));
+        if (v)
+                d->values = v;
+        size_t *l = v ? realloc(d->lens, n * nc * sizeof(*l)) : NULL;
+        if (!l) {
+                kinbox_rows_destroy(src);
+                return KINBOX_ERR_NOMEM;
+        }
+        d->lens = l;
+        memcpy(d->values + d->nrows * nc, src->values,
+               src->nrows * nc * sizeof(*v));
+        memcpy(d->lens + d->nrows * nc, src->lens,
+               src->nrows * nc * sizeof(*l));
+        d->nrows = n;
+        src->nrows = 0; /* its values are dst's now */
+        kinbox_rows_destroy(src);
+        return 0;
+}
+
+/*
+ * Steps 1 and 2: locked heads (id, aggregate_id, destination), the first
+ * limit candidates still pending and due once locked, in id order.
+ *
+ * Locked in chunks of at most the heads still wanted, in candidate order:
+ * one "id IN (all candidates) ORDER BY id LIMIT limit FOR UPDATE SKIP
+ * LOCKED" locks every candidate, not limit of them. MariaDB turns an IN
+ * list of in_predicate_conversion_threshold (1000) values or more into a
+ * join with a table value constructor, which reads, and locks, every
+ * matching row before the sort and the LIMIT: a claim of 1,000 heads held
+ * ~3,000 rows until its commit, and a second relay's claim found its
+ * candidates locked and came back short. A chunk is never larger than
+ * what is still wanted, so every row it locks is returned and claimed;
+ * a relay alone takes its heads in one statement. (The range plan that
+ * the conversion replaces stops at the LIMIT, but building it for
+ * thousands of values cost 3x the conversion's time here.)
+ */
 static int
 lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
            int64_t idle_ms, struct kinbox_rows_s **heads)
@@ -167,21 +217,7 @@ lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
                 kinbox_rows_destroy(cand);
                 return rc;
         }
-        kinbox__buf_t b;
-        kinbox__buf_init(&b);
-        kinbox__buf_adds(&b, "SELECT id, aggregate_id, destination,"
-                             " lease_owner IS NOT NULL FROM kinbox_outbox"
-                             " WHERE id IN (");
-        for (size_t i = 0; i < cand->nrows; i++)
-                kinbox__buf_printf(&b, "%s%s", i ? "," : "",
-                                   cand->values[i * (size_t)cand->ncols]);
-        kinbox__buf_printf(&b,
-                           ") AND status = 'pending' AND next_attempt_at <= "
-                           "CURRENT_TIMESTAMP(6) ORDER BY id LIMIT %" PRId64
-                           " FOR UPDATE SKIP LOCKED",
-                           limit);
-        kinbox_rows_destroy(cand);
-        rc = b.oom ? KINBOX_ERR_NOMEM : db->ops->begin(db);
+        rc = db->ops->begin(db);
         if (!rc && idle_ms > 0) {
                 /* Lock-held claims: a relay that stops answering while
                  * holding its row locks has its session ended by the
@@ -192,9 +228,37 @@ lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
                          (idle_ms + 999) / 1000);
                 rc = db->ops->exec(db, idle, 0, NULL, -1);
         }
-        if (!rc)
-                rc = db->ops->query(db, b.p, 0, NULL, -1, heads);
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        size_t got = 0;
+        for (size_t i = 0; !rc && i < cand->nrows && got < (size_t)limit;) {
+                size_t k = (size_t)limit - got;
+                if (k > cand->nrows - i)
+                        k = cand->nrows - i;
+                kinbox__buf_reset(&b);
+                kinbox__buf_adds(&b, "SELECT id, aggregate_id, destination,"
+                                     " lease_owner IS NOT NULL FROM"
+                                     " kinbox_outbox WHERE id IN (");
+                for (size_t j = 0; j < k; j++)
+                        kinbox__buf_printf(
+                            &b, "%s%s", j ? "," : "",
+                            cand->values[(i + j) * (size_t)cand->ncols]);
+                kinbox__buf_adds(&b, ") AND status = 'pending' AND"
+                                     " next_attempt_at <="
+                                     " CURRENT_TIMESTAMP(6) ORDER BY id"
+                                     " FOR UPDATE SKIP LOCKED");
+                i += k;
+                struct kinbox_rows_s *part = NULL;
+                rc = b.oom ? KINBOX_ERR_NOMEM
+                           : db->ops->query(db, b.p, 0, NULL, -1, &part);
+                got += part && !rc ? part->nrows : 0;
+                if (rc)
+                        kinbox_rows_destroy(part);
+                else
+                        rc = rows_append(heads, part);
+        }
         kinbox__buf_free(&b);
+        kinbox_rows_destroy(cand);
         return rc;
 }
 
@@ -484,8 +548,7 @@ my_set_based(kinbox__db_t *db, const char *set, int np,
                 kinbox__buf_printf(&b, "%s(%" PRId64 ",%" PRId64 ")",
                                    i ? "," : "", ids[i], versions[i]);
         kinbox__buf_adds(&b, ")");
-        int rc =
-            b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, np, p, done);
+        int rc = b.oom ? KINBOX_ERR_NOMEM : my_affected(db, b.p, np, p, done);
         kinbox__buf_free(&b);
         return rc;
 }
