@@ -76,6 +76,40 @@ attr_handler(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
         return KINBOX_RESULT_OK;
 }
 
+/* Wait (at most timeout_s) until the consumer's stored offsets add up to
+ * msgs, every message of the test's topic consumed, then stop the run
+ * and take its counters. */
+static void
+drain_stop(const char *url, kt_run_t *r, long long msgs, int timeout_s,
+           kinbox_consumer_stats_t *st)
+{
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  msgs, timeout_s),
+                     msgs));
+        kt_run_stop_stats(r, st);
+}
+
+/* Dead letters: exactly the poison messages (ids p-...), each at its
+ * first attempt, with the CHECK violation (SQLSTATE 23514 / MariaDB
+ * 4025) as its reason. */
+static void
+assert_dead_are_poison(const char *url, long long poison)
+{
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter"),
+                     poison));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter WHERE message_id "
+                                  "LIKE 'p-%' AND attempts = 1 AND (error "
+                                  "LIKE '%23514%' OR error LIKE '%4025%')"),
+                     poison));
+}
+
 /* Batch handler calls with one message (kinbox narrowing a failure
  * down), and messages handed to the batch handler in all, counted by
  * attr_batch(). */
@@ -286,14 +320,8 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
         kt_run_t *r =
             kt_run_start(c, batch ? NULL : attr_handler,
                          batch ? attr_batch : NULL, (void *)&shapes[*param]);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url,
-                                  "SELECT SUM(next_offset) FROM "
-                                  "kinbox_offsets",
-                                  produced, 120),
-                     produced));
         kinbox_consumer_stats_t st;
-        kt_run_stop_stats(r, &st);
+        drain_stop(url, r, produced, 120, &st);
         /* Every good event once, at its first attempt. */
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
         cr_assert(eq(i64,
@@ -315,23 +343,7 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
                      kt_qint(url, "SELECT COUNT(*) FROM kt_part WHERE msg "
                                   "NOT LIKE 'g-%'"),
                      0));
-        /* Dead letters: exactly the poison, at its first attempt, with the
-         * CHECK violation as its reason. */
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM "
-                                  "kinbox_dead_letter"),
-                     poison));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM "
-                                  "kinbox_dead_letter WHERE message_id "
-                                  "LIKE 'p-%' AND attempts = 1"),
-                     poison));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM "
-                                  "kinbox_dead_letter WHERE error NOT "
-                                  "LIKE '%23514%' AND error NOT LIKE "
-                                  "'%4025%'"),
-                     0));
+        assert_dead_are_poison(url, poison);
         /* Counted: business duplicates apart from redeliveries; nothing
          * was retried. */
         cr_assert(eq(u64, st.business_duplicates, (uint64_t)bizdup));
@@ -386,14 +398,8 @@ ParameterizedTest(int *backend, dirty, result_duplicate, .timeout = 120)
         kt_producer_flush_destroy(pr);
         kinbox_conf_t *c = kt_conf(url, "selfdup", kt_unique("gsd"), topic);
         kt_run_t *r = kt_run_start(c, self_dup_handler, NULL, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url,
-                                  "SELECT SUM(next_offset) FROM "
-                                  "kinbox_offsets",
-                                  100, 60),
-                     100));
         kinbox_consumer_stats_t st;
-        kt_run_stop_stats(r, &st);
+        drain_stop(url, r, 100, 60, &st);
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_seen"), 90));
         cr_assert(
             eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 100));
@@ -452,14 +458,8 @@ points_business_duplicates(int backend, bool single)
         kt_run_t *r = kt_run_start(
             c, single ? kinbox_points_single_module.handle : NULL,
             single ? NULL : kinbox_points_module.handle_batch, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url,
-                                  "SELECT SUM(next_offset) FROM "
-                                  "kinbox_offsets",
-                                  msgs, 120),
-                     msgs));
         kinbox_consumer_stats_t st;
-        kt_run_stop_stats(r, &st);
+        drain_stop(url, r, msgs, 120, &st);
         kt_assert_points(url, total, flows);
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM "
@@ -536,29 +536,14 @@ ParameterizedTest(int *backend, dirty, points_batch_poison, .timeout = 180)
         kt_set(c, "batch.max", "200");
         kt_set(c, "retry.max", "3");
         kt_run_t *r = kt_run_start(c, NULL, counting_points_batch, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url,
-                                  "SELECT SUM(next_offset) FROM "
-                                  "kinbox_offsets",
-                                  3000, 120),
-                     3000));
         kinbox_consumer_stats_t st;
-        kt_run_stop_stats(r, &st);
+        drain_stop(url, r, 3000, 120, &st);
         kt_assert_points(url, total, flows);
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM user_points_flow "
                                   "WHERE points_delta > 1000000"),
                      0));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM "
-                                  "kinbox_dead_letter"),
-                     poison));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM "
-                                  "kinbox_dead_letter WHERE message_id "
-                                  "LIKE 'p-%' AND attempts = 1 AND (error "
-                                  "LIKE '%23514%' OR error LIKE '%4025%')"),
-                     poison));
+        assert_dead_are_poison(url, poison);
         cr_assert(eq(u64, st.retried, 0));
         cr_assert(eq(u64, st.dead, (uint64_t)poison));
         cr_assert(eq(u64, st.processed, (uint64_t)flows));
