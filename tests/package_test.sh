@@ -37,7 +37,7 @@ conf=/etc/kinbox/pkgtest$$.conf
 runpid=
 cleanup() {
     [ -n "$runpid" ] && kill -9 "$runpid" 2>/dev/null || true
-    if dpkg-query -W -f='${Status}' kinbox 2>/dev/null | grep -q installed; then
+    if dpkg-query -W -f='${Status}' kinbox 2>/dev/null | grep installed >/dev/null; then
         dpkg --purge libkinbox-dev kinbox >/dev/null 2>&1 || true
     fi
     psql "$KINBOX_PG_URL" -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
@@ -68,7 +68,7 @@ out=$(/usr/bin/kinbox --version)
 ldd /usr/bin/kinbox | grep -Eq "libkinbox.so.0 => (/usr)?/lib/x86_64-linux-gnu/libkinbox.so.0" ||
     fail "installed kinbox does not use the installed libkinbox: $(ldd /usr/bin/kinbox | grep kinbox)"
 [ -x /usr/bin/kinbox-devbroker ] || fail "kinbox-devbroker is not installed"
-! ldd /usr/bin/kinbox /usr/bin/kinbox-devbroker | grep -q "not found" ||
+! ldd /usr/bin/kinbox /usr/bin/kinbox-devbroker | grep "not found" >/dev/null ||
     fail "installed binaries miss libraries: $(ldd /usr/bin/kinbox /usr/bin/kinbox-devbroker | grep 'not found')"
 for f in /usr/share/kinbox/kinbox-dashboard.json /usr/share/kinbox/kinbox-alerts.yml \
          /usr/share/kinbox/migrations/postgresql/0001_inbox.sql /etc/kinbox/kinbox.conf \
@@ -165,7 +165,7 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null || fail "cmake --ins
 pc=$(find "$work/prefix" -name kinbox.pc)
 cc -o "$work/credit2" "$work/credit.c" $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs kinbox) ||
     fail "README handler does not build against kinbox.pc installed with --prefix"
-LD_LIBRARY_PATH=$(dirname "$(dirname "$pc")") ldd "$work/credit2" | grep -q "$work/prefix/.*libkinbox.so.0" ||
+LD_LIBRARY_PATH=$(dirname "$(dirname "$pc")") ldd "$work/credit2" | grep "$work/prefix/.*libkinbox.so.0" >/dev/null ||
     fail "the --prefix build does not link the --prefix libkinbox"
 [ ! -e /etc/kinbox ] || fail "cmake --install --prefix wrote to /etc/kinbox"
 echo "package_test: all checks passed"
