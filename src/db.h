@@ -509,6 +509,12 @@ int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
 /* Run sql (no parameters) now; *yes = it returned a row. */
 int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
 
+/* ops->query() with its rows' keys and owner tags as hints (db->hint_*,
+ * set for this statement only; keys NULL: a plain query). */
+int kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
+                            const kinbox__param_t *p, int tag,
+                            const char *const *keys, const int *tags,
+                            size_t nrows, struct kinbox_rows_s **out);
 /* 1 + the tag of the first hinted row (db->hint_*) with an owner whose
  * key is a whole field of row, a row as servers describe it: "(v1, v2,
  * ...)"; 0 when none matches. */

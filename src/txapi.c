@@ -312,16 +312,8 @@ tx_query(kinbox_tx_t *tx, const char *sql, int nparams,
         /* Owners only where a row can be charged to one message; the
          * keys only ever make a hint (db->err.suspect). */
         int *rt = keys ? row_tags(tx, tx->tag, owners, nrows) : NULL;
-        kinbox__db_t *db = tx->db;
-        if (rt) {
-                db->hint_keys = keys;
-                db->hint_tags = rt;
-                db->hint_n = nrows;
-        }
-        int rc = db->ops->query(db, sql, nparams, ps, tx->tag, rowsp);
-        db->hint_keys = NULL;
-        db->hint_tags = NULL;
-        db->hint_n = 0;
+        int rc = kinbox__db_query_hinted(tx->db, sql, nparams, ps, tx->tag,
+                                         rt ? keys : NULL, rt, nrows, rowsp);
         free(rt);
         if (heap)
                 free(ps);

@@ -508,6 +508,24 @@ values_sql(const char *head, const char *tuple, const char *tail, int nper,
 }
 
 int
+kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
+                        const kinbox__param_t *p, int tag,
+                        const char *const *keys, const int *tags,
+                        size_t nrows, struct kinbox_rows_s **out)
+{
+        if (keys) {
+                db->hint_keys = keys;
+                db->hint_tags = tags;
+                db->hint_n = nrows;
+        }
+        int rc = db->ops->query(db, sql, n, p, tag, out);
+        db->hint_keys = NULL;
+        db->hint_tags = NULL;
+        db->hint_n = 0;
+        return rc;
+}
+
+int
 kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
 {
         if (!row || row[0] != '(')
