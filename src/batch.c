@@ -878,11 +878,7 @@ flush_values(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 return take_drops(c, w, tx, wk, f);
         if (w->db->ops->flush(w->db)) {
                 *f = failure_of(w, wk, &w->db->err, tx);
-                /* Fates found before the failure stand; their dead letters
-                 * come with their group's run again. */
-                failure_t ignored;
-                drops_decide(c, w, tx, wk, &ignored, false);
-                return false;
+                return false; /* its drops: see walk_groups() */
         }
         return take_drops(c, w, tx, wk, f);
 }
@@ -938,6 +934,12 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                         continue;
                 }
         failed:
+                /* Rows dropped in the round trip that failed: their
+                 * messages' fates stand, and their dead letters come when
+                 * their group runs again after the rollback (queued now,
+                 * before the next savepoint, they would be queued twice
+                 * when a cut puts the message in a later group). */
+                drops_decide(c, w, tx, wk, &(failure_t){0}, false);
                 rc = recover(c, w, wk, &f);
                 if (rc != RUN_AGAIN || !wk->iso)
                         return rc;
