@@ -233,24 +233,63 @@ out:
         return rc;
 }
 
-/* A stream of "KEY V" events: every poison_every-th a CHECK poison (V -1,
- * id p-N), every second_every-th (0: none) a poison of the handler's
- * second table (V 777, id d-N), every bizdup_every-th a business duplicate
- * (id b-N) of an earlier good event's key (bizdup_back back at most, on
- * the original's partition, behind it) with V bizdup_v, the rest good (id
- * g-N, V N % 100); every resend_every-th (0: none) sent twice with its id
- * (a redelivery). The counts and the good events' sum come back in s. */
+/* A stream of "KEY V" events of four kinds: a CHECK poison (V -1, id
+ * p-N), a poison of the handler's second table (V 777, id d-N), a business
+ * duplicate (id b-N) of an earlier good event's key (at most bizdup_back
+ * back, on the original's partition, behind it) with V bizdup_v, or good
+ * (id g-N, V N % 100); some are sent twice with their id (a redelivery).
+ * With seed 0 the kinds come in a fixed pattern (every poison_every-th,
+ * second_every-th, bizdup_every-th, resend_every-th; 0: none); with a seed
+ * each event draws its kind (per mille: pm_poison, pm_second, pm_bizdup,
+ * pm_resend), the same for the same seed. The counts and the good events'
+ * sum come back in s. */
 typedef struct kvstream {
         int n, parts, poison_every, second_every, bizdup_every, bizdup_back;
         int bizdup_v, resend_every;
+        unsigned seed;
+        int pm_poison, pm_second, pm_bizdup, pm_resend;
         int good, poison, second, bizdup, resent;
         long long sum;
 } kvstream_t;
+
+enum { KV_GOOD, KV_POISON, KV_SECOND, KV_BIZDUP };
 
 static bool
 kv_every(int i, int every)
 {
         return every && i % every == every - 1;
+}
+
+/* A number in [0, 1000) for event i of seed s (salt: which draw). */
+static int
+kv_draw(unsigned s, int i, unsigned salt)
+{
+        uint64_t x = (uint64_t)s * 0x9E3779B97F4A7C15ull ^
+                     ((uint64_t)(unsigned)i << 20) ^ salt;
+        x ^= x >> 30;
+        x *= 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 27;
+        x *= 0x94D049BB133111EBull;
+        x ^= x >> 31;
+        return (int)(x % 1000);
+}
+
+static int
+kv_kind(const kvstream_t *s, int i)
+{
+        if (!s->seed) {
+                if (kv_every(i, s->poison_every))
+                        return KV_POISON;
+                if (kv_every(i, s->second_every))
+                        return KV_SECOND;
+                return kv_every(i, s->bizdup_every) ? KV_BIZDUP : KV_GOOD;
+        }
+        int r = kv_draw(s->seed, i, 1);
+        if ((r -= s->pm_poison) < 0)
+                return KV_POISON;
+        if ((r -= s->pm_second) < 0)
+                return KV_SECOND;
+        return r < s->pm_bizdup && i > 0 ? KV_BIZDUP : KV_GOOD;
 }
 
 static void
@@ -260,23 +299,27 @@ produce_kv_stream(const char *topic, kvstream_t *s)
         kt_producer_t *pr = kt_producer_new();
         char id[32], payload[96];
         for (int i = 0; i < s->n; i++) {
-                int part = i % s->parts;
-                if (kv_every(i, s->poison_every)) {
+                int part = i % s->parts, kind = kv_kind(s, i), j = -1;
+                if (kind == KV_BIZDUP) {
+                        /* the key of an earlier good event, maybe in the
+                         * same batch */
+                        j = i - 1 -
+                            (s->seed ? kv_draw(s->seed, i, 3) : i) %
+                                s->bizdup_back;
+                        while (j >= 0 && kv_kind(s, j) != KV_GOOD)
+                                j--;
+                        if (j < 0)
+                                kind = KV_GOOD;
+                }
+                if (kind == KV_POISON) {
                         snprintf(id, sizeof(id), "p-%d", i);
                         snprintf(payload, sizeof(payload), "k-%d -1", i);
                         s->poison++;
-                } else if (kv_every(i, s->second_every)) {
+                } else if (kind == KV_SECOND) {
                         snprintf(id, sizeof(id), "d-%d", i);
                         snprintf(payload, sizeof(payload), "k-%d 777", i);
                         s->second++;
-                } else if (kv_every(i, s->bizdup_every)) {
-                        /* the key of an earlier good event, maybe in the
-                         * same batch */
-                        int j = i - 1 - (i % s->bizdup_back);
-                        while (kv_every(j, s->poison_every) ||
-                               kv_every(j, s->second_every) ||
-                               kv_every(j, s->bizdup_every))
-                                j--;
+                } else if (kind == KV_BIZDUP) {
                         snprintf(id, sizeof(id), "b-%d", i);
                         snprintf(payload, sizeof(payload), "k-%d %d", j,
                                  s->bizdup_v);
@@ -292,7 +335,8 @@ produce_kv_stream(const char *topic, kvstream_t *s)
                         s->sum += i % 100;
                 }
                 kt_produce(pr, topic, part, NULL, payload, id);
-                if (kv_every(i, s->resend_every)) {
+                if (s->seed ? kv_draw(s->seed, i, 2) < s->pm_resend
+                            : kv_every(i, s->resend_every)) {
                         kt_produce(pr, topic, part, NULL, payload, id);
                         s->resent++;
                 }
@@ -349,9 +393,13 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
         /* 1,500 events over 6 partitions: every 37th a CHECK poison, every
          * 29th a business duplicate of an earlier key (new id), every 41st
          * re-sent with its id (a redelivery). */
-        kvstream_t ks = {.n = 1500, .parts = 6, .poison_every = 37,
-                         .bizdup_every = 29, .bizdup_back = 13,
-                         .bizdup_v = 1000, .resend_every = 41};
+        kvstream_t ks = {.n = 1500,
+                         .parts = 6,
+                         .poison_every = 37,
+                         .bizdup_every = 29,
+                         .bizdup_back = 13,
+                         .bizdup_v = 1000,
+                         .resend_every = 41};
         produce_kv_stream(topic, &ks);
         int good = ks.good, poison = ks.poison, bizdup = ks.bizdup,
             resent = ks.resent;
@@ -611,8 +659,9 @@ static kinbox_err_t
 credit_rows(kinbox_tx_t *tx, const char *const *cr,
             const kinbox_msg_t *const *owner, size_t n)
 {
-        return kinbox_tx_exec_values(tx, "INSERT INTO kt_credit (msg, v) "
-                                         "VALUES ",
+        return kinbox_tx_exec_values(tx,
+                                     "INSERT INTO kt_credit (msg, v) "
+                                     "VALUES ",
                                      "($1, $2)", NULL, 2, cr, owner, n);
 }
 
@@ -639,7 +688,7 @@ two_one(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
 
 static kinbox_result_t
 two_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
-            kinbox_result_t *results, void *opaque)
+          kinbox_result_t *results, void *opaque)
 {
         (void)opaque;
         const char **p = calloc(4 * count + 1, sizeof(*p));
@@ -669,8 +718,9 @@ two_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t count,
         }
         rc = KINBOX_RESULT_OK;
         if (n && (kinbox_tx_exec_values_unique(
-                      tx, NULL, "INSERT INTO kt_attr (k, v, msg, attempt) "
-                                "VALUES ",
+                      tx, NULL,
+                      "INSERT INTO kt_attr (k, v, msg, attempt) "
+                      "VALUES ",
                       "($1, $2, $3, $4)", "", 4, p, owner, n) ||
                   credit_rows(tx, cr, owner, n)))
                 rc = KINBOX_RESULT_RETRY;
@@ -684,15 +734,76 @@ out:
         return rc;
 }
 
+/* Stream ks through the two-table handlers (per message when single, else
+ * the batch handler) with batch.max bmax, and check what a user would:
+ * every good event applied once at its first attempt with one credit,
+ * nothing of a poison, a business duplicate or an undone call left, every
+ * poison dead once at its first attempt with its own statement's CHECK
+ * violation, business duplicates and redeliveries counted, nothing
+ * retried. kt_credit has no key: a row applied twice would show. */
+static void
+run_two_tables(int backend, bool single, const char *bmax, kvstream_t *ks)
+{
+        char *url = kt_fresh_db(kt_backend(backend));
+        create_kt_attr(url);
+        kt_exec(url, "CREATE TABLE kt_credit (msg VARCHAR(64) NOT NULL, "
+                     "v INT NOT NULL CHECK (v <> 777))");
+        char *topic = kt_unique("ttwo");
+        produce_kv_stream(topic, ks);
+        int good = ks->good, dead = ks->poison + ks->second;
+        kinbox_conf_t *c = kt_conf(url, "two", kt_unique("gtwo"), topic);
+        kt_set(c, "retry.max", "3");
+        kt_set(c, "batch.max", bmax);
+        kt_set(c, "retry.backoff.base.ms", "10");
+        kt_set(c, "retry.backoff.max.ms", "50");
+        kt_run_t *r = kt_run_start(c, single ? two_one : NULL,
+                                   single ? NULL : two_batch, NULL);
+        kinbox_consumer_stats_t st;
+        drain_stop(url, r, ks->n + ks->resent, 180, &st);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
+                                  "msg NOT LIKE 'g-%' OR attempt <> 1"),
+                     0),
+                  "a message was charged another message's failure");
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_credit"), good),
+            "rows of undone calls or failed messages committed");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(DISTINCT msg) FROM kt_credit "
+                                  "WHERE msg LIKE 'g-%'"),
+                     good));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COALESCE(SUM(v), 0) FROM kt_credit"),
+                     ks->sum));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(DISTINCT message_id) FROM "
+                                  "kinbox_dead_letter"),
+                     dead));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
+                     dead),
+                  "a message was dead-lettered twice");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE (message_id LIKE 'p-%' OR message_id "
+                                  "LIKE 'd-%') AND attempts = 1 AND (error "
+                                  "LIKE '%23514%' OR error LIKE '%4025%')"),
+                     dead));
+        cr_assert(eq(u64, st.business_duplicates, (uint64_t)ks->bizdup));
+        cr_assert(eq(u64, st.duplicates, (uint64_t)ks->resent));
+        cr_assert(eq(u64, st.retried, 0));
+        cr_assert(eq(u64, st.processed, (uint64_t)good));
+}
+
 /* A message fails in its call's second statement while a neighbour failed
- * in the first: every good message applied once at its first attempt,
- * each poison dead once at its first attempt with its own statement's
- * error. On MariaDB the first failure drops its message's rows and the
- * second cannot (the message's row in the first statement ran); once,
+ * in the first. On MariaDB the first failure drops its message's rows and
+ * the second cannot (the message's row in the first statement ran); once,
  * when the cut after the second put the first in a later group, the first
- * was dead-lettered twice. kt_credit has no key: a row applied twice
- * would show. Parameters: backend x (batch handler, per-message
- * handler). */
+ * was dead-lettered twice. 1,200 events over 4 partitions: every 31st a
+ * CHECK poison of its own statement, every 97th a poison of its kt_credit
+ * row, every 23rd a business duplicate. Parameters: backend x (batch
+ * handler, per-message handler). */
 ParameterizedTestParameters(dirty, second_statement_poison)
 {
         static int v[] = {0, 1, 2, 3};
@@ -700,65 +811,47 @@ ParameterizedTestParameters(dirty, second_statement_poison)
 }
 ParameterizedTest(int *param, dirty, second_statement_poison, .timeout = 240)
 {
-        int backend = *param % 2;
-        bool single = *param >= 2;
-        char *url = kt_fresh_db(kt_backend(backend));
-        create_kt_attr(url);
-        kt_exec(url, "CREATE TABLE kt_credit (msg VARCHAR(64) NOT NULL, "
-                     "v INT NOT NULL CHECK (v <> 777))");
-        char *topic = kt_unique("tsecond");
-        /* 1,200 events over 4 partitions: every 31st a CHECK poison of its
-         * own statement, every 97th a poison of its kt_credit row, every
-         * 23rd a business duplicate (new id, an earlier key). */
-        kvstream_t ks = {.n = 1200, .parts = 4, .poison_every = 31,
-                         .second_every = 97, .bizdup_every = 23,
-                         .bizdup_back = 11, .bizdup_v = 5};
-        produce_kv_stream(topic, &ks);
-        int good = ks.good, poison = ks.poison, dpoison = ks.second,
-            bizdup = ks.bizdup;
-        long long sum = ks.sum;
-        kinbox_conf_t *c = kt_conf(url, "second", kt_unique("gsecond"), topic);
-        kt_set(c, "retry.max", "3");
-        kt_set(c, "batch.max", "150");
-        kt_set(c, "retry.backoff.base.ms", "10");
-        kt_set(c, "retry.backoff.max.ms", "50");
-        kt_run_t *r = kt_run_start(c, single ? two_one : NULL,
-                                   single ? NULL : two_batch, NULL);
-        kinbox_consumer_stats_t st;
-        drain_stop(url, r, 1200, 180, &st);
-        /* Every good event once, at its first attempt, with one credit. */
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kt_attr WHERE "
-                                  "msg NOT LIKE 'g-%' OR attempt <> 1"),
-                     0),
-                  "a message was charged another message's failure");
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_credit"), good),
-                  "rows of undone calls or failed messages committed");
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(DISTINCT msg) FROM kt_credit "
-                                  "WHERE msg LIKE 'g-%'"),
-                     good));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COALESCE(SUM(v), 0) FROM kt_credit"),
-                     sum));
-        /* Dead letters: each poison once, at its first attempt, with its
-         * own statement's CHECK violation. */
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(DISTINCT message_id) FROM "
-                                  "kinbox_dead_letter"),
-                     poison + dpoison));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     poison + dpoison),
-                  "a message was dead-lettered twice");
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                  "WHERE (message_id LIKE 'p-%' OR message_id "
-                                  "LIKE 'd-%') AND attempts = 1 AND (error "
-                                  "LIKE '%23514%' OR error LIKE '%4025%')"),
-                     poison + dpoison));
-        cr_assert(eq(u64, st.business_duplicates, (uint64_t)bizdup));
-        cr_assert(eq(u64, st.retried, 0));
-        cr_assert(eq(u64, st.processed, (uint64_t)good));
+        kvstream_t ks = {.n = 1200,
+                         .parts = 4,
+                         .poison_every = 31,
+                         .second_every = 97,
+                         .bizdup_every = 23,
+                         .bizdup_back = 11,
+                         .bizdup_v = 5};
+        run_two_tables(*param % 2, *param >= 2, "150", &ks);
+}
+
+/* The same checks on streams drawn from fixed seeds: each seed picks the
+ * handler shape, batch.max (1 to 250), the partitions (1 to 6) and the
+ * mix (1-4 % poison of either statement, 4 % business duplicates, 2 %
+ * redeliveries), so failures meet cuts, bisections, drops and batch
+ * edges in ways no hand-made pattern lists. Parameter p is backend p % 2,
+ * seed KT_DIRTY_SEED + p / 2 (KT_DIRTY_SEED defaults to 1: other seeds
+ * explore further); the log names the seed. */
+ParameterizedTestParameters(dirty, random_streams)
+{
+        static int v[] = {0, 1, 2, 3, 4, 5, 6, 7};
+        return cr_make_param_array(int, v, 8);
+}
+ParameterizedTest(int *param, dirty, random_streams, .timeout = 240)
+{
+        const char *base = getenv("KT_DIRTY_SEED");
+        unsigned seed =
+            (base ? (unsigned)atoi(base) : 1) + (unsigned)*param / 2;
+        static const char *const bmax[] = {"250", "1", "9", "64"};
+        kvstream_t ks = {.n = 1000,
+                         .parts = 1 + (int)(seed * 5 % 6),
+                         .bizdup_back = 17,
+                         .bizdup_v = 5,
+                         .seed = seed,
+                         .pm_poison = 5 + 5 * (int)seed,
+                         .pm_second = 10,
+                         .pm_bizdup = 40,
+                         .pm_resend = 20};
+        fprintf(stderr,
+                "random_streams: seed %u: %s handler, batch.max %s, %d "
+                "partitions\n",
+                seed, seed % 2 ? "batch" : "per-message", bmax[seed % 4],
+                ks.parts);
+        run_two_tables(*param % 2, seed % 2 == 0, bmax[seed % 4], &ks);
 }
