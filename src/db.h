@@ -300,10 +300,12 @@ struct kinbox__sql {
 /* The one of a module's two schema texts that is this backend's. */
 const char *kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
                             const char *mysql);
-/* The native connection for a handler asking for backend b (flushing
- * what is queued), or NULL when db is another backend or is down; *down
- * tells the latter (db is b's, but not connected). */
-void *kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b, bool *down);
+/* The native connection for a handler asking for libpq's (pgconn) or the
+ * MySQL client's (mysql), flushing what is queued; NULL when db is the
+ * other backend or is down; *down tells the latter (db is that backend's,
+ * but not connected). */
+struct pg_conn *kinbox__db_pgconn(kinbox__db_t *db, bool *down);
+struct st_mysql *kinbox__db_mysql(kinbox__db_t *db, bool *down);
 /* The embedded migrations (migrate.h) of db's backend in order: the first
  * after m (NULL: the first of all); NULL after the last. */
 struct kinbox__migration;

@@ -337,29 +337,33 @@ kinbox_tx_query_owned(kinbox_tx_t *tx, const char *sql, int nparams,
         return tx_query(tx, sql, nparams, params, owners, keys, nrows, rowsp);
 }
 
-/* The native connection when the handler asked for this backend's: the
- * transaction is then touched, and failed when the connection is down. */
-static void *
-tx_native(kinbox_tx_t *tx, kinbox_backend_t b)
+/* The handler asked for the native connection (got: it is this
+ * backend's): the transaction is then touched, and failed when the
+ * connection is down. */
+static void
+tx_native(kinbox_tx_t *tx, bool got, bool down)
 {
-        bool down = false;
-        void *n = kinbox__db_native_of(tx->db, b, &down);
-        tx->touched = tx->touched || n || down;
+        tx->touched = tx->touched || got || down;
         tx->waits++; /* the pipeline was flushed for it */
         tx->failed = tx->failed || down;
-        return n;
 }
 
 struct pg_conn *
 kinbox_tx_pgconn(kinbox_tx_t *tx)
 {
-        return tx_native(tx, KINBOX_BACKEND_POSTGRESQL);
+        bool down = false;
+        struct pg_conn *n = kinbox__db_pgconn(tx->db, &down);
+        tx_native(tx, n != NULL, down);
+        return n;
 }
 
 struct st_mysql *
 kinbox_tx_mysql(kinbox_tx_t *tx)
 {
-        return tx_native(tx, KINBOX_BACKEND_MYSQL);
+        bool down = false;
+        struct st_mysql *n = kinbox__db_mysql(tx->db, &down);
+        tx_native(tx, n != NULL, down);
+        return n;
 }
 
 void

@@ -354,6 +354,19 @@ create_kt_attr(const char *url)
                      "NULL, attempt INT NOT NULL)");
 }
 
+/* A consumer of topic for the dirty streams: batch.max bmax, three
+ * attempts, short backoffs (a retry would show as an attempt > 1). */
+static kinbox_conf_t *
+kv_conf(const char *url, const char *name, const char *topic, const char *bmax)
+{
+        kinbox_conf_t *c = kt_conf(url, name, kt_unique("gdirty"), topic);
+        kt_set(c, "retry.max", "3");
+        kt_set(c, "batch.max", bmax);
+        kt_set(c, "retry.backoff.base.ms", "10");
+        kt_set(c, "retry.backoff.max.ms", "50");
+        return c;
+}
+
 /* Parameters: backend (0 PostgreSQL, 1 MySQL) x handler shape (per
  * message, batch: plain, exec_values() after an UPDATE, exec_values()
  * only, a query with owners and the rows' keys, the same with misleading
@@ -401,20 +414,13 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
                          .bizdup_v = 1000,
                          .resend_every = 41};
         produce_kv_stream(topic, &ks);
-        int good = ks.good, poison = ks.poison, bizdup = ks.bizdup,
-            resent = ks.resent;
-        long long sum = ks.sum;
-        long long produced = 1500 + resent;
-        kinbox_conf_t *c = kt_conf(url, "dirty", kt_unique("gdirty"), topic);
-        kt_set(c, "retry.max", "3");
-        kt_set(c, "batch.max", "200");
-        kt_set(c, "retry.backoff.base.ms", "10");
-        kt_set(c, "retry.backoff.max.ms", "50");
+        int good = ks.good, poison = ks.poison;
+        kinbox_conf_t *c = kv_conf(url, "dirty", topic, "200");
         kt_run_t *r =
             kt_run_start(c, batch ? NULL : attr_handler,
                          batch ? attr_batch : NULL, (void *)&shapes[*param]);
         kinbox_consumer_stats_t st;
-        drain_stop(url, r, produced, 120, &st);
+        drain_stop(url, r, ks.n + ks.resent, 120, &st);
         /* Every good event once, at its first attempt. */
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_attr"), good));
         cr_assert(eq(i64,
@@ -431,7 +437,7 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT n + (SELECT COALESCE(SUM(v), 0) "
                                   "FROM kt_part) FROM kt_total"),
-                     sum));
+                     ks.sum));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kt_part WHERE msg "
                                   "NOT LIKE 'g-%'"),
@@ -439,8 +445,8 @@ ParameterizedTest(int *param, dirty, attribution_exact, .timeout = 240)
         assert_dead_are_poison(url, poison);
         /* Counted: business duplicates apart from redeliveries; nothing
          * was retried. */
-        cr_assert(eq(u64, st.business_duplicates, (uint64_t)bizdup));
-        cr_assert(eq(u64, st.duplicates, (uint64_t)resent));
+        cr_assert(eq(u64, st.business_duplicates, (uint64_t)ks.bizdup));
+        cr_assert(eq(u64, st.duplicates, (uint64_t)ks.resent));
         cr_assert(eq(u64, st.retried, 0));
         cr_assert(eq(u64, st.dead, (uint64_t)poison));
         cr_assert(
@@ -751,11 +757,7 @@ run_two_tables(int backend, bool single, const char *bmax, kvstream_t *ks)
         char *topic = kt_unique("ttwo");
         produce_kv_stream(topic, ks);
         int good = ks->good, dead = ks->poison + ks->second;
-        kinbox_conf_t *c = kt_conf(url, "two", kt_unique("gtwo"), topic);
-        kt_set(c, "retry.max", "3");
-        kt_set(c, "batch.max", bmax);
-        kt_set(c, "retry.backoff.base.ms", "10");
-        kt_set(c, "retry.backoff.max.ms", "50");
+        kinbox_conf_t *c = kv_conf(url, "two", topic, bmax);
         kt_run_t *r = kt_run_start(c, single ? two_one : NULL,
                                    single ? NULL : two_batch, NULL);
         kinbox_consumer_stats_t st;

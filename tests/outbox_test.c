@@ -2179,7 +2179,7 @@ check_first_order(const tmsgs_t *got, int aggs, int rows)
 
 typedef struct lrctx {
         const char *backend, *url, *topic;
-        atomic_bool stop;
+        atomic_bool stop, locker_up;
         atomic_int appended, locked;
         int failed; /* helper thread errors */
 } lrctx_t;
@@ -2236,6 +2236,11 @@ lr_writer(void *arg)
                 tc_close(&c);
                 return NULL;
         }
+        /* The locker first: on a slow machine the relays drained the rows
+         * before it had connected (no row was ever held). */
+        for (int i = 0; i < 10000 && !atomic_load(&x->locker_up) && !x->failed;
+             i++)
+                usleep(1000);
         int n = 0;
         for (int seq = 0; seq < LR_ROWS && !x->failed; seq++) {
                 for (int a = 0; a < LR_AGGS; a++) {
@@ -2285,6 +2290,7 @@ lr_locker(void *arg)
                 return NULL;
         }
         unsigned seed = 7;
+        atomic_store(&x->locker_up, true);
         while (!atomic_load(&x->stop)) {
                 char sql[256];
                 snprintf(sql, sizeof(sql),

@@ -279,12 +279,24 @@ kinbox__db_note_none(kinbox__db_t *db, int tag)
         db->none_tags[db->nnone++] = tag;
 }
 
-void *
-kinbox__db_native_of(kinbox__db_t *db, kinbox_backend_t b, bool *down)
+static void *
+native_of(kinbox__db_t *db, kinbox_backend_t b, bool *down)
 {
         void *n = db->ops->backend == b ? db->ops->native(db) : NULL;
         *down = db->ops->backend == b && !n;
         return n;
+}
+
+struct pg_conn *
+kinbox__db_pgconn(kinbox__db_t *db, bool *down)
+{
+        return native_of(db, KINBOX_BACKEND_POSTGRESQL, down);
+}
+
+struct st_mysql *
+kinbox__db_mysql(kinbox__db_t *db, bool *down)
+{
+        return native_of(db, KINBOX_BACKEND_MYSQL, down);
 }
 
 const kinbox__migration_t *
@@ -510,8 +522,8 @@ values_sql(const char *head, const char *tuple, const char *tail, int nper,
 int
 kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
                         const kinbox__param_t *p, int tag,
-                        const char *const *keys, const int *tags,
-                        size_t nrows, struct kinbox_rows_s **out)
+                        const char *const *keys, const int *tags, size_t nrows,
+                        struct kinbox_rows_s **out)
 {
         if (keys) {
                 db->hint_keys = keys;
