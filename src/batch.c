@@ -288,12 +288,20 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
  * client and the server busy together, and a failure is found before
  * more than this many statements behind it are built and skipped. */
 #define ISO_AHEAD 40
+/* A batch handler's group calls that queue statements only (claims with
+ * kinbox_tx_exec_claims()): about two groups ahead. A failure then costs
+ * at most that many groups built and skipped (each is a whole set-based
+ * call), while the server still always has the next group at hand. */
+#define ISO_AHEAD_BATCH 4
 #define ISO_BATCHES 16
-/* Groups of a walk after bisections, at most. */
+/* Groups of a walk after bisections and cuts, at most (the arrays). */
 #define ISO_MAX_GROUPS 64
-/* Savepoints a walk may define: each one that wrote holds a PostgreSQL
- * subtransaction id until COMMIT, and past 64 per transaction every
- * snapshot in the server gets slower. Past the budget a failing group is
+/* Savepoints a walk may hold, one per group: each one that wrote holds a
+ * PostgreSQL subtransaction id until COMMIT, and past 64 per transaction
+ * every snapshot in the server gets slower. A rollback to a group's
+ * savepoint keeps that one and frees those of the groups after it (their
+ * ids too), which the walk then defines again: groups, not savepoints
+ * defined, are what is counted. Past the budget a failing group is
  * handed to the batch handler one message at a time instead. */
 #define ISO_SAVEPOINTS 56
 
@@ -310,7 +318,6 @@ typedef struct walk {
         size_t g; /* the group running now */
         bool sp_done; /* group g's savepoint is already defined */
         bool no_merge; /* MySQL: group g runs without merged INSERTs */
-        int nsp; /* savepoints defined */
 } walk_t;
 
 /* The group holding message i. */
@@ -336,8 +343,7 @@ static bool
 split_at(walk_t *wk, size_t g, size_t at)
 {
         size_t a = wk->lo[g], b = wk->lo[g + 1];
-        if (at <= a || at >= b || wk->ngroups == ISO_MAX_GROUPS ||
-            wk->nsp >= ISO_SAVEPOINTS)
+        if (at <= a || at >= b || wk->ngroups >= ISO_SAVEPOINTS)
                 return false;
         memmove(wk->lo + g + 2, wk->lo + g + 1,
                 (wk->ngroups - g) * sizeof(*wk->lo));
@@ -378,8 +384,7 @@ cut_suspect(walk_t *wk, size_t g, size_t s)
         size_t a = wk->lo[g], b = wk->lo[g + 1];
         int cuts = (s > a) + (s + 1 < b);
         if (s < a || s >= b || !cuts ||
-            wk->ngroups + (size_t)cuts > ISO_MAX_GROUPS ||
-            wk->nsp + cuts > ISO_SAVEPOINTS)
+            wk->ngroups + (size_t)cuts > ISO_SAVEPOINTS)
                 return false;
         wk->single[g] = false;
         wk->suspect[g] = false;
@@ -883,6 +888,8 @@ flush_values(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
         return take_drops(c, w, tx, wk, f);
 }
 
+static bool batch_abandoned(kinbox_consumer_t *c, worker_t *w);
+
 /* Walk every group from wk->g on; RUN_AGAIN means "committed nothing yet,
  * the walk may go on" only inside; returns RUN_DONE when all ran. */
 static enum run_rc
@@ -900,13 +907,15 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                          * this group's statements are built behind it for
                          * nothing: the walk stays at most ISO_AHEAD
                          * statements ahead of the server's answers. */
-                        if (kinbox__db_peek(db, ISO_AHEAD)) {
+                        size_t ahead = c->batch_handler && !c->handler
+                                           ? ISO_AHEAD_BATCH
+                                           : ISO_AHEAD;
+                        if (kinbox__db_peek(db, ahead)) {
                                 f = failure_of(w, wk, &db->err, tx);
                                 goto failed;
                         }
                         char sp[32];
                         savepoint_name(sp, sizeof(sp), wk, wk->g);
-                        wk->nsp++;
                         if (db->ops->savepoint(db, sp)) {
                                 f = failure_of(w, wk, &db->err, tx);
                                 goto failed;
@@ -943,6 +952,13 @@ walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
                 rc = recover(c, w, wk, &f);
                 if (rc != RUN_AGAIN || !wk->iso)
                         return rc;
+                /* Narrowing a failure down may take many round trips: a
+                 * revoke or a stop ends it (kinbox__batch_process()
+                 * abandons the batch; nothing of it is committed). */
+                if (batch_abandoned(c, w)) {
+                        db->ops->rollback(db);
+                        return RUN_AGAIN;
+                }
         }
         return RUN_DONE;
 }
@@ -990,6 +1006,7 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         failure_t f;
         if (begin_batch(c, w)) {
                 f = failure_of(w, &wk, &db->err, tx);
+                wk.iso = false; /* no savepoint yet: run it again */
                 return recover(c, w, &wk, &f);
         }
         int64_t t_inbox = kinbox__now_us();
@@ -999,6 +1016,9 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         int64_t t_handlers = kinbox__now_us();
         if (queue_epilogue(c, w)) {
                 f = failure_of(w, &wk, &db->err, tx);
+                /* The walk is over: a RUN_AGAIN out of here must leave no
+                 * transaction open (run_once() begins a new one). */
+                wk.iso = false;
                 return recover(c, w, &wk, &f);
         }
         if (kinbox__fault("before_commit")) {
@@ -1112,7 +1132,13 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                                         w->msgs[i]->state = M_RUN;
                         continue;
                 }
-                /* RUN_AGAIN: states changed; duplicates are re-detected. */
+                /* RUN_AGAIN: states changed; duplicates are re-detected.
+                 * A stop or revoke is seen here too, not only when the
+                 * connection is down (the transaction is rolled back). */
+                if (batch_abandoned(c, w)) {
+                        kinbox__db_abandon(w->db);
+                        goto abandon;
+                }
                 for (size_t i = 0; i < w->nmsgs; i++)
                         if (w->msgs[i]->state == M_DUP)
                                 w->msgs[i]->state = M_RUN;

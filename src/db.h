@@ -119,6 +119,7 @@ struct kinbox_rows_s {
 };
 
 struct kinbox__db_ops;
+struct kinbox__claims;
 
 /** One connection. Not thread-safe: one thread at a time. */
 struct kinbox__db {
@@ -185,6 +186,15 @@ struct kinbox__db_ops {
          * row use kinbox__db_exec_values_text(). */
         int (*exec_values)(kinbox__db_t *db, const struct kinbox__values *v,
                            int tag);
+        /* exec() of a statement returning the business keys it claimed
+         * (kinbox_tx_exec_claims()), without waiting: when its result is
+         * read, kinbox__claims_resolve() notes the owners that claimed
+         * nothing; when it fails, its keys make the suspect. Takes c (also
+         * on error). NULL where the backend reads it at once instead
+         * (kinbox__db_exec_claims()). */
+        int (*exec_claims)(kinbox__db_t *db, const char *sql, int n,
+                           const kinbox__param_t *p, int tag,
+                           struct kinbox__claims *c);
         /* Flushes deferred statements, then runs sql; *out may be NULL. */
         int (*query)(kinbox__db_t *db, const char *sql, int n,
                      const kinbox__param_t *p, int tag,
@@ -521,6 +531,36 @@ int kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
  * key is a whole field of row, a row as servers describe it: "(v1, v2,
  * ...)"; 0 when none matches. */
 int kinbox__db_row_suspect(const kinbox__db_t *db, const char *row);
+/*
+ * A set-based claim (kinbox_tx_exec_claims()): row r of the statement is
+ * owned by tags[r] (a message's tag; a group tag or -1: no one) and carries
+ * business key keys[r]. One heap block, keys copied.
+ */
+typedef struct kinbox__claims {
+        size_t n;
+        int *tags;
+        char **keys;
+} kinbox__claims_t;
+kinbox__claims_t *kinbox__claims_new(const char *const *keys, const int *tags,
+                                     size_t n);
+void kinbox__claims_free(kinbox__claims_t *c);
+/* The statement's result, the keys it returned (got[0..ngot)): each one
+ * goes to the first row carrying it; every owner none of whose rows got a
+ * key is noted in db->none_tags (already applied). */
+void kinbox__claims_resolve(kinbox__db_t *db, const kinbox__claims_t *c,
+                            const char *const *got, size_t ngot);
+/* The claim statement of tag returned no column: a permanent failure
+ * (db->err) naming the mistake. */
+int kinbox__claims_no_rows(kinbox__db_t *db, int tag);
+/* kinbox__db_row_suspect() for the rows of a claim. */
+int kinbox__claims_suspect(const kinbox__claims_t *c, const char *row);
+/* Queue a claim statement: ops->exec_claims, or (backends reading rows
+ * at once, *waited set) query the rows now and resolve them. tags NULL or
+ * tag < 0: no owners, a plain exec(). */
+int kinbox__db_exec_claims(kinbox__db_t *db, const char *sql, int n,
+                           const kinbox__param_t *p, int tag,
+                           const char *const *keys, const int *tags,
+                           size_t nrows, bool *waited);
 /* exec_values() as one exec(): the rows joined into one statement, each
  * row's $N moved up to its own parameters (no row can be named). */
 int kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,

@@ -337,6 +337,55 @@ kinbox_tx_query_owned(kinbox_tx_t *tx, const char *sql, int nparams,
         return tx_query(tx, sql, nparams, params, owners, keys, nrows, rowsp);
 }
 
+kinbox_err_t
+kinbox_tx_exec_claims(kinbox_tx_t *tx, const char *sql, int nparams,
+                      const char *const *params,
+                      const kinbox_msg_t *const *owners,
+                      const char *const *keys, size_t nrows)
+{
+        kinbox__param_t stack[32] = {{0}};
+        bool heap = false;
+        kinbox__param_t *ps = NULL;
+        if (sql && keys && owners && nrows)
+                ps = tx_params(nparams, params, stack, 32, &heap);
+        if (!ps) {
+                snprintf(tx->reason, sizeof(tx->reason),
+                         "kinbox_tx_exec_claims: bad arguments (%d "
+                         "parameters, %zu rows%s)",
+                         nparams, nrows,
+                         keys && owners ? "" : ", no keys or owners");
+                tx->failed = true;
+                return KINBOX_ERR_INVALID;
+        }
+        /* A batch handler's rows go to their owners; every row of a
+         * one-message call is that message's. */
+        int tag = tx->tag;
+        int *rt = NULL;
+        if (tag >= 0 && (tag & KINBOX__TAG_GROUP))
+                rt = row_tags(tx, tag, owners, nrows);
+        else if (tag >= 0 && (rt = kinbox__calloc(nrows, sizeof(*rt))))
+                for (size_t r = 0; r < nrows; r++)
+                        rt[r] = tag;
+        if (tag >= 0 && !rt) {
+                snprintf(tx->reason, sizeof(tx->reason),
+                         "kinbox_tx_exec_claims: out of memory");
+                tx->failed = true;
+                if (heap)
+                        free(ps);
+                return KINBOX_ERR_NOMEM;
+        }
+        tx->touched = true;
+        bool waited = false;
+        int rc = kinbox__db_exec_claims(tx->db, sql, nparams, ps, tag, keys,
+                                        rt, nrows, &waited);
+        if (waited)
+                tx->waits++;
+        free(rt);
+        if (heap)
+                free(ps);
+        return tx_outcome(tx, rc);
+}
+
 /* The handler asked for the native connection (got: it is this
  * backend's): the transaction is then touched, and failed when the
  * connection is down. */

@@ -12,8 +12,9 @@
  * done": counted as a duplicate, the account is not credited again. The
  * per-message handler claims the order with kinbox_tx_exec_claim() (one
  * CTE on PostgreSQL, a ROW_COUNT()-guarded credit on MySQL); the batch
- * handler inserts with ON CONFLICT DO NOTHING (PostgreSQL) or looks the
- * orders up first (MySQL) and credits only the rows it inserted.
+ * handler claims its orders with kinbox_tx_exec_claims() (one CTE with ON
+ * CONFLICT DO NOTHING, PostgreSQL) or looks the orders up first (MySQL),
+ * and credits only the rows it inserted.
  *
  * It ships both handler shapes: `handle` (per message, statements pipelined
  * by kinbox) and `handle_batch` (two set-based statements per batch), and
@@ -257,16 +258,14 @@ str_cmp(const void *a, const void *b)
 }
 
 /*
- * Business duplicates of a batch: orders[0..n) sorted by (order id, batch
- * position); known[0..nk) sorted order ids. With known_done (MySQL: the
- * orders already granted) every message of a known order is a duplicate and
- * the first message of each other order is kept; otherwise (PostgreSQL:
- * the orders this batch inserted) the first message of a known order is
- * kept and every other one is a duplicate.
+ * Business duplicates of a MySQL batch: orders[0..n) sorted by (order id,
+ * batch position); known[0..nk) the sorted order ids already granted.
+ * Every message of a known order is a duplicate; of the other orders the
+ * first message is kept and the rest are duplicates.
  */
 static void
 mark_duplicates(const oref_t *orders, size_t n, char **known, size_t nk,
-                bool known_done, kinbox_result_t *results)
+                kinbox_result_t *results)
 {
         for (size_t a = 0; a < n;) {
                 size_t b = a + 1;
@@ -277,7 +276,7 @@ mark_duplicates(const oref_t *orders, size_t n, char **known, size_t nk,
                 bool found = nk && bsearch(&key, known, nk, sizeof(*known),
                                            str_cmp) != NULL;
                 for (size_t k = a; k < b; k++)
-                        if (k > a || found == known_done)
+                        if (k > a || found)
                                 results[orders[k].i] = KINBOX_RESULT_DUPLICATE;
                 a = b;
         }
@@ -304,11 +303,11 @@ sorted_values(kinbox_rows_t *rows, size_t *np)
 
 /* PostgreSQL: one statement inserts the flow rows (a granted order is
  * skipped), credits the summed grants of the rows it inserted and returns
- * their order ids. */
+ * their order ids: kinbox counts a message whose order it did not return
+ * as a business duplicate, without the handler waiting for the rows. */
 static kinbox_result_t
 batch_pg(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
-         size_t count, kinbox_result_t *results, const oref_t *orders,
-         size_t n)
+         size_t count, const kinbox_result_t *results)
 {
         char num[32];
         char *uids = NULL, *oids = NULL, *pts = NULL;
@@ -316,9 +315,10 @@ batch_pg(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
         arr_add(&uids, &ul, &uc, "{", 0);
         arr_add(&oids, &ol, &oc, "{", 0);
         arr_add(&pts, &pl, &pc, "{", 0);
-        /* Each flow row's owner and order id: a row the server rejects
-         * (a CHECK the handler does not know) names its order, a hint
-         * kinbox narrows the failure with. */
+        /* Each flow row's owner and order id, in batch order: the order id
+         * is the key the statement returns for a row it inserted, and the
+         * value a row the server rejects (a CHECK the handler does not
+         * know) shows, a hint kinbox narrows the failure with. */
         const kinbox_msg_t **own = malloc((count ? count : 1) * sizeof(*own));
         const char **keys = malloc((count ? count : 1) * sizeof(*keys));
         size_t nrows = 0;
@@ -334,14 +334,13 @@ batch_pg(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
                 arr_add(&pts, &pl, &pc, num, 0);
         }
         kinbox_result_t ret = KINBOX_RESULT_RETRY;
-        kinbox_rows_t *rows = NULL;
         if (!uids || !oids || !pts || !own || !keys)
                 goto out;
         strcat(uids, "}");
         strcat(oids, "}");
         strcat(pts, "}");
         const char *p[3] = {uids, oids, pts};
-        if (kinbox_tx_query_owned(
+        if (!kinbox_tx_exec_claims(
                 tx,
                 "WITH f AS (INSERT INTO user_points_flow (user_id, order_id, "
                 "biz_type, points_delta) SELECT u, o, 'ORDER_REWARD', p FROM "
@@ -354,17 +353,9 @@ batch_pg(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
                 "user_id ON CONFLICT (user_id) DO UPDATE SET points = "
                 "user_account.points + EXCLUDED.points) "
                 "SELECT order_id FROM f",
-                3, p, own, keys, nrows, &rows))
-                goto out;
-        size_t nk = 0;
-        char **known = sorted_values(rows, &nk);
-        if (!known)
-                goto out;
-        mark_duplicates(orders, n, known, nk, false, results);
-        free(known);
-        ret = KINBOX_RESULT_OK;
+                3, p, own, keys, nrows))
+                ret = KINBOX_RESULT_OK;
 out:
-        kinbox_rows_destroy(rows);
         free(own);
         free(keys);
         free(uids);
@@ -414,7 +405,7 @@ batch_mysql(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, const grant_t *g,
         size_t nk = 0;
         char **known = sorted_values(rows, &nk);
         if (known)
-                mark_duplicates(orders, n, known, nk, true, results);
+                mark_duplicates(orders, n, known, nk, results);
         free(known);
         kinbox_rows_destroy(rows);
         if (!known)
@@ -520,13 +511,13 @@ points_handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
                         orders[n++] = (oref_t){g[i].order_id, i};
                 }
         }
-        qsort(orders, n, sizeof(*orders), oref_cmp);
         kinbox_result_t ret = KINBOX_RESULT_OK;
-        if (n)
-                ret =
-                    kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL
-                        ? batch_pg(tx, msgs, g, count, results, orders, n)
-                        : batch_mysql(tx, msgs, g, count, results, orders, n);
+        if (n && kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL) {
+                ret = batch_pg(tx, msgs, g, count, results);
+        } else if (n) {
+                qsort(orders, n, sizeof(*orders), oref_cmp);
+                ret = batch_mysql(tx, msgs, g, count, results, orders, n);
+        }
         free(orders);
         free(g);
         return ret;

@@ -345,6 +345,51 @@ KINBOX_API kinbox_err_t kinbox_tx_query_owned(
     const kinbox_msg_t *const *owners, const char *const *keys, size_t nrows,
     kinbox_rows_t **rowsp);
 
+/**
+ * @brief Queue a batch handler's set-based statement that claims its
+ *        messages' business keys, at full speed: the handler does not wait
+ *        for its rows.
+ *
+ * The set-based kinbox_tx_exec_claim(). Row r of the statement is
+ * `owners[r]`'s and carries business key `keys[r]` (text, copied). The
+ * statement must return, in its first column, the key of each row it
+ * claimed, and change nothing for a key already taken, e.g. on
+ * PostgreSQL `INSERT INTO user_points_flow ... SELECT ... FROM unnest(...)
+ * ON CONFLICT (order_id, biz_type) DO NOTHING RETURNING order_id` (a
+ * data-modifying CTE may credit the rows it inserted, see
+ * `handlers/points`). When its result is read (after the handler
+ * returned), each returned key goes to the first row (in @p owners order)
+ * carrying it; a message none of whose rows got a key was already applied
+ * and is counted as a *business duplicate* (as with
+ * ::KINBOX_RESULT_DUPLICATE: its inbox row commits, it is never retried
+ * or dead-lettered). Two messages of one batch with the same key: the
+ * first one applies it, the second is a business duplicate.
+ *
+ * A failing statement is handled like one of kinbox_tx_query_owned():
+ * @p keys double as the hint that makes a suspect when the server
+ * describes the failing row (PostgreSQL), and only a message's own
+ * one-message call charges it.
+ *
+ * On PostgreSQL the statement is pipelined: a batch handler that queues
+ * only statements and claims costs no round trip of its own, so kinbox
+ * can cut a batch into more savepoint groups after a failure (a poison
+ * message re-does a smaller group) at no extra wait. Elsewhere (MySQL,
+ * MariaDB) the rows are read at once, as by kinbox_tx_query().
+ *
+ * @param owners, keys @p nrows each, not NULL. An owner that is not a
+ *              message of this call owns nothing (its rows count for no
+ *              message).
+ * @returns as kinbox_tx_exec(); ::KINBOX_ERR_INVALID for no rows, no keys
+ *          or no owners. A statement that returns no column fails (found
+ *          when its result is read) as a permanent error naming the
+ *          mistake: its messages are dead-lettered with that reason.
+ * @remark Per-message handlers and replays may call it too: every row is
+ *         then the message's own (a replay counts no duplicates).
+ */
+KINBOX_API kinbox_err_t kinbox_tx_exec_claims(
+    kinbox_tx_t *tx, const char *sql, int nparams, const char *const *params,
+    const kinbox_msg_t *const *owners, const char *const *keys, size_t nrows);
+
 /** @brief Number of rows. */
 KINBOX_API size_t kinbox_rows_count(const kinbox_rows_t *rows);
 /** @brief Number of columns. */

@@ -537,18 +537,20 @@ kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
         return rc;
 }
 
-int
-kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
+/* 1 + tags[r] of the first row r with an owner whose key is a whole field
+ * of row; 0 when none matches. */
+static int
+keys_suspect(const char *const *keys, const int *tags, size_t n,
+             const char *row)
 {
         if (!row || row[0] != '(')
                 return 0;
-        for (size_t r = 0; r < db->hint_n; r++) {
-                const char *k = db->hint_keys[r];
+        for (size_t r = 0; r < n; r++) {
+                const char *k = keys[r];
                 size_t kl = k ? strlen(k) : 0;
                 /* A row without an owner (the call's own tag) names no
                  * one. */
-                if (!kl || db->hint_tags[r] < 0 ||
-                    (db->hint_tags[r] & KINBOX__TAG_GROUP))
+                if (!kl || tags[r] < 0 || (tags[r] & KINBOX__TAG_GROUP))
                         continue;
                 /* k as a field: after "(" or ", ", before ", " or ")".
                  * A value that merely looks like k (another column, a
@@ -561,10 +563,182 @@ kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
                         bool close =
                             e[0] == ')' || (e[0] == ',' && e[1] == ' ');
                         if (open && close)
-                                return 1 + db->hint_tags[r];
+                                return 1 + tags[r];
                 }
         }
         return 0;
+}
+
+int
+kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
+{
+        return keys_suspect(db->hint_keys, db->hint_tags, db->hint_n, row);
+}
+
+kinbox__claims_t *
+kinbox__claims_new(const char *const *keys, const int *tags, size_t n)
+{
+        size_t bytes =
+            sizeof(kinbox__claims_t) + n * (sizeof(int) + sizeof(char *));
+        for (size_t r = 0; r < n; r++)
+                bytes += (keys[r] ? strlen(keys[r]) : 0) + 1;
+        kinbox__claims_t *c = malloc(bytes);
+        if (!c)
+                return NULL;
+        c->n = n;
+        c->keys = (char **)(c + 1);
+        c->tags = (int *)(c->keys + n);
+        char *o = (char *)(c->tags + n);
+        for (size_t r = 0; r < n; r++) {
+                size_t l = keys[r] ? strlen(keys[r]) : 0;
+                c->tags[r] = tags[r];
+                c->keys[r] = o;
+                memcpy(o, keys[r] ? keys[r] : "", l + 1);
+                o += l + 1;
+        }
+        return c;
+}
+
+void
+kinbox__claims_free(kinbox__claims_t *c)
+{
+        free(c);
+}
+
+int
+kinbox__claims_suspect(const kinbox__claims_t *c, const char *row)
+{
+        return keys_suspect((const char *const *)c->keys, c->tags, c->n, row);
+}
+
+/* A returned key, and whether a row took it already. */
+typedef struct gotkey {
+        const char *k;
+        bool taken;
+} gotkey_t;
+
+static int
+gotkey_cmp(const void *a, const void *b)
+{
+        return strcmp(((const gotkey_t *)a)->k, ((const gotkey_t *)b)->k);
+}
+
+/* A row's owner, and whether the row got a key. */
+typedef struct owned {
+        int tag;
+        size_t r;
+        bool got;
+} owned_t;
+
+static int
+owned_cmp(const void *a, const void *b)
+{
+        const owned_t *x = a, *y = b;
+        if (x->tag != y->tag)
+                return x->tag < y->tag ? -1 : 1;
+        return x->r < y->r ? -1 : x->r > y->r;
+}
+
+void
+kinbox__claims_resolve(kinbox__db_t *db, const kinbox__claims_t *c,
+                       const char *const *got, size_t ngot)
+{
+        gotkey_t *g = malloc((ngot ? ngot : 1) * sizeof(*g));
+        owned_t *o = malloc((c->n ? c->n : 1) * sizeof(*o));
+        if (!g || !o)
+                goto out; /* counted as processed, not as duplicates */
+        size_t k = 0;
+        for (size_t j = 0; j < ngot; j++)
+                if (got[j])
+                        g[k++] = (gotkey_t){got[j], false};
+        ngot = k;
+        qsort(g, ngot, sizeof(*g), gotkey_cmp);
+        size_t no = 0;
+        for (size_t r = 0; r < c->n; r++) {
+                int t = c->tags[r];
+                if (t < 0 || (t & KINBOX__TAG_GROUP))
+                        continue;
+                /* The first row (in the statement's order) carrying a
+                 * returned key takes it. */
+                bool hit = false;
+                size_t a = 0, b = ngot;
+                while (a < b) {
+                        size_t m = a + (b - a) / 2;
+                        if (strcmp(g[m].k, c->keys[r]) < 0)
+                                a = m + 1;
+                        else
+                                b = m;
+                }
+                for (; a < ngot && !strcmp(g[a].k, c->keys[r]) && !hit; a++)
+                        if (!g[a].taken)
+                                hit = g[a].taken = true;
+                o[no++] = (owned_t){t, r, hit};
+        }
+        qsort(o, no, sizeof(*o), owned_cmp);
+        for (size_t a = 0; a < no;) {
+                size_t b = a;
+                bool any = false;
+                for (; b < no && o[b].tag == o[a].tag; b++)
+                        any = any || o[b].got;
+                if (!any)
+                        kinbox__db_note_none(db, o[a].tag);
+                a = b;
+        }
+out:
+        free(g);
+        free(o);
+}
+
+int
+kinbox__claims_no_rows(kinbox__db_t *db, int tag)
+{
+        kinbox__db_seterr(db, KINBOX_ERR_DB, "", 0, tag,
+                          "kinbox_tx_exec_claims: the statement returned no "
+                          "column (it must return the keys it claimed, e.g. "
+                          "RETURNING order_id)");
+        db->err.permanent = true;
+        return KINBOX_ERR_DB;
+}
+
+int
+kinbox__db_exec_claims(kinbox__db_t *db, const char *sql, int n,
+                       const kinbox__param_t *p, int tag,
+                       const char *const *keys, const int *tags, size_t nrows,
+                       bool *waited)
+{
+        *waited = false;
+        if (tag < 0 || !tags || !keys)
+                return db->ops->exec(db, sql, n, p, tag);
+        if (db->ops->exec_claims) {
+                kinbox__claims_t *c = kinbox__claims_new(keys, tags, nrows);
+                if (!c) {
+                        kinbox__db_seterr(db, KINBOX_ERR_NOMEM, "", 0, tag,
+                                          "out of memory");
+                        return KINBOX_ERR_NOMEM;
+                }
+                return db->ops->exec_claims(db, sql, n, p, tag, c);
+        }
+        *waited = true;
+        struct kinbox_rows_s *rows = NULL;
+        int rc = kinbox__db_query_hinted(db, sql, n, p, tag, keys, tags, nrows,
+                                         &rows);
+        if (rc)
+                return rc;
+        if (!rows || rows->ncols < 1) {
+                kinbox_rows_destroy(rows);
+                return kinbox__claims_no_rows(db, tag);
+        }
+        kinbox__claims_t c = {nrows, (int *)tags, (char **)keys};
+        const char **got =
+            malloc((rows->nrows ? rows->nrows : 1) * sizeof(*got));
+        if (got) {
+                for (size_t j = 0; j < rows->nrows; j++)
+                        got[j] = rows->values[j * (size_t)rows->ncols];
+                kinbox__claims_resolve(db, &c, got, rows->nrows);
+        }
+        free(got);
+        kinbox_rows_destroy(rows);
+        return KINBOX_OK;
 }
 
 int

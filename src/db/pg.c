@@ -24,6 +24,8 @@ typedef struct pend {
         enum pkind kind;
         int tag;
         int stmt; /* K_PREPARE: cache index */
+        kinbox__claims_t *claims; /* K_EXEC of exec_claims(), owned */
+        bool gone; /* rolled back (rollback_to): its result means nothing */
 } pend_t;
 
 typedef struct stmt {
@@ -109,12 +111,12 @@ fail_res(kinbox__db_t *db, PGresult *res, int tag)
         return code;
 }
 
-/* The owner the server's detail seems to name: PostgreSQL describes the
- * row a CHECK or NOT NULL constraint rejected ("Failing row contains
- * (...)", values cut to 64 bytes; absent without the right to read
- * every column). */
-static int
-row_suspect(const kinbox__db_t *db, PGresult *res)
+/* The row the server's detail describes: PostgreSQL shows the row a
+ * CHECK or NOT NULL constraint rejected ("Failing row contains (...)",
+ * values cut to 64 bytes; absent without the right to read every
+ * column); NULL when none. Its owner is the suspect. */
+static const char *
+failing_row(PGresult *res)
 {
         static const char pre[] = "Failing row contains ";
         const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
@@ -122,8 +124,8 @@ row_suspect(const kinbox__db_t *db, PGresult *res)
         if (!state || !detail ||
             (strcmp(state, "23514") && strcmp(state, "23502")) ||
             strncmp(detail, pre, sizeof(pre) - 1))
-                return 0;
-        return kinbox__db_row_suspect(db, detail + sizeof(pre) - 1);
+                return NULL;
+        return detail + sizeof(pre) - 1;
 }
 
 static void
@@ -138,6 +140,8 @@ notice_cb(void *arg, const char *message)
 static void
 reset_state(pg_t *pg)
 {
+        for (size_t i = 0; i < pg->qlen; i++)
+                kinbox__claims_free(pg->q[pg->qhead + i].claims);
         pg->qhead = pg->qlen = 0;
         pg->pipeline = false;
         if (pg->want) {
@@ -239,7 +243,7 @@ qpush(kinbox__db_t *db, enum pkind kind, int tag, int stmt)
                         pg->qcap = cap;
                 }
         }
-        pg->q[pg->qhead + pg->qlen++] = (pend_t){kind, tag, stmt};
+        pg->q[pg->qhead + pg->qlen++] = (pend_t){kind, tag, stmt, NULL, false};
         return KINBOX_OK;
 }
 
@@ -255,6 +259,30 @@ ensure_pipeline(kinbox__db_t *db)
                 pg->pipeline = true;
         }
         return KINBOX_OK;
+}
+
+/* An exec_claims() statement's result: the keys it returned (column 0)
+ * resolve its owners; no column at all is the handler's mistake. */
+static void
+take_claims(kinbox__db_t *db, PGresult *res, const kinbox__claims_t *c,
+            int tag, int *rc)
+{
+        int nr = PQntuples(res);
+        if (PQnfields(res) < 1) {
+                if (*rc == KINBOX_OK)
+                        *rc = kinbox__claims_no_rows(db, tag);
+                return;
+        }
+        const char *stack[256];
+        const char **got =
+            nr <= 256 ? stack : malloc((size_t)nr * sizeof(*got));
+        if (!got)
+                return; /* counted as processed, not as duplicates */
+        for (int i = 0; i < nr; i++)
+                got[i] = PQgetisnull(res, i, 0) ? NULL : PQgetvalue(res, i, 0);
+        kinbox__claims_resolve(db, c, got, (size_t)nr);
+        if (got != stack)
+                free(got);
 }
 
 /* The results of the oldest queued command: 0 taken, -1 the connection
@@ -280,13 +308,30 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
                 return 0;
         }
         bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+        /* The entry's claims go with it, whatever the outcome. */
+        pg->q[pg->qhead].claims = NULL;
+        if (p.gone) {
+                kinbox__claims_free(p.claims);
+                p.claims = NULL;
+                p.tag = -1;
+                p.kind = p.kind == K_PREPARE ? K_PREPARE : K_INTERNAL;
+                if (!ok)
+                        st = PGRES_PIPELINE_ABORTED; /* not a failure */
+        }
         if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK) {
                 *rc = fail_res(db, res, p.tag);
                 /* A query with owners: at most one is queued (a query is
                  * read at once), so the failing K_QUERY is that one. */
-                if (p.kind == K_QUERY && db->hint_n)
-                        db->err.suspect = row_suspect(db, res);
+                const char *row = failing_row(res);
+                if (p.kind == K_QUERY && db->hint_n && row)
+                        db->err.suspect = kinbox__db_row_suspect(db, row);
+                else if (p.claims && row)
+                        db->err.suspect =
+                            kinbox__claims_suspect(p.claims, row);
         }
+        if (ok && p.claims)
+                take_claims(db, res, p.claims, p.tag, rc);
+        kinbox__claims_free(p.claims);
         if (!ok && p.kind == K_PREPARE)
                 pg->stmts[p.stmt].prepared = false;
         if (ok && p.kind == K_EXEC && p.tag >= 0 &&
@@ -531,6 +576,22 @@ pg_exec(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
 }
 
 static int
+pg_exec_claims(kinbox__db_t *db, const char *sql, int n,
+               const kinbox__param_t *p, int tag, kinbox__claims_t *c)
+{
+        int rc = send_stmt(db, sql, n, p, tag, K_EXEC);
+        if (rc) {
+                kinbox__claims_free(c);
+                return rc;
+        }
+        pg_t *pg = PG(db);
+        pg->q[pg->qhead + pg->qlen - 1].claims = c;
+        if (pg->qlen >= FLUSH_EVERY)
+                return pg_flush(db);
+        return KINBOX_OK;
+}
+
+static int
 to_rows(PGresult *res, struct kinbox_rows_s **out)
 {
         int nr = PQntuples(res), nc = PQnfields(res);
@@ -601,7 +662,18 @@ static int
 pg_commit(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
-        int rc = send_plain(db, "COMMIT", K_COMMIT);
+        /* A claim's result may fail it (no column: the handler's mistake,
+         * found by the client, which the server would commit). */
+        int rc = KINBOX_OK;
+        for (size_t i = 0; i < pg->qlen && !rc; i++)
+                if (pg->q[pg->qhead + i].claims)
+                        rc = pg_flush(db);
+        if (rc) {
+                if (pg->conn)
+                        db->ops->rollback(db);
+                return rc;
+        }
+        rc = send_plain(db, "COMMIT", K_COMMIT);
         if (rc)
                 return rc == KINBOX_ERR_DB_CONN && db->in_tx
                            ? KINBOX_ERR_DB_CONN
@@ -674,6 +746,9 @@ pg_savepoint(kinbox__db_t *db, const char *name)
  * to the next Sync, and the transaction stays aborted after it: end the
  * segment with a Sync (inside a transaction block that commits nothing),
  * then queue ROLLBACK TO SAVEPOINT, which an aborted transaction accepts.
+ * Nothing is waited for: what is queued before the Sync is rolled back
+ * whatever it does, so its results are marked to mean nothing (no
+ * failure, no claim) and are skipped whenever they are read.
  */
 static int
 pg_rollback_to(kinbox__db_t *db, const char *name)
@@ -682,12 +757,12 @@ pg_rollback_to(kinbox__db_t *db, const char *name)
         if (!pg || !pg->conn)
                 return fail_conn(db, -1, "rollback to savepoint");
         if (pg->pipeline) {
+                for (size_t i = 0; i < pg->qlen; i++)
+                        pg->q[pg->qhead + i].gone = true;
                 if (!PQpipelineSync(pg->conn))
                         return fail_conn(db, -1, "sync");
                 int rc = qpush(db, K_SYNC, -1, -1);
-                if (!rc)
-                        rc = drain(db);
-                if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_NOMEM)
+                if (rc)
                         return rc;
         }
         char sql[96];
@@ -925,6 +1000,7 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .begin = pg_begin,
     .exec = pg_exec,
     .exec_values = kinbox__db_exec_values_text,
+    .exec_claims = pg_exec_claims,
     .query = pg_query,
     .flush = pg_flush,
     .peek = pg_peek,
