@@ -179,9 +179,14 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
          * librdkafka 2.0 stops fetching until something wakes its broker
          * threads (nudge_fetchers() does, once a quarter has drained).
          * 50,000 messages (~600 B each in memory) keep RSS under 64 MiB
-         * with any backlog (see docs/benchmarks.md). */
+         * with any backlog (see docs/benchmarks.md).
+         * Metadata every 30 s (librdkafka: 5 min): a subscribed topic
+         * created after the start, or partitions added to one, are
+         * consumed within 30 s, not 5 min (docs/kafka.md). */
         if (rd_kafka_conf_set(rkc, "auto.offset.reset", "earliest", e,
                               sizeof(e)) ||
+            rd_kafka_conf_set(rkc, "topic.metadata.refresh.interval.ms",
+                              "30000", e, sizeof(e)) ||
             rd_kafka_conf_set(rkc, "queued.max.messages.kbytes", "16384", e,
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "queued.min.messages", "50000", e,
@@ -972,9 +977,21 @@ poll_once(kinbox_consumer_t *c)
                 snprintf(c->errstr, sizeof(c->errstr), "fatal Kafka error: %s",
                          fe);
                 ret = KINBOX_ERR_KAFKA;
+        } else if ((rkm->err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+                    rkm->err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC) &&
+                   rkm->rkt) {
+                /* Brokers that users run do not create topics for clients
+                 * (auto.create.topics.enable = false), and kinbox never
+                 * creates one: say which topic, and keep waiting for it. */
+                kinbox__log(&c->lg, KINBOX_LOG_ERR, "consumer",
+                            "%s: topic %s does not exist on the broker "
+                            "(kinbox does not create topics): create it; "
+                            "consuming starts once it exists",
+                            c->name, rd_kafka_topic_name(rkm->rkt));
         } else {
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                            "Kafka: %s", rd_kafka_message_errstr(rkm));
+                            "%s: Kafka: %s", c->name,
+                            rd_kafka_message_errstr(rkm));
         }
         rd_kafka_message_destroy(rkm);
         return ret;

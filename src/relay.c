@@ -67,6 +67,11 @@
 #define POLL_MIN_MS 1 /* polling: interval while rows keep coming */
 #define HOT_MS 200 /* polling: close interval after a local append */
 #define RELAY_LINGER_MS "1" /* producer linger.ms unless configured */
+/* Topics whose size limit the relay remembers, and for how long. */
+#define LIMITS_MAX 16
+#define LIMIT_TTL_MS 60000
+/* Java-compatible keyed partitioning (producer_conf()). */
+#define RELAY_PARTITIONER "murmur2_random"
 
 /* ---------------------------------------------------------------- types */
 
@@ -175,6 +180,15 @@ struct kinbox_relay_s {
         int live_jobs;
         kinbox_relay_stats_t stats;
         char errstr[1024];
+        /* Topics' max.message.bytes as the broker answered (size_verdicts). */
+        struct topic_limit {
+                char *topic;
+                int64_t bytes; /* -1: the broker did not say */
+                int64_t at; /* asked at (monotonic ms) */
+        } limits[LIMITS_MAX];
+        int nlimits;
+        rd_kafka_t *admin_rk; /* asks them; made on first need */
+        bool compressed; /* kafka.compression.type is set, not none */
 };
 
 static void producer_warm(kinbox_relay_t *r);
@@ -387,7 +401,11 @@ produce(kinbox_relay_t *r, item_t *it)
                 snprintf(err, sizeof(err), "produce: %s: %s",
                          rd_kafka_err2name(e), rd_kafka_err2str(e));
                 set_err(it->err, err);
-                it->out = OUT_RETRY;
+                /* Larger than kafka.message.max.bytes: no attempt can
+                 * ever publish this row as written. */
+                it->out = e == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE
+                              ? OUT_DEAD
+                              : OUT_RETRY;
                 return;
         }
 }
@@ -828,6 +846,157 @@ batch_reported(const batch_t *b)
         return true;
 }
 
+/* The topic's max.message.bytes (the broker's effective value, its
+ * default included), from a DescribeConfigs on the producer, remembered
+ * for a minute; -1 when the broker does not answer within 5 s. */
+static int64_t
+topic_max_bytes(kinbox_relay_t *r, const char *topic)
+{
+        int64_t now = kinbox__now_ms();
+        struct topic_limit *slot = NULL;
+        for (int i = 0; i < r->nlimits; i++)
+                if (!strcmp(r->limits[i].topic, topic)) {
+                        if (now - r->limits[i].at < LIMIT_TTL_MS)
+                                return r->limits[i].bytes;
+                        slot = &r->limits[i];
+                }
+        if (!slot) {
+                if (r->nlimits == LIMITS_MAX) {
+                        free(r->limits[0].topic);
+                        memmove(&r->limits[0], &r->limits[1],
+                                sizeof(r->limits[0]) * (LIMITS_MAX - 1));
+                        r->nlimits--;
+                }
+                slot = &r->limits[r->nlimits];
+                slot->topic = kinbox__strdup(topic);
+                if (!slot->topic)
+                        return -1;
+                r->nlimits++;
+        }
+        slot->at = now;
+        slot->bytes = -1;
+        if (!r->admin_rk) {
+                /* Not the producer: after a refused request it is failed
+                 * (the gapless guarantee). The user's settings (security,
+                 * bootstrap) without the producer's callbacks' work. */
+                rd_kafka_conf_t *c = rd_kafka_conf_dup(r->rkconf);
+                rd_kafka_conf_set(c, "enable.idempotence", "false", NULL, 0);
+                rd_kafka_conf_set(c, "enable.gapless.guarantee", "false",
+                                  NULL, 0);
+                rd_kafka_conf_set_dr_msg_cb(c, NULL);
+                r->admin_rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, NULL, 0);
+                if (!r->admin_rk) {
+                        rd_kafka_conf_destroy(c);
+                        return -1;
+                }
+        }
+        rd_kafka_t *rk = r->admin_rk;
+        rd_kafka_ConfigResource_t *res =
+            rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic);
+        rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+        rd_kafka_AdminOptions_t *o =
+            rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
+        rd_kafka_AdminOptions_set_request_timeout(o, 5000, NULL, 0);
+        rd_kafka_DescribeConfigs(rk, &res, 1, o, q);
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 6000);
+        const rd_kafka_DescribeConfigs_result_t *dr =
+            ev ? rd_kafka_event_DescribeConfigs_result(ev) : NULL;
+        size_t nres = 0, ncf = 0;
+        const rd_kafka_ConfigResource_t **rs =
+            dr && !rd_kafka_event_error(ev)
+                ? rd_kafka_DescribeConfigs_result_resources(dr, &nres)
+                : NULL;
+        const rd_kafka_ConfigEntry_t **cf =
+            nres == 1 && !rd_kafka_ConfigResource_error(rs[0])
+                ? rd_kafka_ConfigResource_configs(rs[0], &ncf)
+                : NULL;
+        for (size_t i = 0; i < ncf; i++) {
+                const char *v = rd_kafka_ConfigEntry_value(cf[i]);
+                if (!strcmp(rd_kafka_ConfigEntry_name(cf[i]),
+                            "max.message.bytes") &&
+                    v)
+                        slot->bytes = strtoll(v, NULL, 10);
+        }
+        if (ev)
+                rd_kafka_event_destroy(ev);
+        rd_kafka_AdminOptions_destroy(o);
+        rd_kafka_queue_destroy(q);
+        rd_kafka_ConfigResource_destroy(res);
+        return slot->bytes;
+}
+
+/*
+ * The broker refused a produce request as too large. It refuses the
+ * whole request, so every row of that request (of that partition) reports
+ * MSG_SIZE_TOO_LARGE, and with the gapless guarantee the producer fails.
+ * Charging them all would dead-letter innocent rows; releasing them all
+ * would publish the same request forever. A row is a suspect when its key
+ * and value alone are larger than the topic's max.message.bytes: without
+ * compression no attempt can ever publish it (dead now, the reason named);
+ * with compression it is charged an attempt (compressed, it might fit).
+ * The other rows of the topic go back uncharged, and are published
+ * without the suspect. When no row is a suspect, the request as a whole
+ * was too large (kafka.batch.size above the topic's limit): every row is
+ * charged, the error says what to set.
+ */
+static void
+size_verdicts(kinbox_relay_t *r, batch_t *b)
+{
+        for (size_t i = 0; i < b->n; i++) {
+                item_t *it = &b->v[i];
+                if (it->out != OUT_RETRY ||
+                    (it->dr_err != RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE &&
+                     it->dr_err != RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE))
+                        continue;
+                const char *topic = it->destination;
+                const rd_kafka_resp_err_t code = it->dr_err;
+                int64_t limit = topic_max_bytes(r, topic);
+                bool any = false;
+                for (size_t k = i; k < b->n; k++) {
+                        item_t *x = &b->v[k];
+                        size_t sz = x->payload_size +
+                                    (x->aggregate_id ? strlen(x->aggregate_id)
+                                                     : 0);
+                        if (x->out != OUT_RETRY || x->dr_err != code ||
+                            strcmp(x->destination, topic))
+                                continue;
+                        if (limit > 0 && (int64_t)sz > limit) {
+                                any = true;
+                                snprintf(x->err, sizeof(x->err),
+                                         "delivery: MSG_SIZE_TOO_LARGE: the "
+                                         "record (%zu bytes of key and value) "
+                                         "is larger than topic %s's "
+                                         "max.message.bytes (%" PRId64 ")%s",
+                                         sz, topic, limit,
+                                         r->compressed
+                                             ? ""
+                                             : ": it cannot be published as "
+                                               "written");
+                                if (!r->compressed)
+                                        x->out = OUT_DEAD;
+                                x->dr_err = RD_KAFKA_RESP_ERR_NO_ERROR;
+                        }
+                }
+                for (size_t k = i; k < b->n; k++) {
+                        item_t *x = &b->v[k];
+                        if (x->out != OUT_RETRY || x->dr_err != code ||
+                            strcmp(x->destination, topic))
+                                continue;
+                        x->dr_err = RD_KAFKA_RESP_ERR_NO_ERROR;
+                        if (any) {
+                                x->out = OUT_RELEASE; /* not its fault */
+                        } else if (limit > 0) {
+                                snprintf(x->err, sizeof(x->err),
+                                         "delivery: MSG_SIZE_TOO_LARGE: a "
+                                         "produce request to %s was larger "
+                                         "than its max.message.bytes (%" PRId64
+                                         "): set kafka.batch.size below it",
+                                         topic, limit);
+                        }
+                }
+        }
+}
+
 /* Delivery reports into outcomes. Within an aggregate's run, the first
  * failure is charged an attempt; the rows after it go back untouched
  * (released), behind it. With the idempotent producer's gapless guarantee
@@ -835,7 +1004,7 @@ batch_reported(const batch_t *b)
  * failed; should one have been acknowledged anyway, it is on the topic and
  * is marked sent. */
 static void
-batch_outcomes(batch_t *b)
+batch_outcomes(kinbox_relay_t *r, batch_t *b)
 {
         for (size_t i = 0; i < b->n; i++) {
                 item_t *it = &b->v[i];
@@ -856,6 +1025,7 @@ batch_outcomes(batch_t *b)
                 set_err(it->err, e);
                 it->out = OUT_RETRY;
         }
+        size_verdicts(r, b);
         for (size_t i = 0; i < b->n; i++) {
                 item_t *it = &b->v[i];
                 if (it->out != OUT_RETRY || !it->aggregate_id || it->held)
@@ -1058,7 +1228,7 @@ batch_metrics(kinbox_relay_t *r, const batch_t *b, const tally_t *t,
 static int
 batch_finish(kinbox_relay_t *r, batch_t *b)
 {
-        batch_outcomes(b);
+        batch_outcomes(r, b);
         /* Crash window for the tests: published, not yet marked sent. */
         if (kinbox__fault("relay_after_publish")) {
                 rlog(r, KINBOX_LOG_WARNING,
@@ -1504,6 +1674,19 @@ producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf, char *errstr,
         if (!kinbox_conf_get(conf, "kafka.linger.ms") &&
             !kinbox_conf_get(conf, "kafka.queue.buffering.max.ms"))
                 kafka_set_one("linger.ms", RELAY_LINGER_MS, &ks);
+        /* Keys on the partitions the Java producer (and so Spring, Kafka
+         * Streams, Connect) puts them: murmur2 of the key, random for a
+         * row without one. librdkafka's own default (consistent_random,
+         * CRC32) would put most keys elsewhere, and a key written by a
+         * Java service and by the relay would lose its order. The user's
+         * kafka.partitioner wins (e.g. consistent_random to keep the
+         * mapping of topics an older kinbox wrote; docs/outbox.md). */
+        const char *ct = kinbox_conf_get(conf, "kafka.compression.type");
+        if (!ct)
+                ct = kinbox_conf_get(conf, "kafka.compression.codec");
+        r->compressed = ct && strcmp(ct, "none");
+        if (!kinbox_conf_get(conf, "kafka.partitioner"))
+                kafka_set_one("partitioner", RELAY_PARTITIONER, &ks);
         /* Runs of one aggregate are in flight together: a row must never
          * be written after an earlier row of its partition failed.
          *  - The gapless guarantee turns a failed batch that would leave a
@@ -1819,5 +2002,9 @@ kinbox_relay_destroy(kinbox_relay_t *r)
         pthread_mutex_destroy(&r->lock);
         pthread_cond_destroy(&r->jobs_cv);
         kinbox_conf_destroy(r->conf);
+        for (int i = 0; i < r->nlimits; i++)
+                free(r->limits[i].topic);
+        if (r->admin_rk)
+                rd_kafka_destroy(r->admin_rk);
         free(r);
 }

@@ -192,9 +192,45 @@ kt_fresh_db(const char *backend)
         return u;
 }
 
+bool
+kt_real_kafka(void)
+{
+        const char *b = getenv("KT_BROKER");
+        return b && !strcmp(b, "kafka");
+}
+
+/* Before main (and so before Criterion forks a test): KT_BROKER=kafka
+ * points every KINBOX_BOOTSTRAP reader at the real broker and removes the
+ * dev broker's control socket, so nothing reaches the mock by mistake. */
+__attribute__((constructor)) static void
+kt_broker_select(void)
+{
+        const char *b = getenv("KT_BROKER");
+        if (!b || !*b || !strcmp(b, "devbroker"))
+                return;
+        if (strcmp(b, "kafka")) {
+                fprintf(stderr, "harness: KT_BROKER=%s: want kafka or devbroker\n", b);
+                exit(2);
+        }
+        const char *bs = getenv("KINBOX_KAFKA_BOOTSTRAP");
+        if (!bs || !*bs) {
+                fprintf(stderr,
+                        "harness: KT_BROKER=kafka but KINBOX_KAFKA_BOOTSTRAP is not set "
+                        "(scripts/services start starts Apache Kafka and writes it to "
+                        "services.env)\n");
+                exit(2);
+        }
+        setenv("KINBOX_BOOTSTRAP", bs, 1);
+        unsetenv("KINBOX_DEVBROKER_CONTROL");
+}
+
 char *
 kt_broker(const char *fmt, ...)
 {
+        if (kt_real_kafka())
+                cr_fatal("kt_broker(\"%s\"): this test injects faults into the dev broker; "
+                         "it cannot run on real Kafka (KT_BROKER=kafka)",
+                         fmt);
         const char *path = kt_env("KINBOX_DEVBROKER_CONTROL");
         char cmd[1024];
         va_list ap;
@@ -227,10 +263,79 @@ kt_broker(const char *fmt, ...)
         return keep(strdup(reply));
 }
 
+/* Every partition of topic has a leader in a metadata answer. */
+static bool
+kt_topic_ready(rd_kafka_t *rk, const char *topic, int partitions)
+{
+        rd_kafka_topic_t *t = rd_kafka_topic_new(rk, topic, NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        bool ok = false;
+        if (rd_kafka_metadata(rk, 0, t, &md, 5000) == 0 && md->topic_cnt == 1 &&
+            md->topics[0].err == 0 && md->topics[0].partition_cnt == partitions) {
+                ok = true;
+                for (int i = 0; i < partitions; i++)
+                        if (md->topics[0].partitions[i].err ||
+                            md->topics[0].partitions[i].leader < 0)
+                                ok = false;
+        }
+        if (md)
+                rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(t);
+        return ok;
+}
+
+static void
+kt_topic_kafka(const char *topic, int partitions)
+{
+        char e[512];
+        const char *rf_s = getenv("KT_REPLICATION");
+        int rf = rf_s && *rf_s ? atoi(rf_s) : 1;
+        rd_kafka_conf_t *c = rd_kafka_conf_new();
+        rd_kafka_conf_set(c, "bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"),
+                          e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, e, sizeof(e));
+        cr_assert(rk != NULL, "admin client: %s", e);
+        rd_kafka_NewTopic_t *nt =
+            rd_kafka_NewTopic_new(topic, partitions, rf, e, sizeof(e));
+        cr_assert(nt != NULL, "new topic %s: %s", topic, e);
+        rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+        rd_kafka_AdminOptions_t *o =
+            rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+        rd_kafka_AdminOptions_set_operation_timeout(o, 30000, e, sizeof(e));
+        rd_kafka_CreateTopics(rk, &nt, 1, o, q);
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 60000);
+        cr_assert(ev != NULL, "create topic %s: no answer in 60 s", topic);
+        cr_assert(rd_kafka_event_error(ev) == 0, "create topic %s: %s", topic,
+                  rd_kafka_event_error_string(ev));
+        size_t n = 0;
+        const rd_kafka_topic_result_t **r = rd_kafka_CreateTopics_result_topics(
+            rd_kafka_event_CreateTopics_result(ev), &n);
+        cr_assert(n == 1, "create topic %s: %zu results", topic, n);
+        rd_kafka_resp_err_t te = rd_kafka_topic_result_error(r[0]);
+        cr_assert(te == 0 || te == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS,
+                  "create topic %s (%d partitions, replication %d): %s", topic,
+                  partitions, rf, rd_kafka_topic_result_error_string(r[0]));
+        rd_kafka_event_destroy(ev);
+        rd_kafka_AdminOptions_destroy(o);
+        rd_kafka_NewTopic_destroy(nt);
+        rd_kafka_queue_destroy(q);
+        int tries = 0;
+        while (!kt_topic_ready(rk, topic, partitions)) {
+                tries++;
+                cr_assert(tries < 300, "topic %s: partitions without a leader after 30 s",
+                          topic);
+                usleep(100 * 1000);
+        }
+        rd_kafka_destroy(rk);
+}
+
 void
 kt_topic(const char *topic, int partitions)
 {
-        kt_broker("topic %s %d", topic, partitions);
+        if (kt_real_kafka())
+                kt_topic_kafka(topic, partitions);
+        else
+                kt_broker("topic %s %d", topic, partitions);
 }
 
 struct kt_producer {
@@ -248,9 +353,11 @@ kt_producer_new(void)
         rd_kafka_conf_set(c, "linger.ms", "5", e, sizeof(e));
         /* The mock does not check idempotent sequence numbers: with more
          * than one request in flight, injected errors can lose a message
-         * librdkafka reports delivered (see relay_conf in outbox_test.c). */
-        rd_kafka_conf_set(c, "max.in.flight.requests.per.connection", "1", e,
-                          sizeof(e));
+         * librdkafka reports delivered (see relay_conf in outbox_test.c).
+         * Only there: real Kafka runs librdkafka's default (5). */
+        if (!kt_real_kafka())
+                rd_kafka_conf_set(c, "max.in.flight.requests.per.connection",
+                                  "1", e, sizeof(e));
         kt_producer_t *p = calloc(1, sizeof(*p));
         p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, e, sizeof(e));
         cr_assert(p->rk != NULL, "producer: %s", e);

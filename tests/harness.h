@@ -47,10 +47,22 @@ char *kt_unique(const char *prefix);
  * exit. */
 char *kt_tmp(const char *name);
 
-/* Create a topic on the dev broker. */
+/* Which Kafka the test runs against. Default: the dev broker (the
+ * librdkafka mock cluster of scripts/services; request-level fault
+ * injection through kt_broker()). With KT_BROKER=kafka: a real Apache
+ * Kafka broker, KINBOX_KAFKA_BOOTSTRAP, which the harness then puts into
+ * KINBOX_BOOTSTRAP for the whole test binary (the ctest entries NAME@kafka;
+ * docs/kafka.md). The binary exits 2 when KINBOX_KAFKA_BOOTSTRAP is not
+ * set: a missing broker fails, never skips. */
+bool kt_real_kafka(void);
+
+/* Create a topic: on the dev broker through its control socket; on real
+ * Kafka with the Admin API (replication factor KT_REPLICATION, default 1),
+ * returning once every partition has a leader. */
 void kt_topic(const char *topic, int partitions);
 /* Send one control command to the dev broker; returns its reply line
- * (owned by the harness). */
+ * (owned by the harness). Fails the test on real Kafka: a test that
+ * injects faults this way runs on the dev broker only. */
 char *kt_broker(const char *fmt, ...);
 
 /* Producer. msgid may be NULL (no header). partition -1 = by key. */

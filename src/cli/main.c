@@ -299,12 +299,17 @@ typedef struct runner {
 
 static runner_t *g_runners;
 static int g_nrunners;
+/* SIGTERM/SIGINT came: also before anything runs (cmd_run checks it once
+ * the consumers and the relay exist, so a stop during start-up is a clean
+ * exit, not the default action of the signal). */
+static volatile sig_atomic_t g_stop_asked;
 static kinbox_relay_t *g_relay;
 
 static void
 on_signal(int sig)
 {
         (void)sig;
+        g_stop_asked = 1;
         kb_watchdog_arm(); /* the shutdown is bounded from here */
         kb_sd_stopping();
         for (int i = 0; i < g_nrunners; i++)
@@ -488,6 +493,11 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
 static int
 cmd_run(int argc, char **argv)
 {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_signal;
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
         const char *path = config_arg(argc, argv, "run");
         kb_config_t cfg;
         char err[2048];
@@ -537,11 +547,8 @@ cmd_run(int argc, char **argv)
                 if (kb_watchdog_start())
                         fprintf(stderr, "kinbox run: cannot start the "
                                         "shutdown watchdog\n");
-                struct sigaction sa;
-                memset(&sa, 0, sizeof(sa));
-                sa.sa_handler = on_signal;
-                sigaction(SIGTERM, &sa, NULL);
-                sigaction(SIGINT, &sa, NULL);
+                if (g_stop_asked)
+                        on_signal(0); /* asked during start-up */
                 bool relay_started = false;
                 if (relay) {
                         if (pthread_create(&relay_thr, NULL, relay_thread,
