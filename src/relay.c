@@ -188,6 +188,16 @@ struct kinbox_relay_s {
         } limits[LIMITS_MAX];
         int nlimits;
         rd_kafka_t *admin_rk; /* asks them; made on first need */
+        /* Topics whose durability settings were checked (topic_durability):
+         * a background thread asks once per topic and warns. */
+        pthread_mutex_t checks_mu;
+        pthread_cond_t checks_cv;
+        char *checked[LIMITS_MAX * 4];
+        int nchecked;
+        char *to_check[LIMITS_MAX];
+        int nto_check;
+        pthread_t checker;
+        bool checker_started, checker_stop;
         bool compressed; /* kafka.compression.type is set, not none */
 };
 
@@ -363,10 +373,13 @@ build_headers(const item_t *it, char *err, size_t errsz)
         return kh;
 }
 
+static void topic_durability(kinbox_relay_t *r, const char *topic);
+
 static void
 produce(kinbox_relay_t *r, item_t *it)
 {
         char err[256];
+        topic_durability(r, it->destination);
         rd_kafka_headers_t *kh = build_headers(it, err, sizeof(err));
         if (!kh) {
                 set_err(it->err, err);
@@ -849,6 +862,10 @@ batch_reported(const batch_t *b)
 /* The topic's max.message.bytes (the broker's effective value, its
  * default included), from a DescribeConfigs on the producer, remembered
  * for a minute; -1 when the broker does not answer within 5 s. */
+static rd_kafka_t *admin_handle(kinbox_relay_t *r);
+static int topic_configs(rd_kafka_t *rk, const char *topic, const char *n1,
+                         int64_t *v1, const char *n2, int64_t *v2);
+
 static int64_t
 topic_max_bytes(kinbox_relay_t *r, const char *topic)
 {
@@ -875,6 +892,21 @@ topic_max_bytes(kinbox_relay_t *r, const char *topic)
         }
         slot->at = now;
         slot->bytes = -1;
+        rd_kafka_t *rk = admin_handle(r);
+        if (!rk)
+                return -1;
+        int64_t v = -1;
+        topic_configs(rk, topic, "max.message.bytes", &v, NULL, NULL);
+        slot->bytes = v;
+        return slot->bytes;
+}
+
+/* The relay's admin client, made on first need (pthread_once-like under
+ * checks_mu: the checker thread and the relay thread share it). */
+static rd_kafka_t *
+admin_handle(kinbox_relay_t *r)
+{
+        pthread_mutex_lock(&r->checks_mu);
         if (!r->admin_rk) {
                 /* Not the producer: after a refused request it is failed
                  * (the gapless guarantee). The user's settings (security,
@@ -885,12 +917,21 @@ topic_max_bytes(kinbox_relay_t *r, const char *topic)
                                   NULL, 0);
                 rd_kafka_conf_set_dr_msg_cb(c, NULL);
                 r->admin_rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, NULL, 0);
-                if (!r->admin_rk) {
+                if (!r->admin_rk)
                         rd_kafka_conf_destroy(c);
-                        return -1;
-                }
         }
         rd_kafka_t *rk = r->admin_rk;
+        pthread_mutex_unlock(&r->checks_mu);
+        return rk;
+}
+
+/* Integer values of up to three topic configs (NULL names are skipped;
+ * -1 where the broker did not say; booleans as 0/1). Returns 0 when the
+ * broker answered. */
+static int
+topic_configs(rd_kafka_t *rk, const char *topic, const char *n1,
+              int64_t *v1, const char *n2, int64_t *v2)
+{
         rd_kafka_ConfigResource_t *res =
             rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic);
         rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
@@ -912,17 +953,125 @@ topic_max_bytes(kinbox_relay_t *r, const char *topic)
                 : NULL;
         for (size_t i = 0; i < ncf; i++) {
                 const char *v = rd_kafka_ConfigEntry_value(cf[i]);
-                if (!strcmp(rd_kafka_ConfigEntry_name(cf[i]),
-                            "max.message.bytes") &&
-                    v)
-                        slot->bytes = strtoll(v, NULL, 10);
+                const char *n = rd_kafka_ConfigEntry_name(cf[i]);
+                int64_t x = !v                  ? -1
+                            : !strcmp(v, "true")  ? 1
+                            : !strcmp(v, "false") ? 0
+                                                  : strtoll(v, NULL, 10);
+                if (n1 && !strcmp(n, n1))
+                        *v1 = x;
+                if (n2 && !strcmp(n, n2))
+                        *v2 = x;
         }
+        int rc = cf ? 0 : -1;
         if (ev)
                 rd_kafka_event_destroy(ev);
         rd_kafka_AdminOptions_destroy(o);
         rd_kafka_queue_destroy(q);
         rd_kafka_ConfigResource_destroy(res);
-        return slot->bytes;
+        return rc;
+}
+
+/* A topic's replication factor (its first partition's replicas), -1 when
+ * unknown. */
+static int
+topic_replication(rd_kafka_t *rk, const char *topic)
+{
+        rd_kafka_topic_t *t = rd_kafka_topic_new(rk, topic, NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        int rf = -1;
+        if (t && rd_kafka_metadata(rk, 0, t, &md, 5000) == 0 &&
+            md->topic_cnt == 1 && !md->topics[0].err &&
+            md->topics[0].partition_cnt > 0)
+                rf = md->topics[0].partitions[0].replica_cnt;
+        if (md)
+                rd_kafka_metadata_destroy(md);
+        if (t)
+                rd_kafka_topic_destroy(t);
+        return rf;
+}
+
+/* Once per topic: are its settings the ones the relay's guarantee needs?
+ * An acknowledged row (acks=all) survives a broker's loss only with a
+ * replication factor of 3 (or more) and min.insync.replicas of 2 (or
+ * more), and only when no out-of-sync replica may become leader. kinbox
+ * publishes anyway (the user's cluster, the user's choice) and says so. */
+static void
+durability_check(kinbox_relay_t *r, const char *topic)
+{
+        rd_kafka_t *rk = admin_handle(r);
+        if (!rk)
+                return;
+        int64_t isr = -1, unclean = -1;
+        if (topic_configs(rk, topic, "min.insync.replicas", &isr,
+                          "unclean.leader.election.enable", &unclean))
+                return; /* no answer (or not a real broker): nothing said */
+        int rf = topic_replication(rk, topic);
+        if ((rf >= 0 && rf < 3) || (isr >= 0 && isr < 2))
+                rlog(r, KINBOX_LOG_WARNING,
+                     "topic %s: replication factor %d, min.insync.replicas "
+                     "%" PRId64 ": a published row can be lost with one "
+                     "broker; the relay's guarantee needs replication factor "
+                     ">= 3 and min.insync.replicas >= 2 (docs/kafka.md)",
+                     topic, rf, isr);
+        if (unclean == 1)
+                rlog(r, KINBOX_LOG_WARNING,
+                     "topic %s: unclean.leader.election.enable = true: an "
+                     "out-of-sync replica may become leader and drop "
+                     "published rows; set it to false (docs/kafka.md)",
+                     topic);
+}
+
+static void *
+checker_main(void *arg)
+{
+        kinbox_relay_t *r = arg;
+        pthread_mutex_lock(&r->checks_mu);
+        for (;;) {
+                while (!r->checker_stop && !r->nto_check)
+                        pthread_cond_wait(&r->checks_cv, &r->checks_mu);
+                if (r->checker_stop)
+                        break;
+                char *topic = r->to_check[--r->nto_check];
+                pthread_mutex_unlock(&r->checks_mu);
+                durability_check(r, topic);
+                free(topic);
+                pthread_mutex_lock(&r->checks_mu);
+        }
+        pthread_mutex_unlock(&r->checks_mu);
+        return NULL;
+}
+
+/* The first row for a topic asks the checker thread to look at it; never
+ * waits. */
+static void
+topic_durability(kinbox_relay_t *r, const char *topic)
+{
+        pthread_mutex_lock(&r->checks_mu);
+        for (int i = 0; i < r->nchecked; i++)
+                if (!strcmp(r->checked[i], topic)) {
+                        pthread_mutex_unlock(&r->checks_mu);
+                        return;
+                }
+        if (r->nchecked == (int)KINBOX__ARRAY_SIZE(r->checked) ||
+            r->nto_check == (int)KINBOX__ARRAY_SIZE(r->to_check)) {
+                pthread_mutex_unlock(&r->checks_mu);
+                return; /* many topics: the first ones were checked */
+        }
+        char *a = kinbox__strdup(topic), *b = kinbox__strdup(topic);
+        if (!a || !b) {
+                free(a);
+                free(b);
+                pthread_mutex_unlock(&r->checks_mu);
+                return;
+        }
+        r->checked[r->nchecked++] = a;
+        r->to_check[r->nto_check++] = b;
+        if (!r->checker_started &&
+            pthread_create(&r->checker, NULL, checker_main, r) == 0)
+                r->checker_started = true;
+        pthread_cond_signal(&r->checks_cv);
+        pthread_mutex_unlock(&r->checks_mu);
 }
 
 /*
@@ -1727,6 +1876,8 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         r->pipefd[0] = r->pipefd[1] = -1;
         pthread_mutex_init(&r->lock, NULL);
         pthread_cond_init(&r->jobs_cv, NULL);
+        pthread_mutex_init(&r->checks_mu, NULL);
+        pthread_cond_init(&r->checks_cv, NULL);
         r->batch = kinbox__conf_int(conf, "relay.batch.size");
         r->depth = (int)kinbox__conf_int(conf, "relay.pipeline");
         r->run_max = kinbox__conf_int(conf, "relay.run.max");
@@ -2004,6 +2155,19 @@ kinbox_relay_destroy(kinbox_relay_t *r)
         kinbox_conf_destroy(r->conf);
         for (int i = 0; i < r->nlimits; i++)
                 free(r->limits[i].topic);
+        if (r->checker_started) {
+                pthread_mutex_lock(&r->checks_mu);
+                r->checker_stop = true;
+                pthread_cond_signal(&r->checks_cv);
+                pthread_mutex_unlock(&r->checks_mu);
+                pthread_join(r->checker, NULL);
+        }
+        for (int i = 0; i < r->nchecked; i++)
+                free(r->checked[i]);
+        for (int i = 0; i < r->nto_check; i++)
+                free(r->to_check[i]);
+        pthread_mutex_destroy(&r->checks_mu);
+        pthread_cond_destroy(&r->checks_cv);
         if (r->admin_rk)
                 rd_kafka_destroy(r->admin_rk);
         free(r);

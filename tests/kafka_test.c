@@ -356,6 +356,11 @@ ParameterizedTest(struct big *p, relay, too_large, .timeout = 180)
                                   "last_error LIKE '%max.message.bytes (65536)%'"),
                      1),
                   "the dead row does not name the topic's limit (log %s)", log);
+        /* The single test broker's topics have one replica: said once. */
+        char *out = kt_slurp(log);
+        cr_assert(out && strstr(out, "replication factor 1, min.insync.replicas 1"),
+                  "no warning about the topic's durability settings:\n%s", out);
+        free(out);
         if (!strcmp(codec, "none"))
                 cr_assert(eq(i64,
                              kt_qint(url, "SELECT attempts FROM kinbox_outbox "
