@@ -1922,8 +1922,9 @@ ParameterizedTest(int *bidx, outbox_hot_aggregate, backends, .timeout = 180)
 
 /*
  * Failures inside runs: aggregate "f" has a row that can never be
- * produced (larger than message.max.bytes) in the middle: it is retried,
- * goes dead, and the rows after it wait for it (released, not charged),
+ * produced (larger than kafka.message.max.bytes) in the middle: no retry
+ * can help, so it is dead at its first attempt (max_attempts 2 is not
+ * used up), and the rows after it wait for it (released, not charged),
  * then follow in order. Aggregate "p" has a row for a paused destination
  * in the middle: the rows after it stay pending, unpublished, until it is
  * resumed.
@@ -1990,7 +1991,7 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
                      kt_qintf(url,
                               "SELECT count(*) FROM kinbox_outbox "
                               "WHERE idem_key = 'f%d' AND status = "
-                              "'dead' AND attempts = 2",
+                              "'dead' AND attempts = 1",
                               BAD),
                      1));
         /* Nothing charged to the rows that waited behind it. */

@@ -259,7 +259,9 @@ main(int argc, char **argv)
                               : "this is not JSON",
                         id);
         }
-        if (rd_kafka_flush(rk, 60000) || delivery_errors) {
+        /* Wait as long as librdkafka may keep a message (message.timeout.ms,
+         * 300 s by default): a full cluster restart can take a while. */
+        if (rd_kafka_flush(rk, 310000) || delivery_errors) {
                 fprintf(stderr, "delivery failed (%d errors)\n",
                         delivery_errors);
                 return 1;
