@@ -106,6 +106,12 @@ static const prop_t props[] = {
  "Local action time limit; an overrun counts as RETRY. Must be shorter than relay.lease.ms."},
 {"relay.notify", P_BOOL, "true", 0, 0, NULL,
  "Use PostgreSQL LISTEN/NOTIFY to wake the relay at once."},
+{"relay.cloudevents.source", P_STR, NULL, 0, 0, NULL,
+ "When set, every event is published in CloudEvents binary mode (the Kafka protocol binding): the relay adds the headers ce_specversion (1.0), ce_id (the message id), ce_source (this value, a URI-reference such as /points-service), ce_type, ce_time (the row's created_at, UTC, milliseconds) and content-type, each unless the row's stored headers set it. Unset: no CloudEvents headers."},
+{"relay.cloudevents.type", P_STR, NULL, 0, 0, NULL,
+ "ce_type of rows whose stored headers do not set ce_type (CloudEvents on); unset: the destination topic's name."},
+{"relay.cloudevents.content_type", P_STR, "application/json", 0, 0, NULL,
+ "content-type header of rows whose stored headers do not set it (CloudEvents on): the payload's media type, CloudEvents' datacontenttype."},
 {"relay.modules", P_STR, NULL, 0, 0, NULL,
  "Comma-separated handler modules whose local actions the relay of `kinbox run` registers (`[relay] modules = ...`)."},
 };
@@ -487,7 +493,10 @@ kinbox_conf_write_reference(void *fpv)
         }
         fprintf(fp, "| `kafka.*` | string | — | | Passed to librdkafka "
                     "unchanged without the `kafka.` prefix (see librdkafka's "
-                    "CONFIGURATION.md). |\n");
+                    "CONFIGURATION.md). The relay's producer uses "
+                    "`partitioner = murmur2_random` (the partition Kafka's "
+                    "Java producer picks for a key; docs/interop.md) unless "
+                    "`kafka.partitioner` is set. |\n");
 }
 
 /* roff text: `code` becomes bold, backslashes are escaped, and a line
@@ -540,5 +549,8 @@ kinbox_conf_write_reference_man(void *fpv)
         }
         fprintf(fp, ".TP\n.B kafka.*\n\\fR(string) Passed to librdkafka "
                     "unchanged without the \\fBkafka.\\fR prefix (see "
-                    "librdkafka's CONFIGURATION.md).\n");
+                    "librdkafka's CONFIGURATION.md). The relay's producer uses "
+                    "\\fBpartitioner = murmur2_random\\fR (the partition "
+                    "Kafka's Java producer picks for a key) unless "
+                    "\\fBkafka.partitioner\\fR is set.\n");
 }

@@ -116,6 +116,7 @@ typedef struct item {
         bool held; /* released behind an earlier row of its run */
         bool reclaimed; /* another relay's lease had expired */
         int64_t age_ms; /* since created_at, at claim time */
+        int64_t created_ms; /* created_at on this host's clock (wall ms) */
         rd_kafka_resp_err_t dr_err;
         outcome_t out;
         char err[ERR_MAX + 1];
@@ -145,6 +146,8 @@ struct kinbox_relay_s {
         char *owner;
         int64_t batch, lease_ms, poll_ms, base_ms, cap_ms, action_ms;
         int64_t run_max; /* rows of one aggregate per claim */
+        /* relay.cloudevents.*: ce_source NULL = CloudEvents off. */
+        const char *ce_source, *ce_type, *ce_content_type;
         /* relay.claim = lock: claims hold row locks until the marks
          * (pipeline 1 only); lock_ms bounds how long, from the claim's
          * BEGIN, a batch waits for its reports before it degrades. */
@@ -343,10 +346,53 @@ producer_new(kinbox_relay_t *r)
         return rk;
 }
 
-/* Build the producer headers: user headers, plus message_id unless the user
- * set one. */
+static bool
+hdrs_has(const hdrs_t *h, const char *name)
+{
+        for (size_t i = 0; i < h->n; i++)
+                if (!strcmp(h->v[i].name, name))
+                        return true;
+        return false;
+}
+
+/* CloudEvents binary mode (Kafka protocol binding, relay.cloudevents.
+ * source set): the required attributes and the time, each unless the row's
+ * stored headers carry it. ce_id is the message id. */
+static void
+add_cloudevents(const kinbox_relay_t *r, const item_t *it, const hdrs_t *h,
+                const char *id, size_t idn, rd_kafka_headers_t *kh)
+{
+        if (!hdrs_has(h, "ce_specversion"))
+                rd_kafka_header_add(kh, "ce_specversion", -1, "1.0", 3);
+        if (!hdrs_has(h, "ce_id"))
+                rd_kafka_header_add(kh, "ce_id", -1, id, (ssize_t)idn);
+        if (!hdrs_has(h, "ce_source"))
+                rd_kafka_header_add(kh, "ce_source", -1, r->ce_source, -1);
+        if (!hdrs_has(h, "ce_type"))
+                rd_kafka_header_add(kh, "ce_type", -1,
+                                    r->ce_type ? r->ce_type : it->destination,
+                                    -1);
+        if (!hdrs_has(h, "ce_time")) {
+                char t[40];
+                time_t sec = (time_t)(it->created_ms / 1000);
+                struct tm tm;
+                gmtime_r(&sec, &tm);
+                size_t n = strftime(t, sizeof(t), "%Y-%m-%dT%H:%M:%S", &tm);
+                snprintf(t + n, sizeof(t) - n, ".%03dZ",
+                         (int)(it->created_ms % 1000));
+                rd_kafka_header_add(kh, "ce_time", -1, t, -1);
+        }
+        if (r->ce_content_type && !hdrs_has(h, "content-type"))
+                rd_kafka_header_add(kh, "content-type", -1, r->ce_content_type,
+                                    -1);
+}
+
+/* Build the producer headers: the stored headers in order, then
+ * message_id unless the row set one, then (CloudEvents) the ce_ attributes
+ * the row did not set. */
 static rd_kafka_headers_t *
-build_headers(const item_t *it, char *err, size_t errsz)
+build_headers(const kinbox_relay_t *r, const item_t *it, char *err,
+              size_t errsz)
 {
         hdrs_t h;
         if (headers_parse(it->headers_json, &h)) {
@@ -355,21 +401,35 @@ build_headers(const item_t *it, char *err, size_t errsz)
                          it->id);
                 return NULL;
         }
-        rd_kafka_headers_t *kh = rd_kafka_headers_new(h.n + 1);
-        bool has_id = false;
+        rd_kafka_headers_t *kh = rd_kafka_headers_new(h.n + 7);
+        const char *id = NULL;
+        size_t idn = 0;
         for (size_t i = 0; i < h.n; i++) {
                 rd_kafka_header_add(kh, h.v[i].name, -1, h.v[i].value,
                                     h.v[i].value ? (ssize_t)h.v[i].size : 0);
-                if (!strcmp(h.v[i].name, MSGID_HEADER))
-                        has_id = true;
+                if (!id && !strcmp(h.v[i].name, MSGID_HEADER) && h.v[i].value) {
+                        id = h.v[i].value;
+                        idn = h.v[i].size;
+                }
+        }
+        char own[2 * KINBOX_OUTBOX_NAME_MAX + 2];
+        if (!hdrs_has(&h, MSGID_HEADER)) {
+                int n = snprintf(own, sizeof(own), "%s:%s", it->destination,
+                                 it->idem_key);
+                rd_kafka_header_add(kh, MSGID_HEADER, -1, own, n);
+                id = own;
+                idn = (size_t)n;
+        }
+        if (r->ce_source) {
+                if (!id) { /* a null message_id header: the row's own id */
+                        int n = snprintf(own, sizeof(own), "%s:%s",
+                                         it->destination, it->idem_key);
+                        id = own;
+                        idn = (size_t)n;
+                }
+                add_cloudevents(r, it, &h, id, idn, kh);
         }
         hdrs_free(&h);
-        if (!has_id) {
-                char id[2 * KINBOX_OUTBOX_NAME_MAX + 2];
-                int n = snprintf(id, sizeof(id), "%s:%s", it->destination,
-                                 it->idem_key);
-                rd_kafka_header_add(kh, MSGID_HEADER, -1, id, n);
-        }
         return kh;
 }
 
@@ -380,7 +440,7 @@ produce(kinbox_relay_t *r, item_t *it)
 {
         char err[256];
         topic_durability(r, it->destination);
-        rd_kafka_headers_t *kh = build_headers(it, err, sizeof(err));
+        rd_kafka_headers_t *kh = build_headers(r, it, err, sizeof(err));
         if (!kh) {
                 set_err(it->err, err);
                 it->out = OUT_DEAD; /* cannot ever be published as written */
@@ -693,6 +753,7 @@ items_from_rows(struct kinbox_rows_s *rows, size_t *np)
         item_t *v = kinbox__calloc(n, sizeof(*v));
         if (!v)
                 return NULL;
+        int64_t wall = kinbox__wall_ms();
         for (size_t i = 0; i < n; i++) {
                 char **c = rows->values + i * (size_t)rows->ncols;
                 size_t *l = rows->lens + i * (size_t)rows->ncols;
@@ -710,6 +771,7 @@ items_from_rows(struct kinbox_rows_s *rows, size_t *np)
                 v[i].attempts = (int)to_i64(c[KINBOX__CL_ATTEMPTS]);
                 v[i].max_attempts = (int)to_i64(c[KINBOX__CL_MAX_ATTEMPTS]);
                 v[i].age_ms = to_i64(c[KINBOX__CL_AGE_MS]);
+                v[i].created_ms = wall - v[i].age_ms;
                 const char *re = c[KINBOX__CL_RECLAIMED];
                 v[i].reclaimed = re && (!strcmp(re, "t") || !strcmp(re, "1"));
         }
@@ -1881,6 +1943,10 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         r->batch = kinbox__conf_int(conf, "relay.batch.size");
         r->depth = (int)kinbox__conf_int(conf, "relay.pipeline");
         r->run_max = kinbox__conf_int(conf, "relay.run.max");
+        r->ce_source = kinbox_conf_get(conf, "relay.cloudevents.source");
+        r->ce_type = kinbox_conf_get(conf, "relay.cloudevents.type");
+        r->ce_content_type =
+            kinbox_conf_get(conf, "relay.cloudevents.content_type");
         if (r->run_max < 1)
                 r->run_max = 1;
         if (r->depth < 1 || r->depth > PIPE_MAX)
