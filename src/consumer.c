@@ -19,6 +19,7 @@
 #include "db.h"
 #include "hold.h"
 #include "internal.h"
+#include "migrate.h"
 #include "metrics.h"
 #include "msgid.h"
 #include "tx.h"
@@ -927,6 +928,10 @@ workers_start(kinbox_consumer_t *c)
                 snprintf(c->errstr, sizeof(c->errstr), "%s", c->ctl->err.msg);
                 return KINBOX_ERR_DB_CONN;
         }
+        int src = kinbox__schema_check_db(c->ctl, NULL, c->errstr,
+                                          sizeof(c->errstr));
+        if (src)
+                return (kinbox_err_t)src;
         c->workers = kinbox__calloc((size_t)c->nworkers, sizeof(worker_t));
         if (!c->workers)
                 return KINBOX_ERR_NOMEM;

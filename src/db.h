@@ -267,6 +267,9 @@ struct kinbox__sql {
          * atomically ("" where DDL commits implicitly: those scripts are
          * idempotent instead). */
         const char *migrations_table;
+        /* One row, one column: 1 when kinbox_schema_migrations exists in
+         * the connection's database (schema), else 0. */
+        const char *migrations_exists;
         const char *script_begin, *script_commit;
         /* Pruning, [0] the inbox, [1] sent outbox rows: printf formats of
          * (int64 age) for the count and (int64 age, int64 batch) for one

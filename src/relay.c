@@ -56,6 +56,7 @@
 #include "db.h"
 #include "hdrcodec.h"
 #include "internal.h"
+#include "migrate.h"
 #include "metrics.h"
 #include "outbox_int.h"
 
@@ -2088,6 +2089,11 @@ kinbox_relay_run(kinbox_relay_t *r)
                 snprintf(r->errstr, sizeof(r->errstr),
                          "database unreachable: %s", r->db->err.msg);
                 ret = KINBOX_ERR_DB_CONN;
+                goto out;
+        }
+        if ((rc = kinbox__schema_check_db(r->db, NULL, r->errstr,
+                                          sizeof(r->errstr)))) {
+                ret = (kinbox_err_t)rc;
                 goto out;
         }
         r->rk = producer_new(r);

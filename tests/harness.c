@@ -172,6 +172,18 @@ url_with_db(const char *url, const char *db)
 }
 
 char *
+kt_empty_db(const char *backend)
+{
+        bool my = !strcmp(backend, "mysql");
+        const char *url = kt_env(my ? "KINBOX_MYSQL_URL" : "KINBOX_PG_URL");
+        char *name = kt_unique("kt");
+        char sql[256];
+        snprintf(sql, sizeof(sql), "CREATE DATABASE %s", name);
+        kt_exec(url, sql);
+        return keep(url_with_db(url, name));
+}
+
+char *
 kt_fresh_db(const char *backend)
 {
         bool my = !strcmp(backend, "mysql");

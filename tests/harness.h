@@ -38,6 +38,8 @@ const char *kt_env(const char *name);
  * the backend; returns its URL (static storage per call site is not
  * needed: the string is malloc'ed and lives until exit). */
 char *kt_fresh_db(const char *backend);
+/* A new database on the backend with nothing in it (not migrated). */
+char *kt_empty_db(const char *backend);
 
 /* A unique name with a prefix. Strings returned by kt_* functions are
  * owned by the harness and freed at exit. */

@@ -7,6 +7,7 @@
  * stdout). Exit status: see admin.h (also printed by `kinbox help`).
  */
 #include "admin.h"
+#include "schema.h"
 #include "confval.h"
 #include "hdrcodec.h"
 
@@ -342,7 +343,9 @@ ctx_open(ctx_t *x)
                         x->o.cmd, kinbox_admin_errstr(x->adm));
                 return KB_EX_DB;
         }
-        return KB_EX_OK;
+        /* A schema this binary does not know (older or newer) is refused
+         * before any command reads or changes it. */
+        return kb_schema_check_config(&x->cfg, x->o.cmd);
 }
 
 static void

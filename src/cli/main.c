@@ -22,6 +22,7 @@
 #include "watchdog.h"
 #include "config.h"
 #include "sdnotify.h"
+#include "schema.h"
 
 static const kinbox_module_t *const builtins[] = {
     &kinbox_points_module,
@@ -89,16 +90,7 @@ usage_cmd(const char *cmd, FILE *fp)
                         "  -c, --config FILE  configuration file (INI)\n"
                         "  -h, --help         this text\n");
         else if (!strcmp(cmd, "migrate"))
-                fprintf(fp,
-                        "usage: kinbox migrate -c FILE\n\n"
-                        "Applies kinbox's schema (inbox, offsets, dead "
-                        "letters, outbox) and the schema of\n"
-                        "each configured handler to [database] url. Applied "
-                        "versions are recorded in\n"
-                        "kinbox_schema_migrations; running it again is "
-                        "harmless.\n\n"
-                        "  -c, --config FILE  configuration file (INI)\n"
-                        "  -h, --help         this text\n");
+                kb_migrate_usage(fp);
         else if (!kb_admin_usage(cmd, fp))
                 usage(fp);
 }
@@ -217,76 +209,11 @@ exit_for(kinbox_err_t err)
         case KINBOX_ERR_INVALID:
         case KINBOX_ERR_UNKNOWN_KEY:
         case KINBOX_ERR_ABI:
+        case KINBOX_ERR_SCHEMA:
                 return KB_EX_USAGE;
         default:
                 return KB_EX_RUNTIME;
         }
-}
-
-static int
-cmd_migrate(int argc, char **argv)
-{
-        const char *path = config_arg(argc, argv, "migrate");
-        kb_config_t cfg;
-        char err[2048];
-        if (kb_config_load(path, &cfg, err, sizeof(err))) {
-                fprintf(stderr, "kinbox migrate: %s\n", err);
-                return KB_EX_USAGE;
-        }
-        /* Every handler and relay module is found before anything is
-         * applied: a bad handler must not leave a half-migrated database. */
-        const kinbox_module_t *mods[KB_MAX_CONSUMERS + 16];
-        const kinbox_conf_t *confs[KB_MAX_CONSUMERS + 16];
-        int nmods = 0, ncons = 0;
-        int ex = 0;
-        for (int i = 0; i < cfg.nconsumers; i++) {
-                confs[nmods] = cfg.consumers[i].conf;
-                mods[nmods] = find_module(confs[nmods], err, sizeof(err));
-                if (!mods[nmods++]) {
-                        fprintf(stderr, "kinbox migrate: %s\n", err);
-                        ex = KB_EX_USAGE;
-                        goto out;
-                }
-        }
-        ncons = nmods;
-        /* Modules named in [relay] modules (their actions' tables). */
-        const char *rm =
-            cfg.relay ? kinbox_conf_get(cfg.relay, "relay.modules") : NULL;
-        char list[512];
-        snprintf(list, sizeof(list), "%s", rm ? rm : "");
-        for (char *save = NULL, *tok = strtok_r(list, ", ", &save);
-             tok && nmods < (int)(sizeof(mods) / sizeof(mods[0]));
-             tok = strtok_r(NULL, ", ", &save)) {
-                confs[nmods] = cfg.relay;
-                mods[nmods] =
-                    find_module_named(cfg.relay, tok, err, sizeof(err));
-                if (!mods[nmods++]) {
-                        fprintf(stderr, "kinbox migrate: [relay]: %s\n", err);
-                        ex = KB_EX_USAGE;
-                        goto out;
-                }
-        }
-        kinbox_err_t rc = kinbox_migrate(cfg.base, err, sizeof(err));
-        if (rc) {
-                fprintf(stderr, "kinbox migrate: %s\n", err);
-                ex = exit_for(rc);
-                goto out;
-        }
-        printf("kinbox schema: up to date\n");
-        for (int i = 0; i < nmods; i++) {
-                rc =
-                    kinbox_migrate_module(confs[i], mods[i], err, sizeof(err));
-                if (rc) {
-                        fprintf(stderr, "kinbox migrate: %s\n", err);
-                        ex = exit_for(rc);
-                        goto out;
-                }
-                printf("%s %s schema: up to date\n",
-                       i < ncons ? "handler" : "module", mods[i]->name);
-        }
-out:
-        kb_config_free(&cfg);
-        return ex;
 }
 
 typedef struct runner {
@@ -518,6 +445,14 @@ cmd_run(int argc, char **argv)
                 kb_config_free(&cfg);
                 return KB_EX_USAGE;
         }
+        /* Every schema the configuration names, as this binary knows it:
+         * an older one would fail batch after batch, a newer one could
+         * break what a newer kinbox keeps (held keys' order). */
+        int sx = kb_schema_check_config(&cfg, "run");
+        if (sx) {
+                kb_config_free(&cfg);
+                return sx;
+        }
         runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
         int status = 0;
         if (!rs) {
@@ -617,7 +552,7 @@ main(int argc, char **argv)
         if (!strcmp(cmd, "run"))
                 return cmd_run(argc - 1, argv + 1);
         if (!strcmp(cmd, "migrate"))
-                return cmd_migrate(argc - 1, argv + 1);
+                return kb_cmd_migrate(argc - 1, argv + 1);
         static const struct {
                 const char *name;
                 int (*fn)(int, char **);

@@ -2499,6 +2499,10 @@ static const struct kinbox__sql my_sql = {
         " name VARCHAR(200) NOT NULL,"
         " applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
         " PRIMARY KEY (component, version)) ENGINE = InnoDB",
+    .migrations_exists =
+        "SELECT COUNT(*) FROM information_schema.tables WHERE "
+        "table_schema = DATABASE() AND "
+        "table_name = 'kinbox_schema_migrations'",
     .script_begin = "",
     .script_commit = "",
     /* INTERVAL in microseconds keeps sub-second ages exact. */

@@ -913,6 +913,9 @@ static const struct kinbox__sql pg_sql = {
         " component text NOT NULL, version integer NOT NULL,"
         " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),"
         " PRIMARY KEY (component, version))",
+    .migrations_exists =
+        "SELECT CASE WHEN to_regclass('kinbox_schema_migrations') IS NULL "
+        "THEN 0 ELSE 1 END",
     .script_begin = "BEGIN;\n",
     .script_commit = "COMMIT;\n",
     /* Deleting by ctid / id from an index scan of processed_at / sent_at
