@@ -25,6 +25,11 @@ const kinbox_module_t *find_module_named(const kinbox_conf_t *conf,
                                          const char *name, char *err,
                                          size_t sz);
 
+/* The module whose name records m's schema: the first built-in with the
+ * same schema (points-single is the points handler per message: one
+ * schema, recorded as points); m itself otherwise. */
+const kinbox_module_t *kb_schema_owner(const kinbox_module_t *m);
+
 /* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
 int kb_duration_ms(const char *s, int64_t *ms);
 

@@ -96,6 +96,19 @@ usage_cmd(const char *cmd, FILE *fp)
 }
 
 const kinbox_module_t *
+kb_schema_owner(const kinbox_module_t *m)
+{
+        for (size_t i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++) {
+                const kinbox_module_t *b = builtins[i];
+                if (m->schema_postgresql && b->schema_version == m->schema_version &&
+                    b->schema_postgresql == m->schema_postgresql &&
+                    b->schema_mysql == m->schema_mysql)
+                        return b;
+        }
+        return m;
+}
+
+const kinbox_module_t *
 find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
                   size_t sz)
 {

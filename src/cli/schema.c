@@ -41,6 +41,7 @@ static void
 add_mod(targets_t *t, const kinbox_module_t *m, const kinbox_conf_t *conf,
         const char *kind)
 {
+        m = kb_schema_owner(m);
         const char *url = kinbox_conf_get(conf, "database.url");
         for (int i = 0; i < t->nmod; i++) { /* one module, one database */
                 const char *u = kinbox_conf_get(t->mod_conf[i],
