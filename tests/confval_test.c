@@ -323,6 +323,20 @@ Test(config_file, duplicate_consumer_section)
                         &err);
         cr_assert(eq(int, rc, 2), "%s", err);
         cr_assert(has(err, "[consumer.points] appears twice"), "%s", err);
+        /* Written twice in a row (libinih hands over keys, not headers:
+         * this looked like one section), and any other section twice. */
+        rc = kb_ini("run", NULL,
+                    DB "[consumer.points]\nhandler = points\n"
+                       "[consumer.points]\ntopics = b\n",
+                    &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, ":7: [consumer.points] appears twice (first at "
+                           "line 5)"),
+                  "%s", err);
+        rc = kb_ini("migrate", NULL, DB "[kafka]\nacks = 1\n", &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, ":5: [kafka] appears twice (first at line 3)"),
+                  "%s", err);
 }
 
 Test(config_file, unset_variable_is_an_error)

@@ -151,6 +151,39 @@ section_seen(load_t *L, const char *section)
         return true;
 }
 
+/* A section header written twice anywhere in the file (libinih would
+ * merge the two, also when they follow each other: its handler sees keys,
+ * not headers). Returns the line of the second one (error in errstr) or 0;
+ * fp is rewound. */
+static int
+repeated_section(FILE *fp, const char *path, char *errstr, size_t sz)
+{
+        char buf[1024], *names[256];
+        int lines[256], n = 0, line = 0, found = 0;
+        while (!found && fgets(buf, sizeof(buf), fp)) {
+                line++;
+                char *p = buf + strspn(buf, " \t");
+                char *end = *p == '[' ? strchr(p, ']') : NULL;
+                if (!end)
+                        continue;
+                *end = '\0';
+                for (int i = 0; i < n && !found; i++)
+                        if (!strcmp(names[i], p + 1)) {
+                                snprintf(errstr, sz,
+                                         "%s:%d: [%s] appears twice (first "
+                                         "at line %d): merge the two sections",
+                                         path, line, p + 1, lines[i]);
+                                found = line;
+                        }
+                if (!found && n < 256 && (names[n] = strdup(p + 1)))
+                        lines[n++] = line;
+        }
+        for (int i = 0; i < n; i++)
+                free(names[i]);
+        rewind(fp);
+        return found;
+}
+
 static int
 on_kv(void *user, const char *section, const char *name, const char *value)
 {
@@ -285,8 +318,11 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                          path);
                 goto out;
         }
-        int line = ini_parse_file(fp, on_kv, L);
+        int dup = repeated_section(fp, path, errstr, sz);
+        int line = dup ? 0 : ini_parse_file(fp, on_kv, L);
         fclose(fp);
+        if (dup)
+                goto out;
         if (L->failed)
                 goto out;
         if (line) {
