@@ -623,6 +623,25 @@ run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, const walk_t *wk,
         return true;
 }
 
+/* The database is out of disk, memory or connection slots: nothing is
+ * lost (the batch is retried with backoff), but only the operator can
+ * fix it, so it is a warning and a counter, not an info line. */
+static void
+resource_error(kinbox_consumer_t *c, worker_t *w, kinbox__db_t *db)
+{
+        char l[300];
+        kinbox__m_add("kinbox_db_resource_errors_total",
+                      kinbox__m_labels(l, sizeof(l), "consumer", c->name,
+                                       (char *)NULL),
+                      1);
+        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                    "worker %d: batch rolled back: the database is out of a "
+                    "resource (disk, memory or connection slots): %s; "
+                    "retrying with backoff, offsets not advanced: free "
+                    "space or raise the limit on the database server",
+                    w->idx, db->err.msg);
+}
+
 /*
  * Charge failure f and make the transaction usable again: in isolation
  * mode roll back to the failing group's savepoint and go on from there;
@@ -647,6 +666,10 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
                         return RUN_DB_DOWN;
                 }
                 atomic_fetch_add(&c->st_retried, 1);
+                if (kinbox__db_resource_error(&db->err)) {
+                        resource_error(c, w, db);
+                        return RUN_BACKOFF;
+                }
                 kinbox__log(&c->lg,
                             db->err.code == KINBOX_ERR_TRANSIENT
                                 ? KINBOX_LOG_INFO

@@ -310,6 +310,13 @@ struct kinbox__sql {
         const char *outbox_summary, *outbox_stuck;
 };
 
+/* The server ran out of a resource: disk, memory, connection slots or
+ * another limit (PostgreSQL SQLSTATE class 53; MariaDB/MySQL 1021 disk
+ * full, 1037/1038/5 out of memory, 1040 too many connections, 1041 out
+ * of resources, 1114 table full, 3 error writing a file). Retrying
+ * helps once the operator frees it; it needs the operator's eyes. */
+bool kinbox__db_resource_error(const kinbox__dberr_t *e);
+
 /* The one of a module's two schema texts that is this backend's. */
 const char *kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
                             const char *mysql);

@@ -51,6 +51,11 @@ static const family_t families[] = {
      "Consumer transactions rolled back (retried without the failing "
      "message, or after a database error).",
      NULL, 0},
+    {"kinbox_db_resource_errors_total", M_COUNTER,
+     "Consumer transactions rolled back because the database server was "
+     "out of disk, memory or connection slots (retried with backoff; the "
+     "server needs the operator).",
+     NULL, 0},
     {"kinbox_consumer_batch_size", M_HIST,
      "Messages per committed consumer transaction.", HIST(b_size)},
     {"kinbox_consumer_transaction_seconds", M_HIST,

@@ -299,6 +299,18 @@ kinbox__db_mysql(kinbox__db_t *db, bool *down)
         return native_of(db, KINBOX_BACKEND_MYSQL, down);
 }
 
+bool
+kinbox__db_resource_error(const kinbox__dberr_t *e)
+{
+        static const int my[] = {3, 5, 1021, 1037, 1038, 1040, 1041, 1114};
+        if (!strncmp(e->sqlstate, "53", 2))
+                return true;
+        for (size_t i = 0; i < sizeof(my) / sizeof(my[0]); i++)
+                if (e->vendor == my[i])
+                        return true;
+        return false;
+}
+
 const kinbox__migration_t *
 kinbox__db_migration(const kinbox__db_t *db, const kinbox__migration_t *m)
 {

@@ -279,6 +279,11 @@ my_code(unsigned int e)
         if (e == 1213 || e == 1205 || e == 3572) /* deadlock, lock wait,
                                                     NOWAIT */
                 return KINBOX_ERR_TRANSIENT;
+        /* Out of disk, memory or another server resource: retried like a
+         * deadlock (kinbox__db_resource_error() tells them apart). */
+        if (e == 3 || e == 5 || e == 1021 || e == 1037 || e == 1038 ||
+            e == 1041 || e == 1114)
+                return KINBOX_ERR_TRANSIENT;
         if (my_conn_errno(e))
                 return KINBOX_ERR_DB_CONN;
         return KINBOX_ERR_DB;
