@@ -305,6 +305,12 @@ static void
 rk_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
         kinbox_relay_t *r = rd_kafka_opaque(rk);
+        /* The relay sets enable.gapless.guarantee on purpose (per-aggregate
+         * order, see producer_new): librdkafka's "experimental" warning
+         * about it at every start says nothing to the operator. */
+        if (level == KINBOX_LOG_WARNING && !strcmp(fac, "CONFWARN") &&
+            strstr(buf, "enable.gapless.guarantee is experimental"))
+                level = KINBOX_LOG_DEBUG;
         if (r)
                 kinbox__log(&r->log, level, "rdkafka", "%s: %s", fac, buf);
 }
