@@ -562,10 +562,30 @@ kt_write_ini(const char *url, const char *fmt, ...)
         return p2;
 }
 
+/* `kinbox run` children of this test process: a test that fails before
+ * it stops its child must not leave it consuming (in a group the next
+ * test joins). Killed when the test process exits. */
+static pid_t spawned[256];
+static size_t nspawned;
+
+static void
+reap_spawned(void)
+{
+        for (size_t i = 0; i < nspawned; i++)
+                if (kill(spawned[i], 0) == 0 &&
+                    waitpid(spawned[i], NULL, WNOHANG) == 0) {
+                        kill(spawned[i], SIGKILL);
+                        waitpid(spawned[i], NULL, 0);
+                }
+}
+
 pid_t
 kt_spawn_kinbox(const char *ini, const char *env1, const char *log_path)
 {
         const char *bin = kt_env("KINBOX_BIN");
+        static bool reaper;
+        if (!reaper)
+                reaper = atexit(reap_spawned) == 0;
         pid_t pid = fork();
         cr_assert(pid >= 0);
         if (pid == 0) {
@@ -579,6 +599,8 @@ kt_spawn_kinbox(const char *ini, const char *env1, const char *log_path)
                 execl(bin, bin, "run", "-c", ini, (char *)NULL);
                 _exit(127);
         }
+        if (nspawned < sizeof(spawned) / sizeof(spawned[0]))
+                spawned[nspawned++] = pid;
         return pid;
 }
 
