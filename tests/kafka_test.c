@@ -65,6 +65,21 @@ storm_spawn(const char *ini, int i, char **logs)
         return kt_spawn_kinbox(ini, env[i], logs[i]);
 }
 
+/* "assigned N partition(s)" lines in n logs (static members keep their
+ * partitions through a clean stop until session.timeout.ms: up to 15 s). */
+static int
+assignments(char **logs, int n)
+{
+        int count = 0;
+        for (int i = 0; i < n; i++) {
+                char *s = kt_slurp(logs[i]);
+                for (char *q = s; q && (q = strstr(q, ": assigned ")); q++)
+                        count++;
+                free(s);
+        }
+        return count;
+}
+
 ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
 {
         need_kafka();
@@ -126,12 +141,29 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
         /* The last one restarted is past its start-up (a SIGTERM between
          * fork and exec would meet the default action, not kinbox). */
         sleep(3);
-        for (int i = 0; i < STORM_PROCS; i++)
+        /* A rolling stop, one process at a time, as a deploy does: each
+         * clean stop commits its partitions' last offsets, and the ones
+         * left take the partitions over (and commit them at their own
+         * stop). Three SIGTERMs at once would race their final commits
+         * against the rebalances they cause: the coordinator refuses a
+         * commit during a rebalance, and the group's committed position
+         * may then lag. Harmless (the next owner resumes at the
+         * database's watermark, proc::restart_commits_db_position) but
+         * not what this checks. */
+        for (int i = 0; i < STORM_PROCS; i++) {
+                int before = assignments(logs + i + 1, STORM_PROCS - i - 1);
                 kill(pid[i], SIGTERM);
-        for (int i = 0; i < STORM_PROCS; i++)
                 cr_assert(eq(int, kt_wait(pid[i], 60), 0),
                           "process %d did not stop cleanly (log %s)", i,
                           logs[i]);
+                /* The others take the partitions (a rebalance after a
+                 * LeaveGroup takes a few seconds on a real broker). */
+                for (int t = 0; t < 150 && i + 1 < STORM_PROCS &&
+                                assignments(logs + i + 1,
+                                            STORM_PROCS - i - 1) == before;
+                     t++)
+                        usleep(100000);
+        }
         kt_assert_points(url, total, produced);
         /* Offsets: the group's committed position is the end of every
          * partition (committed only after the database COMMIT; a clean
