@@ -1041,8 +1041,34 @@ poll_loop(kinbox_consumer_t *c)
  * watchdog: the broker then drops the member after its session timeout. */
 #define LEAVE_GROUP_MS 10000
 
+/* One event of the close queue, destroyed here. The queue carries what the
+ * consumer queue still held (prefetched messages, consumer errors) besides
+ * the revoke: librdkafka 2.0's rd_kafka_queue_poll_callback() asserts on a
+ * message (an op it cannot serve as a callback), so the close is served
+ * with rd_kafka_queue_poll() and each event handled here. */
+static void
+close_event(kinbox_consumer_t *c, rd_kafka_event_t *ev)
+{
+        switch (rd_kafka_event_type(ev)) {
+        case RD_KAFKA_EVENT_REBALANCE:
+                rebalance_cb(c->rk, rd_kafka_event_error(ev),
+                             rd_kafka_event_topic_partition_list(ev), c);
+                break;
+        case RD_KAFKA_EVENT_ERROR:
+                kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                            "%s: leaving the group: Kafka: %s", c->name,
+                            rd_kafka_event_error_string(ev));
+                break;
+        default:
+                /* Prefetched messages (redelivered after the restart:
+                 * their offsets were never stored), commit results. */
+                break;
+        }
+        rd_kafka_event_destroy(ev);
+}
+
 /* rd_kafka_consumer_close(), bounded: the close runs in librdkafka's
- * background and its rebalance callbacks are served here. */
+ * background and its events (the revoke among them) are served here. */
 static void
 leave_group(kinbox_consumer_t *c)
 {
@@ -1068,8 +1094,15 @@ leave_group(kinbox_consumer_t *c)
                         c->left_unclosed = true;
                         break;
                 }
-                rd_kafka_queue_poll_callback(q, 100);
+                rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 100);
+                if (ev)
+                        close_event(c, ev);
         }
+        /* Events queued after the close finished: destroy them too (after
+         * a timeout, rd_kafka_destroy() does). */
+        rd_kafka_event_t *ev;
+        while (!c->left_unclosed && (ev = rd_kafka_queue_poll(q, 0)))
+                close_event(c, ev);
         rd_kafka_queue_destroy(q);
 }
 
