@@ -233,12 +233,14 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
                             ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
         h->d = MHD_start_daemon(
-            flags, port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+            /* The logger first: libmicrohttpd warns (on stderr) when an
+             * option before it could already have logged. */
+            flags, port, NULL, NULL, on_request, h,
+            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_SOCK_ADDR,
             (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
             (unsigned)HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-            (unsigned)HTTP_MAX_PER_IP, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-            MHD_OPTION_END);
+            (unsigned)HTTP_MAX_PER_IP, MHD_OPTION_END);
         if (!h->d) {
                 pthread_mutex_destroy(&h->log_lock);
                 kinbox__errstr(errstr, errstr_size,

@@ -148,31 +148,20 @@ fail:
 
 #define DESCRIBE_TIMEOUT_MS 2000
 
-static void
-kafka_set(const char *k, const char *v, void *arg)
-{
-        char e[256];
-        /* Consumer-only or unknown properties do not matter here. */
-        if (strcmp(k, "redelivery.window"))
-                rd_kafka_conf_set(arg, k, v, e, sizeof(e));
-}
-
 /* Largest retention.ms of topics from the broker: 0 when it could not
  * answer, -1 for an infinite retention. */
 static int64_t
 broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
               size_t note_sz)
 {
-        rd_kafka_conf_t *kc = rd_kafka_conf_new();
+        static const char *const quiet[] = {"log_level", "0", NULL};
         char e[256];
-        kinbox__conf_kafka_each(conf, kafka_set, kc);
-        rd_kafka_conf_set(kc, "log_level", "0", e, sizeof(e));
-        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, e, sizeof(e));
-        if (!rk) {
-                rd_kafka_conf_destroy(kc);
+        kinbox_kafka_t *kk = kinbox_kafka_new(conf, quiet, e, sizeof(e));
+        if (!kk) {
                 snprintf(note, note_sz, "%s", e);
                 return 0;
         }
+        rd_kafka_t *rk = kinbox_kafka_handle(kk);
         char list[1024];
         snprintf(list, sizeof(list), "%s", topics);
         rd_kafka_ConfigResource_t *res[64];
@@ -242,7 +231,7 @@ broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
         rd_kafka_AdminOptions_destroy(o);
         rd_kafka_ConfigResource_destroy_array(res, n);
         rd_kafka_queue_destroy(q);
-        rd_kafka_destroy(rk);
+        kinbox_kafka_destroy(kk);
         return window;
 }
 

@@ -985,6 +985,8 @@ admin_handle(kinbox_relay_t *r)
                 rd_kafka_conf_set(c, "enable.gapless.guarantee", "false",
                                   NULL, 0);
                 rd_kafka_conf_set_dr_msg_cb(c, NULL);
+                /* Its log lines into the relay's logger (rk_log_cb()). */
+                rd_kafka_conf_set_opaque(c, r);
                 r->admin_rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, NULL, 0);
                 if (!r->admin_rk)
                         rd_kafka_conf_destroy(c);

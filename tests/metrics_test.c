@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <regex.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -337,4 +338,160 @@ ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
         cr_assert(eq(int, http_get(port, "/healthz", NULL), 200));
         kill(pid, SIGKILL);
         kt_wait(pid, 30);
+}
+
+/* An INI of `kinbox run` with a points consumer (or none: topic NULL), the
+ * relay, [metrics] and extra [kafka] lines. */
+static char *
+run_ini(const char *url, const char *topic, const char *kafka_extra,
+        const char *log_level, int port)
+{
+        char *path = kt_tmp("metrics_ini");
+        FILE *fp = fopen(path, "w");
+        cr_assert(fp != NULL);
+        fprintf(fp,
+                "[database]\nurl = %s\n[kafka]\nbootstrap.servers = %s\n"
+                "session.timeout.ms = 6000\n%s"
+                "[log]\nlevel = %s\n[relay]\nenabled = true\n"
+                "[metrics]\nlisten = 127.0.0.1:%d\n",
+                url, kt_env("KINBOX_BOOTSTRAP"), kafka_extra, log_level, port);
+        if (topic)
+                fprintf(fp,
+                        "[consumer.points]\ngroup.id = %s\ntopics = %s\n"
+                        "handler = points\n",
+                        kt_unique("mlg"), topic);
+        fclose(fp);
+        return path;
+}
+
+/* Every line of text is a kinbox log line (src/util.c, text format) or a
+ * message of the kinbox command itself ("kinbox CMD: ..."); returns the
+ * first other line (static) or NULL. */
+static const char *
+foreign_line(const char *text)
+{
+        regex_t re;
+        cr_assert(eq(int,
+                     regcomp(&re,
+                             "^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:"
+                             "[0-9]{2}\\.[0-9]{3}Z (critical|error|warning|"
+                             "notice|info|debug) [^ ]+: |kinbox [a-z]+: )",
+                             REG_EXTENDED | REG_NOSUB),
+                     0));
+        static char line[512];
+        const char *bad = NULL;
+        for (const char *p = text; p && *p && !bad;) {
+                const char *nl = strchr(p, '\n');
+                size_t n = nl ? (size_t)(nl - p) : strlen(p);
+                snprintf(line, sizeof(line), "%.*s", (int)n, p);
+                if (n && regexec(&re, line, 0, NULL, 0))
+                        bad = line;
+                p = nl ? nl + 1 : NULL;
+        }
+        regfree(&re);
+        return bad;
+}
+
+/* With librdkafka's debug contexts on and log.level = debug, every
+ * librdkafka handle kinbox creates (consumer, relay producer and its admin
+ * client, the retention check, the readiness client, `kinbox status`'s
+ * group client) and libmicrohttpd log through kinbox's logger: nothing
+ * else reaches stderr. */
+KT_BACKENDS_PARAMS(metrics, stderr_only_log_lines)
+ParameterizedTest(int *backend, metrics, stderr_only_log_lines,
+                  .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("mlog");
+        kt_topic(topic, 2);
+        kt_produce_grants(topic, 0, 20, 0, "o", 0, NULL);
+        /* A row for the relay: publishing it runs its durability check on
+         * the admin client. */
+        char *out_topic = kt_unique("mlogout");
+        kt_topic(out_topic, 1);
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, payload) "
+                 "VALUES ('%s', 'e1', NULL)",
+                 out_topic);
+        kt_exec(url, sql);
+        char *ini = run_ini(url, topic, "debug = all\n", "debug", free_port());
+        char *log = kt_tmp("metrics_stderr");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200),
+                  "never ready");
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
+                                  20, 60),
+                     20));
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox "
+                                  "WHERE status = 'sent'",
+                                  1, 60),
+                     1));
+        sleep(2); /* the relay's background durability check */
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        char *out = kt_slurp(log);
+        cr_assert(out != NULL);
+        cr_assert(strstr(out, " debug rdkafka: ") != NULL,
+                  "no librdkafka debug line in kinbox's log");
+        /* libmicrohttpd's logger option went first: no warning that
+         * messages may have gone to its standard logger. */
+        cr_assert(strstr(out, "is not the first option") == NULL,
+                  "libmicrohttpd: logger option not first");
+        const char *bad = foreign_line(out);
+        cr_assert(bad == NULL, "kinbox run: a line not in kinbox's format: %s",
+                  bad ? bad : "");
+        free(out);
+        char *err = NULL;
+        cr_assert(eq(int, kt_kinbox(NULL, &err, false, "status -c %s", ini),
+                     0));
+        bad = foreign_line(err);
+        cr_assert(bad == NULL,
+                  "kinbox status: a line not in kinbox's format: %s",
+                  bad ? bad : "");
+        free(err);
+}
+
+/* /readyz asks the broker with the consumers' [kafka] settings: TLS
+ * against the plaintext dev broker cannot connect, so not ready (a
+ * plaintext probe said ready); with the right settings, ready. */
+KT_BACKENDS_PARAMS(metrics, readyz_uses_kafka_settings)
+ParameterizedTest(int *backend, metrics, readyz_uses_kafka_settings,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        /* No consumer: the broker check alone decides. */
+        char *ini = run_ini(url, NULL, "security.protocol = ssl\n", "info",
+                            free_port());
+        char *log = kt_tmp("readyz_tls");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        char *body = NULL;
+        cr_assert(eq(int, http_get(port, "/healthz", NULL), 200));
+        /* Never ready: not once in several checks. */
+        for (int i = 0; i < 5; i++) {
+                free(body);
+                body = NULL;
+                cr_assert(eq(int, http_get(port, "/readyz", &body), 503),
+                          "ready over TLS to a plaintext broker: %s",
+                          body ? body : "");
+        }
+        cr_assert(body && strstr(body, "not ready: broker") != NULL, "%s",
+                  body ? body : "");
+        free(body);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+
+        ini = run_ini(url, NULL, "client.id = kinbox-readyz\n", "info",
+                      free_port());
+        log = kt_tmp("readyz_plain");
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        port = wait_port(log);
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
 }

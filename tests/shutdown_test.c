@@ -106,8 +106,9 @@ start_consuming(const char *ini, const char *url, const char *log,
 static void
 assert_clean_exit(int rc, int round, const char *log)
 {
-        cr_assert(rc != -1000, "round %d: still running %d s after SIGTERM:\n%s",
-                  round, SHUTDOWN_BOUND_S + 15, kt_slurp(log));
+        cr_assert(rc != -1000,
+                  "round %d: still running %d s after SIGTERM:\n%s", round,
+                  SHUTDOWN_BOUND_S + 15, kt_slurp(log));
         cr_assert(rc >= 0, "round %d: died of signal %d after SIGTERM:\n%s",
                   round, -rc, kt_slurp(log));
         cr_assert(eq(int, rc, 0), "round %d: exit status %d after SIGTERM:\n%s",

@@ -142,6 +142,49 @@ KINBOX_API kinbox_err_t kinbox_reconcile(const kinbox_conf_t *conf,
                                          char *errstr, size_t errstr_size);
 
 /* ------------------------------------------------------------------------
+ * A Kafka client for health checks and operator commands
+ */
+
+/** A librdkafka client that joins no group. Opaque. */
+typedef struct kinbox_kafka_s kinbox_kafka_t;
+
+/**
+ * @brief Create a librdkafka client (a consumer handle outside any group)
+ *        from every `kafka.*` setting of @p conf, as the consumers pass
+ *        them to librdkafka (bootstrap, security, SASL, TLS, timeouts),
+ *        then @p extra.
+ *
+ * `kafka.group.id` and `kafka.group.instance.id` are left out (this client
+ * must not join or fence a consumer's group) unless @p extra sets them.
+ * librdkafka's log lines go through @p conf's logger
+ * (kinbox_conf_set_log_cb(), `log.level`, `log.format`).
+ * @param conf  read now, not kept.
+ * @param extra NULL, or librdkafka name/value pairs ending with a NULL
+ *              name, e.g. `{"group.id", "g", "log_level", "0", NULL}`.
+ * @returns The client, or NULL with @p errstr set (an invalid setting).
+ * @remark Thread-safe, as librdkafka's handle is.
+ */
+KINBOX_API kinbox_kafka_t *kinbox_kafka_new(const kinbox_conf_t *conf,
+                                            const char *const *extra,
+                                            char *errstr, size_t errstr_size);
+
+/** @brief The client's librdkafka handle (an `rd_kafka_t *`), owned by
+ *         @p k; NULL for NULL. */
+KINBOX_API void *kinbox_kafka_handle(kinbox_kafka_t *k);
+
+/**
+ * @brief Whether the cluster answers with these settings: a metadata
+ *        request (brokers only) within @p timeout_ms.
+ * @returns 0 when it answered; -1 with librdkafka's reason in @p why.
+ * @remark Thread-safe.
+ */
+KINBOX_API int kinbox_kafka_ready(kinbox_kafka_t *k, int timeout_ms,
+                                  char *why, size_t why_size);
+
+/** @brief Free the client. NULL is a no-op. */
+KINBOX_API void kinbox_kafka_destroy(kinbox_kafka_t *k);
+
+/* ------------------------------------------------------------------------
  * An operator's database handle
  */
 

@@ -379,30 +379,15 @@ group_of(kinbox_conf_t *conf)
 
 /* A librdkafka consumer handle of the group (nothing joins, nothing is
  * committed: it only reads committed offsets and watermarks). */
-static rd_kafka_t *
+/* A client in the consumer's group (never joining it) with all of its
+ * kafka.* settings, logging through its logger. */
+static kinbox_kafka_t *
 group_handle(kinbox_conf_t *conf, char *err, size_t sz)
 {
-        static const char *const pass[] = {
-            "bootstrap.servers", "security.protocol", "sasl.mechanisms",
-            "sasl.username",     "sasl.password",     "ssl.ca.location",
-            "client.id"};
-        rd_kafka_conf_t *kc = rd_kafka_conf_new();
-        for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
-                char k[64];
-                snprintf(k, sizeof(k), "kafka.%s", pass[i]);
-                const char *v = kinbox_conf_get(conf, k);
-                if (v && rd_kafka_conf_set(kc, pass[i], v, err, sz)) {
-                        rd_kafka_conf_destroy(kc);
-                        return NULL;
-                }
-        }
-        rd_kafka_conf_set(kc, "group.id", group_of(conf), err, sz);
-        rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sz);
-        rd_kafka_conf_set(kc, "log_level", "0", err, sz);
-        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sz);
-        if (!rk)
-                rd_kafka_conf_destroy(kc);
-        return rk;
+        const char *const extra[] = {"group.id", group_of(conf),
+                                     "enable.auto.commit", "false",
+                                     "log_level", "0", NULL};
+        return kinbox_kafka_new(conf, extra, err, sz);
 }
 
 /* Per partition of a consumer's topics: committed offset and high
@@ -411,9 +396,10 @@ group_handle(kinbox_conf_t *conf, char *err, size_t sz)
 static rd_kafka_topic_partition_list_t *
 broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
 {
-        rd_kafka_t *rk = group_handle(conf, err, sz);
-        if (!rk)
+        kinbox_kafka_t *kk = group_handle(conf, err, sz);
+        if (!kk)
                 return NULL;
+        rd_kafka_t *rk = kinbox_kafka_handle(kk);
         const char *topics = kinbox_conf_get(conf, "topics");
         char list[1024];
         snprintf(list, sizeof(list), "%s", topics ? topics : "");
@@ -430,7 +416,7 @@ broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
                         snprintf(err, sz, "broker metadata for %s: %s", t,
                                  rd_kafka_err2str(e));
                         rd_kafka_topic_partition_list_destroy(l);
-                        rd_kafka_destroy(rk);
+                        kinbox_kafka_destroy(kk);
                         return NULL;
                 }
                 for (int i = 0; i < md->topic_cnt; i++)
@@ -445,7 +431,7 @@ broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
                 snprintf(err, sz, "committed offsets: %s",
                          rd_kafka_err2str(e));
                 rd_kafka_topic_partition_list_destroy(l);
-                rd_kafka_destroy(rk);
+                kinbox_kafka_destroy(kk);
                 return NULL;
         }
         *highs = calloc((size_t)l->cnt + 1, sizeof(int64_t));
@@ -457,7 +443,7 @@ broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
                         hi = -1;
                 (*highs)[i] = hi;
         }
-        rd_kafka_destroy(rk);
+        kinbox_kafka_destroy(kk);
         return l;
 }
 
@@ -1977,7 +1963,9 @@ struct kb_ops {
         volatile int stop;
         kinbox_http_t *http;
         kinbox_admin_t *adm; /* HTTP thread only */
-        rd_kafka_t *rk; /* broker reachability */
+        kinbox_kafka_t *kafka; /* broker reachability: the consumers'
+                                  [kafka] settings */
+        char kafka_err[512]; /* why there is no kafka client */
         char **consumers;
         int nconsumers;
         kb_reconciler_t *reconciler;
@@ -2030,15 +2018,15 @@ ready_cb(char *why, size_t sz, void *opaque)
                          kinbox_admin_errstr(ops->adm));
                 return 1;
         }
-        if (ops->rk) {
-                const struct rd_kafka_metadata *md = NULL;
-                rd_kafka_resp_err_t e =
-                    rd_kafka_metadata(ops->rk, 0, NULL, &md, 2000);
-                if (e) {
-                        snprintf(why, sz, "broker: %s", rd_kafka_err2str(e));
-                        return 1;
-                }
-                rd_kafka_metadata_destroy(md);
+        char kw[512];
+        if (!ops->kafka && ops->kafka_err[0]) {
+                snprintf(why, sz, "broker: %s", ops->kafka_err);
+                return 1;
+        }
+        if (ops->kafka &&
+            kinbox_kafka_ready(ops->kafka, 2000, kw, sizeof(kw))) {
+                snprintf(why, sz, "broker: %s", kw);
+                return 1;
         }
         for (int i = 0; i < ops->nconsumers; i++) {
                 char l[300];
@@ -2104,13 +2092,12 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                     strdup(cfg->consumers[i].name);
         const char *bs = kinbox_conf_get(cfg->base, "kafka.bootstrap.servers");
         if (bs) {
-                rd_kafka_conf_t *kc = rd_kafka_conf_new();
-                char e[256];
-                rd_kafka_conf_set(kc, "bootstrap.servers", bs, e, sizeof(e));
-                rd_kafka_conf_set(kc, "log_level", "0", e, sizeof(e));
-                ops->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, e, sizeof(e));
-                if (!ops->rk)
-                        rd_kafka_conf_destroy(kc);
+                /* Every [kafka] setting, as the consumers connect (TLS,
+                 * SASL); its connection errors show in /readyz, not in
+                 * the log. */
+                static const char *const quiet[] = {"log_level", "0", NULL};
+                ops->kafka = kinbox_kafka_new(cfg->base, quiet, ops->kafka_err,
+                                              sizeof(ops->kafka_err));
         }
         ops->http =
             kinbox_http_start_logged(cfg->metrics_listen, cfg->base, ready_cb,
@@ -2139,8 +2126,7 @@ kb_ops_stop(kb_ops_t *ops)
         if (ops->pruner_started)
                 pthread_join(ops->pruner, NULL);
         kb_reconciler_stop(ops->reconciler);
-        if (ops->rk)
-                rd_kafka_destroy(ops->rk);
+        kinbox_kafka_destroy(ops->kafka);
         kinbox_admin_destroy(ops->adm);
         for (int i = 0; i < ops->nconsumers; i++)
                 free(ops->consumers[i]);
