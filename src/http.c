@@ -1,9 +1,19 @@
 /*
  * http.c -- /metrics, /healthz and /readyz on libmicrohttpd.
  *
- * One internal polling thread; requests are answered one at a time, so the
- * caller's ready and collect callbacks never run concurrently with each
- * other (they still run concurrently with the rest of the process).
+ * A thread per connection, so /healthz answers from its own thread and
+ * never waits behind a slow /readyz or /metrics. The caller's ready and
+ * collect callbacks run on one probe thread of their own (never two at
+ * once); a request asks the probe and waits for its answer at most its own
+ * deadline. Requests that arrive while a probe runs share its answer, so a
+ * database or broker outage costs one probe, not one per request.
+ *
+ * The probe thread also enforces the request deadline: a connection that
+ * has not delivered a whole request head within HTTP_REQUEST_DEADLINE_MS of
+ * its accept (or of its previous answer) is shut down, and a client address
+ * keeps at most HTTP_IDLE_PER_IP connections that wait for their request
+ * (the oldest goes when another arrives): a slow client cannot hold the
+ * slots the probes of its own address need.
  */
 #include "internal.h"
 
@@ -17,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 /* Held connections must not exhaust the process's descriptors (database
  * and broker connections need them) nor starve /healthz: a bounded number
@@ -25,13 +36,47 @@
 #define HTTP_MAX_CONNECTIONS 256
 #define HTTP_MAX_PER_IP 64
 #define HTTP_IDLE_TIMEOUT_S 5
+/* A whole request head within this long of the accept or the previous
+ * answer, however slowly its bytes come. */
+#define HTTP_REQUEST_DEADLINE_MS 10000
+/* Connections of one address that wait for their request head. */
+#define HTTP_IDLE_PER_IP 16
+/* How long a request waits for the probe: /readyz (a database round trip
+ * and a 2 s broker metadata request), /metrics (sampled gauges: rendered
+ * with their previous values after the deadline). */
+#define READY_DEADLINE_MS 3000
+#define METRICS_DEADLINE_MS 5000
+/* A readiness answer this recent is served again without a probe. */
+#define READY_FRESH_MS 1000
 /* libmicrohttpd's own messages (bad requests, limits reached) go to the
  * kinbox logger at debug level, at most this many per window. */
 #define HTTP_LOG_BURST 10
 #define HTTP_LOG_WINDOW_MS 60000
 
+/* One open connection (libmicrohttpd's socket context). */
+struct conn {
+        struct conn *next, *prev;
+        int fd;
+        struct sockaddr_storage addr;
+        int64_t since_ms; /* accepted, or its last answer */
+        bool busy; /* a request head arrived; not answered yet */
+        bool shut; /* shut down by the deadline or an eviction */
+};
+
 struct kinbox_http_s {
         struct MHD_Daemon *d;
+        /* The probe thread, the connections, the probe's answers. */
+        pthread_t probe;
+        bool probe_started;
+        pthread_mutex_t mu;
+        pthread_cond_t cv; /* probe wanted, probe done, stop */
+        bool stop;
+        uint64_t ready_req, ready_done;
+        int ready_rc;
+        char ready_why[512];
+        int64_t ready_at_ms;
+        uint64_t collect_req, collect_done;
+        struct conn *conns;
         kinbox__log_t lg;
         pthread_mutex_t log_lock;
         int64_t log_window_start;
@@ -60,6 +105,245 @@ reply(struct MHD_Connection *conn, unsigned code, const char *ctype,
         return ret;
 }
 
+/* Wait on h->cv until ms_deadline (monotonic); h->mu held. */
+static void
+wait_until(kinbox_http_t *h, int64_t deadline_ms)
+{
+        int64_t left = deadline_ms - kinbox__now_ms();
+        if (left <= 0)
+                return;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += left / 1000;
+        ts.tv_nsec += (left % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+}
+
+/* The readiness answer for a request: the probe's, waited for at most
+ * READY_DEADLINE_MS. Returns the callback's result, or 2 when the probe
+ * did not answer in time (why says so). */
+static int
+ask_ready(kinbox_http_t *h, char *why, size_t sz)
+{
+        if (!h->ready)
+                return 0;
+        int64_t now = kinbox__now_ms(), deadline = now + READY_DEADLINE_MS;
+        pthread_mutex_lock(&h->mu);
+        uint64_t want;
+        if (h->ready_req > h->ready_done) {
+                want = h->ready_req; /* one runs: share its answer */
+        } else if (h->ready_done && now - h->ready_at_ms < READY_FRESH_MS) {
+                want = h->ready_done;
+        } else {
+                want = ++h->ready_req;
+                pthread_cond_broadcast(&h->cv);
+        }
+        while (h->ready_done < want && !h->stop &&
+               kinbox__now_ms() < deadline)
+                wait_until(h, deadline);
+        int rc;
+        if (h->ready_done >= want) {
+                rc = h->ready_rc;
+                snprintf(why, sz, "%s", h->ready_why);
+        } else {
+                rc = 2;
+                snprintf(why, sz,
+                         h->stop ? "stopping"
+                                 : "the readiness check (database, broker) "
+                                   "did not answer within %d s",
+                         READY_DEADLINE_MS / 1000);
+        }
+        pthread_mutex_unlock(&h->mu);
+        return rc;
+}
+
+/* Refresh the sampled gauges before /metrics renders: the probe's collect,
+ * waited for at most METRICS_DEADLINE_MS (then the previous values). */
+static void
+ask_collect(kinbox_http_t *h)
+{
+        if (!h->collect)
+                return;
+        int64_t deadline = kinbox__now_ms() + METRICS_DEADLINE_MS;
+        pthread_mutex_lock(&h->mu);
+        uint64_t want = h->collect_req > h->collect_done ? h->collect_req
+                                                         : ++h->collect_req;
+        pthread_cond_broadcast(&h->cv);
+        while (h->collect_done < want && !h->stop &&
+               kinbox__now_ms() < deadline)
+                wait_until(h, deadline);
+        pthread_mutex_unlock(&h->mu);
+}
+
+/* Shut a connection down (its thread sees the end and closes it);
+ * h->mu held, so its descriptor is still open (closed after
+ * MHD_CONNECTION_NOTIFY_CLOSED, which takes h->mu). */
+static void
+conn_shut(struct conn *c)
+{
+        if (!c->shut) {
+                c->shut = true;
+                shutdown(c->fd, SHUT_RDWR);
+        }
+}
+
+static bool
+same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+        if (a->ss_family != b->ss_family)
+                return false;
+        if (a->ss_family == AF_INET)
+                return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+                       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+        if (a->ss_family == AF_INET6)
+                return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                               &((const struct sockaddr_in6 *)b)->sin6_addr,
+                               sizeof(struct in6_addr));
+        return false;
+}
+
+/* Connections past the request deadline are shut; h->mu held. Returns
+ * the next time one would be due (monotonic ms). */
+static int64_t
+reap(kinbox_http_t *h, int64_t now)
+{
+        int64_t next = now + 1000; /* new connections are due later */
+        for (struct conn *c = h->conns; c; c = c->next) {
+                if (c->busy || c->shut)
+                        continue;
+                int64_t due = c->since_ms + HTTP_REQUEST_DEADLINE_MS;
+                if (due <= now)
+                        conn_shut(c);
+                else if (due < next)
+                        next = due;
+        }
+        return next;
+}
+
+static void *
+probe_main(void *arg)
+{
+        kinbox_http_t *h = arg;
+        pthread_mutex_lock(&h->mu);
+        while (!h->stop) {
+                int64_t next = reap(h, kinbox__now_ms());
+                if (h->ready_req > h->ready_done) {
+                        uint64_t run = h->ready_req;
+                        pthread_mutex_unlock(&h->mu);
+                        char why[512] = "";
+                        int rc = h->ready(why, sizeof(why), h->opaque);
+                        pthread_mutex_lock(&h->mu);
+                        h->ready_rc = rc;
+                        snprintf(h->ready_why, sizeof(h->ready_why), "%s",
+                                 why);
+                        h->ready_at_ms = kinbox__now_ms();
+                        h->ready_done = run;
+                        pthread_cond_broadcast(&h->cv);
+                        continue;
+                }
+                if (h->collect_req > h->collect_done) {
+                        uint64_t run = h->collect_req;
+                        pthread_mutex_unlock(&h->mu);
+                        h->collect(h->opaque);
+                        pthread_mutex_lock(&h->mu);
+                        h->collect_done = run;
+                        pthread_cond_broadcast(&h->cv);
+                        continue;
+                }
+                wait_until(h, next);
+        }
+        pthread_mutex_unlock(&h->mu);
+        return NULL;
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: track each connection; a new one from an
+ * address with HTTP_IDLE_PER_IP connections waiting for their request
+ * shuts the oldest of those. */
+static void
+on_conn(void *cls, struct MHD_Connection *mc, void **ctx,
+        enum MHD_ConnectionNotificationCode what)
+{
+        kinbox_http_t *h = cls;
+        if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+                struct conn *c = calloc(1, sizeof(*c));
+                const union MHD_ConnectionInfo *fi = MHD_get_connection_info(
+                    mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+                const union MHD_ConnectionInfo *ai = MHD_get_connection_info(
+                    mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+                if (!c || !fi) {
+                        free(c);
+                        return;
+                }
+                c->fd = fi->connect_fd;
+                if (ai && ai->client_addr) {
+                        socklen_t l = ai->client_addr->sa_family == AF_INET6
+                                          ? sizeof(struct sockaddr_in6)
+                                          : sizeof(struct sockaddr_in);
+                        memcpy(&c->addr, ai->client_addr, l);
+                }
+                c->since_ms = kinbox__now_ms();
+                pthread_mutex_lock(&h->mu);
+                struct conn *oldest = NULL;
+                int waiting = 0;
+                for (struct conn *o = h->conns; o; o = o->next) {
+                        if (o->busy || o->shut || !same_addr(&o->addr, &c->addr))
+                                continue;
+                        waiting++;
+                        if (!oldest || o->since_ms < oldest->since_ms)
+                                oldest = o;
+                }
+                if (waiting >= HTTP_IDLE_PER_IP && oldest)
+                        conn_shut(oldest);
+                c->next = h->conns;
+                if (h->conns)
+                        h->conns->prev = c;
+                h->conns = c;
+                pthread_mutex_unlock(&h->mu);
+                *ctx = c;
+        } else if (what == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
+                struct conn *c = *ctx;
+                pthread_mutex_lock(&h->mu);
+                if (c->prev)
+                        c->prev->next = c->next;
+                else
+                        h->conns = c->next;
+                if (c->next)
+                        c->next->prev = c->prev;
+                pthread_mutex_unlock(&h->mu);
+                free(c);
+                *ctx = NULL;
+        }
+}
+
+/* The connection's request head arrived (busy: not reaped) or its answer
+ * went out (waiting again, for the next request on the connection). */
+static void
+conn_mark(kinbox_http_t *h, struct MHD_Connection *mc, bool busy)
+{
+        const union MHD_ConnectionInfo *i =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        struct conn *c = i ? i->socket_context : NULL;
+        if (!c)
+                return;
+        pthread_mutex_lock(&h->mu);
+        c->busy = busy;
+        c->since_ms = kinbox__now_ms();
+        pthread_mutex_unlock(&h->mu);
+}
+
+static void
+on_completed(void *cls, struct MHD_Connection *mc, void **state,
+             enum MHD_RequestTerminationCode toe)
+{
+        KINBOX__UNUSED(state);
+        KINBOX__UNUSED(toe);
+        conn_mark(cls, mc, false);
+}
+
 static enum MHD_Result
 on_request(void *cls, struct MHD_Connection *conn, const char *url,
            const char *method, const char *version, const char *upload,
@@ -69,13 +353,16 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url,
         KINBOX__UNUSED(version);
         KINBOX__UNUSED(upload);
         KINBOX__UNUSED(upload_size);
-        KINBOX__UNUSED(state);
+        if (!*state) {
+                /* The first call of a request: its head is complete. */
+                *state = h;
+                conn_mark(h, conn, true);
+        }
         if (strcmp(method, "GET") && strcmp(method, "HEAD"))
                 return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain",
                              "method not allowed\n", false);
         if (!strcmp(url, "/metrics")) {
-                if (h->collect)
-                        h->collect(h->opaque);
+                ask_collect(h);
                 char *text = kinbox_metrics_render();
                 if (!text)
                         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
@@ -88,7 +375,7 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url,
                 return reply(conn, MHD_HTTP_OK, "text/plain", "ok\n", false);
         if (!strcmp(url, "/readyz")) {
                 char why[512] = "";
-                if (h->ready && h->ready(why, sizeof(why), h->opaque)) {
+                if (ask_ready(h, why, sizeof(why))) {
                         char body[600];
                         snprintf(body, sizeof(body), "not ready: %s\n", why);
                         return reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
@@ -190,6 +477,23 @@ mhd_log(void *cls, const char *fmt, va_list ap)
                 kinbox__log(&h->lg, KINBOX_LOG_DEBUG, "http", "%s", msg);
 }
 
+/* Stop the probe thread (h->d stopped or never started) and free. */
+static void
+http_free(kinbox_http_t *h)
+{
+        if (h->probe_started) {
+                pthread_mutex_lock(&h->mu);
+                h->stop = true;
+                pthread_cond_broadcast(&h->cv);
+                pthread_mutex_unlock(&h->mu);
+                pthread_join(h->probe, NULL);
+        }
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        pthread_mutex_destroy(&h->log_lock);
+        free(h);
+}
+
 kinbox_http_t *
 kinbox_http_start(const char *listen, kinbox_ready_fn ready,
                   kinbox_collect_fn collect, void *opaque, char *errstr,
@@ -223,10 +527,24 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
         }
         pthread_mutex_init(&h->log_lock, NULL);
         h->log_window_start = kinbox__now_ms();
-        /* poll/epoll, not select(): a descriptor above FD_SETSIZE must not
-         * stop the server. */
-        unsigned flags =
-            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+        pthread_mutex_init(&h->mu, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&h->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        if (pthread_create(&h->probe, NULL, probe_main, h)) {
+                kinbox__errstr(errstr, errstr_size,
+                               "metrics listen: cannot start a thread");
+                http_free(h);
+                return NULL;
+        }
+        h->probe_started = true;
+        /* A thread per connection (poll, not select(): a descriptor above
+         * FD_SETSIZE must not stop the server). */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |
+                         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO |
+                         MHD_USE_ERROR_LOG;
         if (ss.ss_family == AF_INET6)
                 flags |= MHD_USE_IPv6;
         uint16_t port = ss.ss_family == AF_INET6
@@ -240,14 +558,14 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
             (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
             (unsigned)HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-            (unsigned)HTTP_MAX_PER_IP, MHD_OPTION_END);
+            (unsigned)HTTP_MAX_PER_IP, MHD_OPTION_NOTIFY_CONNECTION, on_conn,
+            h, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
         if (!h->d) {
-                pthread_mutex_destroy(&h->log_lock);
                 kinbox__errstr(errstr, errstr_size,
                                "metrics listen \"%s\": cannot listen (address "
                                "in use or not local?)",
                                listen);
-                free(h);
+                http_free(h);
                 return NULL;
         }
         const union MHD_DaemonInfo *info =
@@ -267,7 +585,14 @@ kinbox_http_stop(kinbox_http_t *h)
 {
         if (!h)
                 return;
+        /* Requests waiting for the probe answer at once ("stopping"); then
+         * the connection threads end, then the probe thread (after a ready
+         * or collect callback in progress returns). */
+        pthread_mutex_lock(&h->mu);
+        h->stop = true;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
         MHD_stop_daemon(h->d);
-        pthread_mutex_destroy(&h->log_lock);
-        free(h);
+        h->d = NULL;
+        http_free(h);
 }

@@ -7,6 +7,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/time.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -492,6 +496,330 @@ ParameterizedTest(int *backend, metrics, readyz_uses_kafka_settings,
         pid = kt_spawn_kinbox(ini, NULL, log);
         port = wait_port(log);
         cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+}
+
+/* ---- health that outages cannot starve (issue 29, items 4 and 5) ---- */
+
+/* A TCP proxy in front of the database that can freeze: frozen, it keeps
+ * every connection open and forwards nothing (a hung server, as SIGSTOP
+ * makes one) without touching the server the other tests use. */
+struct freezer {
+        int lfd, port, target_port;
+        atomic_int frozen, stop;
+        pthread_t th;
+};
+
+struct pipe_pair {
+        struct freezer *f;
+        int a, b;
+};
+
+static void *
+pump(void *arg)
+{
+        struct pipe_pair *p = arg;
+        char buf[16384];
+        struct pollfd pf[2] = {{p->a, POLLIN, 0}, {p->b, POLLIN, 0}};
+        while (!atomic_load(&p->f->stop)) {
+                if (atomic_load(&p->f->frozen)) {
+                        usleep(20000);
+                        continue;
+                }
+                if (poll(pf, 2, 100) <= 0)
+                        continue;
+                if (atomic_load(&p->f->frozen))
+                        continue;
+                for (int i = 0; i < 2; i++) {
+                        if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                                continue;
+                        ssize_t n = read(pf[i].fd, buf, sizeof(buf));
+                        if (n <= 0 ||
+                            write(pf[1 - i].fd, buf, (size_t)n) != n)
+                                goto done;
+                }
+        }
+done:
+        close(p->a);
+        close(p->b);
+        free(p);
+        return NULL;
+}
+
+static void *
+freezer_main(void *arg)
+{
+        struct freezer *f = arg;
+        while (!atomic_load(&f->stop)) {
+                struct pollfd pf = {f->lfd, POLLIN, 0};
+                if (poll(&pf, 1, 100) <= 0)
+                        continue;
+                int c = accept(f->lfd, NULL, NULL);
+                if (c < 0)
+                        continue;
+                int s = socket(AF_INET, SOCK_STREAM, 0);
+                struct sockaddr_in a = {
+                    .sin_family = AF_INET,
+                    .sin_port = htons((uint16_t)f->target_port)};
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a))) {
+                        close(c);
+                        if (s >= 0)
+                                close(s);
+                        continue;
+                }
+                struct pipe_pair *p = malloc(sizeof(*p));
+                *p = (struct pipe_pair){f, c, s};
+                pthread_t t;
+                pthread_create(&t, NULL, pump, p);
+                pthread_detach(t);
+        }
+        return NULL;
+}
+
+/* url with its port replaced by a freezer's in front of it. */
+static char *
+freezer_url(struct freezer *f, const char *url)
+{
+        const char *at = strrchr(url, '@');
+        const char *colon = strchr(at, ':');
+        const char *slash = strchr(colon, '/');
+        f->target_port = atoi(colon + 1);
+        f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t l = sizeof(a);
+        cr_assert(f->lfd >= 0 &&
+                  bind(f->lfd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                  listen(f->lfd, 64) == 0 &&
+                  getsockname(f->lfd, (struct sockaddr *)&a, &l) == 0);
+        f->port = ntohs(a.sin_port);
+        cr_assert(pthread_create(&f->th, NULL, freezer_main, f) == 0);
+        char *out = malloc(strlen(url) + 16);
+        sprintf(out, "%.*s:%d%s", (int)(colon - url), url, f->port, slash);
+        return out;
+}
+
+static void
+freezer_stop(struct freezer *f)
+{
+        atomic_store(&f->stop, 1);
+        pthread_join(f->th, NULL);
+        close(f->lfd);
+}
+
+/* http_get() with a client-side bound: -2 when no answer in timeout_s. */
+static int
+http_get_within(int port, const char *path, int timeout_s, char **body)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        struct timeval tv = {.tv_sec = timeout_s};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+                close(fd);
+                return -1;
+        }
+        char req[256];
+        snprintf(req, sizeof(req),
+                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+        char buf[1 << 16];
+        size_t n = 0;
+        ssize_t r = 0;
+        while (n + 1 < sizeof(buf) &&
+               (r = read(fd, buf + n, sizeof(buf) - n - 1)) > 0)
+                n += (size_t)r;
+        close(fd);
+        buf[n] = '\0';
+        if (r < 0 && n == 0)
+                return -2; /* timed out (or reset) with nothing read */
+        int status = -1;
+        sscanf(buf, "HTTP/1.%*d %d", &status);
+        char *b = strstr(buf, "\r\n\r\n");
+        if (body)
+                *body = strdup(b ? b + 4 : "");
+        return status;
+}
+
+struct slow_readyz {
+        int port, status;
+        pthread_t th;
+};
+
+static void *
+slow_readyz_main(void *arg)
+{
+        struct slow_readyz *s = arg;
+        s->status = http_get_within(s->port, "/readyz", 30, NULL);
+        return NULL;
+}
+
+/* While the database hangs (no answer at all, connections open): /healthz
+ * answers at once, also while ten /readyz wait; each /readyz answers 503
+ * within its deadline, naming it; /metrics answers. Then the database
+ * comes back, and so does readiness. */
+KT_BACKENDS_PARAMS(metrics, health_during_database_hang)
+ParameterizedTest(int *backend, metrics, health_during_database_hang,
+                  .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        struct freezer f = {0};
+        char *furl = freezer_url(&f, url);
+        char *ini = run_ini(furl, NULL, "", "info", free_port());
+        char *log = kt_tmp("health_hang");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200),
+                  "never ready through the proxy:\n%s", kt_slurp(log));
+        atomic_store(&f.frozen, 1);
+        struct slow_readyz r[10];
+        for (int i = 0; i < 10; i++) {
+                r[i].port = port;
+                cr_assert(pthread_create(&r[i].th, NULL, slow_readyz_main,
+                                         &r[i]) == 0);
+        }
+        /* Liveness: 20 probes, each answered within 2 s (it waited 20 s
+         * behind the readiness checks on one thread before). */
+        for (int i = 0; i < 20; i++) {
+                cr_assert(eq(int, http_get_within(port, "/healthz", 2, NULL),
+                             200),
+                          "/healthz %d did not answer while the database "
+                          "hung",
+                          i);
+                usleep(100000);
+        }
+        for (int i = 0; i < 10; i++) {
+                pthread_join(r[i].th, NULL);
+                cr_assert(eq(int, r[i].status, 503),
+                          "/readyz %d while the database hung: %d", i,
+                          r[i].status);
+        }
+        char *body = NULL;
+        cr_assert(eq(int, http_get_within(port, "/readyz", 10, &body), 503));
+        cr_assert(body && strstr(body, "did not answer within 3 s"), "%s",
+                  body ? body : "");
+        free(body);
+        body = NULL;
+        cr_assert(eq(int, http_get_within(port, "/metrics", 15, &body), 200),
+                  "/metrics did not answer while the database hung");
+        cr_assert(body && strstr(body, "kinbox_") != NULL);
+        free(body);
+        /* Back: ready again, without a restart. */
+        atomic_store(&f.frozen, 0);
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200),
+                  "not ready again after the database came back");
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        freezer_stop(&f);
+}
+
+/* One connection that sends its request head a byte every 300 ms: 0 when
+ * the server closed it (before timeout_s), 1 when it was still open. */
+static int
+trickle_until_closed(int port, int timeout_s)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        cr_assert(connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+        signal(SIGPIPE, SIG_IGN);
+        const char *head = "GET /healthz HTTP/1.1\r\nX-Slow: ";
+        if (write(fd, head, strlen(head)) < 0) {
+                close(fd);
+                return 0;
+        }
+        for (int i = 0; i < timeout_s * 10 / 3; i++) {
+                usleep(300000);
+                char c = 'a';
+                struct pollfd pf = {fd, POLLIN, 0};
+                if (poll(&pf, 1, 0) > 0 || write(fd, &c, 1) < 0) {
+                        close(fd);
+                        return 0;
+                }
+        }
+        close(fd);
+        return 1;
+}
+
+/* The broker unreachable: ten concurrent /readyz share one check, and
+ * /healthz answers meanwhile. 300 connections from this address trickle
+ * their request heads: every /healthz probe from the same address still
+ * gets its answer, and a connection that trickles for longer than the
+ * request deadline (10 s) is closed by the server. */
+Test(metrics, health_during_broker_outage_and_slowloris, .timeout = 180)
+{
+        char *url = kt_fresh_db("postgresql");
+        char *path = kt_tmp("health_slow_ini");
+        FILE *fp = fopen(path, "w");
+        cr_assert(fp != NULL);
+        /* Nothing listens on the broker's port. */
+        fprintf(fp,
+                "[database]\nurl = %s\n[kafka]\nbootstrap.servers = "
+                "127.0.0.1:%d\n[log]\nlevel = info\n[relay]\nenabled = "
+                "true\n[metrics]\nlisten = 127.0.0.1:%d\n",
+                url, free_port(), free_port());
+        fclose(fp);
+        char *log = kt_tmp("health_slow");
+        pid_t pid = kt_spawn_kinbox(path, NULL, log);
+        int port = wait_port(log);
+        struct slow_readyz r[10];
+        for (int i = 0; i < 10; i++) {
+                r[i].port = port;
+                cr_assert(pthread_create(&r[i].th, NULL, slow_readyz_main,
+                                         &r[i]) == 0);
+        }
+        for (int i = 0; i < 10; i++)
+                cr_assert(eq(int, http_get_within(port, "/healthz", 2, NULL),
+                             200),
+                          "/healthz %d did not answer while /readyz waited "
+                          "on the broker",
+                          i);
+        for (int i = 0; i < 10; i++) {
+                pthread_join(r[i].th, NULL);
+                cr_assert(eq(int, r[i].status, 503));
+        }
+
+        /* Slowloris from 127.0.0.1, the probes' own address. */
+        signal(SIGPIPE, SIG_IGN);
+        int held[300];
+        int nheld = 0;
+        for (int i = 0; i < 300; i++) {
+                int fd = socket(AF_INET, SOCK_STREAM, 0);
+                struct sockaddr_in a = {.sin_family = AF_INET,
+                                        .sin_port = htons((uint16_t)port)};
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                if (fd < 0)
+                        break;
+                if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+                        close(fd);
+                        continue;
+                }
+                if (write(fd, "GET /healthz HTTP/1.1\r\n", 23) < 0) {}
+                held[nheld++] = fd;
+        }
+        cr_assert(nheld > 64, "only %d connections opened", nheld);
+        for (int i = 0; i < 20; i++) {
+                /* The attackers keep trickling. */
+                for (int k = 0; k < nheld; k++)
+                        if (write(held[k], "x", 1) < 0) {}
+                cr_assert(eq(int, http_get_within(port, "/healthz", 2, NULL),
+                             200),
+                          "/healthz probe %d refused while 300 slow "
+                          "connections of its address were open",
+                          i);
+                usleep(100000);
+        }
+        for (int k = 0; k < nheld; k++)
+                close(held[k]);
+        /* The request deadline: closed by the server long before 20 s. */
+        cr_assert(eq(int, trickle_until_closed(port, 20), 0),
+                  "a trickling connection outlived the request deadline");
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
 }

@@ -313,11 +313,15 @@ KINBOX_API double kinbox_metrics_value(const char *family, const char *labels);
 typedef struct kinbox_http_s kinbox_http_t;
 
 /** Readiness probe: return 0 when ready, else non-zero with the reason in
- *  @p why. Runs on the HTTP thread. */
+ *  @p why. Runs on the server's probe thread, never at the same time as
+ *  the collect callback; a /readyz request waits for it at most 3 s (then
+ *  503, "did not answer within 3 s"), and requests that arrive while it
+ *  runs share its answer (an answer less than 1 s old is served again). */
 typedef int (*kinbox_ready_fn)(char *why, size_t why_size, void *opaque);
 
 /** Called before /metrics is rendered, to refresh sampled gauges. Runs on
- *  the HTTP thread. */
+ *  the probe thread too; /metrics waits for it at most 5 s, then renders
+ *  the values it has. */
 typedef void (*kinbox_collect_fn)(void *opaque);
 
 /**
@@ -341,9 +345,14 @@ KINBOX_API kinbox_http_t *kinbox_http_start(const char *listen,
  * @param conf Read now for `log.level`, `log.format` and the log callback
  *             (kinbox_conf_set_log_cb()); not kept. NULL: the default
  *             logger at info level (so these messages are not shown).
- * @remark Both start functions bound the server: at most 256 connections,
- *         64 per client address, idle connections closed after 5 s; over a
- *         limit a connection is accepted and closed at once. Thread-safe.
+ * @remark Both start functions bound the server: a thread per connection
+ *         (so `/healthz` never waits behind a slow `/readyz` or `/metrics`),
+ *         at most 256 connections, 64 per client address, idle connections
+ *         closed after 5 s; over a limit a connection is accepted and closed
+ *         at once. A connection must deliver a whole request head within
+ *         10 s of its accept (or its previous answer), however slowly its
+ *         bytes come, and an address keeps at most 16 connections waiting
+ *         for their request: a 17th shuts the oldest. Thread-safe.
  * @returns The server, or NULL with @p errstr set.
  */
 KINBOX_API kinbox_http_t *
@@ -354,7 +363,9 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
 /** @brief The port actually bound. */
 KINBOX_API int kinbox_http_port(const kinbox_http_t *h);
 
-/** @brief Stop serving and free. NULL is a no-op. */
+/** @brief Stop serving and free. Requests waiting for a callback are
+ *         answered at once; a ready or collect callback in progress is
+ *         waited for (keep them bounded). NULL is a no-op. */
 KINBOX_API void kinbox_http_stop(kinbox_http_t *h);
 
 KINBOX_END_DECLS

@@ -1962,7 +1962,7 @@ struct kb_ops {
         pthread_cond_t cond;
         volatile int stop;
         kinbox_http_t *http;
-        kinbox_admin_t *adm; /* HTTP thread only */
+        kinbox_admin_t *adm; /* the HTTP server's probe thread only */
         kinbox_kafka_t *kafka; /* broker reachability: the consumers'
                                   [kafka] settings */
         char kafka_err[512]; /* why there is no kafka client */
