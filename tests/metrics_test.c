@@ -677,6 +677,8 @@ ParameterizedTest(int *backend, metrics, health_during_database_hang,
         cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200),
                   "never ready through the proxy:\n%s", kt_slurp(log));
         atomic_store(&f.frozen, 1);
+        /* Past the last answer's freshness (1 s, served again). */
+        usleep(1200000);
         struct slow_readyz r[10];
         for (int i = 0; i < 10; i++) {
                 r[i].port = port;
