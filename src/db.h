@@ -594,5 +594,9 @@ typedef struct kinbox__dburl {
 int kinbox__dburl_parse(const char *url, kinbox__dburl_t *out, char *errstr,
                         size_t errstr_size);
 void kinbox__dburl_free(kinbox__dburl_t *u);
+/* A mysql:// URL's parameters (after '?'): 0, or -1 naming the first one
+ * that is unknown or has a bad value (src/db/mysql.c). */
+int kinbox__mysql_url_check(const char *params, char *errstr,
+                            size_t errstr_size);
 
 #endif

@@ -339,6 +339,28 @@ Test(config_file, duplicate_consumer_section)
                   "%s", err);
 }
 
+/* A mysql:// URL parameter kinbox does not know is refused at load, naming
+ * it (no connection tried: nothing listens on port 1), also in a
+ * consumer's own database.url. */
+Test(config_file, unknown_mysql_url_parameter)
+{
+        char *err;
+        int rc = kb_ini("run", NULL,
+                        "[database]\nurl = mysql://u:p@127.0.0.1:1/x?"
+                        "sslmode=require\n[relay]\nenabled = true\n",
+                        &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, "unknown parameter \"sslmode\" for mysql://"),
+                  "%s", err);
+        rc = kb_ini("migrate", NULL,
+                    "[database]\nurl = mysql://u:p@127.0.0.1:1/x?"
+                    "ssl-mode=sometimes\n",
+                    &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, "ssl-mode \"sometimes\" is not one of"), "%s",
+                  err);
+}
+
 Test(config_file, unset_variable_is_an_error)
 {
         char *err;

@@ -962,3 +962,92 @@ Test(mysql, deadlock_and_lock_wait_are_transient)
         kinbox__db_destroy(a);
         kinbox__db_destroy(b);
 }
+
+/* ---------------------------------------------------- URL parameters, TLS */
+
+/* g_url with "?" + params (g_url has none). */
+static char *
+url_with(const char *params)
+{
+        char *u = malloc(strlen(g_url) + strlen(params) + 2);
+        sprintf(u, "%s?%s", g_url, params);
+        return u;
+}
+
+/* Every parameter the backend does not know is refused, naming it (a
+ * misspelt TLS parameter must not leave a plaintext connection), and so
+ * is a bad value; the known ones are taken. */
+Test(mysql, url_parameters_checked)
+{
+        static const struct {
+                const char *params, *named;
+        } bad[] = {
+            {"sslmode=require", "unknown parameter \"sslmode\""},
+            {"ssl-mode=VERIFY_FULL", "ssl-mode \"VERIFY_FULL\" is not one"},
+            {"read_timeout=soon", "read_timeout must be seconds"},
+            {"connect_timeout=0", "connect_timeout must be seconds"},
+            {"inbox_returning=2", "inbox_returning must be 0 or 1"},
+            {"ssl-mode=DISABLED&ssl-ca=/x.pem", "ssl-mode=DISABLED with"},
+            {"ssl-ca", "needs a value"},
+        };
+        char err[512];
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                char *u = url_with(bad[i].params);
+                err[0] = '\0';
+                kinbox__db_t *db = kinbox__db_new(u, NULL, err, sizeof(err));
+                cr_assert(db == NULL, "%s accepted", bad[i].params);
+                cr_assert(strstr(err, bad[i].named) != NULL, "%s: %s",
+                          bad[i].params, err);
+                free(u);
+        }
+        /* Known ones, '_' for '-' too, mode case-insensitive. */
+        char *u = url_with("connect_timeout=5&read_timeout=30&ssl_mode="
+                           "disabled&inbox_returning=1");
+        kinbox__db_t *db = kinbox__db_new(u, NULL, err, sizeof(err));
+        cr_assert(db != NULL, "%s", err);
+        cr_assert(eq(int, db->ops->connect(db), KINBOX_OK), "%s", db->err.msg);
+        kinbox__db_destroy(db);
+        free(u);
+}
+
+/* The suite's server has no TLS (have_ssl DISABLED): ssl-mode=REQUIRED and
+ * VERIFY_IDENTITY fail at connect with an error that says so (never a
+ * plaintext connection, never "Access denied"); PREFERRED connects in
+ * plaintext. */
+Test(mysql, tls_modes_against_a_plaintext_server)
+{
+        MYSQL *am = g_admin->native;
+        cr_assert(mysql_query(am, "SELECT @@have_ssl") == 0);
+        MYSQL_RES *res = mysql_store_result(am);
+        MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+        cr_assert(row && row[0] && !strcmp(row[0], "DISABLED"),
+                  "the test server was expected without TLS");
+        mysql_free_result(res);
+        char err[512];
+        char *u = url_with("ssl-mode=REQUIRED");
+        kinbox__db_t *db = kinbox__db_new(u, NULL, err, sizeof(err));
+        cr_assert(db != NULL, "%s", err);
+        cr_assert(eq(int, db->ops->connect(db), KINBOX_ERR_DB));
+        cr_assert(strstr(db->err.msg, "did not negotiate TLS") != NULL, "%s",
+                  db->err.msg);
+        cr_assert(db->native == NULL);
+        kinbox__db_destroy(db);
+        free(u);
+
+        u = url_with("ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/ssl/certs/"
+                     "ca-certificates.crt");
+        db = kinbox__db_new(u, NULL, err, sizeof(err));
+        cr_assert(db != NULL, "%s", err);
+        cr_assert(ne(int, db->ops->connect(db), KINBOX_OK));
+        cr_assert(strstr(db->err.msg, "SSL is required") != NULL, "%s",
+                  db->err.msg);
+        kinbox__db_destroy(db);
+        free(u);
+
+        u = url_with("ssl-mode=PREFERRED");
+        db = kinbox__db_new(u, NULL, err, sizeof(err));
+        cr_assert(db != NULL, "%s", err);
+        cr_assert(eq(int, db->ops->connect(db), KINBOX_OK), "%s", db->err.msg);
+        kinbox__db_destroy(db);
+        free(u);
+}

@@ -133,6 +133,11 @@ kinbox__dburl_parse(const char *url, kinbox__dburl_t *u, char *errstr,
                 if (q)
                         u->params = kinbox__strdup(q + 1);
         }
+        if (u->backend == KINBOX_BACKEND_MYSQL &&
+            kinbox__mysql_url_check(u->params, errstr, sz)) {
+                kinbox__dburl_free(u);
+                return -1;
+        }
         return 0;
 bad:
         kinbox__dburl_free(u);

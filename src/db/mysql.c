@@ -1739,38 +1739,175 @@ my_disconnect(kinbox__db_t *db)
         db->in_tx = false;
 }
 
-/* Parse "k=v&k=v" for the timeouts; unknown keys are ignored so the same
- * URL can carry options for other tools. */
+/* A mysql:// URL's parameters. */
+struct myopts {
+        unsigned int ct, rt, wt;
+        bool returning;
+        int ssl_mode; /* SSL_* below */
+        char *ssl[5]; /* ca, capath, cert, key, cipher */
+};
+
+enum { SSL_DEFAULT, SSL_DISABLED, SSL_PREFERRED, SSL_REQUIRED, SSL_VERIFY_CA,
+       SSL_VERIFY_IDENTITY };
+
+static const char *const ssl_keys[5] = {"ssl-ca", "ssl-capath", "ssl-cert",
+                                        "ssl-key", "ssl-cipher"};
+
 static void
-url_options(const char *params, unsigned int *ct, unsigned int *rt,
-            unsigned int *wt, bool *returning)
+myopts_free(struct myopts *o)
 {
-        if (!params)
-                return;
-        const char *p = params;
-        while (*p) {
+        for (size_t i = 0; i < 5; i++)
+                free(o->ssl[i]);
+}
+
+/* Parse "k=v&k=v": the timeouts (seconds, 1..86399), inbox_returning,
+ * ssl-mode (DISABLED, PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY) and
+ * ssl-ca, ssl-capath, ssl-cert, ssl-key, ssl-cipher ('_' for '-' too).
+ * Anything else is refused, naming it: a misspelt TLS parameter must not
+ * leave a plaintext connection. Returns 0, or -1 with errstr set. */
+static int
+url_options(const char *params, struct myopts *o, char *errstr, size_t sz)
+{
+        *o = (struct myopts){MY_CONNECT_TIMEOUT, MY_READ_TIMEOUT,
+                             MY_WRITE_TIMEOUT, true, SSL_DEFAULT, {NULL}};
+        for (const char *p = params ? params : ""; *p;) {
                 size_t n = strcspn(p, "&");
                 const char *eq = memchr(p, '=', n);
-                if (eq) {
-                        size_t kl = (size_t)(eq - p);
-                        long v = strtol(eq + 1, NULL, 10);
-                        unsigned int *dst = NULL;
-                        if (kl == 15 && !strncmp(p, "connect_timeout", kl))
-                                dst = ct;
-                        else if (kl == 12 && !strncmp(p, "read_timeout", kl))
-                                dst = rt;
-                        else if (kl == 13 && !strncmp(p, "write_timeout", kl))
-                                dst = wt;
-                        else if (kl == 15 &&
-                                 !strncmp(p, "inbox_returning", kl))
-                                *returning = v != 0;
-                        if (dst && v > 0 && v < 86400)
-                                *dst = (unsigned int)v;
+                char key[32] = "", val[1024] = "";
+                size_t kl = eq ? (size_t)(eq - p) : n;
+                if (kl && kl < sizeof(key)) {
+                        memcpy(key, p, kl);
+                        for (char *k = key; *k; k++)
+                                if (*k == '_' && strncmp(key, "inbox", 5) &&
+                                    !strstr(key, "timeout"))
+                                        *k = '-';
+                }
+                size_t vl = eq ? n - kl - 1 : 0;
+                if (eq && vl < sizeof(val))
+                        memcpy(val, eq + 1, vl);
+                char *end = NULL;
+                long v = eq ? strtol(val, &end, 10) : 0;
+                bool num = eq && vl && end && !*end;
+                unsigned int *dst = !strcmp(key, "connect_timeout") ? &o->ct
+                                    : !strcmp(key, "read_timeout")  ? &o->rt
+                                    : !strcmp(key, "write_timeout") ? &o->wt
+                                                                    : NULL;
+                int si = -1;
+                for (int i = 0; i < 5; i++)
+                        if (!strcmp(key, ssl_keys[i]))
+                                si = i;
+                if (!eq || vl >= sizeof(val)) {
+                        kinbox__errstr(errstr, sz,
+                                       "database.url: parameter \"%.*s\" "
+                                       "needs a value (KEY=VALUE)",
+                                       (int)(kl > 40 ? 40 : kl), p);
+                        return -1;
+                } else if (dst) {
+                        if (!num || v <= 0 || v >= 86400) {
+                                kinbox__errstr(errstr, sz,
+                                               "database.url: %s must be "
+                                               "seconds, 1 to 86399",
+                                               key);
+                                return -1;
+                        }
+                        *dst = (unsigned int)v;
+                } else if (!strcmp(key, "inbox_returning")) {
+                        if (!num || (v != 0 && v != 1)) {
+                                kinbox__errstr(errstr, sz,
+                                               "database.url: "
+                                               "inbox_returning must be 0 "
+                                               "or 1");
+                                return -1;
+                        }
+                        o->returning = v != 0;
+                } else if (!strcmp(key, "ssl-mode")) {
+                        static const char *const modes[] = {
+                            "DISABLED", "PREFERRED", "REQUIRED", "VERIFY_CA",
+                            "VERIFY_IDENTITY"};
+                        o->ssl_mode = SSL_DEFAULT;
+                        for (int i = 0; i < 5; i++)
+                                if (!strcasecmp(val, modes[i]))
+                                        o->ssl_mode = SSL_DISABLED + i;
+                        if (o->ssl_mode == SSL_DEFAULT) {
+                                kinbox__errstr(errstr, sz,
+                                               "database.url: ssl-mode "
+                                               "\"%.32s\" is not one of "
+                                               "DISABLED, PREFERRED, "
+                                               "REQUIRED, VERIFY_CA, "
+                                               "VERIFY_IDENTITY",
+                                               val);
+                                return -1;
+                        }
+                } else if (si >= 0 && vl) {
+                        free(o->ssl[si]);
+                        o->ssl[si] = kinbox__strdup(val);
+                } else {
+                        kinbox__errstr(errstr, sz,
+                                       "database.url: unknown parameter "
+                                       "\"%s\" for mysql:// (known: "
+                                       "connect_timeout, read_timeout, "
+                                       "write_timeout, inbox_returning, "
+                                       "ssl-mode, ssl-ca, ssl-capath, "
+                                       "ssl-cert, ssl-key, ssl-cipher)",
+                                       key[0] ? key : "?");
+                        return -1;
                 }
                 p += n;
                 if (*p == '&')
                         p++;
         }
+        bool tls_files = o->ssl[0] || o->ssl[1] || o->ssl[2] || o->ssl[3];
+        if (o->ssl_mode == SSL_DISABLED && tls_files) {
+                kinbox__errstr(errstr, sz,
+                               "database.url: ssl-mode=DISABLED with ssl-* "
+                               "files: say which one you mean");
+                return -1;
+        }
+        /* Files but no mode: as the mysql client does, REQUIRED, and the
+         * server's certificate verified when a CA is given. */
+        if (o->ssl_mode == SSL_DEFAULT && tls_files)
+                o->ssl_mode = o->ssl[0] || o->ssl[1] ? SSL_VERIFY_IDENTITY
+                                                     : SSL_REQUIRED;
+        return 0;
+}
+
+int
+kinbox__mysql_url_check(const char *params, char *errstr, size_t sz)
+{
+        struct myopts o;
+        int rc = url_options(params, &o, errstr, sz);
+        myopts_free(&o);
+        return rc;
+}
+
+/* TLS options of the connector from the URL's ssl-* parameters. */
+static void
+my_tls_options(MYSQL *m, const struct myopts *o)
+{
+        my_bool yes = 1, no = 0;
+        if (o->ssl_mode == SSL_DEFAULT || o->ssl_mode == SSL_DISABLED)
+                return;
+        const enum mysql_option opt[5] = {MYSQL_OPT_SSL_CA, MYSQL_OPT_SSL_CAPATH,
+                                          MYSQL_OPT_SSL_CERT, MYSQL_OPT_SSL_KEY,
+                                          MYSQL_OPT_SSL_CIPHER};
+        for (int i = 0; i < 5; i++)
+                if (o->ssl[i])
+                        mysql_optionsv(m, opt[i], o->ssl[i]);
+        if (o->ssl_mode == SSL_PREFERRED) {
+                /* TLS when the server offers it (Connector/C 3.3: any TLS
+                 * option asks for it); not enforced. */
+                mysql_optionsv(m, MYSQL_OPT_SSL_ENFORCE, &no);
+                if (!o->ssl[0] && !o->ssl[1] && !o->ssl[4])
+                        mysql_optionsv(m, MYSQL_OPT_SSL_CIPHER, "");
+                return;
+        }
+        mysql_optionsv(m, MYSQL_OPT_SSL_ENFORCE, &yes);
+        /* Connector/C checks the chain and the host name together:
+         * VERIFY_CA is as strict as VERIFY_IDENTITY here. (Connector/C
+         * 3.3 enforces TLS only with the verification on: REQUIRED is
+         * checked after the connect, my_connect().) */
+        mysql_optionsv(m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT,
+                       o->ssl_mode >= SSL_VERIFY_CA ? &yes : &no);
 }
 
 static int
@@ -1797,15 +1934,23 @@ my_connect(kinbox__db_t *db)
                                   "MySQL backend given a non-mysql:// URL");
                 return KINBOX_ERR_INVALID;
         }
-        unsigned int ct = MY_CONNECT_TIMEOUT, rt = MY_READ_TIMEOUT,
-                     wt = MY_WRITE_TIMEOUT, off = 0;
-        bool returning = true;
-        url_options(u.params, &ct, &rt, &wt, &returning);
+        unsigned int off = 0;
+        struct myopts o;
+        if (url_options(u.params, &o, ebuf, sizeof(ebuf))) {
+                myopts_free(&o);
+                kinbox__dburl_free(&u);
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, -1, "%s",
+                                  ebuf);
+                return KINBOX_ERR_INVALID;
+        }
+        unsigned int ct = o.ct, rt = o.rt, wt = o.wt;
+        bool returning = o.returning;
 
         struct mystate *s = kinbox__calloc(1, sizeof(*s));
         MYSQL *m = s ? mysql_init(NULL) : NULL;
         if (!m) {
                 free(s);
+                myopts_free(&o);
                 kinbox__dburl_free(&u);
                 return my_oom(db);
         }
@@ -1818,6 +1963,9 @@ my_connect(kinbox__db_t *db)
         mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &wt);
         /* LOAD DATA LOCAL lets a server read client files: never needed. */
         mysql_options(m, MYSQL_OPT_LOCAL_INFILE, &off);
+        my_tls_options(m, &o);
+        bool need_tls = o.ssl_mode >= SSL_REQUIRED;
+        myopts_free(&o);
 
         const char *pw = db->password ? db->password : u.password;
         MYSQL *ok = mysql_real_connect(m, u.host, u.user, pw, u.dbname,
@@ -1838,6 +1986,16 @@ my_connect(kinbox__db_t *db)
                                   mysql_sqlstate(m), mysql_error(m));
                 my_mark_down(db);
                 return code;
+        }
+        if (need_tls && !mysql_get_ssl_cipher(m)) {
+                /* Before any statement: nothing of the application's
+                 * went over the plaintext connection. */
+                kinbox__db_seterr(db, KINBOX_ERR_DB, "", 2026, -1,
+                                  "MySQL: connect: ssl-mode=REQUIRED but the "
+                                  "server did not negotiate TLS (is it "
+                                  "started with ssl_cert and ssl_key?)");
+                my_mark_down(db);
+                return KINBOX_ERR_DB;
         }
         static const char setup[] =
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\n"
