@@ -113,13 +113,7 @@ wait_until(kinbox_http_t *h, int64_t deadline_ms)
         if (left <= 0)
                 return;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += left / 1000;
-        ts.tv_nsec += (left % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-        }
+        kinbox__deadline_on(CLOCK_MONOTONIC, left, &ts);
         pthread_cond_timedwait(&h->cv, &h->mu, &ts);
 }
 

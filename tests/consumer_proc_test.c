@@ -27,16 +27,6 @@ points_ini(const char *url, const char *group, const char *topic,
                             group, topic, extra ? extra : "");
 }
 
-static void
-services(const char *cmd)
-{
-        char line[512];
-        snprintf(line, sizeof(line), "\"%s\" %s >/dev/null 2>&1",
-                 kt_env("KINBOX_SERVICES"), cmd);
-        int rc = system(line);
-        cr_assert(eq(int, rc, 0), "scripts/services %s failed", cmd);
-}
-
 /* ---- 2. SIGKILL between the DB commit and the offset commit ---- */
 
 KT_BACKENDS_PARAMS(proc, crash_after_commit)
@@ -97,11 +87,11 @@ ParameterizedTest(int *backend, proc, database_restart, .timeout = 240)
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         long long total = kt_produce_grants(topic, 0, 1000, 0, "o", 0, NULL);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, 1000, 60), 1000));
-        services(*backend ? "mysql-stop" : "pg-stop");
+        kt_services(*backend ? "mysql-stop" : "pg-stop");
         /* Messages keep arriving while the database is down. */
         total += kt_produce_grants(topic, 1000, 1000, 0, "o", 0, NULL);
         sleep(4);
-        services(*backend ? "mysql-start" : "pg-start");
+        kt_services(*backend ? "mysql-start" : "pg-start");
         total += kt_produce_grants(topic, 2000, 1000, 0, "o", 0, NULL);
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, 3000, 90), 3000));
         cr_assert(eq(i64, kt_wait_qint(url, SQL_WATERMARK, 3000, 30), 3000));

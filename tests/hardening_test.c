@@ -428,15 +428,6 @@ Test(hardening, http_held_connections, .timeout = 300)
 
 #define SHUTDOWN_BOUND_S 30 /* src/cli/watchdog.h, README */
 
-static void
-services(const char *cmd)
-{
-        char line[512];
-        snprintf(line, sizeof(line), "\"%s\" %s >/dev/null 2>&1",
-                 kt_env("KINBOX_SERVICES"), cmd);
-        cr_assert(eq(int, system(line), 0), "scripts/services %s failed", cmd);
-}
-
 /* A private dev broker (this test stops it); returns its pid and writes
  * its bootstrap list into bs. */
 static pid_t
@@ -473,21 +464,6 @@ private_broker(char *bs, size_t bs_size)
         return -1;
 }
 
-/* Exit status, -signal, or -1000 when still running after timeout_s. */
-static int
-wait_exit(pid_t pid, int timeout_s)
-{
-        for (int i = 0; i < timeout_s * 20; i++) {
-                int st;
-                if (waitpid(pid, &st, WNOHANG) == pid)
-                        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-                usleep(50000);
-        }
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        return -1000;
-}
-
 KT_BACKENDS_PARAMS(hardening, shutdown_is_bounded)
 ParameterizedTest(int *backend, hardening, shutdown_is_bounded, .timeout = 400)
 {
@@ -515,10 +491,10 @@ ParameterizedTest(int *backend, hardening, shutdown_is_bounded, .timeout = 400)
                           "kinbox run exited early:\n%s", kt_slurp(log));
                 kill(pid, SIGTERM);
                 kill(broker, SIGTERM);
-                services(*backend ? "mysql-stop kill" : "pg-stop immediate");
-                int rc = wait_exit(pid, SHUTDOWN_BOUND_S + 15);
+                kt_services(*backend ? "mysql-stop kill" : "pg-stop immediate");
+                int rc = kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15);
                 waitpid(broker, NULL, 0);
-                services(*backend ? "mysql-start" : "pg-start");
+                kt_services(*backend ? "mysql-start" : "pg-start");
                 char *out = kt_slurp(log);
                 cr_assert(rc != -1000,
                           "round %d: still running %d s after SIGTERM:\n%s",

@@ -621,6 +621,29 @@ kt_wait(pid_t pid, int timeout_s)
         return -1;
 }
 
+int
+kt_wait_exit(pid_t pid, int timeout_s)
+{
+        for (int i = 0; i < timeout_s * 20; i++) {
+                int st;
+                if (waitpid(pid, &st, WNOHANG) == pid)
+                        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+                usleep(50000);
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1000;
+}
+
+void
+kt_services(const char *cmd)
+{
+        char line[512];
+        snprintf(line, sizeof(line), "\"%s\" %s >/dev/null 2>&1",
+                 kt_env("KINBOX_SERVICES"), cmd);
+        cr_assert(eq(int, system(line), 0), "scripts/services %s failed", cmd);
+}
+
 static rd_kafka_t *
 group_handle(const char *group)
 {

@@ -109,6 +109,12 @@ pid_t kt_spawn_kinbox(const char *ini_path, const char *env1,
                       const char *log_path);
 /* Wait for pid; returns its exit status or -signal. */
 int kt_wait(pid_t pid, int timeout_s);
+/* kt_wait() that does not fail: the exit status, -signal, or -1000 when
+ * still running after timeout_s (then killed). */
+int kt_wait_exit(pid_t pid, int timeout_s);
+/* scripts/services CMD (KINBOX_SERVICES) for this run; fails the test
+ * when it does not exit 0. */
+void kt_services(const char *cmd);
 /* Write an INI file for `kinbox run`; returns its path. */
 char *kt_write_ini(const char *url, const char *sections_fmt, ...);
 

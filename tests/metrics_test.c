@@ -20,12 +20,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* GET path from 127.0.0.1:port; returns the HTTP status, body in *body. */
+/* GET path from 127.0.0.1:port; returns the HTTP status (-1: no
+ * connection), body in *body. timeout_s > 0 bounds the wait for the
+ * answer: -2 when nothing came within it. */
 static int
-http_get(int port, const char *path, char **body)
+http_get_within(int port, const char *path, int timeout_s, char **body)
 {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         cr_assert(fd >= 0);
+        if (timeout_s > 0) {
+                struct timeval tv = {.tv_sec = timeout_s};
+                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        }
         struct sockaddr_in a = {.sin_family = AF_INET,
                                 .sin_port = htons((uint16_t)port)};
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -39,13 +45,18 @@ http_get(int port, const char *path, char **body)
         cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
         size_t cap = 1 << 16, n = 0;
         char *buf = malloc(cap);
-        for (ssize_t r; (r = read(fd, buf + n, cap - n - 1)) > 0;) {
+        ssize_t r = 0;
+        while ((r = read(fd, buf + n, cap - n - 1)) > 0) {
                 n += (size_t)r;
                 if (n + 1 == cap)
                         buf = realloc(buf, cap *= 2);
         }
         close(fd);
         buf[n] = '\0';
+        if (timeout_s > 0 && r < 0 && n == 0) {
+                free(buf);
+                return -2; /* timed out (or reset) with nothing read */
+        }
         int status = -1;
         sscanf(buf, "HTTP/1.%*d %d", &status);
         char *b = strstr(buf, "\r\n\r\n");
@@ -53,6 +64,12 @@ http_get(int port, const char *path, char **body)
                 *body = strdup(b ? b + 4 : "");
         free(buf);
         return status;
+}
+
+static int
+http_get(int port, const char *path, char **body)
+{
+        return http_get_within(port, path, 0, body);
 }
 
 /* The port printed by `kinbox run` ("(port N)"). */
@@ -607,43 +624,6 @@ freezer_stop(struct freezer *f)
         atomic_store(&f->stop, 1);
         pthread_join(f->th, NULL);
         close(f->lfd);
-}
-
-/* http_get() with a client-side bound: -2 when no answer in timeout_s. */
-static int
-http_get_within(int port, const char *path, int timeout_s, char **body)
-{
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        cr_assert(fd >= 0);
-        struct timeval tv = {.tv_sec = timeout_s};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        struct sockaddr_in a = {.sin_family = AF_INET,
-                                .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-                close(fd);
-                return -1;
-        }
-        char req[256];
-        snprintf(req, sizeof(req),
-                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
-        char buf[1 << 16];
-        size_t n = 0;
-        ssize_t r = 0;
-        while (n + 1 < sizeof(buf) &&
-               (r = read(fd, buf + n, sizeof(buf) - n - 1)) > 0)
-                n += (size_t)r;
-        close(fd);
-        buf[n] = '\0';
-        if (r < 0 && n == 0)
-                return -2; /* timed out (or reset) with nothing read */
-        int status = -1;
-        sscanf(buf, "HTTP/1.%*d %d", &status);
-        char *b = strstr(buf, "\r\n\r\n");
-        if (body)
-                *body = strdup(b ? b + 4 : "");
-        return status;
 }
 
 struct slow_readyz {

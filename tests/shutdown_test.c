@@ -35,15 +35,6 @@
  * shutdown_test@kafka entry checks the group was left. */
 #define MOCK_SESSION_MS 6000
 
-static void
-services(const char *cmd)
-{
-        char line[512];
-        snprintf(line, sizeof(line), "\"%s\" %s >/dev/null 2>&1",
-                 kt_env("KINBOX_SERVICES"), cmd);
-        cr_assert(eq(int, system(line), 0), "scripts/services %s failed", cmd);
-}
-
 /* A points consumer slow enough (small batches, one worker) for the
  * backlog to outlast the rounds (its batch lines come last). */
 static char *
@@ -62,22 +53,6 @@ shutdown_ini(const char *url, const char *group, const char *topic,
                 url, kt_env("KINBOX_BOOTSTRAP"), session_ms, group, topic);
         fclose(fp);
         return path;
-}
-
-/* Exit status, -signal, or -1000 when still running after timeout_s
- * (then killed). */
-static int
-wait_exit(pid_t pid, int timeout_s)
-{
-        for (int i = 0; i < timeout_s * 20; i++) {
-                int st;
-                if (waitpid(pid, &st, WNOHANG) == pid)
-                        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-                usleep(50000);
-        }
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        return -1000;
 }
 
 /* Start `kinbox run` and wait until it consumed past *seen (within
@@ -139,7 +114,7 @@ finish_exact(const char *ini, const char *url, long long total)
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, BACKLOG, 120), BACKLOG),
                   "backlog not consumed:\n%s", kt_slurp(log));
         kill(pid, SIGTERM);
-        cr_assert(eq(int, wait_exit(pid, SHUTDOWN_BOUND_S + 15), 0),
+        cr_assert(eq(int, kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15), 0),
                   "%s", kt_slurp(log));
         kt_assert_points(url, total, BACKLOG);
 }
@@ -166,7 +141,7 @@ ParameterizedTest(int *backend, shutdown, term_under_load, .timeout = 600)
                                             round && real ? RESUME_S : 60);
                 usleep(500000);
                 kill(pid, SIGTERM);
-                int rc = wait_exit(pid, SHUTDOWN_BOUND_S + 15);
+                int rc = kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15);
                 assert_clean_exit(rc, round, log);
                 seen = kt_qint(url, SQL_INBOX);
                 cr_assert(lt(i64, seen, BACKLOG),
@@ -193,13 +168,13 @@ ParameterizedTest(int *backend, shutdown, term_all_down, .timeout = 900)
         for (int round = 0; round < ROUNDS; round++) {
                 char *log = kt_tmp("shutdown_down");
                 pid_t pid = start_consuming(ini, url, log, &seen, 60);
-                services(*backend ? "mysql-stop kill" : "pg-stop immediate");
+                kt_services(*backend ? "mysql-stop kill" : "pg-stop immediate");
                 kt_broker("broker-down all");
                 sleep(1);
                 kill(pid, SIGTERM);
-                int rc = wait_exit(pid, SHUTDOWN_BOUND_S + 15);
+                int rc = kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15);
                 kt_broker("broker-up all");
-                services(*backend ? "mysql-start" : "pg-start");
+                kt_services(*backend ? "mysql-start" : "pg-start");
                 assert_clean_exit(rc, round, log);
                 seen = kt_qint(url, SQL_INBOX);
                 cr_assert(lt(i64, seen, BACKLOG),
