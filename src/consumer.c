@@ -606,6 +606,47 @@ parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                 pthread_mutex_unlock(&c->workers[k].lock);
 }
 
+/* How long an offset commit on a revoke or at shutdown may wait for the
+ * coordinator's answer. A synchronous rd_kafka_commit() waits up to
+ * socket.timeout.ms (60 s) for a coordinator that is moving or loaded,
+ * longer than the 30 s shutdown watchdog of `kinbox run`; an unanswered
+ * commit loses nothing (the next owner starts at the DB watermark). */
+#define COMMIT_WAIT_MS 10000
+
+/* rd_kafka_commit() of the stored offsets, bounded by COMMIT_WAIT_MS:
+ * the result comes back on a queue of its own. RD_KAFKA_RESP_ERR__TIMED_OUT
+ * when the coordinator did not answer in time. */
+static rd_kafka_resp_err_t
+commit_bounded(rd_kafka_t *rk)
+{
+        rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+        if (!q)
+                return rd_kafka_commit(rk, NULL, 0);
+        rd_kafka_resp_err_t r = rd_kafka_commit_queue(rk, NULL, q, NULL, NULL);
+        if (r) {
+                rd_kafka_queue_destroy(q);
+                return r;
+        }
+        r = RD_KAFKA_RESP_ERR__TIMED_OUT;
+        int64_t end = kinbox__now_ms() + COMMIT_WAIT_MS;
+        for (int64_t now = kinbox__now_ms(); now < end;
+             now = kinbox__now_ms()) {
+                rd_kafka_event_t *ev = rd_kafka_queue_poll(
+                    q, (int)(end - now < 100 ? end - now : 100));
+                if (!ev)
+                        continue;
+                bool done =
+                    rd_kafka_event_type(ev) == RD_KAFKA_EVENT_OFFSET_COMMIT;
+                if (done)
+                        r = rd_kafka_event_error(ev);
+                rd_kafka_event_destroy(ev);
+                if (done)
+                        break;
+        }
+        rd_kafka_queue_destroy(q);
+        return r;
+}
+
 static void
 rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
              rd_kafka_topic_partition_list_t *pl, void *opaque)
@@ -652,7 +693,7 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 parts_revoke(c, coop ? pl : NULL);
         /* Commit what committed in the DB before letting go. */
         if (!rd_kafka_assignment_lost(rk)) {
-                rd_kafka_resp_err_t ce = rd_kafka_commit(rk, NULL, 0);
+                rd_kafka_resp_err_t ce = commit_bounded(rk);
                 if (ce && ce != RD_KAFKA_RESP_ERR__NO_OFFSET)
                         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                                     "offset commit on revoke: %s (the DB "
@@ -1114,7 +1155,7 @@ shutdown_all(kinbox_consumer_t *c)
         if (c->workers)
                 workers_stop(c);
         if (c->rk) {
-                rd_kafka_resp_err_t ce = rd_kafka_commit(c->rk, NULL, 0);
+                rd_kafka_resp_err_t ce = commit_bounded(c->rk);
                 if (ce && ce != RD_KAFKA_RESP_ERR__NO_OFFSET &&
                     ce != RD_KAFKA_RESP_ERR__STATE)
                         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",

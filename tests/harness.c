@@ -708,6 +708,27 @@ kt_slurp(const char *path)
         return b;
 }
 
+char *
+kt_tail(const char *path, int lines)
+{
+        char *s = kt_slurp(path);
+        if (!s)
+                return strdup("(no log)");
+        size_t n = strlen(s);
+        size_t i = n;
+        if (i && s[i - 1] == '\n')
+                i--;
+        while (i > 0 && lines > 0) {
+                i--;
+                if (s[i] == '\n')
+                        lines--;
+        }
+        if (s[i] == '\n')
+                i++;
+        memmove(s, s + i, n - i + 1);
+        return s;
+}
+
 int
 kt_kinboxv(char **out, char **err, bool merge, const char *fmt, va_list ap)
 {

@@ -153,9 +153,13 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
         for (int i = 0; i < STORM_PROCS; i++) {
                 int before = assignments(logs + i + 1, STORM_PROCS - i - 1);
                 kill(pid[i], SIGTERM);
-                cr_assert(eq(int, kt_wait(pid[i], 60), 0),
-                          "process %d did not stop cleanly (log %s)", i,
-                          logs[i]);
+                int st = kt_wait(pid[i], 60);
+                if (st != 0) {
+                        char *tail = kt_tail(logs[i], 25);
+                        cr_fatal("process %d did not stop cleanly: status "
+                                 "%d (log %s), its last lines:\n%s",
+                                 i, st, logs[i], tail);
+                }
                 /* The others take the partitions (a rebalance after a
                  * LeaveGroup takes a few seconds on a real broker). */
                 for (int t = 0; t < 150 && i + 1 < STORM_PROCS &&
