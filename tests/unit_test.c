@@ -299,3 +299,95 @@ Test(db, row_suspect_matches_whole_fields)
         db.hint_n = 0;
         cr_assert(eq(int, kinbox__db_row_suspect(&db, "(o-1)"), 0));
 }
+
+/* ---- W3C trace context (traceparent, version 00) ---- */
+
+static kinbox_err_t
+tp_parse(const char *s, kinbox_trace_t *t)
+{
+        return kinbox_trace_parse(s, strlen(s), t);
+}
+
+Test(trace, parses_and_formats_the_spec_example)
+{
+        const char *v =
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        kinbox_trace_t t;
+        cr_assert(eq(int, tp_parse(v, &t), KINBOX_OK));
+        char id[33], span[17], back[KINBOX_TRACEPARENT_LEN + 1];
+        kinbox_trace_id_hex(&t, id);
+        kinbox_trace_span_hex(&t, span);
+        cr_assert(eq(str, id, "4bf92f3577b34da6a3ce929d0e0e4736"));
+        cr_assert(eq(str, span, "00f067aa0ba902b7"));
+        cr_assert(eq(u8, t.flags, 1));
+        kinbox_trace_format(&t, back);
+        cr_assert(eq(str, back, (char *)v));
+        /* Not sampled. */
+        cr_assert(eq(int,
+                     tp_parse("00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                              "00f067aa0ba902b7-00",
+                              &t),
+                     KINBOX_OK));
+        cr_assert(eq(u8, t.flags, 0));
+}
+
+Test(trace, refuses_what_the_spec_forbids)
+{
+        static const char *bad[] = {
+            "", /* empty */
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7_01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x",
+        };
+        kinbox_trace_t t;
+        memset(&t, 0x5a, sizeof(t));
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+                cr_assert(eq(int, tp_parse(bad[i], &t), KINBOX_ERR_INVALID),
+                          "accepted \"%s\"", bad[i]);
+        cr_assert(eq(int, kinbox_trace_parse(NULL, 55, &t),
+                     KINBOX_ERR_INVALID));
+        /* Untouched on error. */
+        cr_assert(eq(u8, t.flags, 0x5a));
+        /* Bytes, not a C string: a NUL inside is just a bad character. */
+        char nul[KINBOX_TRACEPARENT_LEN] =
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0";
+        cr_assert(eq(int, kinbox_trace_parse(nul, sizeof(nul), &t),
+                     KINBOX_ERR_INVALID));
+}
+
+Test(trace, new_and_child_ids)
+{
+        kinbox_trace_t a, b, c;
+        kinbox_trace_new(&a);
+        kinbox_trace_new(&b);
+        cr_assert(eq(u8, a.flags, 1));
+        cr_assert(memcmp(a.trace_id, b.trace_id, 16) != 0,
+                  "two new traces share an id");
+        kinbox_trace_child(&a, &c);
+        cr_assert(memcmp(a.trace_id, c.trace_id, 16) == 0);
+        cr_assert(memcmp(a.span_id, c.span_id, 8) != 0);
+        cr_assert(eq(u8, c.flags, a.flags));
+        /* What we format, we parse back. */
+        char buf[KINBOX_TRACEPARENT_LEN + 1];
+        kinbox_header_t h;
+        kinbox_trace_header(&c, buf, &h);
+        cr_assert(eq(str, (char *)h.name, "traceparent"));
+        cr_assert(eq(sz, h.size, (size_t)KINBOX_TRACEPARENT_LEN));
+        kinbox_trace_t d;
+        cr_assert(eq(int, kinbox_trace_parse(h.value, h.size, &d), KINBOX_OK));
+        cr_assert(memcmp(&c, &d, sizeof(c)) == 0);
+        /* In place. */
+        kinbox_trace_child(&d, &d);
+        cr_assert(memcmp(d.trace_id, c.trace_id, 16) == 0);
+        cr_assert(memcmp(d.span_id, c.span_id, 8) != 0);
+}

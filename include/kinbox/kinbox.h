@@ -15,6 +15,7 @@
 #include "handler.h"
 #include "consumer.h"
 #include "outbox.h"
+#include "trace.h"
 #include "module.h"
 #include "admin.h"
 
