@@ -4,6 +4,7 @@
  * classification, dead letters, watermarks, COMMIT, then the offset store
  */
 #include "consumer_int.h"
+#include "fate.h"
 #include "hdrcodec.h"
 #include "hold.h"
 #include "metrics.h"
@@ -165,31 +166,6 @@ queue_watermarks(kinbox_consumer_t *c, worker_t *w)
         return KINBOX_OK;
 }
 
-/* A unique violation on the statement of tag t means "already applied"
- * when t is a kinbox_tx_exec_unique() statement whose key matches. */
-static bool
-ukey_matches(const kinbox_tx_t *tx, int t, const char *constraint)
-{
-        if (t < 0 || !(t & KINBOX__TAG_UNIQUE))
-                return false;
-        for (size_t i = tx->nukeys; i-- > 0;)
-                if (tx->ukeys[i].tag == t &&
-                    (!tx->ukeys[i].key || !*constraint ||
-                     !strcmp(tx->ukeys[i].key, constraint)))
-                        return true;
-        return false;
-}
-
-/* The fate of a statement failure (db->err) for the message it names. */
-static enum fate
-statement_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
-{
-        if (e->code == KINBOX_ERR_DUPLICATE)
-                return ukey_matches(tx, e->stmt_tag, e->constraint) ? F_BIZDUP
-                                                                    : F_DEAD;
-        return e->permanent ? F_DEAD : F_RETRY;
-}
-
 /* Message i failed (its own statement or result): decide its fate and cut
  * the rest of its partition when it is to be retried. */
 static void
@@ -232,26 +208,6 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
                     ": attempt %d failed, retry in %" PRId64 " ms: %s",
                     m->part->topic, m->rkm->partition, m->rkm->offset,
                     m->failures, delay, m->reason);
-}
-
-/* Whether e is a statement's own failure, one a message can be charged
- * with; not a lost connection, a deadlock, out of memory, or a failure of
- * kinbox's own statement (or of an unknown merge). */
-static bool
-own_failure(const kinbox__dberr_t *e)
-{
-        return (e->code == KINBOX_ERR_DB || e->code == KINBOX_ERR_DUPLICATE) &&
-               e->tag >= 0;
-}
-
-bool
-kinbox__batch_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e,
-                   enum fate *fate)
-{
-        if (!own_failure(e))
-                return false;
-        *fate = statement_fate(tx, e);
-        return true;
 }
 
 enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
@@ -415,7 +371,7 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
 {
         failure_t f = {FL_BATCH, 0, F_RETRY, false, 0};
         int t = e->tag;
-        if (!own_failure(e))
+        if (!kinbox__fate_own_failure(e))
                 return f;
         size_t low = (size_t)KINBOX__TAG_LOW(t);
         if (t & KINBOX__TAG_MERGED_BIT) {
@@ -426,7 +382,8 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
                 /* The low bits: the group's first message. */
                 if (low < w->nmsgs)
                         f = (failure_t){FL_GROUP, group_of(wk, low),
-                                        statement_fate(tx, e), false, 0};
+                                        kinbox__fate_of_statement(tx, e),
+                                        false, 0};
                 /* A suspect only in the failing call's own group. */
                 size_t s = (size_t)KINBOX__TAG_LOW(e->suspect - 1);
                 if (f.kind == FL_GROUP && e->suspect > 0 &&
@@ -434,7 +391,8 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
                     w->msgs[s]->state == M_RUN && group_of(wk, s) == f.idx)
                         f.suspect = s + 1;
         } else if (low < w->nmsgs && w->msgs[low]->state == M_RUN) {
-                f = (failure_t){FL_MSG, low, statement_fate(tx, e), false, 0};
+                f = (failure_t){FL_MSG, low,
+                                kinbox__fate_of_statement(tx, e), false, 0};
         }
         return f;
 }
@@ -877,7 +835,7 @@ drops_decide(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 size_t i = (size_t)KINBOX__TAG_LOW(e->tag);
                 if (i >= w->nmsgs || w->msgs[i]->state != M_RUN)
                         continue;
-                fail_msg(c, w, i, statement_fate(tx, e), e->msg);
+                fail_msg(c, w, i, kinbox__fate_of_statement(tx, e), e->msg);
                 if (queue && w->msgs[i]->state == M_DEAD &&
                     queue_dead_letter(c, w, w->msgs[i])) {
                         *f = failure_of(w, wk, &db->err, tx);

@@ -212,11 +212,6 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
 /* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
  * or was abandoned; pops the committed messages from their partitions. */
 void kinbox__batch_process(kinbox_consumer_t *c, worker_t *w);
-/* Whether e is a statement's own failure (not the connection's, a
- * deadlock, or kinbox's own statement's); if so, *fate is its fate for the
- * message it names. */
-bool kinbox__batch_fate(const kinbox_tx_t *tx, const kinbox__dberr_t *e,
-                        enum fate *fate);
 
 /* ---- shared by consumer.c and batch.c */
 static inline bool

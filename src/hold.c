@@ -4,6 +4,7 @@
  * discarded. See hold.h and the README, "Holding a key".
  */
 #include "hold.h"
+#include "fate.h"
 #include "hdrcodec.h"
 #include "metrics.h"
 #include "tx.h"
@@ -502,7 +503,7 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, enum fate *fate, char *why,
             !db->ops->flush(db))
                 goto out;
         if (db->err.code) {
-                ret = kinbox__batch_fate(&tx, &db->err, fate) ? 1 : -1;
+                ret = kinbox__fate_classify(&tx, &db->err, fate) ? 1 : -1;
                 snprintf(why, wsz, "%s", db->err.msg);
         } else {
                 ret = 1;
