@@ -3,8 +3,8 @@
  * Prometheus text (exposition format 0.0.4).
  *
  * The families are fixed here, so names, types, help texts and buckets
- * live in one place (and the README's list of metrics can be checked
- * against it). Series are created on first use.
+ * live in one place (and the list of metrics in docs/metrics.md can be
+ * checked against it). Series are created on first use.
  */
 #include "metrics.h"
 #include "internal.h"
