@@ -1,6 +1,6 @@
 /*
- * batch.c -- one batch in one transaction (see the comment above ISO_GROUPS and the
- * README's failure table): inbox insert, handlers, failure isolation and
+ * batch.c -- one batch in one transaction (see the comment above ISO_GROUPS and
+ * docs/failures.md): inbox insert, handlers, failure isolation and
  * classification, dead letters, watermarks, COMMIT, then the offset store
  */
 #include "consumer_int.h"

@@ -1,7 +1,7 @@
 /*
  * hold.c -- per-key holds (dead_letter.hold_key): parking the followers of
  * a dead letter's key, and releasing them once it was replayed or
- * discarded. See hold.h and the README, "Holding a key".
+ * discarded. See hold.h and docs/operations.md, "Holding a key".
  */
 #include "hold.h"
 #include "fate.h"

@@ -426,7 +426,7 @@ Test(hardening, http_held_connections, .timeout = 300)
 
 #include <fcntl.h>
 
-#define SHUTDOWN_BOUND_S 30 /* src/cli/watchdog.h, README */
+#define SHUTDOWN_BOUND_S 30 /* src/cli/watchdog.h, docs/operations.md */
 
 /* A private dev broker (this test stops it); returns its pid and writes
  * its bootstrap list into bs. */

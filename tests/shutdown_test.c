@@ -20,7 +20,7 @@
 #define ROUNDS 5
 #define BACKLOG 60000
 #define PARTITIONS 8
-#define SHUTDOWN_BOUND_S 30 /* src/cli/watchdog.h, README */
+#define SHUTDOWN_BOUND_S 30 /* src/cli/watchdog.h, docs/operations.md */
 /* The up test's session timeout on Apache Kafka: a member that did not
  * leave its group keeps its partitions this long after its process ended
  * (the broker: group.initial.rebalance.delay.ms = 0). */

@@ -157,10 +157,10 @@ KINBOX_API const char *kinbox_tx_consumer(const kinbox_tx_t *tx);
  * MySQL statements are sent together at the flush in one multi-statement
  * round trip.
  *
- * What a failing statement does to its message (see the README's failure
- * table): a unique-key violation, a CHECK or NOT NULL violation or a data
- * exception (SQLSTATE class 22) can never succeed: the message is
- * dead-lettered at once; anything else (a foreign-key violation, an
+ * What a failing statement does to its message (docs/failures.md has the
+ * table per backend): a unique-key violation, a CHECK or NOT NULL
+ * violation or a data exception (SQLSTATE class 22) can never succeed: the
+ * message is dead-lettered at once; anything else (a foreign-key violation, an
  * unknown error) is retried with backoff. Deadlocks, serialization
  * failures and lost connections retry the whole batch.
  * @returns ::KINBOX_OK when queued; an immediate error (::KINBOX_ERR_INVALID
@@ -187,9 +187,10 @@ KINBOX_API kinbox_err_t kinbox_tx_exec(kinbox_tx_t *tx, const char *sql,
  * write the handler's other statements to change nothing in that case:
  * on PostgreSQL one statement whose second part reads the first's
  * `RETURNING` (a data-modifying CTE), on MySQL a following statement
- * guarded by `ROW_COUNT() > 0` (see `handlers/points`). It costs no round
- * trip, no savepoint and no rollback: use it when business duplicates are
- * frequent; kinbox_tx_exec_unique() when the handler cannot be written so.
+ * guarded by `ROW_COUNT() > 0` (docs/handlers.md,
+ * kinbox_tx_exec_claim()). It costs no round trip, no savepoint and no
+ * rollback: use it when business duplicates are frequent;
+ * kinbox_tx_exec_unique() when the handler cannot be written so.
  *
  * @returns as kinbox_tx_exec().
  * @remark Per-message handlers, and batch handlers called with one message
@@ -222,7 +223,7 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_claim(kinbox_tx_t *tx, const char *sql,
  * `batch.max / 32` messages). For duplicates at full speed, write the
  * statement so it cannot fail (`ON CONFLICT DO NOTHING`) and return
  * ::KINBOX_RESULT_DUPLICATE when it inserted nothing (batch handlers: one
- * set-based `... RETURNING` per batch, see `handlers/points`).
+ * set-based `... RETURNING` per batch, see docs/handlers.md).
  *
  * @param key   the constraint (PostgreSQL) or unique index (MySQL) name
  *              whose violation means "already applied", or NULL for any
@@ -252,7 +253,7 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
  *
  * What a failing row does:
  * - It is always charged to its own message, like a statement that message
- *   queued itself (see kinbox_tx_exec() and the README's failure table).
+ *   queued itself (see kinbox_tx_exec() and docs/failures.md).
  * - Where the server names the failing row (MariaDB 10.7 and later; one
  *   extra statement, only after a failure) and the failure can never
  *   succeed (a CHECK, NOT NULL or data violation: dead letter; a unique
@@ -268,7 +269,7 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
  * - Otherwise (PostgreSQL, MySQL, older MariaDB, a retryable error such
  *   as a foreign-key violation, the conditions above not met) kinbox
  *   undoes the call and runs it again without the message, narrowing a
- *   failure the server does not pin down (the README's failure
+ *   failure the server does not pin down (docs/failures.md, failure
  *   isolation). The outcome is the same on every server; only the cost
  *   differs.
  *
@@ -357,10 +358,10 @@ KINBOX_API kinbox_err_t kinbox_tx_query_owned(
  * PostgreSQL `INSERT INTO user_points_flow ... SELECT ... FROM unnest(...)
  * ON CONFLICT (order_id, biz_type) DO NOTHING RETURNING order_id` (a
  * data-modifying CTE may credit the rows it inserted, see
- * `handlers/points`). When its result is read (after the handler
- * returned), each returned key goes to the first row (in @p owners order)
- * carrying it; a message none of whose rows got a key was already applied
- * and is counted as a *business duplicate* (as with
+ * docs/handlers.md, kinbox_tx_exec_claims()). When its result is read
+ * (after the handler returned), each returned key goes to the first row
+ * (in @p owners order) carrying it; a message none of whose rows got a
+ * key was already applied and is counted as a *business duplicate* (as with
  * ::KINBOX_RESULT_DUPLICATE: its inbox row commits, it is never retried
  * or dead-lettered). Two messages of one batch with the same key: the
  * first one applies it, the second is a business duplicate.

@@ -821,8 +821,8 @@ dead_list(ctx_t *x)
 }
 
 /* Stored headers for people: "name: value; ..." with \xNN for bytes that
- * are not printable UTF-8 (README's notation); the raw column when it does
- * not decode. */
+ * are not printable UTF-8 (docs/operations.md, Stored headers); the raw
+ * column when it does not decode. */
 static char *
 show_headers(const char *val, size_t n)
 {

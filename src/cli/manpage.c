@@ -1,7 +1,7 @@
 /*
  * manpage.c -- `kinbox config-reference [--man] [--output FILE]`: the
- * configuration reference as Markdown (README) or as the whole
- * kinbox.conf(5) page. The key descriptions come from the library's
+ * configuration reference as Markdown (docs/configuration.md) or as the
+ * whole kinbox.conf(5) page. The key descriptions come from the library's
  * property table either way; this file adds the page around them (the
  * file format and its sections).
  */
