@@ -778,6 +778,8 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
         /* Once per transaction: the metrics lock is process-wide. */
         kinbox__m_observe("kinbox_handler_seconds", mlab,
                           (double)w->handler_us / 1e6);
+        if (c->tracing)
+                kinbox__consume_spans(c, w);
 }
 
 /* BEGIN and the inbox insert: which messages of the batch are new. */

@@ -225,6 +225,8 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
                                       &vl) == RD_KAFKA_CONF_OK)
                         c->prefetch_bytes = 1024.0 * strtod(v, NULL);
         }
+        if (kinbox__tracing_acquire(conf, &c->tracing, errstr, sz))
+                goto fail;
         c->conf = conf;
         return c;
 kafka_fail:
@@ -329,6 +331,7 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         if (c->topics)
                 rd_kafka_topic_partition_list_destroy(c->topics);
         kinbox__db_destroy(c->ctl);
+        kinbox__tracing_release(c->tracing);
         pthread_mutex_destroy(&c->drain_lock);
         pthread_cond_destroy(&c->drained);
         pthread_mutex_destroy(&c->nudge_lock);
@@ -734,6 +737,8 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
         m->id = kinbox__msgid_extract(c->msgid_spec, &m->v, why, sizeof(why));
         if (!m->id)
                 kinbox__msg_set_reason(m, why);
+        if (c->tracing)
+                kinbox__msg_trace_start(m);
         worker_t *w = p->w;
         pthread_mutex_lock(&w->lock);
         if (p->tail)

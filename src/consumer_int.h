@@ -15,6 +15,7 @@
 #include "internal.h"
 #include "msgid.h"
 #include "tx.h"
+#include "tracing.h"
 
 #include <librdkafka/rdkafka.h>
 #include <pthread.h>
@@ -50,6 +51,13 @@ struct kinbox_msg_s {
         size_t hkey_len;
         char *hkey_own;
         int64_t hold_off; /* M_PARK: offset of the blocker */
+        /* Trace context (tracing on, set at receive): the consume span's
+         * own context, a child of the message's traceparent (the parent's
+         * span id kept) or a new root; recv_ns starts the span. */
+        kinbox_trace_t trace;
+        uint8_t trace_parent[8];
+        bool trace_set, trace_has_parent;
+        int64_t recv_ns;
 };
 
 /* M_RUN: run the handler; M_DUP: the inbox has its id (redelivery);
@@ -150,6 +158,7 @@ struct kinbox_tx_s {
 
 struct kinbox_consumer_s {
         kinbox_conf_t *conf;
+        bool tracing; /* holds a reference on the span exporter */
         bool left_unclosed; /* leaving the group timed out at shutdown */
         kinbox__log_t lg;
         char *name;
@@ -203,6 +212,10 @@ struct kinbox_consumer_s {
 void kinbox__msg_free(kinbox_msg_t *m);
 /* Replace the message's reason (a copy; NULL or "" -> "no reason given"). */
 void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);
+/* consume_trace.c: a received message's trace context (tracing on), and
+ * the consume spans of a committed batch. */
+void kinbox__msg_trace_start(kinbox_msg_t *m);
+void kinbox__consume_spans(kinbox_consumer_t *c, worker_t *w);
 
 /* ---- txapi.c */
 /* Forget the transaction's kinbox_tx_exec_unique() keys. */

@@ -129,6 +129,12 @@ static const family_t families[] = {
      "Pruner runs by result (done, skipped: another instance held the "
      "lock, failed).",
      NULL, 0},
+    {"kinbox_tracing_spans_exported_total", M_COUNTER,
+     "Spans the OTLP collector accepted.", NULL, 0},
+    {"kinbox_tracing_spans_dropped_total", M_COUNTER,
+     "Spans not exported, by reason (queue_full: the export queue was "
+     "full; export_failed: the collector did not take the request).",
+     NULL, 0},
 };
 
 #define NFAM (sizeof(families) / sizeof(families[0]))

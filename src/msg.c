@@ -97,6 +97,23 @@ kinbox_msg_header(const kinbox_msg_t *m, const char *name, const void **valuep,
         return KINBOX_OK;
 }
 
+/* The consume span's context when tracing is on (set at receive), else
+ * the message's own traceparent. */
+kinbox_err_t
+kinbox_msg_trace(const kinbox_msg_t *m, kinbox_trace_t *t)
+{
+        if (m->trace_set) {
+                *t = m->trace;
+                return KINBOX_OK;
+        }
+        const void *v;
+        size_t n;
+        if (kinbox_msg_header(m, KINBOX_TRACEPARENT_HEADER, &v, &n) ||
+            kinbox_trace_parse(v, n, t))
+                return KINBOX_ERR_NOT_FOUND;
+        return KINBOX_OK;
+}
+
 void
 kinbox__msg_free(kinbox_msg_t *m)
 {

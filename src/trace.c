@@ -153,17 +153,6 @@ kinbox_trace_span_hex(const kinbox_trace_t *t, char buf[17])
         tohex(t->span_id, 8, buf);
 }
 
-kinbox_err_t
-kinbox_msg_trace(const kinbox_msg_t *msg, kinbox_trace_t *t)
-{
-        const void *v;
-        size_t n;
-        if (kinbox_msg_header(msg, KINBOX_TRACEPARENT_HEADER, &v, &n) ||
-            kinbox_trace_parse(v, n, t))
-                return KINBOX_ERR_NOT_FOUND;
-        return KINBOX_OK;
-}
-
 void
 kinbox_trace_header(const kinbox_trace_t *t,
                     char buf[KINBOX_TRACEPARENT_LEN + 1], kinbox_header_t *hdr)

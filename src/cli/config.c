@@ -213,7 +213,8 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                 L->failed = true;
                 return 0;
         }
-        if (!strcmp(section, "database") || !strcmp(section, "log")) {
+        if (!strcmp(section, "database") || !strcmp(section, "log") ||
+            !strcmp(section, "tracing")) {
                 snprintf(key, sizeof(key), "%s.%s", section, name);
         } else if (!strcmp(section, "kafka")) {
                 snprintf(key, sizeof(key), "kafka.%s", name);
