@@ -1,0 +1,159 @@
+/*
+ * trace_test.c -- W3C trace context through the consumer: what a handler
+ * reads with kinbox_msg_trace() for a message with a valid, an invalid and
+ * no `traceparent` (tracing off: the sender's context; tracing on: the
+ * consume span's, a child of it). Both backends.
+ */
+#include "harness.h"
+
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TP_VALID "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+#define TP_TRACE "4bf92f3577b34da6a3ce929d0e0e4736"
+#define TP_SPAN "00f067aa0ba902b7"
+
+/* One message with a message_id and, when tp is not NULL, a traceparent
+ * header (tp_len bytes). */
+static void
+produce_traced(const char *topic, const char *id, const char *tp,
+               size_t tp_len)
+{
+        char e[256];
+        rd_kafka_conf_t *c = rd_kafka_conf_new();
+        rd_kafka_conf_set(c, "bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"),
+                          e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, e, sizeof(e));
+        cr_assert(rk != NULL, "producer: %s", e);
+        rd_kafka_headers_t *h = rd_kafka_headers_new(2);
+        rd_kafka_header_add(h, "message_id", -1, id, -1);
+        if (tp)
+                rd_kafka_header_add(h, "traceparent", -1, tp,
+                                    (ssize_t)tp_len);
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+            rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(0),
+            RD_KAFKA_V_VALUE((void *)id, strlen(id)), RD_KAFKA_V_HEADERS(h),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+        cr_assert(eq(int, err, 0), "produce: %s", rd_kafka_err2str(err));
+        cr_assert(eq(int, rd_kafka_flush(rk, 30000), 0));
+        rd_kafka_destroy(rk);
+}
+
+/* Records what the handler saw: the message id, and the trace id and span
+ * id from kinbox_msg_trace() ('-' when it found none). */
+static kinbox_result_t
+record_trace(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        (void)opaque;
+        kinbox_trace_t t;
+        char id[33] = "-", span[17] = "-";
+        if (kinbox_msg_trace(msg, &t) == KINBOX_OK) {
+                kinbox_trace_id_hex(&t, id);
+                kinbox_trace_span_hex(&t, span);
+        }
+        const char *p[3] = {kinbox_msg_id(msg), id, span};
+        kinbox_tx_exec(tx,
+                       "INSERT INTO kt_seen (message_id, trace_id, span_id) "
+                       "VALUES ($1, $2, $3)",
+                       3, p);
+        return KINBOX_RESULT_OK;
+}
+
+/* 1 when the handler saw message id with col = want (each id once). */
+static long long
+seen_is(const char *url, const char *id, const char *col, const char *want)
+{
+        cr_assert(eq(i64,
+                     kt_qintf(url,
+                              "SELECT COUNT(*) FROM kt_seen WHERE "
+                              "message_id = '%s'",
+                              id),
+                     1),
+                  "%s not seen once", id);
+        return kt_qintf(url,
+                        "SELECT COUNT(*) FROM kt_seen WHERE message_id = '%s' "
+                        "AND %s = '%s'",
+                        id, col, want);
+}
+
+static char *
+setup(int backend, const char **topicp, const char **groupp)
+{
+        char *url = kt_fresh_db(kt_backend(backend));
+        kt_exec(url, "CREATE TABLE kt_seen (message_id VARCHAR(64) PRIMARY "
+                     "KEY, trace_id VARCHAR(32), span_id VARCHAR(16))");
+        *topicp = kt_unique("tr");
+        *groupp = kt_unique("trg");
+        kt_topic(*topicp, 1);
+        /* A valid context; upper-case hex (invalid: ignored); version 01
+         * (unknown: ignored); none. */
+        produce_traced(*topicp, "valid", TP_VALID, strlen(TP_VALID));
+        const char *upper =
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
+        produce_traced(*topicp, "upper", upper, strlen(upper));
+        const char *v01 =
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        produce_traced(*topicp, "v01", v01, strlen(v01));
+        produce_traced(*topicp, "none", NULL, 0);
+        return url;
+}
+
+/* Tracing off: the handler reads the sender's context as it came; bad or
+ * unknown-version values are not an error of the message (applied). */
+KT_BACKENDS_PARAMS(trace, handler_reads_the_senders_context)
+ParameterizedTest(int *backend, trace, handler_reads_the_senders_context,
+                  .timeout = 120)
+{
+        const char *topic, *group;
+        char *url = setup(*backend, &topic, &group);
+        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
+        kt_run_t *r = kt_run_start(c, record_trace, NULL, NULL);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60),
+                     4));
+        kt_run_stop(r);
+        cr_assert(eq(i64, seen_is(url, "valid", "trace_id", TP_TRACE), 1));
+        cr_assert(eq(i64, seen_is(url, "valid", "span_id", TP_SPAN), 1));
+        cr_assert(eq(i64, seen_is(url, "upper", "trace_id", "-"), 1));
+        cr_assert(eq(i64, seen_is(url, "v01", "trace_id", "-"), 1));
+        cr_assert(eq(i64, seen_is(url, "none", "trace_id", "-"), 1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
+                     0));
+}
+
+/* Tracing on (an endpoint nobody listens on: spans are dropped, counted,
+ * and the consumer does not wait): the handler reads the consume span's
+ * context, a child of the message's; a message without a valid one gets
+ * a new trace of its own. */
+KT_BACKENDS_PARAMS(trace, handler_reads_the_consume_span)
+ParameterizedTest(int *backend, trace, handler_reads_the_consume_span,
+                  .timeout = 120)
+{
+        const char *topic, *group;
+        char *url = setup(*backend, &topic, &group);
+        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
+        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
+        kt_set(c, "tracing.timeout.ms", "200");
+        kt_run_t *r = kt_run_start(c, record_trace, NULL, NULL);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60),
+                     4));
+        kt_run_stop(r);
+        /* Same trace, a new span (not the sender's). */
+        cr_assert(eq(i64, seen_is(url, "valid", "trace_id", TP_TRACE), 1));
+        cr_assert(eq(i64, seen_is(url, "valid", "span_id", TP_SPAN), 0));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kt_seen WHERE "
+                                  "message_id = 'valid' AND span_id <> '-'"),
+                     1));
+        /* New traces, each its own. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(DISTINCT trace_id) FROM "
+                                  "kt_seen WHERE message_id <> 'valid' AND "
+                                  "trace_id <> '-'"),
+                     3));
+        cr_assert(eq(i64, seen_is(url, "upper", "trace_id", TP_TRACE), 0));
+}
