@@ -326,12 +326,20 @@ const char *kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,
  * but not connected). */
 struct pg_conn *kinbox__db_pgconn(kinbox__db_t *db, bool *down);
 struct st_mysql *kinbox__db_mysql(kinbox__db_t *db, bool *down);
-/* The embedded migrations (migrate.h) of db's backend in order: the first
- * after m (NULL: the first of all); NULL after the last. */
-struct kinbox__migration;
-const struct kinbox__migration *
-kinbox__db_migration(const kinbox__db_t *db,
-                     const struct kinbox__migration *m);
+/* A schema script of one backend. The scripts are migrate.c's (embedded
+ * at build time, migrate.h); the backend layer is only given them. */
+typedef struct kinbox__migration {
+        int backend; /* kinbox_backend_t */
+        int version;
+        const char *name;
+        const char *sql;
+} kinbox__migration_t;
+/* Of the scripts all (terminated by an entry with name == NULL), db's
+ * backend's in order: the first after m (NULL: the first of all); NULL
+ * after the last. */
+const kinbox__migration_t *kinbox__db_migration(const kinbox__db_t *db,
+                                                const kinbox__migration_t *all,
+                                                const kinbox__migration_t *m);
 
 /*
  * The outbox writer's, operator calls' and relay's statements, one table
@@ -470,6 +478,30 @@ struct kinbox__outbox_ops {
 extern const struct kinbox__outbox_ops kinbox__pg_outbox_ops;
 extern const struct kinbox__outbox_ops kinbox__mysql_outbox_ops;
 
+/* The outbox table's columns an append writes, in the order of its 7
+ * parameters, and the look-up of a duplicate's id ($1 destination, $2
+ * idem_key). */
+#define KINBOX__OUTBOX_COLS                                                   \
+        "kind, destination, idem_key, aggregate_id, payload, headers, "       \
+        "max_attempts"
+#define KINBOX__OUTBOX_FIND_ID_SQL                                            \
+        "SELECT id FROM kinbox_outbox WHERE destination = $1 AND idem_key = " \
+        "$2"
+
+/* The append of kinbox_outbox_append_pg() / _mysql() (outbox.c, which
+ * validates the message and wakes local relays) on the caller's own
+ * connection: p the 7 parameters of the outbox append above. KINBOX_OK
+ * with *idp the new row's id; KINBOX_ERR_DUPLICATE with *idp the existing
+ * row's (0 when not found); or an error with errstr set. idp may be
+ * NULL. */
+kinbox_err_t kinbox__pg_outbox_append(struct pg_conn *conn,
+                                      const kinbox__param_t p[7], int64_t *idp,
+                                      char *errstr, size_t errstr_size);
+kinbox_err_t kinbox__mysql_outbox_append(struct st_mysql *conn,
+                                         const kinbox__param_t p[7],
+                                         int64_t *idp, char *errstr,
+                                         size_t errstr_size);
+
 /* Backends. */
 extern const struct kinbox__db_ops kinbox__pg_ops;
 extern const struct kinbox__db_ops kinbox__mysql_ops;
@@ -482,7 +514,8 @@ kinbox__db_t *kinbox__db_new(const char *url, const char *password,
                              char *errstr, size_t errstr_size);
 void kinbox__db_destroy(kinbox__db_t *db);
 /* kinbox__db_new() for a configuration's `database.url` and
- * `database.password_file` (read now, not kept). */
+ * `database.password_file` (read now, not kept): the one way every module
+ * opens its handle. */
 struct kinbox_conf_s;
 kinbox__db_t *kinbox__db_new_conf(const struct kinbox_conf_s *conf,
                                   char *errstr, size_t errstr_size);

@@ -12,6 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+const kinbox__migration_t *
+kinbox__migration_next(const kinbox__db_t *db, const kinbox__migration_t *m)
+{
+        return kinbox__db_migration(db, kinbox__migrations, m);
+}
+
 /* The versions recorded for a component, ascending. */
 typedef struct vers {
         int v[128];
@@ -64,8 +70,8 @@ static int
 last_known(kinbox__db_t *db)
 {
         int top = 0;
-        for (const kinbox__migration_t *m = kinbox__db_migration(db, NULL); m;
-             m = kinbox__db_migration(db, m))
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
+             m = kinbox__migration_next(db, m))
                 top = m->version > top ? m->version : top;
         return top;
 }
@@ -77,8 +83,8 @@ unknown_version(kinbox__db_t *db, const vers_t *got)
         for (size_t i = 0; i < got->n; i++) {
                 bool known = false;
                 for (const kinbox__migration_t *m =
-                         kinbox__db_migration(db, NULL);
-                     m && !known; m = kinbox__db_migration(db, m))
+                         kinbox__migration_next(db, NULL);
+                     m && !known; m = kinbox__migration_next(db, m))
                         known = m->version == got->v[i];
                 if (!known)
                         return got->v[i];
@@ -132,8 +138,8 @@ check_kinbox(kinbox__db_t *db, char *errstr, size_t sz)
                 return rc;
         char miss[256] = "";
         size_t o = 0;
-        for (const kinbox__migration_t *m = kinbox__db_migration(db, NULL); m;
-             m = kinbox__db_migration(db, m))
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
+             m = kinbox__migration_next(db, m))
                 if (!has(&got, m->version) && o < sizeof(miss))
                         o += (size_t)snprintf(miss + o, sizeof(miss) - o,
                                               "%s%s", o ? ", " : "", m->name);
@@ -297,8 +303,8 @@ static int
 migrate_kinbox(run_t *r, const vers_t *got)
 {
         int rc = newer_kinbox(r->db, got, r->errstr, r->sz);
-        for (const kinbox__migration_t *m = kinbox__db_migration(r->db, NULL);
-             m && !rc; m = kinbox__db_migration(r->db, m))
+        for (const kinbox__migration_t *m = kinbox__migration_next(r->db, NULL);
+             m && !rc; m = kinbox__migration_next(r->db, m))
                 rc = step(r, got, "kinbox", m->version, m->name, m->sql);
         return rc;
 }

@@ -6,18 +6,17 @@
 
 #include <stddef.h>
 
-struct kinbox__db;
+#include "db.h"
+
 struct kinbox_module;
 
-typedef struct kinbox__migration {
-        int backend; /* kinbox_backend_t */
-        int version;
-        const char *name;
-        const char *sql;
-} kinbox__migration_t;
-
-/* Terminated by an entry with name == NULL. */
+/* Terminated by an entry with name == NULL (kinbox__migration_t: db.h). */
 extern const kinbox__migration_t kinbox__migrations[];
+
+/* The embedded migrations of db's backend in order: the first after m
+ * (NULL: the first of all); NULL after the last. */
+const kinbox__migration_t *kinbox__migration_next(const kinbox__db_t *db,
+                                                  const kinbox__migration_t *m);
 
 /* The schema version contract on an open connection: kinbox's own
  * versions (all known recorded, none unknown) and, when mod is not NULL,

@@ -1,9 +1,10 @@
 /*
- * outbox.c -- the outbox writer (append in a kinbox transaction; the
- * appends on the caller's own PGconn / MYSQL live with their backend's
- * statements in db/pg_outbox.c and db/mysql_outbox.c) and the operator
- * calls (requeue, cancel, list). The relay lives in relay.c. No dialect
- * SQL here: every statement comes from db->ops->outbox.
+ * outbox.c -- the outbox writer (append in a kinbox transaction, or on
+ * the caller's own PGconn / MYSQL, whose statements live with their
+ * backend's in db/pg_outbox.c and db/mysql_outbox.c) and the operator
+ * calls (requeue, cancel, list). A new row wakes the relays of this
+ * process through wake.c. The relay lives in relay*.c. No dialect SQL
+ * here: every statement comes from db->ops->outbox.
  *
  * Headers are stored as JSON text so operators can read them:
  *   [["name","utf-8 value"],["name",null],["name",{"b64":"..."}]]
@@ -21,6 +22,7 @@
 #include "internal.h"
 #include "outbox_int.h"
 #include "tx.h"
+#include "wake.h"
 
 #define OB(db) ((db)->ops->outbox)
 
@@ -190,7 +192,7 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
         if (rc)
                 return rc;
         /* Not committed yet: local relays poll closely for a while. */
-        kinbox__relay_poke();
+        kinbox__wake_poke();
         if (!idp)
                 return KINBOX_OK;
         if (id > 0) {
@@ -200,25 +202,63 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
         return find_existing(db, m, tag, idp);
 }
 
-/* ---------------------------------------------------------------- shared */
+/* ------------------------------------- on the caller's own connection */
 
-kinbox__db_t *
-kinbox__outbox_db_open(const kinbox_conf_t *conf, char *errstr,
-                       size_t errstr_size)
+/* Validate m and bind it (p points into m and pr; pr to be freed). */
+static kinbox_err_t
+native_prepare(const void *conn, const kinbox_outbox_msg_t *m,
+               kinbox__outbox_prepared_t *pr, kinbox__param_t p[7],
+               char *errstr, size_t errstr_size)
 {
-        const char *url = kinbox_conf_get(conf, "database.url");
-        if (!url || !*url) {
-                kinbox__errstr(errstr, errstr_size,
-                               "database.url is required");
-                return NULL;
+        if (!conn) {
+                kinbox__errstr(errstr, errstr_size, "no connection");
+                return KINBOX_ERR_INVALID;
         }
-        char *pw = NULL;
-        if (kinbox__conf_password(conf, &pw, errstr, errstr_size))
-                return NULL;
-        kinbox__db_t *db = kinbox__db_new(url, pw, errstr, errstr_size);
-        free(pw);
-        return db;
+        kinbox_err_t rc = kinbox__outbox_prepare(m, pr, errstr, errstr_size);
+        if (!rc)
+                kinbox__outbox_params(m, pr, p);
+        return rc;
 }
+
+/* After the backend's append: a new row wakes local relays. */
+static kinbox_err_t
+native_done(kinbox__outbox_prepared_t *pr, kinbox_err_t rc)
+{
+        kinbox__outbox_prepared_free(pr);
+        if (rc == KINBOX_OK)
+                kinbox__wake_poke();
+        return rc;
+}
+
+KINBOX_API kinbox_err_t
+kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
+                        int64_t *idp, char *errstr, size_t errstr_size)
+{
+        kinbox__outbox_prepared_t pr;
+        kinbox__param_t p[7];
+        kinbox_err_t rc =
+            native_prepare(conn, m, &pr, p, errstr, errstr_size);
+        if (rc)
+                return rc;
+        rc = kinbox__pg_outbox_append(conn, p, idp, errstr, errstr_size);
+        return native_done(&pr, rc);
+}
+
+KINBOX_API kinbox_err_t
+kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
+                           int64_t *idp, char *errstr, size_t errstr_size)
+{
+        kinbox__outbox_prepared_t pr;
+        kinbox__param_t p[7];
+        kinbox_err_t rc =
+            native_prepare(conn, m, &pr, p, errstr, errstr_size);
+        if (rc)
+                return rc;
+        rc = kinbox__mysql_outbox_append(conn, p, idp, errstr, errstr_size);
+        return native_done(&pr, rc);
+}
+
+/* ---------------------------------------------------------------- shared */
 
 /* Run an UPDATE and tell how many rows it changed (prune.c). */
 int
@@ -249,7 +289,7 @@ kinbox_outbox_admin_new(const kinbox_conf_t *conf, char *errstr,
                 kinbox__errstr(errstr, errstr_size, "out of memory");
                 return NULL;
         }
-        adm->db = kinbox__outbox_db_open(conf, errstr, errstr_size);
+        adm->db = kinbox__db_new_conf(conf, errstr, errstr_size);
         if (!adm->db) {
                 free(adm);
                 return NULL;

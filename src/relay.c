@@ -59,6 +59,7 @@
 #include "migrate.h"
 #include "metrics.h"
 #include "outbox_int.h"
+#include "wake.h"
 
 #define ERR_MAX 500 /* last_error bytes kept */
 #define MARGIN_MS 1000 /* lease time kept for marking */
@@ -1805,46 +1806,6 @@ idle(kinbox_relay_t *r, bool *more, bool last_claim_empty)
         *more = due;
 }
 
-/* In-process wake-up (kinbox__relay_poke): the relays of this process. */
-static pthread_mutex_t poke_mu = PTHREAD_MUTEX_INITIALIZER;
-static kinbox_relay_t *poke_list[16];
-static atomic_int poke_n;
-
-static void
-poke_register(kinbox_relay_t *r, bool on)
-{
-        pthread_mutex_lock(&poke_mu);
-        for (int i = 0; i < 16; i++) {
-                if (on && !poke_list[i]) {
-                        poke_list[i] = r;
-                        atomic_fetch_add(&poke_n, 1);
-                        break;
-                }
-                if (!on && poke_list[i] == r) {
-                        poke_list[i] = NULL;
-                        atomic_fetch_sub(&poke_n, 1);
-                        break;
-                }
-        }
-        pthread_mutex_unlock(&poke_mu);
-}
-
-void
-kinbox__relay_poke(void)
-{
-        if (!atomic_load(&poke_n))
-                return;
-        pthread_mutex_lock(&poke_mu);
-        for (int i = 0; i < 16; i++) {
-                kinbox_relay_t *r = poke_list[i];
-                if (r && atomic_load(&r->sleeping) && r->pipefd[1] >= 0) {
-                        ssize_t w = write(r->pipefd[1], "p", 1);
-                        (void)w;
-                }
-        }
-        pthread_mutex_unlock(&poke_mu);
-}
-
 /* The producer is ready before the first claim: brokers connected,
  * metadata known, the idempotent producer id requested. */
 static void
@@ -2016,7 +1977,7 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
                 goto fail;
 
         kinbox__conf_logger(conf, &r->log);
-        r->db = kinbox__outbox_db_open(conf, errstr, errstr_size);
+        r->db = kinbox__db_new_conf(conf, errstr, errstr_size);
         if (!r->db)
                 goto fail;
 
@@ -2111,7 +2072,7 @@ kinbox_relay_run(kinbox_relay_t *r)
         }
         producer_warm(r);
         listen_open(r);
-        poke_register(r, true);
+        kinbox__wake_register(r->pipefd[1], &r->sleeping);
         r->cur_batch = r->batch;
         r->idle_ms = POLL_MIN_MS;
         rlog(r, KINBOX_LOG_INFO,
@@ -2164,7 +2125,7 @@ kinbox_relay_run(kinbox_relay_t *r)
         }
         drain(r);
 out:
-        poke_register(r, false);
+        kinbox__wake_unregister(r->pipefd[1]);
         listen_close(r);
         if (r->rk) {
                 rd_kafka_flush(r->rk, 5000);

@@ -73,8 +73,8 @@ known_migrations(const char *url, int *top)
         kinbox__db_t *db = db_open(url);
         int n = 0;
         *top = 0;
-        for (const kinbox__migration_t *m = kinbox__db_migration(db, NULL); m;
-             m = kinbox__db_migration(db, m)) {
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
+             m = kinbox__migration_next(db, m)) {
                 n++;
                 *top = m->version > *top ? m->version : *top;
         }
@@ -91,8 +91,8 @@ migrate_upto(const char *url, int upto)
         const struct kinbox__sql *d = db->ops->sql;
         cr_assert(db->ops->script(db, d->migrations_table) == 0, "%s",
                   db->err.msg);
-        for (const kinbox__migration_t *m = kinbox__db_migration(db, NULL); m;
-             m = kinbox__db_migration(db, m)) {
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
+             m = kinbox__migration_next(db, m)) {
                 if (m->version > upto)
                         continue;
                 char *sql = NULL;

@@ -3,7 +3,6 @@
  */
 #include "../db.h"
 #include "../internal.h"
-#include "../migrate.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -171,11 +170,16 @@ kinbox__db_new(const char *url, const char *password, char *errstr,
 kinbox__db_t *
 kinbox__db_new_conf(const kinbox_conf_t *conf, char *errstr, size_t sz)
 {
+        /* No URL: said before the password file is read. */
+        const char *url = kinbox_conf_get(conf, "database.url");
+        if (!url || !*url) {
+                kinbox__errstr(errstr, sz, "database.url is not set");
+                return NULL;
+        }
         char *pw = NULL;
         if (kinbox__conf_password(conf, &pw, errstr, sz))
                 return NULL;
-        kinbox__db_t *db = kinbox__db_new(
-            kinbox_conf_get(conf, "database.url"), pw, errstr, sz);
+        kinbox__db_t *db = kinbox__db_new(url, pw, errstr, sz);
         free(pw);
         return db;
 }
@@ -317,9 +321,10 @@ kinbox__db_resource_error(const kinbox__dberr_t *e)
 }
 
 const kinbox__migration_t *
-kinbox__db_migration(const kinbox__db_t *db, const kinbox__migration_t *m)
+kinbox__db_migration(const kinbox__db_t *db, const kinbox__migration_t *all,
+                     const kinbox__migration_t *m)
 {
-        for (m = m ? m + 1 : kinbox__migrations; m->name; m++)
+        for (m = m ? m + 1 : all; m->name; m++)
                 if (m->backend == (int)db->ops->backend)
                         return m;
         return NULL;

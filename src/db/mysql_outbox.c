@@ -1,7 +1,7 @@
 /*
  * mysql_outbox.c -- the outbox's and relay's statements on MariaDB/MySQL
- * (struct kinbox__outbox_ops), and kinbox_outbox_append_mysql() on the
- * caller's own MYSQL handle.
+ * (struct kinbox__outbox_ops), and the append of
+ * kinbox_outbox_append_mysql() on the caller's own MYSQL handle.
  *
  * The claim takes a few statements (MariaDB has no LATERAL, and a locking
  * read's subquery must not see rows skipped by SKIP LOCKED):
@@ -32,7 +32,6 @@
 
 #include "../db.h"
 #include "../internal.h"
-#include "../outbox_int.h"
 
 #define HEADS_SCAN                                                            \
         "SELECT o.id FROM kinbox_outbox o"                                    \
@@ -731,48 +730,39 @@ my_scalar(MYSQL *conn, const char *sql, size_t len, int64_t *out, char *errstr,
         return KINBOX_OK;
 }
 
+/* p: the 7 parameters of the outbox append (db.h). */
 static int
-insert_sql(kinbox__buf_t *q, MYSQL *conn, const kinbox_outbox_msg_t *m,
-           const kinbox__outbox_prepared_t *pr)
+insert_sql(kinbox__buf_t *q, MYSQL *conn, const kinbox__param_t p[7])
 {
         kinbox__buf_adds(q, "INSERT INTO kinbox_outbox (" KINBOX__OUTBOX_COLS
                             ") VALUES (");
-        int bad = my_literal(q, conn, pr->kind, strlen(pr->kind), false);
-        kinbox__buf_add(q, ",", 1);
-        bad |=
-            my_literal(q, conn, m->destination, strlen(m->destination), false);
-        kinbox__buf_add(q, ",", 1);
-        bad |= my_literal(q, conn, m->idem_key, strlen(m->idem_key), false);
-        kinbox__buf_add(q, ",", 1);
-        bad |=
-            my_literal(q, conn, m->aggregate_id,
-                       m->aggregate_id ? strlen(m->aggregate_id) : 0, false);
-        kinbox__buf_add(q, ",", 1);
-        bad |=
-            my_literal(q, conn, m->payload ? (const char *)m->payload : NULL,
-                       m->payload_size, true);
-        kinbox__buf_add(q, ",", 1);
-        bad |= my_literal(q, conn, pr->has_headers ? pr->headers.p : NULL,
-                          pr->headers.len, false);
+        int bad = 0;
+        for (int i = 0; i < 6; i++) {
+                /* Text parameters are NUL-terminated (len 0), the payload
+                 * and the headers have their length. */
+                size_t n = p[i].v && (i < 4) ? strlen(p[i].v) : p[i].len;
+                bad |= my_literal(q, conn, p[i].v, n, i == 4);
+                kinbox__buf_add(q, ",", 1);
+        }
         kinbox__buf_printf(q,
-                           ",%d) ON DUPLICATE KEY UPDATE id = id + "
+                           "%s) ON DUPLICATE KEY UPDATE id = id + "
                            "LAST_INSERT_ID(0)",
-                           m->max_attempts);
+                           p[6].v);
         return bad || q->oom ? -1 : 0;
 }
 
 static kinbox_err_t
-find_id(MYSQL *conn, const kinbox_outbox_msg_t *m, int64_t *idp, char *errstr,
-        size_t errstr_size)
+find_id(MYSQL *conn, const char *destination, const char *idem_key,
+        int64_t *idp, char *errstr, size_t errstr_size)
 {
         kinbox__buf_t s;
         kinbox__buf_init(&s);
         kinbox__buf_adds(&s, "SELECT id FROM kinbox_outbox WHERE "
                              "destination = ");
-        int bad = my_literal(&s, conn, m->destination, strlen(m->destination),
-                             false);
+        int bad =
+            my_literal(&s, conn, destination, strlen(destination), false);
         kinbox__buf_adds(&s, " AND idem_key = ");
-        bad |= my_literal(&s, conn, m->idem_key, strlen(m->idem_key), false);
+        bad |= my_literal(&s, conn, idem_key, strlen(idem_key), false);
         *idp = 0;
         kinbox_err_t rc = KINBOX_OK;
         if (!bad && !s.oom)
@@ -781,22 +771,14 @@ find_id(MYSQL *conn, const kinbox_outbox_msg_t *m, int64_t *idp, char *errstr,
         return rc;
 }
 
-KINBOX_API kinbox_err_t
-kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
-                           int64_t *idp, char *errstr, size_t errstr_size)
+kinbox_err_t
+kinbox__mysql_outbox_append(struct st_mysql *conn, const kinbox__param_t p[7],
+                            int64_t *idp, char *errstr, size_t errstr_size)
 {
-        if (!conn) {
-                kinbox__errstr(errstr, errstr_size, "no connection");
-                return KINBOX_ERR_INVALID;
-        }
-        kinbox__outbox_prepared_t pr;
-        kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, errstr, errstr_size);
-        if (rc)
-                return rc;
+        kinbox_err_t rc;
         kinbox__buf_t q;
         kinbox__buf_init(&q);
-        int bad = insert_sql(&q, conn, m, &pr);
-        kinbox__outbox_prepared_free(&pr);
+        int bad = insert_sql(&q, conn, p);
         if (bad) {
                 kinbox__buf_free(&q);
                 kinbox__errstr(errstr, errstr_size, "out of memory");
@@ -815,10 +797,10 @@ kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
         if (id > 0) {
                 if (idp)
                         *idp = id;
-                kinbox__relay_poke();
                 return KINBOX_OK;
         }
-        if (idp && (rc = find_id(conn, m, idp, errstr, errstr_size)))
+        if (idp &&
+            (rc = find_id(conn, p[1].v, p[2].v, idp, errstr, errstr_size)))
                 return rc;
         return KINBOX_ERR_DUPLICATE;
 }

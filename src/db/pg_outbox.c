@@ -1,7 +1,7 @@
 /*
  * pg_outbox.c -- the outbox's and relay's statements on PostgreSQL
- * (struct kinbox__outbox_ops), and kinbox_outbox_append_pg() on the
- * caller's own PGconn.
+ * (struct kinbox__outbox_ops), and the append of kinbox_outbox_append_pg()
+ * on the caller's own PGconn.
  *
  * The claim is one statement (see claim_sql): candidate heads read from
  * the partial index kinbox_outbox_pending (index-only, pending rows only,
@@ -20,7 +20,6 @@
 
 #include "../db.h"
 #include "../internal.h"
-#include "../outbox_int.h"
 
 /*
  * $1 limit, $2 lease ms, $3 owner, $4 run_max, $5 window (NULL: all).
@@ -561,20 +560,10 @@ pg_code(PGconn *conn, const char *state)
         return KINBOX_ERR_DB;
 }
 
-KINBOX_API kinbox_err_t
-kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
-                        int64_t *idp, char *errstr, size_t errstr_size)
+kinbox_err_t
+kinbox__pg_outbox_append(struct pg_conn *conn, const kinbox__param_t p[7],
+                         int64_t *idp, char *errstr, size_t errstr_size)
 {
-        if (!conn) {
-                kinbox__errstr(errstr, errstr_size, "no connection");
-                return KINBOX_ERR_INVALID;
-        }
-        kinbox__outbox_prepared_t pr;
-        kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, errstr, errstr_size);
-        if (rc)
-                return rc;
-        kinbox__param_t p[7];
-        kinbox__outbox_params(m, &pr, p);
         const char *vals[7];
         int lens[7], fmts[7];
         for (int i = 0; i < 7; i++) {
@@ -584,7 +573,7 @@ kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
         }
         PGresult *res =
             PQexecParams(conn, append_sql, 7, NULL, vals, lens, fmts, 0);
-        kinbox__outbox_prepared_free(&pr);
+        kinbox_err_t rc;
         if (!res || PQresultStatus(res) != PGRES_TUPLES_OK) {
                 const char *st =
                     res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -602,11 +591,10 @@ kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
         if (id > 0) {
                 if (idp)
                         *idp = id;
-                kinbox__relay_poke();
                 return KINBOX_OK;
         }
         if (idp) {
-                const char *fv[2] = {m->destination, m->idem_key};
+                const char *fv[2] = {p[1].v, p[2].v};
                 res = PQexecParams(conn, KINBOX__OUTBOX_FIND_ID_SQL, 2, NULL,
                                    fv, NULL, NULL, 0);
                 *idp = res && PQresultStatus(res) == PGRES_TUPLES_OK &&
