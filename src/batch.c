@@ -1056,6 +1056,33 @@ batch_abandoned(kinbox_consumer_t *c, worker_t *w)
         return gone;
 }
 
+/* Committed: pop the committed prefix of each partition. */
+static void
+pop_committed(kinbox_consumer_t *c, worker_t *w)
+{
+        pthread_mutex_lock(&c->drain_lock);
+        pthread_cond_broadcast(&c->drained);
+        pthread_mutex_unlock(&c->drain_lock);
+        pthread_mutex_lock(&w->lock);
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                if (m->state == M_CUT)
+                        continue;
+                part_t *p = m->part;
+                /* m is p->head: batches take each partition's head run. */
+                p->head = m->next;
+                if (!p->head)
+                        p->tail = NULL;
+                p->count--;
+                w->queued--;
+                if (p->retry_at &&
+                    !kinbox__part_backing_off(p, kinbox__now_ms()))
+                        p->retry_at = 0;
+                kinbox__msg_free(m);
+        }
+        pthread_mutex_unlock(&w->lock);
+}
+
 void
 kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
 {
@@ -1126,28 +1153,7 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                         if (w->msgs[i]->state == M_DUP)
                                 w->msgs[i]->state = M_RUN;
         }
-        /* Committed: pop the committed prefix of each partition. */
-        pthread_mutex_lock(&c->drain_lock);
-        pthread_cond_broadcast(&c->drained);
-        pthread_mutex_unlock(&c->drain_lock);
-        pthread_mutex_lock(&w->lock);
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT)
-                        continue;
-                part_t *p = m->part;
-                /* m is p->head: batches take each partition's head run. */
-                p->head = m->next;
-                if (!p->head)
-                        p->tail = NULL;
-                p->count--;
-                w->queued--;
-                if (p->retry_at &&
-                    !kinbox__part_backing_off(p, kinbox__now_ms()))
-                        p->retry_at = 0;
-                kinbox__msg_free(m);
-        }
-        pthread_mutex_unlock(&w->lock);
+        pop_committed(c, w);
         atomic_store(&c->pause_dirty, true);
         kinbox__tx_clear_ukeys(&tx);
         free(tx.ukeys);

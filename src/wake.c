@@ -13,9 +13,9 @@ static pthread_mutex_t wake_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
         int fd; /* -1: free slot */
         const atomic_bool *sleeping;
-} wake_list[WAKE_MAX] = {
-    {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0},
-    {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}};
+} wake_list[WAKE_MAX] = {{-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0},
+                         {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0},
+                         {-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}};
 static atomic_int wake_n;
 
 void
