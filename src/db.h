@@ -343,8 +343,8 @@ const kinbox__migration_t *kinbox__db_migration(const kinbox__db_t *db,
 
 /*
  * The outbox writer's, operator calls' and relay's statements, one table
- * per backend, so outbox.c and relay.c hold no dialect SQL. Every call runs
- * on db's connection in the calling thread; return codes as for
+ * per backend, so outbox.c and relay*.c hold no dialect SQL. Every call
+ * runs on db's connection in the calling thread; return codes as for
  * kinbox__db_ops. Counts (done) say how many rows a guarded UPDATE changed:
  * fewer than asked means another relay or an operator changed them first.
  */

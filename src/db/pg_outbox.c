@@ -34,7 +34,7 @@
  * w: the first $5 due pending rows in id order (index-only, pending rows
  *    only). A window keeps the walk short when one aggregate's rows fill
  *    the front of the backlog; the relay walks everything when a window
- *    gave nothing (see relay.c).
+ *    gave nothing (see relay_claim.c).
  * co: candidate heads, no locks. Due pending rows in id order with no older
  *    pending row of their aggregate, destination not paused. NOT IN (a
  *    hashed subplan) for the paused table keeps the walk in id order.
