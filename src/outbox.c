@@ -172,8 +172,11 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
         int tag = kinbox__tx_tag(tx);
         kinbox__outbox_prepared_t pr;
         char err[256];
+        kinbox__outbox_trace_t ot;
+        m = kinbox__outbox_trace_begin(&ot, m, kinbox__tx_msg(tx));
         kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, err, sizeof(err));
         if (rc) {
+                kinbox__outbox_trace_end(&ot, rc, 0);
                 kinbox__db_seterr(db, rc, "", 0, tag, "%s", err);
                 return rc;
         }
@@ -189,6 +192,7 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
                 rc = (kinbox_err_t)OB(db)->append_id(db, p, tag, &id);
         }
         kinbox__outbox_prepared_free(&pr);
+        kinbox__outbox_trace_end(&ot, rc, id);
         if (rc)
                 return rc;
         /* Not committed yet: local relays poll closely for a while. */
@@ -236,12 +240,17 @@ kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
 {
         kinbox__outbox_prepared_t pr;
         kinbox__param_t p[7];
+        kinbox__outbox_trace_t ot;
+        m = kinbox__outbox_trace_begin(&ot, m, NULL);
         kinbox_err_t rc =
             native_prepare(conn, m, &pr, p, errstr, errstr_size);
-        if (rc)
-                return rc;
-        rc = kinbox__pg_outbox_append(conn, p, idp, errstr, errstr_size);
-        return native_done(&pr, rc);
+        if (!rc) {
+                rc = kinbox__pg_outbox_append(conn, p, idp, errstr,
+                                              errstr_size);
+                rc = native_done(&pr, rc);
+        }
+        kinbox__outbox_trace_end(&ot, rc, idp && !rc ? *idp : 0);
+        return rc;
 }
 
 KINBOX_API kinbox_err_t
@@ -250,12 +259,17 @@ kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
 {
         kinbox__outbox_prepared_t pr;
         kinbox__param_t p[7];
+        kinbox__outbox_trace_t ot;
+        m = kinbox__outbox_trace_begin(&ot, m, NULL);
         kinbox_err_t rc =
             native_prepare(conn, m, &pr, p, errstr, errstr_size);
-        if (rc)
-                return rc;
-        rc = kinbox__mysql_outbox_append(conn, p, idp, errstr, errstr_size);
-        return native_done(&pr, rc);
+        if (!rc) {
+                rc = kinbox__mysql_outbox_append(conn, p, idp, errstr,
+                                                 errstr_size);
+                rc = native_done(&pr, rc);
+        }
+        kinbox__outbox_trace_end(&ot, rc, idp && !rc ? *idp : 0);
+        return rc;
 }
 
 /* ---------------------------------------------------------------- shared */

@@ -16,6 +16,7 @@
 
 #include "db.h"
 #include "internal.h"
+#include "tracing.h"
 
 /* A validated message, ready to bind. */
 typedef struct kinbox__outbox_prepared {
@@ -41,5 +42,24 @@ int kinbox__outbox_affected(kinbox__db_t *db, const char *sql, int n,
                             const kinbox__param_t *p, uint64_t *countp);
 int kinbox__outbox_headers_json(kinbox__buf_t *b, const kinbox_header_t *h,
                                 size_t n);
+
+/* outbox_trace.c: the row's trace context and the append span. begin()
+ * returns the message to store (m itself, or a copy in ot whose
+ * traceparent is set); cur is the running handler call's message or
+ * NULL. end() after the insert (rc its result, id the new row's id or 0)
+ * ends the span and frees the copy. */
+typedef struct kinbox__outbox_trace {
+        kinbox__span_t span;
+        bool spanning;
+        kinbox_header_t *hdrs;
+        kinbox_outbox_msg_t msg;
+        char tp[KINBOX_TRACEPARENT_LEN + 1];
+} kinbox__outbox_trace_t;
+const kinbox_outbox_msg_t *
+kinbox__outbox_trace_begin(kinbox__outbox_trace_t *ot,
+                           const kinbox_outbox_msg_t *m,
+                           const kinbox_msg_t *cur);
+void kinbox__outbox_trace_end(kinbox__outbox_trace_t *ot, kinbox_err_t rc,
+                              int64_t id);
 
 #endif

@@ -508,6 +508,15 @@ kinbox__tracing_release(bool on)
 }
 
 bool
+kinbox__tracing_active(void)
+{
+        pthread_mutex_lock(&g_lock);
+        bool on = g_ex != NULL;
+        pthread_mutex_unlock(&g_lock);
+        return on;
+}
+
+bool
 kinbox__tracing_sample_root(void)
 {
         pthread_mutex_lock(&g_lock);

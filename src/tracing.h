@@ -63,6 +63,10 @@ int kinbox__tracing_acquire(const struct kinbox_conf_s *conf, bool *on,
                             char *errstr, size_t errstr_size);
 void kinbox__tracing_release(bool on);
 
+/* Whether this process's exporter runs (some consumer or relay set
+ * tracing.endpoint): only then are spans recorded. */
+bool kinbox__tracing_active(void);
+
 /* Whether a new root trace is sampled (tracing.sample.ratio). */
 bool kinbox__tracing_sample_root(void);
 

@@ -10,6 +10,10 @@
 kinbox__db_t *kinbox__tx_db(kinbox_tx_t *tx);
 /* The tag for statements queued now: the current message's batch index. */
 int kinbox__tx_tag(const kinbox_tx_t *tx);
+/* The message of the running per-message handler call (or of a batch
+ * handler call with one message); NULL otherwise (a batch of several,
+ * a replay). */
+const kinbox_msg_t *kinbox__tx_msg(const kinbox_tx_t *tx);
 
 /*
  * A message rebuilt from stored parts (a dead letter being replayed), as

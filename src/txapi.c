@@ -26,6 +26,15 @@ kinbox__tx_tag(const kinbox_tx_t *tx)
         return tx->tag;
 }
 
+const kinbox_msg_t *
+kinbox__tx_msg(const kinbox_tx_t *tx)
+{
+        if (!tx->w || tx->tag < 0 || (tx->tag & KINBOX__TAG_GROUP))
+                return NULL;
+        size_t i = (size_t)KINBOX__TAG_LOW(tx->tag);
+        return i < tx->w->nmsgs ? tx->w->msgs[i] : NULL;
+}
+
 kinbox_backend_t
 kinbox_tx_backend(const kinbox_tx_t *tx)
 {

@@ -157,3 +157,87 @@ ParameterizedTest(int *backend, trace, handler_reads_the_consume_span,
                      3));
         cr_assert(eq(i64, seen_is(url, "upper", "trace_id", TP_TRACE), 0));
 }
+
+/* Appends an outbox row for the message (no trace header of its own). */
+static kinbox_result_t
+append_row(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        (void)opaque;
+        char key[80];
+        snprintf(key, sizeof(key), "next-%s", kinbox_msg_id(msg));
+        kinbox_outbox_msg_t m = {.destination = "kt-next",
+                                 .idem_key = key,
+                                 .aggregate_id = kinbox_msg_id(msg),
+                                 .payload = "x",
+                                 .payload_size = 1};
+        return kinbox_outbox_append(tx, &m, NULL) ? KINBOX_RESULT_RETRY
+                                                   : KINBOX_RESULT_OK;
+}
+
+static long long
+row_has(const char *url, const char *id, const char *like)
+{
+        return kt_qintf(url,
+                        "SELECT COUNT(*) FROM kinbox_outbox WHERE idem_key = "
+                        "'next-%s' AND headers LIKE '%s'",
+                        id, like);
+}
+
+/* Tracing off: a row appended while handling a message carries the
+ * message's context as it came (the chain stays one trace); a message
+ * without a valid one gives a row without a traceparent. */
+KT_BACKENDS_PARAMS(trace, append_in_handler_continues_the_trace)
+ParameterizedTest(int *backend, trace, append_in_handler_continues_the_trace,
+                  .timeout = 120)
+{
+        const char *topic, *group;
+        char *url = setup(*backend, &topic, &group);
+        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
+        kt_run_t *r = kt_run_start(c, append_row, NULL, NULL);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox",
+                                  4, 60),
+                     4));
+        kt_run_stop(r);
+        cr_assert(eq(i64,
+                     row_has(url, "valid",
+                             "%[\"traceparent\",\"" TP_VALID "\"]%"),
+                     1));
+        cr_assert(eq(i64, row_has(url, "upper", "%traceparent%"), 0));
+        cr_assert(eq(i64, row_has(url, "none", "%traceparent%"), 0));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "headers IS NULL"),
+                     3));
+}
+
+/* Tracing on: the row's traceparent names the append span, a child of
+ * the consume span: same trace, neither the sender's span nor the one the
+ * handler saw. */
+KT_BACKENDS_PARAMS(trace, append_in_handler_is_a_child_span)
+ParameterizedTest(int *backend, trace, append_in_handler_is_a_child_span,
+                  .timeout = 120)
+{
+        const char *topic, *group;
+        char *url = setup(*backend, &topic, &group);
+        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
+        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
+        kt_set(c, "tracing.timeout.ms", "200");
+        kt_run_t *r = kt_run_start(c, append_row, NULL, NULL);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox",
+                                  4, 60),
+                     4));
+        kt_run_stop(r);
+        cr_assert(eq(i64,
+                     row_has(url, "valid",
+                             "%[\"traceparent\",\"00-" TP_TRACE "-%-01\"]%"),
+                     1));
+        cr_assert(eq(i64, row_has(url, "valid", "%" TP_SPAN "%"), 0));
+        /* Every row has one (a new trace for the others), each its own. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(DISTINCT headers) FROM "
+                                  "kinbox_outbox WHERE headers LIKE "
+                                  "'[[\"traceparent\",\"00-%'"),
+                     4));
+}
