@@ -114,17 +114,18 @@ is_blank(unsigned char c)
 /* A comment the server does not run, at sql[i]: copied verbatim (a line
  * comment with its newline, so a ';' joined after it is not swallowed).
  * Returns the index after it, or i when none starts there. Executable
- * comments and optimizer hints (slash-star followed by '!' or '+') are
- * code the server runs, so they are not comments here: their contents
- * are rendered too. */
+ * comments (slash-star-bang) are code the server runs, so they are not
+ * comments here: their contents are rendered too; optimizer hints
+ * (slash-star-plus) are copy_hint()'s. */
 static size_t
 copy_comment(kinbox__buf_t *b, const char *sql, size_t len, size_t i)
 {
         char c = sql[i];
-        if (c == '#' ||
-            (c == '-' && i + 1 < len && sql[i + 1] == '-' &&
-             (i + 2 == len || sql[i + 2] == ' ' || sql[i + 2] == '\t' ||
-              sql[i + 2] == '\n' || sql[i + 2] == '\r'))) {
+        /* "--" starts one before a blank or a control character, as
+         * on the server: before any other it is two minus signs. */
+        unsigned char c2 = i + 2 < len ? (unsigned char)sql[i + 2] : 0;
+        if (c == '#' || (c == '-' && i + 1 < len && sql[i + 1] == '-' &&
+                         (c2 <= ' ' || c2 == 0x7f))) {
                 size_t e = i;
                 while (e < len && sql[e] != '\n')
                         e++;
@@ -140,6 +141,49 @@ copy_comment(kinbox__buf_t *b, const char *sql, size_t len, size_t i)
                 return end;
         }
         return i;
+}
+
+/*
+ * An optimizer hint (slash-star-plus) at sql[*i], up to its first star-slash:
+ * MySQL parses it, MariaDB before 12 skips it as a comment, so a literal
+ * there could end the comment early. Its placeholders take integers only,
+ * written bare; anything else is refused. Moves *i past it; returns 0, or
+ * KINBOX_ERR_INVALID with a message in err.
+ */
+static int
+copy_hint(kinbox__buf_t *b, const char *sql, size_t len, size_t *i, int n,
+          const kinbox__param_t *p, char *err, size_t errsz)
+{
+        const char *e = strstr(sql + *i + 3, "*/");
+        size_t end = e ? (size_t)(e - sql) + 2 : len;
+        for (size_t k = *i; k < end;) {
+                if (sql[k] != '$' || k + 1 >= end || sql[k + 1] < '0' ||
+                    sql[k + 1] > '9' || is_ident((unsigned char)sql[k - 1])) {
+                        kinbox__buf_add(b, sql + k++, 1);
+                        continue;
+                }
+                long idx = 0;
+                for (k++; k < end && sql[k] >= '0' && sql[k] <= '9'; k++)
+                        if (idx < 100000)
+                                idx = idx * 10 + (sql[k] - '0');
+                const kinbox__param_t *q =
+                    idx >= 1 && idx <= n ? &p[idx - 1] : NULL;
+                size_t vl = q && q->v && !q->binary && q->len == 0
+                                ? strlen(q->v)
+                            : q ? q->len
+                                : 0;
+                if (!q || !q->v || q->binary || !is_integer(q->v, vl)) {
+                        kinbox__errstr(err, errsz,
+                                       "placeholder $%ld in an optimizer "
+                                       "hint: only an integer parameter "
+                                       "goes there",
+                                       idx);
+                        return KINBOX_ERR_INVALID;
+                }
+                kinbox__buf_add(b, q->v, vl);
+        }
+        *i = end;
+        return 0;
 }
 
 /* The end of the string literal or quoted identifier opening at sql[i]
@@ -166,13 +210,14 @@ quoted_end(const char *sql, size_t len, size_t i)
         return e < len ? e + 1 : len;
 }
 
-/* Whether a placeholder ($ then a digit, not inside a word) is at i. */
+/* Whether a placeholder ($ then a digit, not inside a word) is at i;
+ * after: one ended at i ("$1$2" is two). */
 static bool
-is_placeholder(const char *sql, size_t len, size_t i)
+is_placeholder(const char *sql, size_t len, size_t i, bool after)
 {
         return sql[i] == '$' && i + 1 < len && sql[i + 1] >= '0' &&
                sql[i + 1] <= '9' &&
-               (i == 0 || !is_ident((unsigned char)sql[i - 1]));
+               (i == 0 || after || !is_ident((unsigned char)sql[i - 1]));
 }
 
 /*
@@ -202,10 +247,19 @@ placeholder(MYSQL *m, kinbox__buf_t *b, size_t start, const char *sql,
         size_t vl = q->v && !q->binary && q->len == 0 ? strlen(q->v) : q->len;
         if (q->v && !q->binary && is_integer(q->v, vl) &&
             (ends_with_kw(b, start, "LIMIT") ||
-             ends_with_kw(b, start, "OFFSET")))
+             ends_with_kw(b, start, "OFFSET"))) {
                 kinbox__buf_add(b, q->v, vl);
-        else
+        } else if (q->v) {
+                /* A quote right before or after the literal would join
+                 * it to a neighbouring string ('a''x' is one string). */
+                if (b->len > start && b->p[b->len - 1] == '\'')
+                        kinbox__buf_add(b, " ", 1);
                 kinbox__my_append_literal(m, b, q->v, vl, q->binary != 0);
+                if (e < len && sql[e] == '\'')
+                        kinbox__buf_add(b, " ", 1);
+        } else {
+                kinbox__my_append_literal(m, b, NULL, 0, false);
+        }
         *i = e;
         return 0;
 }
@@ -231,12 +285,13 @@ kinbox__my_render(MYSQL *m, kinbox__buf_t *b, const char *sql, int n,
                   size_t errsz)
 {
         const size_t start = b->len;
-        size_t i = 0, e, len = strlen(sql);
+        size_t i = 0, e, len = strlen(sql), ph_end = 0;
         bool seen = false, sep = false;
         int count = 0, rc;
 
         while (i < len) {
                 unsigned char c = (unsigned char)sql[i];
+                bool after = i > 0 && ph_end == i;
                 /* Whitespace: copied, does not make a statement. */
                 if (is_blank(c)) {
                         kinbox__buf_add(b, sql + i, 1);
@@ -250,6 +305,14 @@ kinbox__my_render(MYSQL *m, kinbox__buf_t *b, const char *sql, int n,
                 }
                 /* Anything else is part of a statement. */
                 if (c == ';') {
+                        /* "--;" is no SQL, and blanks copied before the
+                         * ';' would make "--" a comment start. */
+                        if (i >= 2 && sql[i - 1] == '-' && sql[i - 2] == '-') {
+                                kinbox__errstr(err, errsz,
+                                               "\"--\" right before ';'");
+                                b->len = start;
+                                return KINBOX_ERR_INVALID;
+                        }
                         if (seen) {
                                 count++;
                                 sep = true;
@@ -263,18 +326,28 @@ kinbox__my_render(MYSQL *m, kinbox__buf_t *b, const char *sql, int n,
                         sep = false;
                 }
                 seen = true;
+                if (c == '/' && i + 2 < len && sql[i + 1] == '*' &&
+                    sql[i + 2] == '+') {
+                        if ((rc = copy_hint(b, sql, len, &i, n, p, err,
+                                            errsz))) {
+                                b->len = start;
+                                return rc;
+                        }
+                        continue;
+                }
                 if (c == '\'' || c == '"' || c == '`') {
                         e = quoted_end(sql, len, i);
                         kinbox__buf_add(b, sql + i, e - i);
                         i = e;
                         continue;
                 }
-                if (is_placeholder(sql, len, i)) {
+                if (is_placeholder(sql, len, i, after)) {
                         if ((rc = placeholder(m, b, start, sql, len, &i, n, p,
                                               err, errsz))) {
                                 b->len = start;
                                 return rc;
                         }
+                        ph_end = i;
                         continue;
                 }
                 kinbox__buf_add(b, sql + i, 1);
