@@ -359,6 +359,8 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
                       fcntl(r->pipefd[i], F_GETFL) | O_NONBLOCK);
                 fcntl(r->pipefd[i], F_SETFD, FD_CLOEXEC);
         }
+        if (kinbox__tracing_acquire(conf, &r->tracing, errstr, errstr_size))
+                goto fail;
         r->conf = conf;
         return r;
 fail:
@@ -565,5 +567,6 @@ kinbox_relay_destroy(kinbox_relay_t *r)
         pthread_cond_destroy(&r->checks_cv);
         if (r->admin_rk)
                 rd_kafka_destroy(r->admin_rk);
+        kinbox__tracing_release(r->tracing);
         free(r);
 }

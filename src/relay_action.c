@@ -169,6 +169,13 @@ kinbox__relay_run_action(kinbox_relay_t *r, item_t *it)
                 it->out = OUT_DEAD;
                 return;
         }
+        for (size_t i = 0; r->tracing && i < j->act.headers.n; i++)
+                if (j->act.headers.v[i].name &&
+                    !strcmp(j->act.headers.v[i].name,
+                            KINBOX_TRACEPARENT_HEADER))
+                        kinbox__relay_trace_begin(r, it,
+                                                  j->act.headers.v[i].value,
+                                                  j->act.headers.v[i].size);
 
         pthread_attr_t attr;
         pthread_attr_init(&attr);

@@ -26,6 +26,7 @@
 #include "hdrcodec.h"
 #include "internal.h"
 #include "metrics.h"
+#include "tracing.h"
 
 #define ERR_MAX 500 /* last_error bytes kept */
 #define MARGIN_MS 1000 /* lease time kept for marking */
@@ -94,6 +95,11 @@ typedef struct item {
         rd_kafka_resp_err_t dr_err;
         outcome_t out;
         char err[ERR_MAX + 1];
+        /* Tracing on and the row has a valid traceparent: its context and
+         * when its publish or action began (relay_trace.c). */
+        bool traced;
+        kinbox_trace_t trace;
+        int64_t trace_start_ns;
 } item_t;
 
 /* A claimed batch in flight: items point into rows. n == 0: free slot. */
@@ -142,6 +148,7 @@ struct kinbox_relay_s {
         rd_kafka_conf_t *rkconf; /* template; dup'ed per producer */
         rd_kafka_t *rk;
         atomic_bool rk_fatal;
+        bool tracing; /* holds a reference on the span exporter */
         kinbox__listener_t *listen;
         int64_t listen_retry_at;
         int pipefd[2];
@@ -240,6 +247,12 @@ bool kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
 rd_kafka_t *kinbox__relay_producer_new(kinbox_relay_t *r);
 /* Brokers connected and the producer id asked for before the first claim. */
 void kinbox__relay_producer_warm(kinbox_relay_t *r);
+/* relay_trace.c: a row's context when its publish or action begins, and
+ * the spans of a finished batch (tracing on). */
+void kinbox__relay_trace_begin(kinbox_relay_t *r, item_t *it,
+                               const void *tp, size_t tp_len);
+void kinbox__relay_trace_spans(kinbox_relay_t *r, const batch_t *b);
+
 /* Publish one claimed event row (its delivery report sets it->dr_done). */
 void kinbox__relay_produce(kinbox_relay_t *r, item_t *it);
 /* A topic's max.message.bytes as the broker says (-1: unknown), asked

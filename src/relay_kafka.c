@@ -193,6 +193,13 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
                 it->out = OUT_DEAD; /* cannot ever be published as written */
                 return;
         }
+        if (r->tracing) {
+                const void *tp = NULL;
+                size_t tpn = 0;
+                if (!rd_kafka_header_get_last(kh, KINBOX_TRACEPARENT_HEADER,
+                                              &tp, &tpn))
+                        kinbox__relay_trace_begin(r, it, tp, tpn);
+        }
         for (int tries = 0;; tries++) {
                 rd_kafka_resp_err_t e = rd_kafka_producev(
                     r->rk, RD_KAFKA_V_TOPIC(it->destination),

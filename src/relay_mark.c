@@ -367,6 +367,8 @@ kinbox__relay_finish(kinbox_relay_t *r, batch_t *b)
         r->stats.conflicts += t.conflicts;
         pthread_mutex_unlock(&r->lock);
         batch_metrics(r, b, &t, rc == 0 && !b->nomark);
+        if (r->tracing)
+                kinbox__relay_trace_spans(r, b);
         free(b->v);
         kinbox_rows_destroy(b->rows);
         memset(b, 0, sizeof(*b));

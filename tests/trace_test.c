@@ -162,10 +162,10 @@ ParameterizedTest(int *backend, trace, handler_reads_the_consume_span,
 static kinbox_result_t
 append_row(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
 {
-        (void)opaque;
         char key[80];
         snprintf(key, sizeof(key), "next-%s", kinbox_msg_id(msg));
-        kinbox_outbox_msg_t m = {.destination = "kt-next",
+        kinbox_outbox_msg_t m = {.destination =
+                                     opaque ? (const char *)opaque : "kt-next",
                                  .idem_key = key,
                                  .aggregate_id = kinbox_msg_id(msg),
                                  .payload = "x",
@@ -240,4 +240,162 @@ ParameterizedTest(int *backend, trace, append_in_handler_is_a_child_span,
                                   "kinbox_outbox WHERE headers LIKE "
                                   "'[[\"traceparent\",\"00-%'"),
                      4));
+}
+
+/* ---- one trace through a real OpenTelemetry Collector ---- */
+
+#include <pthread.h>
+
+#include "otelcol.h"
+
+typedef struct trelay {
+        kinbox_relay_t *r;
+        pthread_t th;
+        kinbox_err_t rc;
+} trelay_t;
+
+static void *
+relay_main(void *arg)
+{
+        trelay_t *t = arg;
+        t->rc = kinbox_relay_run(t->r);
+        return NULL;
+}
+
+/* A span's attribute equals want. */
+static void
+attr_is(const kt_span_t *s, const char *key, const char *want)
+{
+        const char *v = kt_span_attr(s, key);
+        cr_assert(v != NULL && !strcmp(v, want),
+                  "span %s: %s is \"%s\", want \"%s\"", s->name, key,
+                  v ? v : "(none)", want);
+}
+
+/* The span named name whose destination is topic (NULL: any). */
+static kt_span_t *
+span_of(kt_span_t *s, int n, const char *name, const char *topic)
+{
+        for (int i = 0; i < n; i++) {
+                const char *d =
+                    kt_span_attr(&s[i], "messaging.destination.name");
+                if (!strcmp(s[i].name, name) &&
+                    (!topic || (d && !strcmp(d, topic))))
+                        return &s[i];
+        }
+        cr_fatal("no span %s for %s among %d", name, topic ? topic : "-", n);
+        return NULL;
+}
+
+/* An event from a foreign producer (with a traceparent) is handled by a
+ * consumer that appends the next event to the outbox; the relay publishes
+ * it; a second consumer handles it. The collector receives one trace:
+ * process(A) ← create(B) ← send(B), process(B), each the child of the one
+ * before, with the messaging attributes and kinbox's decisions. */
+KT_BACKENDS_PARAMS(trace, one_trace_through_the_collector)
+ParameterizedTest(int *backend, trace, one_trace_through_the_collector,
+                  .timeout = 180)
+{
+        pid_t cpid;
+        char *spans_file = NULL;
+        char *ep = kt_otelcol_start(&cpid, &spans_file);
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "CREATE TABLE kt_seen (message_id VARCHAR(128) PRIMARY "
+                     "KEY, trace_id VARCHAR(32), span_id VARCHAR(16))");
+        const char *a = kt_unique("tra"), *ga = kt_unique("trga");
+        const char *b = kt_unique("trb"), *gb = kt_unique("trgb");
+        kt_topic(a, 1);
+        kt_topic(b, 1);
+        produce_traced(a, "order-1", TP_VALID, strlen(TP_VALID));
+        /* The same message again at another offset: absorbed. */
+        produce_traced(a, "order-1", TP_VALID, strlen(TP_VALID));
+
+        kinbox_conf_t *ca = kt_conf(url, "points", ga, a);
+        kt_set(ca, "tracing.endpoint", ep);
+        kt_set(ca, "tracing.interval.ms", "100");
+        kt_set(ca, "tracing.service.name", "kt-points");
+        kt_run_t *ra = kt_run_start(ca, append_row, NULL, (void *)b);
+        kinbox_conf_t *cb = kt_conf(url, "notify", gb, b);
+        kt_set(cb, "tracing.endpoint", ep);
+        kt_run_t *rb = kt_run_start(cb, record_trace, NULL, NULL);
+        kinbox_conf_t *cr = kinbox_conf_new();
+        kt_set(cr, "name", "kt-relay");
+        kt_set(cr, "database.url", url);
+        kt_set(cr, "kafka.bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"));
+        kt_set(cr, "relay.poll.ms", "100");
+        if (!kt_real_kafka())
+                kt_set(cr, "kafka.max.in.flight.requests.per.connection", "1");
+        kt_set(cr, "tracing.endpoint", ep);
+        char e[512];
+        trelay_t t = {.rc = KINBOX_OK};
+        t.r = kinbox_relay_new(cr, e, sizeof(e));
+        cr_assert(t.r != NULL, "relay: %s", e);
+        cr_assert(eq(int, pthread_create(&t.th, NULL, relay_main, &t), 0));
+
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 1, 60),
+                     1));
+        /* process(A) twice (one absorbed), create, send, process(B). */
+        kt_span_t *s = NULL;
+        int n = kt_otelcol_wait_spans(spans_file, 5, 30, &s);
+        kinbox_relay_stop(t.r);
+        pthread_join(t.th, NULL);
+        cr_assert(eq(int, t.rc, KINBOX_OK));
+        kinbox_relay_destroy(t.r);
+        kt_run_stop(rb);
+        kt_run_stop(ra);
+
+        cr_assert(n >= 5, "%d spans", n);
+        for (int i = 0; i < n; i++)
+                cr_assert(eq(str, s[i].trace_id, TP_TRACE),
+                          "span %s in trace %s", s[i].name, s[i].trace_id);
+        kt_span_t *pa = NULL, *pdup = NULL;
+        for (int i = 0; i < n; i++)
+                if (!strcmp(s[i].name, "process") &&
+                    !strcmp(kt_span_attr(&s[i], "messaging.destination.name"),
+                            a)) {
+                        const char *d = kt_span_attr(&s[i], "kinbox.duplicate");
+                        if (d && !strcmp(d, "true"))
+                                pdup = &s[i];
+                        else
+                                pa = &s[i];
+                }
+        cr_assert(pa != NULL && pdup != NULL, "the two process spans of A");
+        cr_assert(eq(str, pa->parent_span_id, TP_SPAN));
+        cr_assert(eq(int, pa->kind, 5));
+        cr_assert(eq(str, pa->service, "kt-points"));
+        attr_is(pa, "messaging.system", "kafka");
+        attr_is(pa, "messaging.operation.type", "process");
+        attr_is(pa, "messaging.kafka.offset", "0");
+        attr_is(pa, "messaging.destination.partition.id", "0");
+        attr_is(pa, "messaging.consumer.group.name", ga);
+        attr_is(pa, "messaging.message.id", "order-1");
+        attr_is(pa, "kinbox.consumer", "points");
+        attr_is(pa, "kinbox.dead_lettered", "false");
+        attr_is(pdup, "kinbox.duplicate.kind", "redelivery");
+        attr_is(pdup, "messaging.kafka.offset", "1");
+
+        kt_span_t *cre = span_of(s, n, "create", b);
+        cr_assert(eq(str, cre->parent_span_id, pa->span_id));
+        cr_assert(eq(int, cre->kind, 4));
+        attr_is(cre, "kinbox.outbox.idem_key", "next-order-1");
+        kt_span_t *snd = span_of(s, n, "send", b);
+        cr_assert(eq(str, snd->parent_span_id, cre->span_id));
+        attr_is(snd, "kinbox.outcome", "sent");
+        attr_is(snd, "messaging.kafka.message.key", "order-1");
+        cr_assert(eq(int, snd->status_code, 1));
+        kt_span_t *pb = span_of(s, n, "process", b);
+        cr_assert(eq(str, pb->parent_span_id, cre->span_id));
+        char mid[128];
+        snprintf(mid, sizeof(mid), "%s:next-order-1", b);
+        attr_is(pb, "messaging.message.id", mid);
+        /* The handler downstream saw its process span's context. */
+        cr_assert(eq(i64,
+                     kt_qintf(url,
+                              "SELECT COUNT(*) FROM kt_seen WHERE trace_id = "
+                              "'%s' AND span_id = '%s'",
+                              TP_TRACE, pb->span_id),
+                     1));
+        kt_otelcol_spans_free(s, n);
+        kt_otelcol_stop(cpid);
 }
