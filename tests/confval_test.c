@@ -359,6 +359,15 @@ Test(config_file, unknown_mysql_url_parameter)
         cr_assert(eq(int, rc, 2), "%s", err);
         cr_assert(has(err, "ssl-mode \"sometimes\" is not one of"), "%s",
                   err);
+        /* A value that does not look like a mode may be a secret pasted
+         * in the wrong place: not echoed. */
+        rc = kb_ini("migrate", NULL,
+                    "[database]\nurl = mysql://u:p@127.0.0.1:1/x?"
+                    "ssl-mode=s3cr3t=pw\n",
+                    &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, "ssl-mode is not one of"), "%s", err);
+        cr_assert(not(has(err, "s3cr3t")), "%s", err);
 }
 
 Test(config_file, unset_variable_is_an_error)

@@ -293,13 +293,19 @@ url_param(const char *key, const char *val, size_t vl, struct myopts *o,
                         if (!strcasecmp(val, modes[i]))
                                 o->ssl_mode = SSL_DISABLED + i;
                 if (o->ssl_mode == SSL_DEFAULT) {
+                        /* The value is named only when it looks like a
+                         * mode: anything else may be a secret pasted in
+                         * the wrong place (URLs are never echoed). */
+                        size_t w = strspn(val, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                               "abcdefghijklmnopqrstuvwxyz_");
+                        bool shown = vl && w == vl && vl <= 32;
                         kinbox__errstr(errstr, sz,
-                                       "database.url: ssl-mode "
-                                       "\"%.32s\" is not one of "
-                                       "DISABLED, PREFERRED, "
+                                       "database.url: ssl-mode%s%s%s is not "
+                                       "one of DISABLED, PREFERRED, "
                                        "REQUIRED, VERIFY_CA, "
                                        "VERIFY_IDENTITY",
-                                       val);
+                                       shown ? " \"" : "",
+                                       shown ? val : "", shown ? "\"" : "");
                         return -1;
                 }
         } else if (si >= 0 && vl) {
