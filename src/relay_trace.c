@@ -53,7 +53,7 @@ item_span(const item_t *it)
                 kinbox__span_str(&sp, "kinbox.action", it->destination);
         }
         kinbox__span_int(&sp, "kinbox.outbox.id", it->id);
-        kinbox__span_int(&sp, "kinbox.attempt", it->attempts);
+        kinbox__span_int(&sp, "kinbox.attempt", it->attempts + 1);
         kinbox__span_str(&sp, "kinbox.outcome", outcome_name(it->out));
         if (it->out == OUT_RETRY || it->out == OUT_DEAD) {
                 sp.status = KINBOX__STATUS_ERROR;

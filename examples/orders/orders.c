@@ -18,6 +18,8 @@
  *   orders URL place ORDER_ID USER_ID SKU QTY POINTS [TOPIC]
  *
  * URL: postgresql://user@host:port/db or mysql://user:pass@host:port/db.
+ * TRACEPARENT in the environment (a W3C traceparent): the event carries
+ * it, so the relay's and the consumers' spans join the caller's trace.
  * Exit status: 0 placed (or already placed), 2 insufficient stock, 1 error.
  * Uses only the public kinbox API plus libpq / the MySQL C API.
  */
@@ -231,14 +233,23 @@ place(conn_t *c, const char *order_id, long long user_id, const char *sku,
                             "\"grant_points\":%d}",
                             order_id, user_id, points);
         snprintf(idem, sizeof(idem), "order-%s-points", order_id);
-        kinbox_header_t hdr = {"event_type", "order.paid", 10};
+        /* The caller's trace context, if it has one (TRACEPARENT, the
+         * environment carrier of W3C trace context), goes with the event:
+         * the consumers downstream continue that trace. */
+        kinbox_header_t hdr[2] = {{"event_type", "order.paid", 10}};
+        size_t nhdr = 1;
+        kinbox_trace_t ctx;
+        char tp[KINBOX_TRACEPARENT_LEN + 1];
+        const char *env_tp = getenv("TRACEPARENT");
+        if (env_tp && !kinbox_trace_parse(env_tp, strlen(env_tp), &ctx))
+                kinbox_trace_header(&ctx, tp, &hdr[nhdr++]);
         kinbox_outbox_msg_t m = {.destination = topic,
                                  .idem_key = idem,
                                  .aggregate_id = order_id,
                                  .payload = payload,
                                  .payload_size = (size_t)plen,
-                                 .headers = &hdr,
-                                 .header_count = 1};
+                                 .headers = hdr,
+                                 .header_count = nhdr};
         char err[512];
         kinbox_err_t rc =
             c->pg ? kinbox_outbox_append_pg(c->pg, &m, NULL, err, sizeof(err))
