@@ -12,6 +12,7 @@
 #include "consumer_int.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,7 +64,7 @@ consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m, const char *group)
         if (!m->trace_set || !(m->trace.flags & 0x01))
                 return;
         kinbox__span_t sp;
-        memset(&sp, 0, sizeof(sp));
+        memset(&sp, 0, offsetof(kinbox__span_t, sbuf));
         sp.ctx = m->trace;
         memcpy(sp.parent, m->trace_parent, 8);
         sp.has_parent = m->trace_has_parent;

@@ -14,6 +14,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,15 +53,32 @@ static void
 attrs_free(kinbox__span_t *sp)
 {
         for (int i = 0; i < sp->nattrs; i++)
-                free(sp->attrs[i].s);
+                if (sp->attrs[i].heap)
+                        free(sp->attrs[i].s);
         sp->nattrs = 0;
+        sp->sused = 0;
+}
+
+/* Copy a span by value: strings in its buffer point into the copy's. */
+static void
+span_move(kinbox__span_t *dst, kinbox__span_t *src)
+{
+        memcpy(dst, src, offsetof(kinbox__span_t, sbuf));
+        memcpy(dst->sbuf, src->sbuf, src->sused);
+        for (int i = 0; i < dst->nattrs; i++)
+                if (dst->attrs[i].type == KINBOX__ATTR_STR &&
+                    !dst->attrs[i].heap)
+                        dst->attrs[i].s =
+                            dst->sbuf + (src->attrs[i].s - src->sbuf);
+        src->nattrs = 0; /* the heap strings are dst's now */
+        src->sused = 0;
 }
 
 void
 kinbox__span_start(kinbox__span_t *sp, const char *name,
                    enum kinbox__span_kind kind, const kinbox_trace_t *parent)
 {
-        memset(sp, 0, sizeof(*sp));
+        memset(sp, 0, offsetof(kinbox__span_t, sbuf));
         sp->name = name;
         sp->kind = kind;
         if (parent) {
@@ -93,7 +111,12 @@ kinbox__span_strn(kinbox__span_t *sp, const char *key, const char *v,
         if (!a)
                 return;
         a->type = KINBOX__ATTR_STR;
-        if (!(a->s = malloc(n + 1))) {
+        if (n < sizeof(sp->sbuf) - sp->sused) {
+                a->s = sp->sbuf + sp->sused;
+                sp->sused += n + 1;
+        } else if ((a->s = malloc(n + 1))) {
+                a->heap = true;
+        } else {
                 sp->nattrs--;
                 return;
         }
@@ -152,8 +175,7 @@ kinbox__span_end(kinbox__span_t *sp)
                                       "reason=\"queue_full\"", 1);
                 return;
         }
-        ex->q[(ex->head + ex->count) % ex->cap] = *sp; /* takes the strings */
-        sp->nattrs = 0;
+        span_move(&ex->q[(ex->head + ex->count) % ex->cap], sp);
         if (++ex->count >= ex->batch)
                 pthread_cond_signal(&ex->cond);
         pthread_mutex_unlock(&g_lock);
@@ -288,7 +310,7 @@ send_batch(exporter_t *ex, CURL *h, kinbox__buf_t *b, kinbox__span_t *tmp)
 {
         int n = ex->count < ex->batch ? ex->count : ex->batch;
         for (int i = 0; i < n; i++)
-                tmp[i] = ex->q[(ex->head + i) % ex->cap];
+                span_move(&tmp[i], &ex->q[(ex->head + i) % ex->cap]);
         ex->head = (ex->head + n) % ex->cap;
         ex->count -= n;
         pthread_mutex_unlock(&g_lock);

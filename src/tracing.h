@@ -35,13 +35,18 @@ enum kinbox__span_status {
 
 #define KINBOX__SPAN_ATTRS 16
 
-/* An attribute: a static key, a string (copied), an integer or a bool. */
+/* An attribute: a static key, a string (copied into the span's own
+ * buffer, or malloc'ed when it does not fit), an integer or a bool. */
 typedef struct kinbox__span_attr {
         const char *key;
         enum { KINBOX__ATTR_STR, KINBOX__ATTR_INT, KINBOX__ATTR_BOOL } type;
+        bool heap; /* s was malloc'ed */
         int64_t i;
         char *s;
 } kinbox__span_attr_t;
+
+/* Bytes of attribute strings a span holds without an allocation. */
+#define KINBOX__SPAN_STRBUF 512
 
 typedef struct kinbox__span {
         kinbox_trace_t ctx; /* trace id, this span's id, flags */
@@ -53,6 +58,8 @@ typedef struct kinbox__span {
         int64_t start_ns, end_ns; /* Unix epoch, nanoseconds */
         int nattrs;
         kinbox__span_attr_t attrs[KINBOX__SPAN_ATTRS];
+        size_t sused; /* of sbuf */
+        char sbuf[KINBOX__SPAN_STRBUF];
 } kinbox__span_t;
 
 /* Start the process's exporter or take another reference to it, when

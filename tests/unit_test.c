@@ -13,6 +13,7 @@
 #include "db.h"
 #include "internal.h"
 #include "msgid.h"
+#include "tracing.h"
 
 Test(conf, defaults_and_set)
 {
@@ -390,4 +391,31 @@ Test(trace, new_and_child_ids)
         kinbox_trace_child(&d, &d);
         cr_assert(memcmp(d.trace_id, c.trace_id, 16) == 0);
         cr_assert(memcmp(d.span_id, c.span_id, 8) != 0);
+}
+
+/* Span attribute strings: in the span's own buffer while they fit, on the
+ * heap beyond (freed by end, the exporter off: nothing queued). */
+Test(trace, span_attribute_strings)
+{
+        kinbox__span_t sp;
+        kinbox__span_start(&sp, "x", KINBOX__SPAN_INTERNAL, NULL);
+        char big[1000];
+        memset(big, 'a', sizeof(big) - 1);
+        big[sizeof(big) - 1] = '\0';
+        kinbox__span_str(&sp, "a", "short");
+        kinbox__span_str(&sp, "b", big);
+        kinbox__span_strn(&sp, "c", "tail-ignored", 4);
+        kinbox__span_int(&sp, "d", -7);
+        cr_assert(eq(int, sp.nattrs, 4));
+        cr_assert(eq(str, sp.attrs[0].s, "short"));
+        cr_assert(not(sp.attrs[0].heap));
+        cr_assert(sp.attrs[1].heap);
+        cr_assert(eq(sz, strlen(sp.attrs[1].s), sizeof(big) - 1));
+        cr_assert(eq(str, sp.attrs[2].s, "tail"));
+        cr_assert(eq(i64, sp.attrs[3].i, -7));
+        for (int i = 0; i < 20; i++)
+                kinbox__span_int(&sp, "more", i);
+        cr_assert(eq(int, sp.nattrs, KINBOX__SPAN_ATTRS));
+        kinbox__span_end(&sp);
+        cr_assert(eq(int, sp.nattrs, 0));
 }
