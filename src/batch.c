@@ -203,11 +203,13 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
         m->part->retry_at = kinbox__now_ms() + delay;
         pthread_mutex_unlock(&w->lock);
         atomic_store(&c->pause_dirty, true);
+        char tn[48];
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
                     "%s [%" PRId32 "] offset %" PRId64
-                    ": attempt %d failed, retry in %" PRId64 " ms: %s",
+                    "%s: attempt %d failed, retry in %" PRId64 " ms: %s",
                     m->part->topic, m->rkm->partition, m->rkm->offset,
-                    m->failures, delay, m->reason);
+                    kinbox__msg_trace_note(m, tn), m->failures, delay,
+                    m->reason);
 }
 
 enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
@@ -735,6 +737,7 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
                 int64_t t_begin)
 {
         size_t done = 0, dups = 0, biz = 0, dead = 0, parked = 0;
+        char tn[48];
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
                 switch (m->state) {
@@ -757,9 +760,10 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
                         dead++;
                         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                                     "%s [%" PRId32 "] offset %" PRId64
-                                    " dead-lettered: %s",
+                                    "%s dead-lettered: %s",
                                     m->part->topic, m->rkm->partition,
-                                    m->rkm->offset, m->reason);
+                                    m->rkm->offset,
+                                    kinbox__msg_trace_note(m, tn), m->reason);
                         break;
                 default:
                         break;

@@ -89,11 +89,23 @@ consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m, const char *group)
 void
 kinbox__consume_spans(kinbox_consumer_t *c, worker_t *w)
 {
-        const char *group = kinbox_conf_get(c->conf, "group.id");
+        const char *group = kinbox__settings_of(c->conf)->group_id;
         for (size_t i = 0; i < w->nmsgs; i++) {
                 const kinbox_msg_t *m = w->msgs[i];
                 /* M_CUT: not decided by this transaction (runs again). */
                 if (m->state != M_CUT && m->rkm)
                         consume_span(c, m, group);
         }
+}
+
+const char *
+kinbox__msg_trace_note(const kinbox_msg_t *m, char buf[48])
+{
+        kinbox_trace_t t;
+        if (kinbox_msg_trace(m, &t) != KINBOX_OK)
+                return "";
+        char id[33];
+        kinbox_trace_id_hex(&t, id);
+        snprintf(buf, 48, " (trace %s)", id);
+        return buf;
 }

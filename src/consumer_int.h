@@ -216,6 +216,9 @@ void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);
  * the consume spans of a committed batch. */
 void kinbox__msg_trace_start(kinbox_msg_t *m);
 void kinbox__consume_spans(kinbox_consumer_t *c, worker_t *w);
+/* " (trace <32 hex>)" for a log line about m when it has a trace context
+ * (tracing on: its own; else a valid traceparent header), else "". */
+const char *kinbox__msg_trace_note(const kinbox_msg_t *m, char buf[48]);
 
 /* ---- txapi.c */
 /* Forget the transaction's kinbox_tx_exec_unique() keys. */

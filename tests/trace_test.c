@@ -7,6 +7,7 @@
 #include "harness.h"
 
 #include <librdkafka/rdkafka.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,6 +241,84 @@ ParameterizedTest(int *backend, trace, append_in_handler_is_a_child_span,
                                   "kinbox_outbox WHERE headers LIKE "
                                   "'[[\"traceparent\",\"00-%'"),
                      4));
+}
+
+/* Rejects the message whose id is "poison"; applies the others. */
+static kinbox_result_t
+reject_poison(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        if (!strcmp(kinbox_msg_id(msg), "poison")) {
+                kinbox_tx_set_error(tx, "poison for the test");
+                return KINBOX_RESULT_REJECT;
+        }
+        return record_trace(tx, msg, opaque);
+}
+
+/* Log lines that name the test's trace id (a dead letter's line must). */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int traced_lines;
+
+static void
+count_traced(int level, const char *facility, const char *message,
+             void *opaque)
+{
+        (void)level;
+        (void)facility;
+        (void)opaque;
+        if (strstr(message, "dead-lettered") &&
+            strstr(message, "(trace " TP_TRACE ")")) {
+                pthread_mutex_lock(&log_mu);
+                traced_lines++;
+                pthread_mutex_unlock(&log_mu);
+        }
+}
+
+/* A collector nobody answers changes nothing but the drop metric: every
+ * message applied or dead-lettered as without tracing, the consumer
+ * stops cleanly, no span counted as exported; and the dead letter's log
+ * line carries the message's trace id. */
+KT_BACKENDS_PARAMS(trace, unreachable_collector_changes_nothing_else)
+ParameterizedTest(int *backend, trace, unreachable_collector_changes_nothing_else,
+                  .timeout = 120)
+{
+        const char *topic, *group;
+        char *url = setup(*backend, &topic, &group);
+        produce_traced(topic, "poison", TP_VALID, strlen(TP_VALID));
+        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
+        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
+        kt_set(c, "tracing.timeout.ms", "200");
+        kt_set(c, "tracing.interval.ms", "50");
+        kinbox_conf_set_log_cb(c, count_traced, NULL);
+        double dropped0 = kinbox_metrics_value(
+            "kinbox_tracing_spans_dropped_total", "reason=\"export_failed\"");
+        if (dropped0 != dropped0) /* NaN: no series yet */
+                dropped0 = 0;
+        kt_run_t *r = kt_run_start(c, reject_poison, NULL, NULL);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
+                                       "kinbox_offsets",
+                                  5, 60),
+                     5));
+        kinbox_consumer_stats_t st;
+        kt_run_stop_stats(r, &st);
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_seen"), 4));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id = 'poison'"),
+                     1));
+        cr_assert(eq(u64, st.processed, 4));
+        cr_assert(eq(u64, st.dead, 1));
+        /* The stop sent what was queued: every span was dropped. */
+        double dropped = kinbox_metrics_value(
+            "kinbox_tracing_spans_dropped_total", "reason=\"export_failed\"");
+        cr_assert(dropped - dropped0 >= 5, "dropped %g", dropped - dropped0);
+        double sent =
+            kinbox_metrics_value("kinbox_tracing_spans_exported_total", "");
+        cr_assert(sent != sent || sent == 0, "exported %g", sent);
+        pthread_mutex_lock(&log_mu);
+        int lines = traced_lines;
+        pthread_mutex_unlock(&log_mu);
+        cr_assert(eq(int, lines, 1));
 }
 
 /* ---- one trace through a real OpenTelemetry Collector ---- */
