@@ -3,9 +3,11 @@
  */
 #include "confval.h"
 #include "internal.h"
+#include "settings.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@ typedef enum { P_STR, P_INT, P_BOOL, P_ENUM, P_DURATION } ptype_t;
 
 typedef struct prop {
         const char *key;
+        size_t off; /* of its field in kinbox__settings_t */
         ptype_t type;
         const char *def;
         int64_t min, max; /* P_INT; P_DURATION in ms */
@@ -22,113 +25,116 @@ typedef struct prop {
 } prop_t;
 
 #define MAXI INT64_C(0x7fffffffffffffff)
+/* The field a key fills (settings.h): the table names it, so the key's
+ * type, default and range are written only here. */
+#define S(field) offsetof(kinbox__settings_t, field)
 /* clang-format off */
 static const prop_t props[] = {
-{"name", P_STR, "kinbox", 0, 0, NULL,
+{"name", S(name), P_STR, "kinbox", 0, 0, NULL,
  "Consumer (or relay) name. The inbox key is (name, message id), so two consumers with different names each apply a message once."},
-{"database.url", P_STR, NULL, 0, 0, NULL,
+{"database.url", S(database_url), P_STR, NULL, 0, 0, NULL,
  "Database to use: `postgresql://user@host:port/db` or `mysql://user@host:port/db`. Required."},
-{"database.password_file", P_STR, NULL, 0, 0, NULL,
+{"database.password_file", S(database_password_file), P_STR, NULL, 0, 0, NULL,
  "File whose first line is the database password (never logged). A password in the URL also works."},
-{"topics", P_STR, NULL, 0, 0, NULL,
+{"topics", S(topics), P_STR, NULL, 0, 0, NULL,
  "Comma-separated topics to consume. Required for a consumer."},
-{"group.id", P_STR, NULL, 0, 0, NULL,
+{"group.id", S(group_id), P_STR, NULL, 0, 0, NULL,
  "Kafka consumer group; defaults to `name`."},
-{"handler", P_STR, NULL, 0, 0, NULL,
+{"handler", S(handler), P_STR, NULL, 0, 0, NULL,
  "Handler name for `kinbox run`: a built-in (`points`, `ledger`) or a module `<handler.path>/<handler>.so`; a name with `/`, `..` or a control character is refused before anything is loaded."},
-{"handler.path", P_STR, NULL, 0, 0, NULL,
+{"handler.path", S(handler_path), P_STR, NULL, 0, 0, NULL,
  "Directory searched for handler modules (`<handler>.so`)."},
-{"message_id", P_STR, "header:message_id", 0, 0, NULL,
+{"message_id", S(message_id), P_STR, "header:message_id", 0, 0, NULL,
  "Where the message id comes from: `header:NAME`, `key`, `json:/pointer` (RFC 6901, into the payload) or `coords` (topic/partition/offset)."},
-{"workers", P_INT, "1", 1, 64, NULL,
+{"workers", S(workers), P_INT, "1", 1, 64, NULL,
  "Worker threads, each with its own database connection; partitions are spread over them."},
-{"batch.max", P_INT, "500", 1, 100000, NULL,
+{"batch.max", S(batch_max), P_INT, "500", 1, 100000, NULL,
  "Most messages in one transaction. 1 gives one transaction per message."},
-{"batch.wait.ms", P_INT, "10", 0, 60000, NULL,
+{"batch.wait.ms", S(batch_wait_ms), P_INT, "10", 0, 60000, NULL,
  "Longest wait for a batch to fill once its first message is there."},
-{"queue.max.messages", P_INT, "2000", 1, 10000000, NULL,
+{"queue.max.messages", S(queue_max_messages), P_INT, "2000", 1, 10000000, NULL,
  "Messages buffered per worker; when a worker is full the polling thread holds off (a stall over 3 s pauses partitions). With kafka.queued.min.messages it bounds memory."},
-{"mysql.coalesce", P_BOOL, "true", 0, 0, NULL,
+{"mysql.coalesce", S(mysql_coalesce), P_BOOL, "true", 0, 0, NULL,
  "MySQL/MariaDB: in a batch, single-row `INSERT ... VALUES (...)` statements with the same SQL text are sent as one multi-row INSERT (only tables without triggers or foreign keys, only pure expressions; see docs/mysql.md). `false` sends every statement as written."},
-{"retry.max", P_INT, "8", 0, 1000, NULL,
+{"retry.max", S(retry_max), P_INT, "8", 0, 1000, NULL,
  "Attempts for a message whose handler says RETRY before it is dead-lettered."},
-{"dead_letter.hold_key", P_BOOL, "false", 0, 0, NULL,
+{"dead_letter.hold_key", S(dead_letter_hold_key), P_BOOL, "false", 0, 0, NULL,
  "Per-key order across failures: once a message is dead-lettered, the later messages of its key on its partition are parked (stored with their inbox row, offset moves on) instead of applied, until the dead letter is replayed or discarded; then the running consumer applies them in offset order. Messages without a key are never held (see docs/operations.md, Holding a key)."},
-{"dead_letter.hold_key.source", P_STR, "key", 0, 0, NULL,
+{"dead_letter.hold_key.source", S(dead_letter_hold_key_source), P_STR, "key", 0, 0, NULL,
  "What a held key is: `key` (the Kafka key), `header:NAME` (a header's bytes) or `json:/pointer` (a payload field). At most 1024 bytes; a message without one is never held."},
-{"dead_letter.release.poll.ms", P_INT, "1000", 10, 3600000, NULL,
+{"dead_letter.release.poll.ms", S(dead_letter_release_poll_ms), P_INT, "1000", 10, 3600000, NULL,
  "While a worker holds keys: how often it looks for holds whose dead letter was replayed or discarded, to apply their parked messages."},
-{"retry.backoff.base.ms", P_INT, "100", 1, 3600000, NULL,
+{"retry.backoff.base.ms", S(retry_backoff_base_ms), P_INT, "100", 1, 3600000, NULL,
  "First retry backoff ceiling; doubles per attempt, full jitter."},
-{"retry.backoff.max.ms", P_INT, "30000", 1, 86400000, NULL,
+{"retry.backoff.max.ms", S(retry_backoff_max_ms), P_INT, "30000", 1, 86400000, NULL,
  "Largest retry backoff."},
-{"reconnect.backoff.max.ms", P_INT, "5000", 10, 600000, NULL,
+{"reconnect.backoff.max.ms", S(reconnect_backoff_max_ms), P_INT, "5000", 10, 600000, NULL,
  "Largest wait between database reconnect attempts."},
-{"log.level", P_ENUM, "info", 0, 0, "error|warning|notice|info|debug",
+{"log.level", S(log_level), P_ENUM, "info", 0, 0, "error|warning|notice|info|debug",
  "Most verbose level logged."},
-{"log.format", P_ENUM, "text", 0, 0, "text|json",
+{"log.format", S(log_format), P_ENUM, "text", 0, 0, "text|json",
  "Default logger format on stderr: one line per event."},
-{"tracing.endpoint", P_STR, NULL, 0, 0, NULL,
+{"tracing.endpoint", S(tracing_endpoint), P_STR, NULL, 0, 0, NULL,
  "OTLP/HTTP collector to send spans to (e.g. `http://127.0.0.1:4318`; spans are POSTed as JSON to `/v1/traces` under it). Unset: no spans are recorded or sent (trace context in `traceparent` headers is still carried). One exporter per process: the first consumer or relay that starts sets the tracing.* settings."},
-{"tracing.sample.ratio", P_STR, "1", 0, 0, NULL,
+{"tracing.sample.ratio", S(tracing_sample_ratio), P_STR, "1", 0, 0, NULL,
  "Share of new traces recorded, 0 to 1. A message or outbox row that carries a `traceparent` follows its sampled flag instead (parent-based sampling)."},
-{"tracing.service.name", P_STR, "kinbox", 0, 0, NULL,
+{"tracing.service.name", S(tracing_service_name), P_STR, "kinbox", 0, 0, NULL,
  "The `service.name` resource attribute of the spans."},
-{"tracing.headers", P_STR, NULL, 0, 0, NULL,
+{"tracing.headers", S(tracing_headers), P_STR, NULL, 0, 0, NULL,
  "Extra HTTP headers for the collector, `name=value,name2=value2` (e.g. an authorization token)."},
-{"tracing.queue.size", P_INT, "2048", 1, 1000000, NULL,
+{"tracing.queue.size", S(tracing_queue_size), P_INT, "2048", 1, 1000000, NULL,
  "Finished spans held for export; when full, new spans are dropped and counted in kinbox_tracing_spans_dropped_total (the consumer never waits on the collector)."},
-{"tracing.batch.size", P_INT, "512", 1, 100000, NULL,
+{"tracing.batch.size", S(tracing_batch_size), P_INT, "512", 1, 100000, NULL,
  "Most spans in one export request."},
-{"tracing.interval.ms", P_INT, "1000", 10, 600000, NULL,
+{"tracing.interval.ms", S(tracing_interval_ms), P_INT, "1000", 10, 600000, NULL,
  "Longest time a finished span waits before it is sent."},
-{"tracing.timeout.ms", P_INT, "5000", 100, 600000, NULL,
+{"tracing.timeout.ms", S(tracing_timeout_ms), P_INT, "5000", 100, 600000, NULL,
  "Deadline of one export request; a request that fails or times out is dropped (counted), not retried."},
-{"kafka.redelivery.window", P_DURATION, "7d", 0, MAXI, NULL,
+{"kafka.redelivery.window", S(kafka_redelivery_window), P_DURATION, "7d", 0, MAXI, NULL,
  "How far back the broker can redeliver (topic retention) when the broker cannot be asked. The inbox retention must exceed it."},
-{"inbox.retention", P_DURATION, "14d", 60000, MAXI, NULL,
+{"inbox.retention", S(inbox_retention), P_DURATION, "14d", 60000, MAXI, NULL,
  "Inbox rows older than this are pruned. Must exceed the redelivery window."},
-{"outbox.retention", P_DURATION, "7d", 60000, MAXI, NULL,
+{"outbox.retention", S(outbox_retention), P_DURATION, "7d", 60000, MAXI, NULL,
  "Sent outbox rows older than this are pruned. Dead rows are kept."},
-{"prune.interval", P_DURATION, "10m", 1000, MAXI, NULL,
+{"prune.interval", S(prune_interval), P_DURATION, "10m", 1000, MAXI, NULL,
  "How often the pruner runs."},
-{"prune.batch", P_INT, "1000", 1, 1000000, NULL,
+{"prune.batch", S(prune_batch), P_INT, "1000", 1, 1000000, NULL,
  "Rows deleted per pruning statement."},
-{"reconcile.interval", P_DURATION, "1h", 0, MAXI, NULL,
+{"reconcile.interval", S(reconcile_interval), P_DURATION, "1h", 0, MAXI, NULL,
  "How often `kinbox run` runs the reconciliation checks of its handler modules (one replica at a time, a database lock; the first run within a minute of the start); 0 turns the periodic run off (`kinbox reconcile` still works)."},
-{"reconcile.grace", P_DURATION, "5m", 0, MAXI, NULL,
+{"reconcile.grace", S(reconcile_grace), P_DURATION, "5m", 0, MAXI, NULL,
  "Reconciliation checks report only discrepancies older than this (work still in flight is not a discrepancy)."},
-{"relay.batch.size", P_INT, "1000", 1, 100000, NULL,
+{"relay.batch.size", S(relay_batch_size), P_INT, "1000", 1, 100000, NULL,
  "Most outbox rows one relay claim takes. Claims follow the backlog: they start at this size, halve after a claim less than half full (down to 16) and double after a full one. Also bounds the run of one aggregate's consecutive rows claimed together."},
-{"relay.run.max", P_INT, "1000", 1, 100000, NULL,
+{"relay.run.max", S(relay_run_max), P_INT, "1000", 1, 100000, NULL,
  "Most consecutive pending rows of one aggregate (same destination, in order) one claim takes together; 1 claims only the oldest pending row of each aggregate. If a row of a run fails, the rows after it go back to pending untouched (no attempt charged) and stay behind it."},
-{"relay.pipeline", P_INT, "1", 1, 4, NULL,
+{"relay.pipeline", S(relay_pipeline), P_INT, "1", 1, 4, NULL,
  "Claimed batches a relay keeps in flight: with 2 or more the next batch is claimed and published while the previous one waits for its delivery reports. No new batch is produced while one in flight has waited half of kafka.message.timeout.ms, so a batch's delivery deadline (which purges the producer) never fails a younger batch's rows that may already be written. 1 by default: the relay's time goes to its claims and marks on its one database connection, and 2 measured no faster on either backend. Above 1 every claim is leased (relay.claim = lock needs the connection's one transaction per batch)."},
-{"relay.claim", P_ENUM, "lock", 0, 0, "lock|lease",
+{"relay.claim", S(relay_claim), P_ENUM, "lock", 0, 0, "lock|lease",
  "How a claim holds its rows while they are published. lock: the claim's transaction keeps their row locks (FOR UPDATE SKIP LOCKED, nothing written) until the marks, one row write per row; a batch degrades to leases (written and committed in that transaction) when its delivery reports take longer than relay.lock.ms, when it holds local actions, and always with relay.pipeline above 1. lease: every claim writes a lease (relay.lease.ms, version bumped) and commits before publishing. Relays of either kind share a table."},
-{"relay.lock.ms", P_INT, "250", 1, 60000, NULL,
+{"relay.lock.ms", S(relay_lock_ms), P_INT, "250", 1, 60000, NULL,
  "Longest a lock-held claim's transaction stays open waiting for its delivery reports, counted from its BEGIN (at most half of kafka.message.timeout.ms); past it the batch's rows are leased and the transaction commits."},
-{"relay.lease.ms", P_INT, "30000", 100, 86400000, NULL,
+{"relay.lease.ms", S(relay_lease_ms), P_INT, "30000", 100, 86400000, NULL,
  "How long a claimed outbox row belongs to one relay before another may take it."},
-{"relay.poll.ms", P_INT, "500", 1, 3600000, NULL,
+{"relay.poll.ms", S(relay_poll_ms), P_INT, "500", 1, 3600000, NULL,
  "Relay poll interval (the fallback to LISTEN/NOTIFY on PostgreSQL; the wake-up on MySQL)."},
-{"relay.backoff.base.ms", P_INT, "200", 1, 3600000, NULL,
+{"relay.backoff.base.ms", S(relay_backoff_base_ms), P_INT, "200", 1, 3600000, NULL,
  "First publish retry backoff ceiling; doubles per attempt, full jitter."},
-{"relay.backoff.max.ms", P_INT, "60000", 1, 86400000, NULL,
+{"relay.backoff.max.ms", S(relay_backoff_max_ms), P_INT, "60000", 1, 86400000, NULL,
  "Largest publish retry backoff."},
-{"relay.max_attempts", P_INT, "10", 1, 1000000, NULL,
+{"relay.max_attempts", S(relay_max_attempts), P_INT, "10", 1, 1000000, NULL,
  "Default attempts before an outbox row is dead (per row override: max_attempts)."},
-{"relay.action.timeout.ms", P_INT, "10000", 1, 86400000, NULL,
+{"relay.action.timeout.ms", S(relay_action_timeout_ms), P_INT, "10000", 1, 86400000, NULL,
  "Local action time limit; an overrun counts as RETRY. Must be shorter than relay.lease.ms."},
-{"relay.notify", P_BOOL, "true", 0, 0, NULL,
+{"relay.notify", S(relay_notify), P_BOOL, "true", 0, 0, NULL,
  "Use PostgreSQL LISTEN/NOTIFY to wake the relay at once."},
-{"relay.cloudevents.source", P_STR, NULL, 0, 0, NULL,
+{"relay.cloudevents.source", S(relay_cloudevents_source), P_STR, NULL, 0, 0, NULL,
  "When set, every event is published in CloudEvents binary mode (the Kafka protocol binding): the relay adds the headers ce_specversion (1.0), ce_id (the message id), ce_source (this value, a URI-reference such as /points-service), ce_type, ce_time (the row's created_at, UTC, milliseconds) and content-type, each unless the row's stored headers set it. Unset: no CloudEvents headers."},
-{"relay.cloudevents.type", P_STR, NULL, 0, 0, NULL,
+{"relay.cloudevents.type", S(relay_cloudevents_type), P_STR, NULL, 0, 0, NULL,
  "ce_type of rows whose stored headers do not set ce_type (CloudEvents on); unset: the destination topic's name."},
-{"relay.cloudevents.content_type", P_STR, "application/json", 0, 0, NULL,
+{"relay.cloudevents.content_type", S(relay_cloudevents_content_type), P_STR, "application/json", 0, 0, NULL,
  "content-type header of rows whose stored headers do not set it (CloudEvents on): the payload's media type, CloudEvents' datacontenttype."},
-{"relay.modules", P_STR, NULL, 0, 0, NULL,
+{"relay.modules", S(relay_modules), P_STR, NULL, 0, 0, NULL,
  "Comma-separated handler modules whose local actions the relay of `kinbox run` registers (`[relay] modules = ...`)."},
 };
 /* clang-format on */
@@ -140,6 +146,7 @@ typedef struct kv {
 
 struct kinbox_conf_s {
         char *vals[NPROPS]; /* NULL = default */
+        kinbox__settings_t set; /* vals[] (or the defaults), parsed */
         kv_t *kafka;
         size_t nkafka, capkafka;
         kinbox_log_cb log_cb;
@@ -155,10 +162,91 @@ prop_find(const char *key)
         return -1;
 }
 
+/* P_ENUM fields are written as int (the position in the list). */
+_Static_assert(sizeof(kinbox__level_t) == sizeof(int) &&
+                   sizeof(kinbox__logfmt_t) == sizeof(int) &&
+                   sizeof(kinbox__claim_t) == sizeof(int),
+               "P_ENUM fields are int-sized");
+
+/* The position of v in p's "a|b|c" list, or -1. */
+static int
+enum_index(const prop_t *p, const char *v)
+{
+        size_t n = strlen(v);
+        int i = 0;
+        for (const char *e = p->enums; *e; i++) {
+                const char *bar = strchr(e, '|');
+                size_t l = bar ? (size_t)(bar - e) : strlen(e);
+                if (l == n && !strncmp(e, v, n))
+                        return i;
+                e += l + (bar ? 1 : 0);
+        }
+        return -1;
+}
+
+/* Parse props[i]'s value (validated by kinbox_conf_set, or the table's
+ * default) into its field; group.id follows name while unset. */
+static void
+settings_store(kinbox_conf_t *conf, size_t i)
+{
+        const prop_t *p = &props[i];
+        const char *v = conf->vals[i] ? conf->vals[i] : p->def;
+        char *f = (char *)&conf->set + p->off;
+        switch (p->type) {
+        case P_STR:
+                *(const char **)f = v;
+                break;
+        case P_BOOL: {
+                bool b = false;
+                if (v)
+                        kinbox__confval_bool(p->key, v, &b, NULL, 0);
+                *(bool *)f = b;
+                break;
+        }
+        case P_ENUM: {
+                int e = v ? enum_index(p, v) : 0;
+                *(int *)f = e < 0 ? 0 : e;
+                break;
+        }
+        case P_INT:
+        case P_DURATION: {
+                int64_t n = 0;
+                if (v && p->type == P_INT)
+                        kinbox__confval_int(p->key, v, INT64_MIN, INT64_MAX,
+                                            &n, NULL, 0);
+                else if (v)
+                        kinbox__confval_duration(p->key, v, 0, INT64_MAX, &n,
+                                                 NULL, 0);
+                *(int64_t *)f = n;
+                break;
+        }
+        }
+        /* group.id unset: the consumer group is the name. */
+        for (size_t g = 0; g < NPROPS; g++)
+                if (props[g].off == S(group_id) && !conf->vals[g])
+                        conf->set.group_id = conf->set.name;
+}
+
+static void
+settings_fill(kinbox_conf_t *conf)
+{
+        for (size_t i = 0; i < NPROPS; i++)
+                settings_store(conf, i);
+}
+
+const kinbox__settings_t *
+kinbox__settings_of(const kinbox_conf_t *conf)
+{
+        return &conf->set;
+}
+
 kinbox_conf_t *
 kinbox_conf_new(void)
 {
-        return kinbox__calloc(1, sizeof(kinbox_conf_t));
+        kinbox_conf_t *c = kinbox__calloc(1, sizeof(kinbox_conf_t));
+        if (c)
+                settings_fill(c);
+        return c;
 }
 
 void
@@ -201,6 +289,7 @@ kinbox_conf_dup(const kinbox_conf_t *conf)
                                 goto oom;
                 }
         }
+        settings_fill(c);
         return c;
 oom:
         kinbox_conf_destroy(c);
@@ -280,14 +369,8 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
                            : KINBOX_OK;
         }
         case P_ENUM: {
-                size_t n = strlen(value);
-                for (const char *e = p->enums; *e;) {
-                        const char *bar = strchr(e, '|');
-                        size_t l = bar ? (size_t)(bar - e) : strlen(e);
-                        if (l == n && !strncmp(e, value, n))
-                                return KINBOX_OK;
-                        e += l + (bar ? 1 : 0);
-                }
+                if (enum_index(p, value) >= 0)
+                        return KINBOX_OK;
                 kinbox__errstr(errstr, sz, "%s: \"%s\" is not one of %s",
                                p->key, value, p->enums);
                 return KINBOX_ERR_INVALID;
@@ -363,6 +446,7 @@ kinbox_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
                 return KINBOX_ERR_NOMEM;
         free(conf->vals[i]);
         conf->vals[i] = v;
+        settings_store(conf, (size_t)i);
         return KINBOX_OK;
 }
 
@@ -395,28 +479,6 @@ kinbox_conf_set_log_cb(kinbox_conf_t *conf, kinbox_log_cb cb, void *opaque)
         conf->log_opaque = opaque;
 }
 
-int64_t
-kinbox__conf_int(const kinbox_conf_t *conf, const char *key)
-{
-        int i = prop_find(key);
-        const char *v = kinbox_conf_get(conf, key);
-        if (i < 0 || !v)
-                return 0;
-        /* Values were validated by kinbox_conf_set; a default that fails
-         * here is a bug in the table and reads as 0. */
-        if (props[i].type == P_BOOL) {
-                bool b = false;
-                kinbox__confval_bool(key, v, &b, NULL, 0);
-                return b;
-        }
-        int64_t n = 0;
-        if (props[i].type == P_DURATION)
-                kinbox__confval_duration(key, v, 0, INT64_MAX, &n, NULL, 0);
-        else if (props[i].type == P_INT)
-                kinbox__confval_int(key, v, INT64_MIN, INT64_MAX, &n, NULL, 0);
-        return n;
-}
-
 void
 kinbox__conf_kafka_each(const kinbox_conf_t *conf,
                         void (*fn)(const char *k, const char *v, void *arg),
@@ -429,20 +491,14 @@ kinbox__conf_kafka_each(const kinbox_conf_t *conf,
 void
 kinbox__conf_logger(const kinbox_conf_t *conf, kinbox__log_t *out)
 {
-        static const struct {
-                const char *n;
-                int l;
-        } lv[] = {{"error", KINBOX_LOG_ERR},
-                  {"warning", KINBOX_LOG_WARNING},
-                  {"notice", KINBOX_LOG_NOTICE},
-                  {"info", KINBOX_LOG_INFO},
-                  {"debug", KINBOX_LOG_DEBUG}};
-        const char *l = kinbox_conf_get(conf, "log.level");
-        out->level = KINBOX_LOG_INFO;
-        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(lv); i++)
-                if (!strcmp(l, lv[i].n))
-                        out->level = lv[i].l;
-        out->json = !strcmp(kinbox_conf_get(conf, "log.format"), "json");
+        static const int lv[] = {
+            [KINBOX__LEVEL_ERROR] = KINBOX_LOG_ERR,
+            [KINBOX__LEVEL_WARNING] = KINBOX_LOG_WARNING,
+            [KINBOX__LEVEL_NOTICE] = KINBOX_LOG_NOTICE,
+            [KINBOX__LEVEL_INFO] = KINBOX_LOG_INFO,
+            [KINBOX__LEVEL_DEBUG] = KINBOX_LOG_DEBUG};
+        out->level = lv[conf->set.log_level];
+        out->json = conf->set.log_format == KINBOX__LOGFMT_JSON;
         out->cb = conf->log_cb;
         out->opaque = conf->log_opaque;
 }
@@ -452,7 +508,7 @@ kinbox__conf_password(const kinbox_conf_t *conf, char **out, char *errstr,
                       size_t errstr_size)
 {
         *out = NULL;
-        const char *path = kinbox_conf_get(conf, "database.password_file");
+        const char *path = conf->set.database_password_file;
         if (!path)
                 return 0;
         FILE *fp = fopen(path, "r");

@@ -144,28 +144,28 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         pthread_mutex_init(&c->nudge_lock, NULL);
         pthread_cond_init(&c->nudge_cond, NULL);
         kinbox__conf_logger(conf, &c->lg);
-        c->name = kinbox__strdup(kinbox_conf_get(conf, "name"));
-        c->msgid_spec = kinbox__strdup(kinbox_conf_get(conf, "message_id"));
-        c->nworkers = (int)kinbox__conf_int(conf, "workers");
-        c->batch_max = (size_t)kinbox__conf_int(conf, "batch.max");
-        c->batch_wait = kinbox__conf_int(conf, "batch.wait.ms");
-        c->queue_max = (size_t)kinbox__conf_int(conf, "queue.max.messages");
-        c->retry_max = kinbox__conf_int(conf, "retry.max");
-        c->backoff_base = kinbox__conf_int(conf, "retry.backoff.base.ms");
-        c->backoff_max = kinbox__conf_int(conf, "retry.backoff.max.ms");
-        c->reconnect_max = kinbox__conf_int(conf, "reconnect.backoff.max.ms");
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        c->name = kinbox__strdup(s->name);
+        c->msgid_spec = kinbox__strdup(s->message_id);
+        c->nworkers = (int)s->workers;
+        c->batch_max = (size_t)s->batch_max;
+        c->batch_wait = s->batch_wait_ms;
+        c->queue_max = (size_t)s->queue_max_messages;
+        c->retry_max = s->retry_max;
+        c->backoff_base = s->retry_backoff_base_ms;
+        c->backoff_max = s->retry_backoff_max_ms;
+        c->reconnect_max = s->reconnect_backoff_max_ms;
         if (c->queue_max < c->batch_max)
                 c->queue_max = c->batch_max;
         kinbox__hold_conf(c, conf);
         rd_kafka_conf_t *rkc = NULL;
         if (!c->name || !c->msgid_spec)
                 goto oom;
-        const char *url = kinbox_conf_get(conf, "database.url");
         kinbox__dburl_t u;
-        if (kinbox__dburl_parse(url, &u, errstr, sz))
+        if (kinbox__dburl_parse(s->database_url, &u, errstr, sz))
                 goto fail;
         kinbox__dburl_free(&u);
-        if (parse_topics(c, kinbox_conf_get(conf, "topics"), errstr, sz))
+        if (parse_topics(c, s->topics, errstr, sz))
                 goto fail;
         if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
                 kinbox__errstr(errstr, sz,
@@ -192,8 +192,7 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
                               sizeof(e)) ||
             rd_kafka_conf_set(rkc, "queued.min.messages", "50000", e,
                               sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "group.id",
-                              kinbox_conf_get(conf, "group.id"), e, sizeof(e)))
+            rd_kafka_conf_set(rkc, "group.id", s->group_id, e, sizeof(e)))
                 goto kafka_fail;
         struct kafka_set_ctx ks = {rkc, errstr, sz, false};
         kinbox__conf_kafka_each(conf, kafka_set, &ks);
@@ -353,7 +352,7 @@ db_open(kinbox_consumer_t *c, char *errstr, size_t sz)
         if (db) {
                 db->log = db_log;
                 db->log_ctx = c;
-                db->coalesce = kinbox__conf_int(c->conf, "mysql.coalesce");
+                db->coalesce = kinbox__settings_of(c->conf)->mysql_coalesce;
         }
         return db;
 }
@@ -1204,7 +1203,7 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                 kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
                             "%s: running (group %s, %d worker(s), batch.max "
                             "%zu)",
-                            c->name, kinbox_conf_get(c->conf, "group.id"),
+                            c->name, kinbox__settings_of(c->conf)->group_id,
                             c->nworkers, c->batch_max);
                 ret = poll_loop(c);
         }

@@ -144,11 +144,10 @@ kinbox__hold_free(part_t *p)
 void
 kinbox__hold_conf(kinbox_consumer_t *c, const kinbox_conf_t *conf)
 {
-        c->hold_on = kinbox__conf_int(conf, "dead_letter.hold_key") != 0;
-        c->hold_src = kinbox__strdup(
-            kinbox_conf_get(conf, "dead_letter.hold_key.source"));
-        c->release_poll =
-            kinbox__conf_int(conf, "dead_letter.release.poll.ms");
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        c->hold_on = s->dead_letter_hold_key;
+        c->hold_src = kinbox__strdup(s->dead_letter_hold_key_source);
+        c->release_poll = s->dead_letter_release_poll_ms;
         if (!c->hold_src)
                 c->hold_on = false;
 }

@@ -71,10 +71,10 @@ void kinbox__log(const kinbox__log_t *lg, int level, const char *facility,
 void kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
                   const char *fmt, va_list ap);
 
-/* ---- configuration access for modules */
-struct kinbox_conf_s;
+/* ---- configuration access for modules: the table's keys as typed
+ * fields in settings.h (kinbox__settings_of()); here the rest */
+#include "settings.h"
 void kinbox__conf_logger(const struct kinbox_conf_s *conf, kinbox__log_t *out);
-int64_t kinbox__conf_int(const struct kinbox_conf_s *conf, const char *key);
 /* Iterate over kafka.* pass-through properties (key without prefix). */
 void kinbox__conf_kafka_each(const struct kinbox_conf_s *conf,
                              void (*fn)(const char *k, const char *v,

@@ -105,14 +105,13 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                         goto done;
                 }
         }
-        int64_t batch = kinbox__conf_int(conf, "prune.batch");
-        rc =
-            prune_table(db, T_INBOX, kinbox__conf_int(conf, "inbox.retention"),
-                        batch, dry_run, stop, &res.inbox_rows);
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        rc = prune_table(db, T_INBOX, s->inbox_retention, s->prune_batch,
+                         dry_run, stop, &res.inbox_rows);
         if (!rc && !(stop && *stop))
-                rc = prune_table(db, T_OUTBOX,
-                                 kinbox__conf_int(conf, "outbox.retention"),
-                                 batch, dry_run, stop, &res.outbox_rows);
+                rc = prune_table(db, T_OUTBOX, s->outbox_retention,
+                                 s->prune_batch, dry_run, stop,
+                                 &res.outbox_rows);
         if (rc)
                 goto fail;
         if (!dry_run)
@@ -254,8 +253,9 @@ kinbox_err_t
 kinbox_retention_check(const kinbox_conf_t *conf, int64_t *window_ms,
                        const char **source, char *errstr, size_t sz)
 {
-        const char *topics = kinbox_conf_get(conf, "topics");
-        int64_t retention = kinbox__conf_int(conf, "inbox.retention");
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        const char *topics = s->topics;
+        int64_t retention = s->inbox_retention;
         int64_t window = 0;
         const char *src = "broker";
         char note[256] = "";
@@ -263,7 +263,7 @@ kinbox_retention_check(const kinbox_conf_t *conf, int64_t *window_ms,
             kinbox_conf_get(conf, "kafka.bootstrap.servers"))
                 window = broker_window(conf, topics, note, sizeof(note));
         if (window == 0) {
-                window = kinbox__conf_int(conf, "kafka.redelivery.window");
+                window = s->kafka_redelivery_window;
                 src = "kafka.redelivery.window";
         }
         if (window_ms)

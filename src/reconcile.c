@@ -61,7 +61,7 @@ kinbox_reconcile(const kinbox_conf_t *conf,
         }
         char grace[32];
         snprintf(grace, sizeof(grace), "%" PRId64,
-                 kinbox__conf_int(conf, "reconcile.grace") / 1000);
+                 kinbox__settings_of(conf)->reconcile_grace / 1000);
         const char *params[1] = {grace};
         for (size_t i = 0; i < nchecks; i++) {
                 const kinbox_check_t *c = checks[i];

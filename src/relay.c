@@ -224,54 +224,32 @@ drain(kinbox_relay_t *r)
         }
 }
 
-static bool
-conf_bool(const kinbox_conf_t *conf, const char *key, bool dflt)
-{
-        /* kinbox_conf_set validated the value with the same parser. */
-        bool b = dflt;
-        const char *v = kinbox_conf_get(conf, key);
-        if (v && *v)
-                kinbox__confval_bool(key, v, &b, NULL, 0);
-        return b;
-}
-
 /* The relay.* settings (and the delivery deadline) into r; false with
  * errstr set when the lease leaves no margin. */
 static bool
 relay_settings(kinbox_relay_t *r, const kinbox_conf_t *conf, char *errstr,
                size_t errstr_size)
 {
-        r->batch = kinbox__conf_int(conf, "relay.batch.size");
-        r->depth = (int)kinbox__conf_int(conf, "relay.pipeline");
-        r->run_max = kinbox__conf_int(conf, "relay.run.max");
-        r->ce_source = kinbox_conf_get(conf, "relay.cloudevents.source");
-        r->ce_type = kinbox_conf_get(conf, "relay.cloudevents.type");
-        r->ce_content_type =
-            kinbox_conf_get(conf, "relay.cloudevents.content_type");
-        if (r->run_max < 1)
-                r->run_max = 1;
-        if (r->depth < 1 || r->depth > PIPE_MAX)
-                r->depth = 1;
-        r->lease_ms = kinbox__conf_int(conf, "relay.lease.ms");
-        r->lock_ms = kinbox__conf_int(conf, "relay.lock.ms");
-        const char *cm = kinbox_conf_get(conf, "relay.claim");
+        /* Values are in the table's ranges (kinbox_conf_set). */
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        r->batch = s->relay_batch_size;
+        r->depth = (int)s->relay_pipeline;
+        r->run_max = s->relay_run_max;
+        r->ce_source = s->relay_cloudevents_source;
+        r->ce_type = s->relay_cloudevents_type;
+        r->ce_content_type = s->relay_cloudevents_content_type;
+        _Static_assert(PIPE_MAX >= 4, "relay.pipeline goes up to 4");
+        r->lease_ms = s->relay_lease_ms;
+        r->lock_ms = s->relay_lock_ms;
         /* Row locks only with one batch in flight: a second batch's claim
          * would need its own transaction on the one connection. */
-        r->lock_mode = cm && !strcmp(cm, "lock") && r->depth == 1;
-        r->poll_ms = kinbox__conf_int(conf, "relay.poll.ms");
-        r->base_ms = kinbox__conf_int(conf, "relay.backoff.base.ms");
-        r->cap_ms = kinbox__conf_int(conf, "relay.backoff.max.ms");
-        r->max_attempts = (int)kinbox__conf_int(conf, "relay.max_attempts");
-        r->action_ms = kinbox__conf_int(conf, "relay.action.timeout.ms");
-        r->notify = conf_bool(conf, "relay.notify", true);
-        if (r->batch <= 0)
-                r->batch = 1000;
-        if (r->poll_ms <= 0)
-                r->poll_ms = 500;
-        if (r->max_attempts <= 0)
-                r->max_attempts = 10;
-        if (r->base_ms <= 0)
-                r->base_ms = 200;
+        r->lock_mode = s->relay_claim == KINBOX__CLAIM_LOCK && r->depth == 1;
+        r->poll_ms = s->relay_poll_ms;
+        r->base_ms = s->relay_backoff_base_ms;
+        r->cap_ms = s->relay_backoff_max_ms;
+        r->max_attempts = (int)s->relay_max_attempts;
+        r->action_ms = s->relay_action_timeout_ms;
+        r->notify = s->relay_notify;
         if (r->cap_ms < r->base_ms)
                 r->cap_ms = r->base_ms;
 
@@ -291,8 +269,6 @@ relay_settings(kinbox_relay_t *r, const kinbox_conf_t *conf, char *errstr,
         }
         /* A lock-held batch degrades before half its delivery deadline,
          * so the deadline's purge only ever meets leased batches. */
-        if (r->lock_ms <= 0)
-                r->lock_ms = 250;
         if (r->lock_ms > r->msg_timeout_ms / 2)
                 r->lock_ms =
                     r->msg_timeout_ms / 2 > 0 ? r->msg_timeout_ms / 2 : 1;
@@ -337,7 +313,7 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         char host[128] = "localhost";
         gethostname(host, sizeof(host) - 1);
         host[sizeof(host) - 1] = '\0';
-        const char *name = kinbox_conf_get(conf, "name");
+        const char *name = kinbox__settings_of(conf)->name;
         kinbox__buf_t o;
         kinbox__buf_init(&o);
         kinbox__buf_printf(&o, "%.100s@%.100s:%ld",

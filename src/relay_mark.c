@@ -293,7 +293,7 @@ batch_metrics(kinbox_relay_t *r, const batch_t *b, const tally_t *t,
               bool marked)
 {
         char l[300];
-        const char *name = kinbox_conf_get(r->conf, "name");
+        const char *name = kinbox__settings_of(r->conf)->name;
         kinbox__m_labels(l, sizeof(l), "relay", name ? name : "",
                          (char *)NULL);
         kinbox__m_add("kinbox_relay_published_total", l,

@@ -426,7 +426,8 @@ static exporter_t *
 exporter_new(const kinbox_conf_t *conf, const char *endpoint, char *errstr,
              size_t sz)
 {
-        const char *ratio_s = kinbox_conf_get(conf, "tracing.sample.ratio");
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        const char *ratio_s = s->tracing_sample_ratio;
         char *end = NULL;
         errno = 0;
         double ratio = strtod(ratio_s ? ratio_s : "1", &end);
@@ -444,14 +445,14 @@ exporter_new(const kinbox_conf_t *conf, const char *endpoint, char *errstr,
         pthread_cond_init(&ex->cond, NULL);
         pthread_cond_init(&ex->sent, NULL);
         ex->ratio = ratio;
-        ex->cap = (int)kinbox__conf_int(conf, "tracing.queue.size");
-        ex->batch = (int)kinbox__conf_int(conf, "tracing.batch.size");
-        ex->interval_ms = (int)kinbox__conf_int(conf, "tracing.interval.ms");
-        ex->timeout_ms = (int)kinbox__conf_int(conf, "tracing.timeout.ms");
+        ex->cap = (int)s->tracing_queue_size;
+        ex->batch = (int)s->tracing_batch_size;
+        ex->interval_ms = (int)s->tracing_interval_ms;
+        ex->timeout_ms = (int)s->tracing_timeout_ms;
         if (ex->batch > ex->cap)
                 ex->batch = ex->cap;
         kinbox__conf_logger(conf, &ex->lg);
-        const char *svc = kinbox_conf_get(conf, "tracing.service.name");
+        const char *svc = s->tracing_service_name;
         size_t n = strlen(endpoint);
         while (n && endpoint[n - 1] == '/')
                 n--;
@@ -463,8 +464,7 @@ exporter_new(const kinbox_conf_t *conf, const char *endpoint, char *errstr,
         ex->service = strdup(svc && *svc ? svc : "kinbox");
         ex->q = calloc((size_t)ex->cap, sizeof(*ex->q));
         if (!ex->url || !ex->service || !ex->q ||
-            parse_headers(ex, kinbox_conf_get(conf, "tracing.headers"), errstr,
-                          sz)) {
+            parse_headers(ex, s->tracing_headers, errstr, sz)) {
                 exporter_free(ex);
                 return NULL;
         }
@@ -478,7 +478,7 @@ kinbox__tracing_acquire(const kinbox_conf_t *conf, bool *on, char *errstr,
                         size_t errstr_size)
 {
         *on = false;
-        const char *endpoint = kinbox_conf_get(conf, "tracing.endpoint");
+        const char *endpoint = kinbox__settings_of(conf)->tracing_endpoint;
         if (!endpoint || !*endpoint)
                 return 0;
         pthread_once(&curl_once, curl_init_once);

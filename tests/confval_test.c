@@ -203,11 +203,11 @@ Test(confval, conf_set_uses_it)
         cr_assert(eq(int,
                      kinbox_conf_set(c, "relay.notify", "TRUE", e, sizeof(e)),
                      KINBOX_OK));
-        cr_assert(eq(i64, kinbox__conf_int(c, "relay.notify"), 1));
+        cr_assert(eq(i64, kinbox__settings_of(c)->relay_notify, 1));
         cr_assert(eq(int,
                      kinbox_conf_set(c, "relay.notify", "Off", e, sizeof(e)),
                      KINBOX_OK));
-        cr_assert(eq(i64, kinbox__conf_int(c, "relay.notify"), 0));
+        cr_assert(eq(i64, kinbox__settings_of(c)->relay_notify, 0));
         cr_assert(eq(int,
                      kinbox_conf_set(c, "relay.notify", "ture", e, sizeof(e)),
                      KINBOX_ERR_INVALID));
@@ -216,7 +216,7 @@ Test(confval, conf_set_uses_it)
                      kinbox_conf_set(c, "inbox.retention", "2d", e, sizeof(e)),
                      KINBOX_OK));
         cr_assert(
-            eq(i64, kinbox__conf_int(c, "inbox.retention"), 2 * 86400000LL));
+            eq(i64, kinbox__settings_of(c)->inbox_retention, 2 * 86400000LL));
         cr_assert(eq(int,
                      kinbox_conf_set(c, "handler", "../evil", e, sizeof(e)),
                      KINBOX_ERR_INVALID));

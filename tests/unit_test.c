@@ -24,7 +24,7 @@ Test(conf, defaults_and_set)
                      "header:message_id"));
         cr_assert(eq(int, kinbox_conf_set(c, "batch.max", "64", e, sizeof(e)),
                      KINBOX_OK));
-        cr_assert(eq(i64, kinbox__conf_int(c, "batch.max"), 64));
+        cr_assert(eq(i64, kinbox__settings_of(c)->batch_max, 64));
         /* group.id defaults to the name */
         kinbox_conf_set(c, "name", "points", e, sizeof(e));
         cr_assert(eq(str, (char *)kinbox_conf_get(c, "group.id"), "points"));
@@ -34,6 +34,52 @@ Test(conf, defaults_and_set)
         kinbox_conf_destroy(d);
         kinbox_conf_destroy(c);
         kinbox_conf_destroy(NULL);
+}
+
+/* The typed settings: each type from the table's defaults, set values,
+ * enum positions, group.id following name, a dup's own copy. */
+Test(conf, settings_typed_fields)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        const kinbox__settings_t *s = kinbox__settings_of(c);
+        cr_assert(eq(i64, s->batch_max, 500));
+        cr_assert(eq(i64, s->inbox_retention, 14LL * 86400 * 1000));
+        cr_assert(s->mysql_coalesce);
+        cr_assert(s->relay_notify);
+        cr_assert(not(s->dead_letter_hold_key));
+        cr_assert(eq(str, (char *)s->message_id, "header:message_id"));
+        cr_assert(eq(str, (char *)s->group_id, "kinbox"));
+        cr_assert(eq(ptr, (void *)s->database_url, NULL));
+        cr_assert(eq(int, s->log_level, KINBOX__LEVEL_INFO));
+        cr_assert(eq(int, s->log_format, KINBOX__LOGFMT_TEXT));
+        cr_assert(eq(int, s->relay_claim, KINBOX__CLAIM_LOCK));
+        kinbox_conf_set(c, "log.level", "debug", e, sizeof(e));
+        kinbox_conf_set(c, "log.format", "json", e, sizeof(e));
+        kinbox_conf_set(c, "relay.claim", "lease", e, sizeof(e));
+        kinbox_conf_set(c, "relay.notify", "off", e, sizeof(e));
+        kinbox_conf_set(c, "name", "points", e, sizeof(e));
+        cr_assert(eq(int, s->log_level, KINBOX__LEVEL_DEBUG));
+        cr_assert(eq(int, s->log_format, KINBOX__LOGFMT_JSON));
+        cr_assert(eq(int, s->relay_claim, KINBOX__CLAIM_LEASE));
+        cr_assert(not(s->relay_notify));
+        cr_assert(eq(str, (char *)s->group_id, "points"));
+        kinbox_conf_set(c, "group.id", "g", e, sizeof(e));
+        kinbox_conf_set(c, "name", "other", e, sizeof(e));
+        cr_assert(eq(str, (char *)s->group_id, "g"));
+        kinbox__log_t lg;
+        kinbox__conf_logger(c, &lg);
+        cr_assert(eq(int, lg.level, KINBOX_LOG_DEBUG));
+        cr_assert(lg.json, "log.format json");
+        kinbox_conf_t *d = kinbox_conf_dup(c);
+        kinbox_conf_set(c, "relay.claim", "lock", e, sizeof(e));
+        const kinbox__settings_t *ds = kinbox__settings_of(d);
+        cr_assert(eq(int, ds->relay_claim, KINBOX__CLAIM_LEASE));
+        cr_assert(eq(str, (char *)ds->group_id, "g"));
+        cr_assert(eq(str, (char *)ds->name, "other"));
+        cr_assert(ds->name != s->name, "the dup's strings are its own");
+        kinbox_conf_destroy(c);
+        kinbox_conf_destroy(d);
 }
 
 Test(conf, errors_name_the_key)
@@ -68,12 +114,12 @@ Test(conf, durations_and_kafka_passthrough)
         kinbox_conf_t *c = kinbox_conf_new();
         char e[256];
         kinbox_conf_set(c, "inbox.retention", "14d", e, sizeof(e));
-        cr_assert(eq(i64, kinbox__conf_int(c, "inbox.retention"),
+        cr_assert(eq(i64, kinbox__settings_of(c)->inbox_retention,
                      14LL * 86400 * 1000));
         kinbox_conf_set(c, "prune.interval", "1500ms", e, sizeof(e));
-        cr_assert(eq(i64, kinbox__conf_int(c, "prune.interval"), 1500));
+        cr_assert(eq(i64, kinbox__settings_of(c)->prune_interval, 1500));
         kinbox_conf_set(c, "prune.interval", "90", e, sizeof(e));
-        cr_assert(eq(i64, kinbox__conf_int(c, "prune.interval"), 90000));
+        cr_assert(eq(i64, kinbox__settings_of(c)->prune_interval, 90000));
         cr_assert(eq(
             int, kinbox_conf_set(c, "prune.interval", "250ms", e, sizeof(e)),
             KINBOX_ERR_INVALID));
