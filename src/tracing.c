@@ -14,6 +14,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,9 @@ typedef struct exporter {
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static exporter_t *g_ex; /* NULL while no one traces */
+/* tracing.sample.ratio as a threshold on 53 random bits (2^53: every
+ * root sampled, 0: none or no exporter), read without the lock. */
+static _Atomic uint64_t g_sample;
 
 int64_t
 kinbox__tracing_now_ns(void)
@@ -197,24 +201,62 @@ hex(kinbox__buf_t *b, const uint8_t *p, size_t n)
         kinbox__buf_add(b, "\"", 1);
 }
 
+/* A JSON string: printable ASCII without quotes or backslashes (nearly
+ * every attribute) in one copy, anything else through the escaper. */
+static void
+jstr(kinbox__buf_t *b, const char *s)
+{
+        size_t n = strlen(s), i = 0;
+        while (i < n && (unsigned char)s[i] >= 0x20 &&
+               (unsigned char)s[i] < 0x7f && s[i] != '"' && s[i] != '\\')
+                i++;
+        if (i < n) {
+                kinbox__buf_json_str(b, s, n);
+                return;
+        }
+        kinbox__buf_add(b, "\"", 1);
+        kinbox__buf_add(b, s, n);
+        kinbox__buf_add(b, "\"", 1);
+}
+
+/* A decimal integer in quotes (OTLP/JSON writes 64-bit integers as
+ * strings), without printf's cost. */
+static void
+jint(kinbox__buf_t *b, int64_t v)
+{
+        char d[24];
+        int i = (int)sizeof(d);
+        uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+        d[--i] = '"';
+        do {
+                d[--i] = (char)('0' + u % 10);
+                u /= 10;
+        } while (u);
+        if (v < 0)
+                d[--i] = '-';
+        d[--i] = '"';
+        kinbox__buf_add(b, d + i, sizeof(d) - (size_t)i);
+}
+
 static void
 json_attr(kinbox__buf_t *b, const kinbox__span_attr_t *a)
 {
         kinbox__buf_adds(b, "{\"key\":");
-        kinbox__buf_json_str(b, a->key, strlen(a->key));
+        jstr(b, a->key);
         switch (a->type) {
         case KINBOX__ATTR_STR:
                 kinbox__buf_adds(b, ",\"value\":{\"stringValue\":");
-                kinbox__buf_json_str(b, a->s, strlen(a->s));
+                jstr(b, a->s);
                 kinbox__buf_adds(b, "}}");
                 break;
         case KINBOX__ATTR_INT:
-                kinbox__buf_printf(b, ",\"value\":{\"intValue\":\"%lld\"}}",
-                                   (long long)a->i);
+                kinbox__buf_adds(b, ",\"value\":{\"intValue\":");
+                jint(b, a->i);
+                kinbox__buf_adds(b, "}}");
                 break;
         case KINBOX__ATTR_BOOL:
-                kinbox__buf_printf(b, ",\"value\":{\"boolValue\":%s}}",
-                                   a->i ? "true" : "false");
+                kinbox__buf_adds(b, a->i ? ",\"value\":{\"boolValue\":true}}"
+                                         : ",\"value\":{\"boolValue\":false}}");
                 break;
         }
 }
@@ -231,18 +273,24 @@ json_span(kinbox__buf_t *b, const kinbox__span_t *sp)
                 hex(b, sp->parent, 8);
         }
         kinbox__buf_adds(b, ",\"name\":");
-        kinbox__buf_json_str(b, sp->name, strlen(sp->name));
-        kinbox__buf_printf(b,
-                           ",\"kind\":%d,\"startTimeUnixNano\":\"%lld\","
-                           "\"endTimeUnixNano\":\"%lld\",\"attributes\":[",
-                           (int)sp->kind, (long long)sp->start_ns,
-                           (long long)sp->end_ns);
+        jstr(b, sp->name);
+        char kind[16] = ",\"kind\":0";
+        kind[8] = (char)('0' + (int)sp->kind % 10);
+        kinbox__buf_adds(b, kind);
+        kinbox__buf_adds(b, ",\"startTimeUnixNano\":");
+        jint(b, sp->start_ns);
+        kinbox__buf_adds(b, ",\"endTimeUnixNano\":");
+        jint(b, sp->end_ns);
+        kinbox__buf_adds(b, ",\"attributes\":[");
         for (int i = 0; i < sp->nattrs; i++) {
                 if (i)
                         kinbox__buf_add(b, ",", 1);
                 json_attr(b, &sp->attrs[i]);
         }
-        kinbox__buf_printf(b, "],\"status\":{\"code\":%d}}", (int)sp->status);
+        static const char *const status[] = {
+            "],\"status\":{\"code\":0}}", "],\"status\":{\"code\":1}}",
+            "],\"status\":{\"code\":2}}"};
+        kinbox__buf_adds(b, status[sp->status <= 2 ? sp->status : 0]);
 }
 
 static void
@@ -503,6 +551,8 @@ kinbox__tracing_acquire(const kinbox_conf_t *conf, bool *on, char *errstr,
         }
         ex->refs = 1;
         g_ex = ex;
+        atomic_store(&g_sample,
+                     (uint64_t)(ex->ratio * (double)(UINT64_C(1) << 53)));
         pthread_mutex_unlock(&g_lock);
         *on = true;
         return 0;
@@ -525,6 +575,7 @@ kinbox__tracing_release(bool on)
         pthread_join(ex->thr, NULL);
         pthread_mutex_lock(&g_lock);
         g_ex = NULL;
+        atomic_store(&g_sample, 0);
         pthread_mutex_unlock(&g_lock);
         exporter_free(ex);
 }
@@ -541,18 +592,16 @@ kinbox__tracing_active(void)
 bool
 kinbox__tracing_sample_root(void)
 {
-        pthread_mutex_lock(&g_lock);
-        double r = g_ex ? g_ex->ratio : 0.0;
-        pthread_mutex_unlock(&g_lock);
-        if (r >= 1.0)
+        uint64_t th = atomic_load(&g_sample);
+        if (th >= UINT64_C(1) << 53)
                 return true;
-        if (r <= 0.0)
+        if (!th)
                 return false;
         kinbox_trace_t t;
         kinbox_trace_new(&t);
         uint64_t v;
         memcpy(&v, t.trace_id, sizeof(v));
-        return (double)(v >> 11) / (double)(UINT64_C(1) << 53) < r;
+        return (v >> 11) < th;
 }
 
 int

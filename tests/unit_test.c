@@ -465,3 +465,50 @@ Test(trace, span_attribute_strings)
         kinbox__span_end(&sp);
         cr_assert(eq(int, sp.nattrs, 0));
 }
+
+/* tracing.sample.ratio: 0 samples no new trace, 1 every one, 0.25 about a
+ * quarter; a bad ratio is refused naming the key. */
+static int
+sampled_of(const char *ratio, int n)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "tracing.endpoint",
+                                     "http://127.0.0.1:9", e, sizeof(e)),
+                     KINBOX_OK));
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "tracing.sample.ratio", ratio, e,
+                                     sizeof(e)),
+                     KINBOX_OK));
+        bool on = false;
+        cr_assert(eq(int, kinbox__tracing_acquire(c, &on, e, sizeof(e)), 0),
+                  "%s", e);
+        cr_assert(on);
+        int k = 0;
+        for (int i = 0; i < n; i++)
+                k += kinbox__tracing_sample_root();
+        kinbox__tracing_release(on);
+        kinbox_conf_destroy(c);
+        return k;
+}
+
+Test(trace, sample_ratio)
+{
+        cr_assert(eq(int, sampled_of("0", 1000), 0));
+        cr_assert(eq(int, sampled_of("1", 1000), 1000));
+        int q = sampled_of("0.25", 20000);
+        cr_assert(q > 4000 && q < 6000, "0.25 sampled %d of 20000", q);
+        /* No exporter: nothing is sampled. */
+        cr_assert(not(kinbox__tracing_sample_root()));
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        kinbox_conf_set(c, "tracing.endpoint", "http://127.0.0.1:9", e,
+                        sizeof(e));
+        kinbox_conf_set(c, "tracing.sample.ratio", "1.5", e, sizeof(e));
+        bool on = true;
+        cr_assert(eq(int, kinbox__tracing_acquire(c, &on, e, sizeof(e)), -1));
+        cr_assert(not(on));
+        cr_assert(strstr(e, "tracing.sample.ratio") != NULL, "%s", e);
+        kinbox_conf_destroy(c);
+}
