@@ -253,7 +253,9 @@ Test(docs, markdown_links_resolve)
         links += check_links(KINBOX_SOURCE_DIR "/README.md", "README.md", out);
         links += check_links(KINBOX_SOURCE_DIR "/CHANGELOG.md", "CHANGELOG.md",
                              out);
-        files += 2;
+        links += check_links(KINBOX_SOURCE_DIR "/CONTRIBUTING.md",
+                             "CONTRIBUTING.md", out);
+        files += 3;
         glob_t g;
         cr_assert(glob(KINBOX_SOURCE_DIR "/docs/*.md", 0, NULL, &g) == 0);
         for (size_t i = 0; i < g.gl_pathc; i++, files++)
