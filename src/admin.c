@@ -1,7 +1,8 @@
 /*
  * admin.c -- the operator's database handle: statements run for operators
- * (kinbox_admin_query()), the outbox's pause switch and summaries, and the
- * gauges sampled from the database at scrape time. Dialect SQL comes from
+ * (kinbox_admin_query()), reachability, a consumer's counts for `status`,
+ * the outbox's pause switch and summaries, and the gauges sampled from the
+ * database at scrape time. Dialect SQL comes from
  * the backend's table (db.h).
  */
 #include "admin_int.h"
@@ -167,9 +168,7 @@ kinbox_admin_outbox_pause(kinbox_admin_t *adm, const char *destination,
         const struct kinbox__sql *d = adm->db->ops->sql;
         const char *v[1] = {destination};
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            adm, "SELECT 1 FROM kinbox_outbox_paused WHERE destination = $1",
-            1, v, &r);
+        kinbox_err_t rc = kinbox_admin_query(adm, d->outbox_paused, 1, v, &r);
         if (rc)
                 return rc;
         int paused = kinbox_rows_count(r) > 0;
@@ -179,10 +178,7 @@ kinbox_admin_outbox_pause(kinbox_admin_t *adm, const char *destination,
         if (pause && !paused)
                 rc = kinbox_admin_query(adm, d->outbox_pause, 1, v, NULL);
         else if (!pause && paused)
-                rc = kinbox_admin_query(adm,
-                                        "DELETE FROM kinbox_outbox_paused "
-                                        "WHERE destination = $1",
-                                        1, v, NULL);
+                rc = kinbox_admin_query(adm, d->outbox_resume, 1, v, NULL);
         if (!rc && !pause && d->outbox_wake)
                 (void)kinbox_admin_query(adm, d->outbox_wake, 0, NULL, NULL);
         return rc;
@@ -204,4 +200,52 @@ kinbox_admin_outbox_stuck(kinbox_admin_t *adm, int64_t older_ms,
         const char *v[1] = {ms};
         return kinbox_admin_query(adm, adm->db->ops->sql->outbox_stuck, 1, v,
                                   rowsp);
+}
+
+kinbox_err_t
+kinbox_admin_ping(kinbox_admin_t *adm)
+{
+        return kinbox_admin_query(adm, adm->db->ops->sql->ping, 0, NULL, NULL);
+}
+
+static int64_t
+cell_int(kinbox_rows_t *r, int c)
+{
+        const char *v = kinbox_rows_value(r, 0, c, NULL);
+        return v ? strtoll(v, NULL, 10) : 0;
+}
+
+kinbox_err_t
+kinbox_admin_consumer_status(kinbox_admin_t *adm, const char *consumer,
+                             kinbox_consumer_status_t *out)
+{
+        const char *v[1] = {consumer};
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_query(
+            adm, adm->db->ops->sql->consumer_status, 1, v, &r);
+        if (rc)
+                return rc;
+        out->inbox_rows = cell_int(r, 0);
+        out->dead = cell_int(r, 1);
+        out->replayed = cell_int(r, 2);
+        out->discarded = cell_int(r, 3);
+        out->parked = cell_int(r, 4);
+        out->held_keys = cell_int(r, 5);
+        const char *old = kinbox_rows_value(r, 0, 6, NULL);
+        snprintf(out->oldest_parked_at, sizeof(out->oldest_parked_at), "%s",
+                 old ? old : "-");
+        kinbox_rows_destroy(r);
+        return KINBOX_OK;
+}
+
+kinbox_err_t
+kinbox_admin_inbox_rows(kinbox_admin_t *adm, int64_t *rows)
+{
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc =
+            kinbox_admin_query(adm, adm->db->ops->sql->inbox_rows, 0, NULL, &r);
+        if (!rc)
+                *rows = cell_int(r, 0);
+        kinbox_rows_destroy(r);
+        return rc;
 }

@@ -308,6 +308,25 @@ struct kinbox__sql {
         /* See kinbox_admin_outbox_summary() / kinbox_admin_outbox_stuck()
          * ($1 older than, in ms). */
         const char *outbox_summary, *outbox_stuck;
+        /* The operator statements, alike on both backends (src/db/opsql.h).
+         * ping: reachability. outbox_paused / outbox_resume: $1
+         * destination (a row when paused / unpause). consumer_status: $1
+         * consumer: one row of inbox rows, dead letters dead / replayed /
+         * discarded, parked messages, held keys, oldest parked_at.
+         * inbox_rows: one row, one count. dead_list: printf format of
+         * (long limit), $1 consumer $2 status (NULL: any). dead_show,
+         * dead_status, dead_discard, dead_held, dead_last_follower: $1
+         * dead letter id. dead_parked: printf format of (long limit), $1
+         * consumer (NULL: any). dead_follower_state: $1 parked row id, $2
+         * dead letter id. dead_at: $1 consumer $2 topic $3 partition $4
+         * offset. verify_ahead, verify_cover: $1 consumer. Columns as in
+         * the callers (dead.c, verify.c, admin.c). */
+        const char *ping, *outbox_paused, *outbox_resume;
+        const char *consumer_status, *inbox_rows;
+        const char *dead_list, *dead_show, *dead_parked, *dead_status;
+        const char *dead_discard, *dead_held, *dead_last_follower;
+        const char *dead_follower_state, *dead_at;
+        const char *verify_ahead, *verify_cover;
 };
 
 /* The server ran out of a resource: disk, memory, connection slots or

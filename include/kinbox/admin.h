@@ -267,6 +267,179 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_stuck(kinbox_admin_t *adm,
 KINBOX_API kinbox_err_t kinbox_admin_collect_metrics(kinbox_admin_t *adm);
 
 /**
+ * @brief Whether the database answers: one trivial statement.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (the reason in
+ *          kinbox_admin_errstr(); the next call reconnects);
+ *          ::KINBOX_ERR_DB.
+ */
+KINBOX_API kinbox_err_t kinbox_admin_ping(kinbox_admin_t *adm);
+
+/** What the database holds for one consumer (`kinbox status`). */
+typedef struct kinbox_consumer_status {
+        int64_t inbox_rows; /**< its inbox rows */
+        int64_t dead; /**< dead letters with status dead */
+        int64_t replayed; /**< ... replayed */
+        int64_t discarded; /**< ... discarded */
+        int64_t parked; /**< messages parked behind a held key */
+        int64_t held_keys; /**< keys held by a dead letter */
+        /** When the oldest parked message was parked, as the database
+         *  prints it; "-" when none is parked. */
+        char oldest_parked_at[64];
+} kinbox_consumer_status_t;
+
+/**
+ * @brief The counts of one consumer's rows (the same tables as the
+ *        sampled gauges of kinbox_admin_collect_metrics()).
+ * @param consumer the consumer's `name`; one with no rows reads all 0.
+ * @param out      filled on success.
+ * @returns As kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t
+kinbox_admin_consumer_status(kinbox_admin_t *adm, const char *consumer,
+                             kinbox_consumer_status_t *out);
+
+/**
+ * @brief The number of inbox rows of all consumers.
+ * @returns As kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_admin_inbox_rows(kinbox_admin_t *adm,
+                                                int64_t *rows);
+
+/* ------------------------------------------------------------------------
+ * Dead letters (the operator's side; replay below)
+ */
+
+/**
+ * @brief Dead letters in id order, at most @p limit, columns: id,
+ *        consumer, topic, partition, offset, message id (bytes), status,
+ *        attempts, dead at, error, parked messages it holds back.
+ * @param consumer NULL: every consumer's.
+ * @param status   "dead", "replayed", "discarded"; NULL: any.
+ * @param rowsp    receives the rows (kinbox_rows_destroy()).
+ * @returns As kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_dead_list(kinbox_admin_t *adm,
+                                         const char *consumer,
+                                         const char *status, long limit,
+                                         kinbox_rows_t **rowsp);
+
+/**
+ * @brief Dead letter @p id, one row: id, consumer, message id, topic,
+ *        partition, offset, key, headers (stored format), payload, error,
+ *        attempts, first failed at, dead at, status.
+ * @param rowsp receives the row (kinbox_rows_destroy()); NULL on error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND ("no dead letter with id
+ *          N" in kinbox_admin_errstr()); as kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_dead_show(kinbox_admin_t *adm, int64_t id,
+                                         kinbox_rows_t **rowsp);
+
+/**
+ * @brief Messages parked behind a held key (`dead_letter.hold_key`), by
+ *        consumer, topic, partition, key and offset, at most @p limit:
+ *        id, consumer, topic, partition, offset, message id, key, the
+ *        blocking dead letter's id, parked at.
+ * @param consumer NULL: every consumer's.
+ * @param rowsp    receives the rows (kinbox_rows_destroy()).
+ * @returns As kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_dead_parked(kinbox_admin_t *adm,
+                                           const char *consumer, long limit,
+                                           kinbox_rows_t **rowsp);
+
+/**
+ * @brief Discard dead letter @p id: its status becomes `discarded`, and
+ *        the running consumer releases the messages parked behind it.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND ("no dead letter with id
+ *          N"); ::KINBOX_ERR_STATE ("dead letter N is replayed already");
+ *          as kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_dead_discard(kinbox_admin_t *adm, int64_t id);
+
+/** The last message parked behind a dead letter (highest offset). */
+typedef struct kinbox_dead_follower {
+        int64_t parked_id; /**< its parked row; 0: none held back */
+        char consumer[256];
+        char topic[256];
+        int32_t partition;
+        int64_t offset;
+} kinbox_dead_follower_t;
+
+/**
+ * @brief The messages dead letter @p id holds back: their number and the
+ *        last of them. Asked before a replay or discard, for
+ *        kinbox_dead_wait().
+ * @param count receives their number, -1 on error (may be NULL).
+ * @param last  receives the last one (`parked_id` 0: none; may be NULL).
+ * @returns As kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_dead_followers(kinbox_admin_t *adm, int64_t id,
+                                              int64_t *count,
+                                              kinbox_dead_follower_t *last);
+
+/**
+ * @brief After dead letter @p id was replayed or discarded: wait until the
+ *        running consumer applied its followers up to @p last (polling
+ *        every 200 ms, at most @p timeout_ms).
+ * @param blocker receives the id of a dead letter that holds the key again
+ *                (::KINBOX_ERR_STATE); may be NULL.
+ * @returns ::KINBOX_OK (applied); ::KINBOX_ERR_STATE (a released message
+ *          failed: its dead letter holds the key again);
+ *          ::KINBOX_ERR_TIMEOUT; as kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_dead_wait(kinbox_admin_t *adm, int64_t id,
+                                         const kinbox_dead_follower_t *last,
+                                         int timeout_ms, int64_t *blocker);
+
+/* ------------------------------------------------------------------------
+ * Verification (`kinbox verify`)
+ */
+
+/** Rows at or above their partition's watermark, or with none: a gap. */
+typedef struct kinbox_verify_ahead {
+        const char *source; /**< "inbox" or "dead_letter" */
+        const char *topic;
+        int32_t partition;
+        int64_t rows; /**< how many */
+        int64_t lowest, highest; /**< their offsets */
+        int64_t watermark; /**< -1: the partition has none */
+} kinbox_verify_ahead_t;
+
+/** One partition's watermark and the offsets below it with a row. */
+typedef struct kinbox_verify_partition {
+        const char *topic;
+        int32_t partition;
+        int64_t watermark; /**< next offset to consume (kinbox_offsets) */
+        int64_t rows; /**< distinct offsets with an inbox row or dead
+                           letter */
+        int64_t lowest; /**< the lowest of them; -1: none */
+} kinbox_verify_partition_t;
+
+/** What kinbox_verify() found for one consumer. */
+typedef struct kinbox_verify_result {
+        size_t nahead;
+        kinbox_verify_ahead_t *ahead; /**< by topic, partition */
+        size_t npartitions;
+        kinbox_verify_partition_t *partitions; /**< by topic, partition */
+} kinbox_verify_result_t;
+
+/**
+ * @brief Check one consumer's rows against its watermarks: rows at or past
+ *        a partition's watermark (gaps), and per partition what lies
+ *        below it. Kafka's committed offsets are the caller's to compare
+ *        with the watermarks (kinbox_kafka_new()).
+ * @param resultp receives the findings (kinbox_verify_result_destroy()),
+ *                NULL on error.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_NOMEM.
+ */
+KINBOX_API kinbox_err_t kinbox_verify(kinbox_admin_t *adm,
+                                      const char *consumer,
+                                      kinbox_verify_result_t **resultp);
+
+/** @brief Free kinbox_verify()'s result. NULL is a no-op. */
+KINBOX_API void kinbox_verify_result_destroy(kinbox_verify_result_t *r);
+
+/**
  * @brief Replay dead letter @p id: run the handler on its stored copy
  *        (original topic, partition, offset, key, headers, payload) in one
  *        transaction with its inbox row, exactly as if it arrived again.

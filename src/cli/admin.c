@@ -338,7 +338,7 @@ ctx_open(ctx_t *x)
                 return KB_EX_USAGE;
         }
         /* Reachability up front: one clear error instead of several. */
-        if (kinbox_admin_query(x->adm, "SELECT 1", 0, NULL, NULL)) {
+        if (kinbox_admin_ping(x->adm)) {
                 fprintf(stderr, "kinbox %s: database unreachable: %s\n",
                         x->o.cmd, kinbox_admin_errstr(x->adm));
                 return KB_EX_DB;
@@ -512,31 +512,6 @@ dedup_hits(const char *text, const char *consumer, const char *result)
         return p ? strtoll(p + strlen(series), NULL, 10) : -1;
 }
 
-/* A consumer's dead letters by status. */
-static kinbox_err_t
-dead_counts(ctx_t *x, const char *name, long long n[3])
-{
-        const char *v[1] = {name};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(x->adm,
-                                             "SELECT status, count(*) FROM "
-                                             "kinbox_dead_letter WHERE "
-                                             "consumer = $1 GROUP BY status",
-                                             1, v, &r);
-        n[0] = n[1] = n[2] = 0;
-        for (size_t k = 0; !rc && k < kinbox_rows_count(r); k++) {
-                long long c = strtoll(rv(r, k, 1), NULL, 10);
-                if (!strcmp(rv(r, k, 0), "dead"))
-                        n[0] = c;
-                else if (!strcmp(rv(r, k, 0), "replayed"))
-                        n[1] = c;
-                else
-                        n[2] = c;
-        }
-        kinbox_rows_destroy(r);
-        return rc;
-}
-
 /* Committed offsets, high watermarks and lag of a consumer's group, into
  * jo ("partitions", "lag" or "lag_error"); the lag as text in lagbuf. */
 static void
@@ -582,32 +557,15 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
 {
         kinbox_conf_t *conf = x->cfg.consumers[i].conf;
         const char *name = x->cfg.consumers[i].name;
-        const char *v[1] = {name};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm, "SELECT count(*) FROM kinbox_inbox WHERE consumer = $1", 1,
-            v, &r);
+        kinbox_consumer_status_t st;
+        kinbox_err_t rc = kinbox_admin_consumer_status(x->adm, name, &st);
         if (rc)
                 return rc;
-        long long inbox = strtoll(rv(r, 0, 0), NULL, 10);
-        kinbox_rows_destroy(r);
-        long long dl[3];
-        if ((rc = dead_counts(x, name, dl)))
-                return rc;
-        rc = kinbox_admin_query(
-            x->adm,
-            "SELECT (SELECT count(*) FROM kinbox_parked WHERE consumer = $1),"
-            " (SELECT count(*) FROM kinbox_hold WHERE consumer = $1),"
-            " (SELECT min(parked_at) FROM kinbox_parked WHERE consumer = $1)",
-            1, v, &r);
-        if (rc)
-                return rc;
-        long long parked = strtoll(rv(r, 0, 0), NULL, 10);
-        long long held = strtoll(rv(r, 0, 1), NULL, 10);
-        char oldest[64];
-        snprintf(oldest, sizeof(oldest), "%s",
-                 kinbox_rows_value(r, 0, 2, NULL) ? rv(r, 0, 2) : "-");
-        kinbox_rows_destroy(r);
+        long long inbox = st.inbox_rows;
+        long long dl[3] = {st.dead, st.replayed, st.discarded};
+        long long parked = st.parked;
+        long long held = st.held_keys;
+        const char *oldest = st.oldest_parked_at;
         json_t *jo = json_pack(
             "{s:s,s:s,s:I,s:I,s:I,s:I,s:s}", "consumer", name, "group",
             group_of(conf), "inbox_rows", (json_int_t)inbox, "dead_letters",
@@ -654,11 +612,11 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
 static kinbox_err_t
 status_outbox(ctx_t *x, json_t *jd, table_t *td, long long *inbox_total)
 {
-        kinbox_rows_t *r = NULL, *ri = NULL;
+        kinbox_rows_t *r = NULL;
+        int64_t total = 0;
         kinbox_err_t rc = kinbox_admin_outbox_summary(x->adm, &r);
         if (!rc)
-                rc = kinbox_admin_query(
-                    x->adm, "SELECT count(*) FROM kinbox_inbox", 0, NULL, &ri);
+                rc = kinbox_admin_inbox_rows(x->adm, &total);
         for (size_t i = 0; !rc && i < kinbox_rows_count(r); i++) {
                 bool paused =
                     !strcmp(rv(r, i, 5), "t") || !strcmp(rv(r, i, 5), "1");
@@ -676,9 +634,8 @@ status_outbox(ctx_t *x, json_t *jd, table_t *td, long long *inbox_total)
                 tbl_add(td, "%s", paused ? "yes" : "no");
         }
         if (!rc)
-                *inbox_total = strtoll(rv(ri, 0, 0), NULL, 10);
+                *inbox_total = total;
         kinbox_rows_destroy(r);
-        kinbox_rows_destroy(ri);
         return rc;
 }
 
@@ -758,27 +715,9 @@ consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf)
 static int
 dead_list(ctx_t *x)
 {
-        char lim[24];
-        snprintf(lim, sizeof(lim), "%ld", x->o.limit);
-        const char *v[3] = {x->o.consumer, x->o.status, lim};
         kinbox_rows_t *r = NULL;
-        /* $1/$2 NULL = no filter (COALESCE gives the parameter its
-         * column's type on PostgreSQL, no cast per backend). */
-        char sql[1024];
-        snprintf(sql, sizeof(sql),
-                 "SELECT id, consumer, topic, kafka_partition, kafka_offset,"
-                 " message_id, status, attempts, dead_at, error,"
-                 " (SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p"
-                 "  ON p.consumer = h.consumer AND p.topic = h.topic"
-                 "  AND p.kafka_partition = h.kafka_partition"
-                 "  AND p.hold_key = h.hold_key WHERE h.blocker_id = d.id)"
-                 " FROM kinbox_dead_letter d"
-                 " WHERE COALESCE($1, consumer) = consumer"
-                 " AND COALESCE($2, status) = status"
-                 " ORDER BY id LIMIT %ld",
-                 x->o.limit);
-
-        kinbox_err_t rc = kinbox_admin_query(x->adm, sql, 2, v, &r);
+        kinbox_err_t rc = kinbox_dead_list(x->adm, x->o.consumer, x->o.status,
+                                           x->o.limit, &r);
         if (rc)
                 return db_fail(x, rc);
         json_t *ja = json_array();
@@ -845,27 +784,15 @@ show_headers(const char *val, size_t n)
 static int
 dead_show(ctx_t *x, int64_t id)
 {
-        char ids[24];
-        snprintf(ids, sizeof(ids), "%" PRId64, id);
-        const char *v[1] = {ids};
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm,
-            "SELECT id, consumer, message_id, topic, kafka_partition, "
-            "kafka_offset, msg_key, headers, payload, error, attempts, "
-            "first_failed_at, dead_at, status FROM kinbox_dead_letter "
-            "WHERE id = $1",
-            1, v, &r);
-        if (rc)
-                return db_fail(x, rc);
-        if (!kinbox_rows_count(r)) {
-                kinbox_rows_destroy(r);
-                fprintf(stderr,
-                        "kinbox dead show: no dead letter with id "
-                        "%" PRId64 "\n",
-                        id);
+        kinbox_err_t rc = kinbox_dead_show(x->adm, id, &r);
+        if (rc == KINBOX_ERR_NOT_FOUND) {
+                fprintf(stderr, "kinbox dead show: %s\n",
+                        kinbox_admin_errstr(x->adm));
                 return KB_EX_NOTFOUND;
         }
+        if (rc)
+                return db_fail(x, rc);
         static const char *const names[] = {
             "id",        "consumer", "message_id", "topic",
             "partition", "offset",   "key",        "headers",
@@ -900,126 +827,34 @@ dead_show(ctx_t *x, int64_t id)
         return KB_EX_OK;
 }
 
-/* Parked messages held back by dead letter ids (its key's followers);
- * -1 on a database error. */
-static long long
-held_followers(ctx_t *x, const char *ids)
-{
-        const char *v[1] = {ids};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm,
-            "SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p ON "
-            "p.consumer = h.consumer AND p.topic = h.topic AND "
-            "p.kafka_partition = h.kafka_partition AND p.hold_key = "
-            "h.hold_key WHERE h.blocker_id = $1",
-            1, v, &r);
-        long long n = rc ? -1 : strtoll(rv(r, 0, 0), NULL, 10);
-        kinbox_rows_destroy(r);
-        return n;
-}
-
-/* The last parked follower of a dead letter (highest offset): its id
- * ("" when it holds none back) and coordinates. */
-typedef struct follower {
-        char id[24], consumer[256], topic[256], part[16], off[24];
-} follower_t;
-
-static void
-last_follower(ctx_t *x, const char *ids, follower_t *f)
-{
-        const char *v[1] = {ids};
-        kinbox_rows_t *r = NULL;
-        f->id[0] = '\0';
-        if (!kinbox_admin_query(
-                x->adm,
-                "SELECT p.id, p.consumer, p.topic, p.kafka_partition, "
-                "p.kafka_offset FROM kinbox_hold h JOIN kinbox_parked p ON "
-                "p.consumer = h.consumer AND p.topic = h.topic AND "
-                "p.kafka_partition = h.kafka_partition AND p.hold_key = "
-                "h.hold_key WHERE h.blocker_id = $1 ORDER BY p.kafka_offset "
-                "DESC LIMIT 1",
-                1, v, &r) &&
-            kinbox_rows_count(r)) {
-                snprintf(f->id, sizeof(f->id), "%s", rv(r, 0, 0));
-                snprintf(f->consumer, sizeof(f->consumer), "%s", rv(r, 0, 1));
-                snprintf(f->topic, sizeof(f->topic), "%s", rv(r, 0, 2));
-                snprintf(f->part, sizeof(f->part), "%s", rv(r, 0, 3));
-                snprintf(f->off, sizeof(f->off), "%s", rv(r, 0, 4));
-        }
-        kinbox_rows_destroy(r);
-}
-
-/* The last follower left the parked table: applied, or dead-lettered
- * itself (then it holds the key). Returns an exit status. */
-static int
-wait_done(ctx_t *x, const follower_t *f)
-{
-        const char *v[4] = {f->consumer, f->topic, f->part, f->off};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm,
-            "SELECT id FROM kinbox_dead_letter WHERE consumer = $1 AND topic "
-            "= $2 AND kafka_partition = $3 AND kafka_offset = $4 AND status "
-            "= 'dead'",
-            4, v, &r);
-        if (rc)
-                return db_fail(x, rc);
-        int ex = KB_EX_OK;
-        if (kinbox_rows_count(r)) {
-                fprintf(stderr,
-                        "kinbox dead: a released message failed: dead "
-                        "letter %s holds its key again\n",
-                        rv(r, 0, 0));
-                ex = KB_EX_RUNTIME;
-        } else if (!x->o.json) {
-                printf("released messages applied\n");
-        }
-        kinbox_rows_destroy(r);
-        return ex;
-}
-
 /*
  * --wait: until the running consumer applied the followers up to the
  * parked row last (it is gone), or a new dead letter holds the key again
  * (printed), or 10 minutes. Returns an exit status.
  */
 static int
-wait_released(ctx_t *x, const char *ids, const follower_t *f)
+wait_released(ctx_t *x, int64_t id, const kinbox_dead_follower_t *last)
 {
-        const char *v[2] = {f->id, ids};
-        for (int i = 0; i < 3000; i++) {
-                kinbox_rows_t *r = NULL;
-                kinbox_err_t rc = kinbox_admin_query(
-                    x->adm,
-                    "SELECT h.blocker_id, d.status FROM kinbox_parked q "
-                    "LEFT JOIN kinbox_hold h ON h.consumer = q.consumer AND "
-                    "h.topic = q.topic AND h.kafka_partition = "
-                    "q.kafka_partition AND h.hold_key = q.hold_key LEFT "
-                    "JOIN kinbox_dead_letter d ON d.id = h.blocker_id AND "
-                    "d.id <> $2 WHERE q.id = $1",
-                    2, v, &r);
-                if (rc)
-                        return db_fail(x, rc);
-                bool done = !kinbox_rows_count(r);
-                const char *st =
-                    done ? NULL : kinbox_rows_value(r, 0, 1, NULL);
-                if (!done && st && !strcmp(st, "dead")) {
-                        fprintf(stderr,
-                                "kinbox dead: a released message failed: "
-                                "dead letter %s holds its key again\n",
-                                rv(r, 0, 0));
-                        kinbox_rows_destroy(r);
-                        return KB_EX_RUNTIME;
-                }
-                kinbox_rows_destroy(r);
-                if (done)
-                        return wait_done(x, f);
-                usleep(200 * 1000);
+        int64_t blocker = 0;
+        kinbox_err_t rc = kinbox_dead_wait(x->adm, id, last, 600000, &blocker);
+        if (rc == KINBOX_ERR_STATE) {
+                fprintf(stderr,
+                        "kinbox dead: a released message failed: dead "
+                        "letter %" PRId64 " holds its key again\n",
+                        blocker);
+                return KB_EX_RUNTIME;
         }
-        fprintf(stderr, "kinbox dead: --wait: parked messages still waiting "
+        if (rc == KINBOX_ERR_TIMEOUT) {
+                fprintf(stderr,
+                        "kinbox dead: --wait: parked messages still waiting "
                         "after 10 minutes (is the consumer running?)\n");
-        return KB_EX_RUNTIME;
+                return KB_EX_RUNTIME;
+        }
+        if (rc)
+                return db_fail(x, rc);
+        if (!x->o.json)
+                printf("released messages applied\n");
+        return KB_EX_OK;
 }
 
 /* "; N parked message(s) ... released" after a replay or discard. */
@@ -1036,21 +871,9 @@ print_released(long long n)
 static int
 dead_parked(ctx_t *x)
 {
-        const char *v[1] = {x->o.consumer};
         kinbox_rows_t *r = NULL;
-        char sql[1024];
-        snprintf(sql, sizeof(sql),
-                 "SELECT p.id, p.consumer, p.topic, p.kafka_partition,"
-                 " p.kafka_offset, p.message_id, p.hold_key, h.blocker_id,"
-                 " p.parked_at FROM kinbox_parked p LEFT JOIN kinbox_hold h"
-                 " ON h.consumer = p.consumer AND h.topic = p.topic"
-                 " AND h.kafka_partition = p.kafka_partition"
-                 " AND h.hold_key = p.hold_key"
-                 " WHERE COALESCE($1, p.consumer) = p.consumer"
-                 " ORDER BY p.consumer, p.topic, p.kafka_partition,"
-                 " p.hold_key, p.kafka_offset LIMIT %ld",
-                 x->o.limit);
-        kinbox_err_t rc = kinbox_admin_query(x->adm, sql, 1, v, &r);
+        kinbox_err_t rc = kinbox_dead_parked(x->adm, x->o.consumer, x->o.limit,
+                                             &r);
         if (rc)
                 return db_fail(x, rc);
         json_t *ja = json_array();
@@ -1091,41 +914,17 @@ dead_parked(ctx_t *x)
 static int
 dead_discard(ctx_t *x, int64_t id)
 {
-        char ids[24];
-        snprintf(ids, sizeof(ids), "%" PRId64, id);
-        const char *v[1] = {ids};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm, "SELECT status FROM kinbox_dead_letter WHERE id = $1", 1,
-            v, &r);
-        if (rc)
-                return db_fail(x, rc);
-        if (!kinbox_rows_count(r)) {
-                kinbox_rows_destroy(r);
-                fprintf(stderr,
-                        "kinbox dead discard: no dead letter with id %" PRId64
-                        "\n",
-                        id);
-                return KB_EX_NOTFOUND;
-        }
-        if (strcmp(rv(r, 0, 0), "dead")) {
-                fprintf(stderr,
-                        "kinbox dead discard: dead letter %" PRId64
-                        " is %s already\n",
-                        id, rv(r, 0, 0));
-                kinbox_rows_destroy(r);
-                return KB_EX_RUNTIME;
-        }
-        kinbox_rows_destroy(r);
         /* Counted first: the running consumer starts releasing them. */
-        long long rel = held_followers(x, ids);
-        follower_t last;
-        last_follower(x, ids, &last);
-        rc = kinbox_admin_query(
-            x->adm,
-            "UPDATE kinbox_dead_letter SET status = 'discarded' WHERE id = "
-            "$1 AND status = 'dead'",
-            1, v, NULL);
+        int64_t rel = -1;
+        kinbox_dead_follower_t last;
+        (void)kinbox_dead_followers(x->adm, id, &rel, &last);
+        kinbox_err_t rc = kinbox_dead_discard(x->adm, id);
+        if (rc == KINBOX_ERR_NOT_FOUND || rc == KINBOX_ERR_STATE) {
+                fprintf(stderr, "kinbox dead discard: %s\n",
+                        kinbox_admin_errstr(x->adm));
+                return rc == KINBOX_ERR_STATE ? KB_EX_RUNTIME
+                                              : KB_EX_NOTFOUND;
+        }
         if (rc)
                 return db_fail(x, rc);
         if (x->o.json) {
@@ -1136,32 +935,24 @@ dead_discard(ctx_t *x, int64_t id)
                 printf("dead letter %" PRId64 ": discarded\n", id);
                 print_released(rel);
         }
-        return x->o.wait && last.id[0] ? wait_released(x, ids, &last)
-                                       : KB_EX_OK;
+        return x->o.wait && last.parked_id ? wait_released(x, id, &last)
+                                           : KB_EX_OK;
 }
 
 static int
 dead_replay(ctx_t *x, int64_t id)
 {
-        char ids[24];
-        snprintf(ids, sizeof(ids), "%" PRId64, id);
-        const char *v[1] = {ids};
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
-            x->adm, "SELECT consumer FROM kinbox_dead_letter WHERE id = $1", 1,
-            v, &r);
-        if (rc)
-                return db_fail(x, rc);
-        if (!kinbox_rows_count(r)) {
-                kinbox_rows_destroy(r);
-                fprintf(stderr,
-                        "kinbox dead replay: no dead letter with id %" PRId64
-                        "\n",
-                        id);
+        kinbox_err_t rc = kinbox_dead_show(x->adm, id, &r);
+        if (rc == KINBOX_ERR_NOT_FOUND) {
+                fprintf(stderr, "kinbox dead replay: %s\n",
+                        kinbox_admin_errstr(x->adm));
                 return KB_EX_NOTFOUND;
         }
+        if (rc)
+                return db_fail(x, rc);
         char consumer[256];
-        snprintf(consumer, sizeof(consumer), "%s", rv(r, 0, 0));
+        snprintf(consumer, sizeof(consumer), "%s", rv(r, 0, 1));
         kinbox_rows_destroy(r);
         kinbox_conf_t *conf = NULL;
         if (!consumer_section(x, consumer, &conf)) {
@@ -1185,9 +976,9 @@ dead_replay(ctx_t *x, int64_t id)
                 return KB_EX_USAGE;
         }
         kinbox_result_t res = KINBOX_RESULT_OK;
-        long long rel = held_followers(x, ids);
-        follower_t last;
-        last_follower(x, ids, &last);
+        int64_t rel = -1;
+        kinbox_dead_follower_t last;
+        (void)kinbox_dead_followers(x->adm, id, &rel, &last);
         rc = kinbox_dead_replay(x->adm, id, m->handle_batch ? NULL : m->handle,
                                 m->handle_batch, opaque, &res);
         if (m->fini)
@@ -1210,8 +1001,8 @@ dead_replay(ctx_t *x, int64_t id)
                        id, consumer, m->name);
                 print_released(rel);
         }
-        return x->o.wait && last.id[0] ? wait_released(x, ids, &last)
-                                       : KB_EX_OK;
+        return x->o.wait && last.parked_id ? wait_released(x, id, &last)
+                                           : KB_EX_OK;
 }
 
 /*
@@ -1560,66 +1351,29 @@ kb_cmd_outbox(int argc, char **argv)
 /* ------------------------------------------------------------------ */
 /* verify */
 
-/* Rows at or above the partition's watermark, or with no watermark. */
-static const char verify_ahead_sql[] =
-    "SELECT s.src, s.topic, s.kafka_partition, count(*), min(s.kafka_offset),"
-    " max(s.kafka_offset), max(o.next_offset)"
-    " FROM (SELECT 'inbox' AS src, consumer, topic, kafka_partition,"
-    "  kafka_offset FROM kinbox_inbox WHERE consumer = $1"
-    "  UNION ALL SELECT 'dead_letter', consumer, topic, kafka_partition,"
-    "  kafka_offset FROM kinbox_dead_letter WHERE consumer = $1) s"
-    " LEFT JOIN kinbox_offsets o ON o.consumer = s.consumer"
-    "  AND o.topic = s.topic AND o.kafka_partition = s.kafka_partition"
-    " WHERE o.next_offset IS NULL OR s.kafka_offset >= o.next_offset"
-    " GROUP BY s.src, s.topic, s.kafka_partition"
-    " ORDER BY s.topic, s.kafka_partition";
-
-/* Per watermark: distinct offsets that have an inbox row or dead letter
- * (replays keep their original coordinates). */
-static const char verify_cover_sql[] =
-    "SELECT o.topic, o.kafka_partition, o.next_offset, COALESCE(u.n, 0),"
-    " u.lo FROM kinbox_offsets o LEFT JOIN (SELECT topic, kafka_partition,"
-    " count(*) AS n, min(kafka_offset) AS lo FROM (SELECT topic,"
-    " kafka_partition, kafka_offset FROM kinbox_inbox WHERE consumer = $1"
-    " UNION SELECT topic, kafka_partition, kafka_offset FROM"
-    " kinbox_dead_letter WHERE consumer = $1) a"
-    " GROUP BY topic, kafka_partition) u ON u.topic = o.topic"
-    " AND u.kafka_partition = o.kafka_partition"
-    " WHERE o.consumer = $1 ORDER BY o.topic, o.kafka_partition";
-
 static int
 verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                 int *gaps)
 {
-        const char *v[1] = {name};
-        kinbox_rows_t *r = NULL;
-        json_t *jg = json_array(), *jp = json_array();
-        kinbox_err_t rc =
-            kinbox_admin_query(x->adm, verify_ahead_sql, 1, v, &r);
-        if (rc) {
-                json_decref(jg);
-                json_decref(jp);
+        kinbox_verify_result_t *vr = NULL;
+        kinbox_err_t rc = kinbox_verify(x->adm, name, &vr);
+        if (rc)
                 return db_fail(x, rc);
-        }
-        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
-                char msg[512];
+        json_t *jg = json_array(), *jp = json_array();
+        for (size_t i = 0; i < vr->nahead; i++) {
+                const kinbox_verify_ahead_t *a = &vr->ahead[i];
+                char msg[512], wm[24];
+                snprintf(wm, sizeof(wm), "%" PRId64, a->watermark);
                 snprintf(msg, sizeof(msg),
-                         "%s [%s]: %s %s row(s) at offsets %s..%s but the "
-                         "DB watermark is %s",
-                         rv(r, i, 1), rv(r, i, 2), rv(r, i, 3), rv(r, i, 0),
-                         rv(r, i, 4), rv(r, i, 5),
-                         rv(r, i, 6) ? rv(r, i, 6) : "missing");
+                         "%s [%d]: %" PRId64 " %s row(s) at offsets %" PRId64
+                         "..%" PRId64 " but the DB watermark is %s",
+                         a->topic, (int)a->partition, a->rows, a->source,
+                         a->lowest, a->highest,
+                         a->watermark >= 0 ? wm : "missing");
                 json_array_append_new(jg, json_string(msg));
                 if (!x->o.json)
                         printf("GAP  %s: %s\n", name, msg);
                 (*gaps)++;
-        }
-        kinbox_rows_destroy(r);
-        rc = kinbox_admin_query(x->adm, verify_cover_sql, 1, v, &r);
-        if (rc) {
-                json_decref(jg);
-                json_decref(jp);
-                return db_fail(x, rc);
         }
         /* Kafka's committed offsets must not pass the DB watermark: the
          * offsets in between were committed without their effect. */
@@ -1627,13 +1381,13 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
         int64_t *highs = NULL;
         rd_kafka_topic_partition_list_t *l =
             broker_offsets(conf, &highs, err, sizeof(err));
-        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
-                const char *topic = rv(r, i, 0);
-                int32_t part = (int32_t)strtol(rv(r, i, 1), NULL, 10);
-                long long wm = strtoll(rv(r, i, 2), NULL, 10);
-                long long covered = strtoll(rv(r, i, 3), NULL, 10);
-                long long lo =
-                    rv(r, i, 4) ? strtoll(rv(r, i, 4), NULL, 10) : wm;
+        for (size_t i = 0; i < vr->npartitions; i++) {
+                const kinbox_verify_partition_t *p = &vr->partitions[i];
+                const char *topic = p->topic;
+                int32_t part = p->partition;
+                long long wm = p->watermark;
+                long long covered = p->rows;
+                long long lo = p->lowest >= 0 ? p->lowest : wm;
                 long long committed = -1;
                 rd_kafka_topic_partition_t *tp =
                     l ? rd_kafka_topic_partition_list_find(l, topic, part)
@@ -1672,7 +1426,7 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                                name, topic, (int)part, wm, committed, covered,
                                unaccounted > 0 ? unaccounted : 0);
         }
-        kinbox_rows_destroy(r);
+        kinbox_verify_result_destroy(vr);
         if (l)
                 rd_kafka_topic_partition_list_destroy(l);
         free(highs);
@@ -2013,7 +1767,7 @@ static int
 ready_cb(char *why, size_t sz, void *opaque)
 {
         kb_ops_t *ops = opaque;
-        if (kinbox_admin_query(ops->adm, "SELECT 1", 0, NULL, NULL)) {
+        if (kinbox_admin_ping(ops->adm)) {
                 snprintf(why, sz, "database: %s",
                          kinbox_admin_errstr(ops->adm));
                 return 1;

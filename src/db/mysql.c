@@ -14,6 +14,7 @@
  * costs no round trip at all.
  */
 #include "mysql_int.h"
+#include "opsql.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -773,6 +774,7 @@ static const struct kinbox__sql my_sql = {
         "  / 1000000 AS age FROM kinbox_parked GROUP BY consumer"
         " UNION ALL SELECT consumer, 0, COUNT(*), 0 FROM kinbox_hold"
         "  GROUP BY consumer) x GROUP BY consumer",
+    KINBOX__OPSQL,
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {

@@ -11,6 +11,7 @@
  */
 #include "../db.h"
 #include "../internal.h"
+#include "opsql.h"
 
 #include <inttypes.h>
 #include <libpq-fe.h>
@@ -992,6 +993,7 @@ static const struct kinbox__sql pg_sql = {
         "  FROM kinbox_parked GROUP BY consumer"
         " UNION ALL SELECT consumer, 0, count(*), 0 FROM kinbox_hold"
         "  GROUP BY consumer) x GROUP BY consumer",
+    KINBOX__OPSQL,
 };
 
 const struct kinbox__db_ops kinbox__pg_ops = {
