@@ -1,6 +1,6 @@
 /*
  * admin.c -- the operator's database handle: statements run for operators
- * (kinbox_admin_query()), reachability, a consumer's counts for `status`,
+ * (kinbox__admin_query()), reachability, a consumer's counts for `status`,
  * the outbox's pause switch and summaries, and the gauges sampled from the
  * database at scrape time. Dialect SQL comes from
  * the backend's table (db.h).
@@ -71,7 +71,7 @@ kinbox__admin_fail(kinbox_admin_t *adm, int rc)
 }
 
 kinbox_err_t
-kinbox_admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
+kinbox__admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
                    const char *const *params, kinbox_rows_t **rowsp)
 {
         adm->errstr[0] = '\0';
@@ -89,7 +89,7 @@ hold_gauges(kinbox_admin_t *adm)
             "kinbox_parked_messages", "kinbox_held_keys",
             "kinbox_parked_oldest_age_seconds"};
         kinbox_rows_t *rows = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
+        kinbox_err_t rc = kinbox__admin_query(
             adm, adm->db->ops->sql->hold_gauges, 0, NULL, &rows);
         if (rc)
                 return rc;
@@ -114,7 +114,7 @@ kinbox_err_t
 kinbox_admin_collect_metrics(kinbox_admin_t *adm)
 {
         kinbox_rows_t *rows = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
+        kinbox_err_t rc = kinbox__admin_query(
             adm, adm->db->ops->sql->outbox_gauges, 0, NULL, &rows);
         if (rc)
                 return rc;
@@ -139,7 +139,7 @@ kinbox_admin_collect_metrics(kinbox_admin_t *adm)
         }
         kinbox_rows_destroy(rows);
         rows = NULL;
-        rc = kinbox_admin_query(adm, adm->db->ops->sql->dead_letter_gauges, 0,
+        rc = kinbox__admin_query(adm, adm->db->ops->sql->dead_letter_gauges, 0,
                                 NULL, &rows);
         if (rc)
                 return rc;
@@ -168,7 +168,7 @@ kinbox_admin_outbox_pause(kinbox_admin_t *adm, const char *destination,
         const struct kinbox__sql *d = adm->db->ops->sql;
         const char *v[1] = {destination};
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(adm, d->outbox_paused, 1, v, &r);
+        kinbox_err_t rc = kinbox__admin_query(adm, d->outbox_paused, 1, v, &r);
         if (rc)
                 return rc;
         int paused = kinbox_rows_count(r) > 0;
@@ -176,18 +176,18 @@ kinbox_admin_outbox_pause(kinbox_admin_t *adm, const char *destination,
         if (was_paused)
                 *was_paused = paused;
         if (pause && !paused)
-                rc = kinbox_admin_query(adm, d->outbox_pause, 1, v, NULL);
+                rc = kinbox__admin_query(adm, d->outbox_pause, 1, v, NULL);
         else if (!pause && paused)
-                rc = kinbox_admin_query(adm, d->outbox_resume, 1, v, NULL);
+                rc = kinbox__admin_query(adm, d->outbox_resume, 1, v, NULL);
         if (!rc && !pause && d->outbox_wake)
-                (void)kinbox_admin_query(adm, d->outbox_wake, 0, NULL, NULL);
+                (void)kinbox__admin_query(adm, d->outbox_wake, 0, NULL, NULL);
         return rc;
 }
 
 kinbox_err_t
 kinbox_admin_outbox_summary(kinbox_admin_t *adm, kinbox_rows_t **rowsp)
 {
-        return kinbox_admin_query(adm, adm->db->ops->sql->outbox_summary, 0,
+        return kinbox__admin_query(adm, adm->db->ops->sql->outbox_summary, 0,
                                   NULL, rowsp);
 }
 
@@ -198,14 +198,14 @@ kinbox_admin_outbox_stuck(kinbox_admin_t *adm, int64_t older_ms,
         char ms[24];
         snprintf(ms, sizeof(ms), "%" PRId64, older_ms);
         const char *v[1] = {ms};
-        return kinbox_admin_query(adm, adm->db->ops->sql->outbox_stuck, 1, v,
+        return kinbox__admin_query(adm, adm->db->ops->sql->outbox_stuck, 1, v,
                                   rowsp);
 }
 
 kinbox_err_t
 kinbox_admin_ping(kinbox_admin_t *adm)
 {
-        return kinbox_admin_query(adm, adm->db->ops->sql->ping, 0, NULL, NULL);
+        return kinbox__admin_query(adm, adm->db->ops->sql->ping, 0, NULL, NULL);
 }
 
 static int64_t
@@ -221,7 +221,7 @@ kinbox_admin_consumer_status(kinbox_admin_t *adm, const char *consumer,
 {
         const char *v[1] = {consumer};
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_admin_query(
+        kinbox_err_t rc = kinbox__admin_query(
             adm, adm->db->ops->sql->consumer_status, 1, v, &r);
         if (rc)
                 return rc;
@@ -243,7 +243,7 @@ kinbox_admin_inbox_rows(kinbox_admin_t *adm, int64_t *rows)
 {
         kinbox_rows_t *r = NULL;
         kinbox_err_t rc =
-            kinbox_admin_query(adm, adm->db->ops->sql->inbox_rows, 0, NULL, &r);
+            kinbox__admin_query(adm, adm->db->ops->sql->inbox_rows, 0, NULL, &r);
         if (!rc)
                 *rows = cell_int(r, 0);
         kinbox_rows_destroy(r);

@@ -16,4 +16,13 @@ struct kinbox_admin_s {
  * a lost connection (the next call reconnects); returns the code. */
 kinbox_err_t kinbox__admin_fail(kinbox_admin_t *adm, int rc);
 
+/* Run one statement (autocommit) with $1..$n text parameters (NULL = SQL
+ * NULL), its text from the backend's table; *rowsp receives the rows
+ * (kinbox_rows_destroy(); may be NULL). KINBOX_ERR_DB_CONN when
+ * unreachable (the next call reconnects), KINBOX_ERR_DB; the reason in
+ * adm->errstr. */
+kinbox_err_t kinbox__admin_query(kinbox_admin_t *adm, const char *sql,
+                                 int nparams, const char *const *params,
+                                 kinbox_rows_t **rowsp);
+
 #endif

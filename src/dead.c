@@ -23,7 +23,7 @@ query_limit(kinbox_admin_t *adm, const char *fmt, long limit, int n,
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
         snprintf(sql, sizeof(sql), fmt, limit);
 #pragma GCC diagnostic pop
-        return kinbox_admin_query(adm, sql, n, v, rowsp);
+        return kinbox__admin_query(adm, sql, n, v, rowsp);
 }
 
 kinbox_err_t
@@ -54,7 +54,7 @@ query_id(kinbox_admin_t *adm, const char *sql, int64_t id,
         char ids[24];
         snprintf(ids, sizeof(ids), "%" PRId64, id);
         const char *v[1] = {ids};
-        return kinbox_admin_query(adm, sql, 1, v, rowsp);
+        return kinbox__admin_query(adm, sql, 1, v, rowsp);
 }
 
 static kinbox_err_t
@@ -149,7 +149,7 @@ wait_done(kinbox_admin_t *adm, const kinbox_dead_follower_t *f,
         const char *v[4] = {f->consumer, f->topic, part, off};
         kinbox_rows_t *r = NULL;
         kinbox_err_t rc =
-            kinbox_admin_query(adm, adm->db->ops->sql->dead_at, 4, v, &r);
+            kinbox__admin_query(adm, adm->db->ops->sql->dead_at, 4, v, &r);
         if (!rc && kinbox_rows_count(r)) {
                 if (blocker)
                         *blocker = val_int(r, 0);
@@ -172,7 +172,7 @@ kinbox_dead_wait(kinbox_admin_t *adm, int64_t id,
         const char *v[2] = {pid, ids};
         for (int waited = 0; waited < timeout_ms; waited += 200) {
                 kinbox_rows_t *r = NULL;
-                kinbox_err_t rc = kinbox_admin_query(
+                kinbox_err_t rc = kinbox__admin_query(
                     adm, adm->db->ops->sql->dead_follower_state, 2, v, &r);
                 if (rc)
                         return rc;

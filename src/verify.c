@@ -64,9 +64,9 @@ kinbox_verify(kinbox_admin_t *adm, const char *consumer,
         if (!o)
                 return KINBOX_ERR_NOMEM;
         kinbox_err_t rc =
-            kinbox_admin_query(adm, d->verify_ahead, 1, v, &o->rows[0]);
+            kinbox__admin_query(adm, d->verify_ahead, 1, v, &o->rows[0]);
         if (!rc)
-                rc = kinbox_admin_query(adm, d->verify_cover, 1, v,
+                rc = kinbox__admin_query(adm, d->verify_cover, 1, v,
                                         &o->rows[1]);
         if (!rc) {
                 o->pub.nahead = kinbox_rows_count(o->rows[0]);

@@ -1,8 +1,15 @@
 /**
  * @file admin.h
  * @brief Operations: retention (pruning and the start-up retention check),
- *        dead-letter replay, an operator's database handle, metrics and the
+ *        reconciliation, the operator's database handle (status counts,
+ *        outbox summaries, dead letters: list, show, discard, replay, the
+ *        messages parked behind them; verification), metrics and the
  *        health endpoints.
+ *
+ * Unless a call says otherwise: a ::kinbox_admin_t is used by one thread
+ * at a time; rows handed out are the caller's (kinbox_rows_destroy());
+ * strings are copied, not kept; a failure leaves its reason in
+ * kinbox_admin_errstr() until the next call.
  *
  * These are the calls the `kinbox` command's `prune`, `status`, `dead`,
  * `verify` and `run` (pruner thread, `[metrics] listen`) are built on.
@@ -211,25 +218,14 @@ KINBOX_API const char *kinbox_admin_errstr(const kinbox_admin_t *adm);
 KINBOX_API kinbox_backend_t kinbox_admin_backend(const kinbox_admin_t *adm);
 
 /**
- * @brief Run one statement (autocommit) with `$1..$n` text parameters
- *        (NULL = SQL NULL) on both backends.
- * @param rowsp receives the rows (free with kinbox_rows_destroy()); may be
- *              NULL.
- * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
- *          reconnects); ::KINBOX_ERR_DB.
- */
-KINBOX_API kinbox_err_t kinbox_admin_query(kinbox_admin_t *adm,
-                                           const char *sql, int nparams,
-                                           const char *const *params,
-                                           kinbox_rows_t **rowsp);
-
-/**
  * @brief Pause (@p pause true) or resume relays claiming @p destination's
  *        outbox rows, for every relay at once (stored in the database).
  *        Paused rows stay pending and keep their order; resuming wakes
  *        listening relays (PostgreSQL NOTIFY).
  * @param was_paused receives whether it was paused before; may be NULL.
- * @returns As kinbox_admin_query().
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
+ *          reconnects); ::KINBOX_ERR_DB; the reason in
+ *          kinbox_admin_errstr().
  */
 KINBOX_API kinbox_err_t kinbox_admin_outbox_pause(kinbox_admin_t *adm,
                                                   const char *destination,
@@ -241,7 +237,9 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_pause(kinbox_admin_t *adm,
  *        (whole seconds), dead rows, rows sent in the last hour, paused
  *        (1/0).
  * @param rowsp receives the rows (kinbox_rows_destroy()).
- * @returns As kinbox_admin_query().
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
+ *          reconnects); ::KINBOX_ERR_DB; the reason in
+ *          kinbox_admin_errstr().
  */
 KINBOX_API kinbox_err_t kinbox_admin_outbox_summary(kinbox_admin_t *adm,
                                                     kinbox_rows_t **rowsp);
@@ -251,7 +249,9 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_summary(kinbox_admin_t *adm,
  *        destination, such rows, their smallest id, the oldest one's age
  *        (whole seconds), ordered by destination.
  * @param rowsp receives the rows (kinbox_rows_destroy()).
- * @returns As kinbox_admin_query().
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
+ *          reconnects); ::KINBOX_ERR_DB; the reason in
+ *          kinbox_admin_errstr().
  */
 KINBOX_API kinbox_err_t kinbox_admin_outbox_stuck(kinbox_admin_t *adm,
                                                   int64_t older_ms,
@@ -262,7 +262,9 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_stuck(kinbox_admin_t *adm,
  *        database: outbox pending / oldest pending age / dead per
  *        destination, dead letters and the age of the oldest per
  *        consumer.
- * @returns As kinbox_admin_query().
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
+ *          reconnects); ::KINBOX_ERR_DB; the reason in
+ *          kinbox_admin_errstr().
  */
 KINBOX_API kinbox_err_t kinbox_admin_collect_metrics(kinbox_admin_t *adm);
 

@@ -1587,9 +1587,8 @@ kb_cmd_prune(int argc, char **argv)
 /* help */
 
 int
-kb_admin_usage(const char *cmd, void *fpv)
+kb_admin_usage(const char *cmd, FILE *fp)
 {
-        FILE *fp = fpv;
         if (!strcmp(cmd, "status"))
                 fprintf(fp,
                         "usage: kinbox status -c FILE [--json]\n\n"

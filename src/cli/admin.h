@@ -7,6 +7,7 @@
 #define KINBOX_CLI_ADMIN_H
 
 #include <kinbox/kinbox.h>
+#include <stdio.h>
 
 #include "config.h"
 
@@ -55,7 +56,7 @@ void kb_reconciler_stop(kb_reconciler_t *r);
 /* `kinbox config-reference [--man] [--output FILE]` (manpage.c). */
 int kb_cmd_config_reference(int argc, char **argv);
 /* Help text of those commands; 0 when cmd is not one of them. */
-int kb_admin_usage(const char *cmd, void *fp);
+int kb_admin_usage(const char *cmd, FILE *fp);
 
 /* `kinbox run` and `kinbox prune`: the retention check of every consumer
  * and of the shared settings the pruner uses (inbox.retention must exceed
