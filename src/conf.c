@@ -465,11 +465,12 @@ kinbox_conf_get(const kinbox_conf_t *conf, const char *key)
         int i = prop_find(key);
         if (i < 0)
                 return NULL;
-        if (conf->vals[i])
-                return conf->vals[i];
-        if (!strcmp(key, "group.id"))
-                return kinbox_conf_get(conf, "name");
-        return props[i].def;
+        /* The string settings are the value or the default (group.id's
+         * being the name). */
+        if (props[i].type == P_STR)
+                return *(const char *const *)((const char *)&conf->set +
+                                              props[i].off);
+        return conf->vals[i] ? conf->vals[i] : props[i].def;
 }
 
 void
@@ -491,12 +492,11 @@ kinbox__conf_kafka_each(const kinbox_conf_t *conf,
 void
 kinbox__conf_logger(const kinbox_conf_t *conf, kinbox__log_t *out)
 {
-        static const int lv[] = {
-            [KINBOX__LEVEL_ERROR] = KINBOX_LOG_ERR,
-            [KINBOX__LEVEL_WARNING] = KINBOX_LOG_WARNING,
-            [KINBOX__LEVEL_NOTICE] = KINBOX_LOG_NOTICE,
-            [KINBOX__LEVEL_INFO] = KINBOX_LOG_INFO,
-            [KINBOX__LEVEL_DEBUG] = KINBOX_LOG_DEBUG};
+        static const int lv[] = {[KINBOX__LEVEL_ERROR] = KINBOX_LOG_ERR,
+                                 [KINBOX__LEVEL_WARNING] = KINBOX_LOG_WARNING,
+                                 [KINBOX__LEVEL_NOTICE] = KINBOX_LOG_NOTICE,
+                                 [KINBOX__LEVEL_INFO] = KINBOX_LOG_INFO,
+                                 [KINBOX__LEVEL_DEBUG] = KINBOX_LOG_DEBUG};
         out->level = lv[conf->set.log_level];
         out->json = conf->set.log_format == KINBOX__LOGFMT_JSON;
         out->cb = conf->log_cb;
