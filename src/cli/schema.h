@@ -1,5 +1,5 @@
 /*
- * schema.h -- `kinbox migrate` and the schema version contract of every
+ * schema.h -- the schema version contract of every
  * command: the databases and handler modules a configuration names, each
  * migrated or checked once.
  */
@@ -8,20 +8,37 @@
 
 #include <stdio.h>
 
-#include "config.h"
+#include <kinbox/kinbox.h>
 
-/* `kinbox migrate -c FILE [--dry-run]`: argv[0] is the command. Migrates
- * every distinct database the configuration names ([database], each
- * consumer's own database.url, the relay's) and each handler's and relay
- * module's schema on its consumer's database, printing each step it
- * applied (or would apply). Returns the exit status. */
-int kb_cmd_migrate(int argc, char **argv);
-void kb_migrate_usage(FILE *fp);
+#include "config.h"
 
 /* The schema version contract for cfg: kinbox's schema on every database
  * it names, each consumer's handler and each relay module on theirs. 0, or
  * an exit status (KB_EX_USAGE: a schema older or newer than this binary;
  * KB_EX_DB: unreachable) with one line on stderr naming the section. */
 int kb_schema_check_config(kb_config_t *cfg, const char *cmd);
+
+#define KB_MAX_MODS (KB_MAX_CONSUMERS + 16)
+
+/* What a configuration names: its distinct databases (the first section
+ * naming each) and its modules, each with the section it runs in. */
+typedef struct targets {
+        const kinbox_conf_t *db[KB_MAX_CONSUMERS + 2];
+        char db_where[KB_MAX_CONSUMERS + 2][160];
+        int ndb;
+        const kinbox_module_t *mod[KB_MAX_MODS];
+        const kinbox_conf_t *mod_conf[KB_MAX_MODS];
+        const char *mod_kind[KB_MAX_MODS]; /* "handler" / "module" */
+        int nmod;
+} targets_t;
+/* Collect what cfg names into t; an exit status (printed as "kinbox
+ * CMD: ..."). */
+int kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd);
+/* The exit status of a migration's error. */
+int kb_schema_exit(kinbox_err_t rc);
+/* " (database of SECTION)" for conf's database when t names several,
+ * else ""; in b. */
+const char *kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf,
+                               char *b, size_t sz);
 
 #endif

@@ -1,0 +1,89 @@
+/*
+ * cmd_prune.c -- `kinbox prune [--dry-run]`.
+ */
+#include "common.h"
+#include "schema.h"
+#include "confval.h"
+#include "hdrcodec.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include "ops.h"
+
+/* ------------------------------------------------------------------ */
+/* prune */
+
+int
+kb_cmd_prune(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "prune"}};
+        if (parse_opts(argc, argv, &x.o, "jn"))
+                return KB_EX_USAGE;
+        if (x.o.nargs) {
+                fprintf(stderr, "kinbox prune: unexpected argument \"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        char err[2048];
+        if (kb_config_load(x.o.config, &x.cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox prune: %s\n", err);
+                return KB_EX_USAGE;
+        }
+        x.loaded = true;
+        /* The same refusal as `kinbox run`: pruning inside the redelivery
+         * window would forget ids the broker can still redeliver. */
+        int refused = kb_retention_check(&x.cfg, "prune");
+        if (refused) {
+                ctx_close(&x);
+                return refused;
+        }
+        kinbox_prune_result_t res;
+        kinbox_err_t rc = kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res,
+                                       err, sizeof(err));
+        int ex = KB_EX_OK;
+        if (rc) {
+                fprintf(stderr, "kinbox prune: %s\n", err);
+                ex = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB
+                     : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
+                                               : KB_EX_RUNTIME;
+        } else if (x.o.json) {
+                json_out(json_pack(
+                    "{s:b,s:b,s:I,s:I,s:s,s:s}", "dry_run", x.o.dry_run,
+                    "skipped", res.skipped, "inbox_rows",
+                    (json_int_t)res.inbox_rows, "outbox_rows",
+                    (json_int_t)res.outbox_rows, "inbox_retention",
+                    kinbox_conf_get(x.cfg.base, "inbox.retention"),
+                    "outbox_retention",
+                    kinbox_conf_get(x.cfg.base, "outbox.retention")));
+        } else if (res.skipped) {
+                printf("another instance is pruning (lock held): nothing "
+                       "done\n");
+        } else {
+                const char *verb = x.o.dry_run ? "would delete" : "deleted";
+                printf("inbox:  %s %" PRIu64 " rows older than %s\n", verb,
+                       res.inbox_rows,
+                       kinbox_conf_get(x.cfg.base, "inbox.retention"));
+                printf("outbox: %s %" PRIu64 " sent rows older than %s "
+                       "(dead rows and dead letters are kept)\n",
+                       verb, res.outbox_rows,
+                       kinbox_conf_get(x.cfg.base, "outbox.retention"));
+        }
+        ctx_close(&x);
+        return ex;
+}
+

@@ -1,0 +1,279 @@
+/*
+ * cmd_status.c -- `kinbox status`: per consumer lag, inbox rows, dedup
+ * hits (from a local `kinbox run`), dead letters, parked messages; the
+ * outbox per destination; the inbox size.
+ */
+#include "common.h"
+#include "schema.h"
+#include "confval.h"
+#include "hdrcodec.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* status */
+
+/* /metrics of a `kinbox run` listening on [metrics] listen on this host
+ * (IPv4), or NULL. One second at most. */
+static char *
+local_metrics(const char *listen)
+{
+        char host[64];
+        const char *colon = listen ? strrchr(listen, ':') : NULL;
+        if (!colon || (size_t)(colon - listen) >= sizeof(host))
+                return NULL;
+        memcpy(host, listen, (size_t)(colon - listen));
+        host[colon - listen] = '\0';
+        long port = strtol(colon + 1, NULL, 10);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        if (port <= 0 || port > 65535 ||
+            inet_pton(AF_INET, host[0] ? host : "127.0.0.1", &a.sin_addr) != 1)
+                return NULL;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+                return NULL;
+        struct timeval tv = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a)) ||
+            write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
+                close(fd);
+                return NULL;
+        }
+        size_t cap = 1 << 16, n = 0;
+        char *buf = malloc(cap);
+        for (ssize_t r; buf && (r = read(fd, buf + n, cap - n - 1)) > 0;) {
+                n += (size_t)r;
+                if (n + 1 == cap) {
+                        char *nb = realloc(buf, cap *= 2);
+                        if (!nb) {
+                                free(buf);
+                                buf = NULL;
+                        }
+                        buf = nb;
+                }
+        }
+        close(fd);
+        if (buf)
+                buf[n] = '\0';
+        return buf;
+}
+
+/* A consumer's counter of messages with result in a /metrics text, -1
+ * when absent. */
+static long long
+dedup_hits(const char *text, const char *consumer, const char *result)
+{
+        char series[400];
+        snprintf(series, sizeof(series),
+                 "\nkinbox_consumer_messages_total{consumer=\"%s\","
+                 "result=\"%s\"} ",
+                 consumer, result);
+        const char *p = text ? strstr(text, series) : NULL;
+        return p ? strtoll(p + strlen(series), NULL, 10) : -1;
+}
+
+/* Committed offsets, high watermarks and lag of a consumer's group, into
+ * jo ("partitions", "lag" or "lag_error"); the lag as text in lagbuf. */
+static void
+status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
+           char *lagbuf, size_t lsz)
+{
+        char err[512] = "";
+        int64_t *highs = NULL;
+        rd_kafka_topic_partition_list_t *l =
+            broker_offsets(conf, &highs, err, sizeof(err));
+        json_t *parts = json_array();
+        long long lag = 0;
+        for (int k = 0; l && k < l->cnt; k++) {
+                int64_t c = l->elems[k].offset < 0 ? 0 : l->elems[k].offset;
+                int64_t pl = highs[k] >= 0 && highs[k] > c ? highs[k] - c : 0;
+                lag += pl;
+                json_array_append_new(
+                    parts,
+                    json_pack("{s:s,s:i,s:I,s:I,s:I}", "topic",
+                              l->elems[k].topic, "partition",
+                              (int)l->elems[k].partition, "committed",
+                              (json_int_t)l->elems[k].offset, "high",
+                              (json_int_t)highs[k], "lag", (json_int_t)pl));
+        }
+        json_object_set_new(jo, "partitions", parts);
+        if (l) {
+                snprintf(lagbuf, lsz, "%lld", lag);
+                json_object_set_new(jo, "lag", json_integer(lag));
+                rd_kafka_topic_partition_list_destroy(l);
+        } else {
+                snprintf(lagbuf, lsz, "unknown");
+                json_object_set_new(jo, "lag_error", json_string(err));
+                if (!x->o.json)
+                        fprintf(stderr, "kinbox status: %s: lag unknown: %s\n",
+                                name, err);
+        }
+        free(highs);
+}
+
+/* One consumer's line of `kinbox status`. */
+static kinbox_err_t
+status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
+{
+        kinbox_conf_t *conf = x->cfg.consumers[i].conf;
+        const char *name = x->cfg.consumers[i].name;
+        kinbox_consumer_status_t st;
+        kinbox_err_t rc = kinbox_admin_consumer_status(x->adm, name, &st);
+        if (rc)
+                return rc;
+        long long inbox = st.inbox_rows;
+        long long dl[3] = {st.dead, st.replayed, st.discarded};
+        long long parked = st.parked;
+        long long held = st.held_keys;
+        const char *oldest = st.oldest_parked_at;
+        json_t *jo = json_pack(
+            "{s:s,s:s,s:I,s:I,s:I,s:I,s:s}", "consumer", name, "group",
+            group_of(conf), "inbox_rows", (json_int_t)inbox, "dead_letters",
+            (json_int_t)dl[0], "replayed", (json_int_t)dl[1], "discarded",
+            (json_int_t)dl[2], "dedup_hits_note",
+            "duplicates are not stored: counted by the running process "
+            "since its start (kinbox_consumer_messages_total{result="
+            "\"duplicate\"} and {result=\"business_duplicate\"} on "
+            "/metrics)");
+        json_object_set_new(jo, "parked", json_integer(parked));
+        json_object_set_new(jo, "held_keys", json_integer(held));
+        json_object_set_new(jo, "oldest_parked_at",
+                            parked ? json_string(oldest) : json_null());
+        char lagbuf[64];
+        status_lag(x, conf, name, jo, lagbuf, sizeof(lagbuf));
+        long long hits = dedup_hits(live, name, "duplicate");
+        long long biz = dedup_hits(live, name, "business_duplicate");
+        json_object_set_new(jo, "dedup_hits",
+                            hits >= 0 ? json_integer(hits) : json_null());
+        json_object_set_new(jo, "business_duplicates",
+                            biz >= 0 ? json_integer(biz) : json_null());
+        json_array_append_new(jc, jo);
+        tbl_add(tc, "%s", name);
+        tbl_add(tc, "%s", group_of(conf));
+        tbl_add(tc, "%s", lagbuf);
+        tbl_add(tc, "%lld", inbox);
+        for (int k = 0; k < 2; k++) {
+                long long n = k ? biz : hits;
+                if (n >= 0)
+                        tbl_add(tc, "%lld", n);
+                else
+                        tbl_add(tc, "n/a");
+        }
+        tbl_add(tc, "%lld", dl[0]);
+        tbl_add(tc, "%lld", dl[1]);
+        tbl_add(tc, "%lld", dl[2]);
+        tbl_add(tc, "%lld", parked);
+        tbl_add(tc, "%lld", held);
+        tbl_add(tc, "%s", oldest);
+        return KINBOX_OK;
+}
+
+/* The outbox part of `kinbox status`; *inbox_total the inbox's size. */
+static kinbox_err_t
+status_outbox(ctx_t *x, json_t *jd, table_t *td, long long *inbox_total)
+{
+        kinbox_rows_t *r = NULL;
+        int64_t total = 0;
+        kinbox_err_t rc = kinbox_admin_outbox_summary(x->adm, &r);
+        if (!rc)
+                rc = kinbox_admin_inbox_rows(x->adm, &total);
+        for (size_t i = 0; !rc && i < kinbox_rows_count(r); i++) {
+                bool paused =
+                    !strcmp(rv(r, i, 5), "t") || !strcmp(rv(r, i, 5), "1");
+                json_array_append_new(
+                    jd, json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
+                                  rv(r, i, 0), "pending", jval(rv(r, i, 1)),
+                                  "oldest_pending_age_s", jval(rv(r, i, 2)),
+                                  "dead", jval(rv(r, i, 3)), "sent_last_hour",
+                                  jval(rv(r, i, 4)), "paused", paused));
+                tbl_add(td, "%s", rv(r, i, 0));
+                tbl_add(td, "%s", rv(r, i, 1));
+                tbl_add(td, "%ss", rv(r, i, 2));
+                tbl_add(td, "%s", rv(r, i, 3));
+                tbl_add(td, "%s", rv(r, i, 4));
+                tbl_add(td, "%s", paused ? "yes" : "no");
+        }
+        if (!rc)
+                *inbox_total = total;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+int
+kb_cmd_status(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "status"}};
+        char *live = NULL;
+        if (parse_opts(argc, argv, &x.o, "j"))
+                return KB_EX_USAGE;
+        if (x.o.nargs) {
+                fprintf(stderr, "kinbox status: unexpected argument \"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        int ex = ctx_open(&x);
+        if (ex)
+                goto out;
+        json_t *jc = json_array(), *jd = json_array();
+        table_t tc, td;
+        tbl_init(&tc, 12, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
+                 "DEDUP HITS", "BUSINESS DUPS", "DEAD", "REPLAYED",
+                 "DISCARDED", "PARKED", "HELD KEYS", "OLDEST PARKED");
+        tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING", "DEAD",
+                 "SENT 1H", "PAUSED");
+        live = local_metrics(x.cfg.metrics_listen);
+        kinbox_err_t rc = KINBOX_OK;
+        for (int i = 0; i < x.cfg.nconsumers && !rc; i++)
+                rc = status_consumer(&x, i, live, jc, &tc);
+        long long inbox_total = 0;
+        if (!rc)
+                rc = status_outbox(&x, jd, &td, &inbox_total);
+        if (rc) {
+                json_decref(jc);
+                json_decref(jd);
+                tbl_print(&tc, NULL);
+                tbl_print(&td, NULL);
+                ex = db_fail(&x, rc);
+                goto out;
+        }
+        if (x.o.json) {
+                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox",
+                                   jd, "inbox_rows", (json_int_t)inbox_total));
+                tbl_print(&tc, NULL);
+                tbl_print(&td, NULL);
+        } else {
+                json_decref(jc);
+                json_decref(jd);
+                printf("Consumers (dedup hits and business duplicates: "
+                       "counted by the local `kinbox run` since its start, "
+                       "from [metrics] listen; n/a when not reachable)\n");
+                tbl_print(&tc, stdout);
+                printf("\nOutbox\n");
+                tbl_print(&td, stdout);
+                printf("\nInbox size: %lld rows\n", inbox_total);
+        }
+out:
+        free(live);
+        ctx_close(&x);
+        return ex;
+}
+

@@ -1,0 +1,200 @@
+/*
+ * cmd_verify.c -- `kinbox verify`: watermarks against inbox rows, dead
+ * letters and Kafka's committed offsets; the outbox's stuck rows.
+ */
+#include "common.h"
+#include "schema.h"
+#include "confval.h"
+#include "hdrcodec.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* verify */
+
+static int
+verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
+                int *gaps)
+{
+        kinbox_verify_result_t *vr = NULL;
+        kinbox_err_t rc = kinbox_verify(x->adm, name, &vr);
+        if (rc)
+                return db_fail(x, rc);
+        json_t *jg = json_array(), *jp = json_array();
+        for (size_t i = 0; i < vr->nahead; i++) {
+                const kinbox_verify_ahead_t *a = &vr->ahead[i];
+                char msg[512], wm[24];
+                snprintf(wm, sizeof(wm), "%" PRId64, a->watermark);
+                snprintf(msg, sizeof(msg),
+                         "%s [%d]: %" PRId64 " %s row(s) at offsets %" PRId64
+                         "..%" PRId64 " but the DB watermark is %s",
+                         a->topic, (int)a->partition, a->rows, a->source,
+                         a->lowest, a->highest,
+                         a->watermark >= 0 ? wm : "missing");
+                json_array_append_new(jg, json_string(msg));
+                if (!x->o.json)
+                        printf("GAP  %s: %s\n", name, msg);
+                (*gaps)++;
+        }
+        /* Kafka's committed offsets must not pass the DB watermark: the
+         * offsets in between were committed without their effect. */
+        char err[512] = "";
+        int64_t *highs = NULL;
+        rd_kafka_topic_partition_list_t *l =
+            broker_offsets(conf, &highs, err, sizeof(err));
+        for (size_t i = 0; i < vr->npartitions; i++) {
+                const kinbox_verify_partition_t *p = &vr->partitions[i];
+                const char *topic = p->topic;
+                int32_t part = p->partition;
+                long long wm = p->watermark;
+                long long covered = p->rows;
+                long long lo = p->lowest >= 0 ? p->lowest : wm;
+                long long committed = -1;
+                rd_kafka_topic_partition_t *tp =
+                    l ? rd_kafka_topic_partition_list_find(l, topic, part)
+                      : NULL;
+                if (tp)
+                        committed = tp->offset;
+                if (committed > wm) {
+                        char msg[512];
+                        snprintf(msg, sizeof(msg),
+                                 "%s [%d]: Kafka committed offset %lld is "
+                                 "past the DB watermark %lld: offsets "
+                                 "%lld..%lld were committed to Kafka "
+                                 "without their effect being recorded",
+                                 topic, (int)part, committed, wm, wm,
+                                 committed - 1);
+                        json_array_append_new(jg, json_string(msg));
+                        if (!x->o.json)
+                                printf("GAP  %s: %s\n", name, msg);
+                        (*gaps)++;
+                }
+                /* Offsets below the watermark without a row: duplicates
+                 * of an earlier id, pruned rows, or missing. Not a gap by
+                 * itself (the inbox cannot tell which). */
+                long long unaccounted = wm - lo - covered;
+                json_array_append_new(
+                    jp, json_pack(
+                            "{s:s,s:i,s:I,s:I,s:I,s:I}", "topic", topic,
+                            "partition", (int)part, "watermark",
+                            (json_int_t)wm, "committed", (json_int_t)committed,
+                            "rows", (json_int_t)covered, "offsets_without_row",
+                            (json_int_t)(unaccounted > 0 ? unaccounted : 0)));
+                if (!x->o.json)
+                        printf("ok   %s: %s [%d] watermark %lld, Kafka "
+                               "committed %lld, %lld offset(s) with a row, "
+                               "%lld without (duplicates or pruned)\n",
+                               name, topic, (int)part, wm, committed, covered,
+                               unaccounted > 0 ? unaccounted : 0);
+        }
+        kinbox_verify_result_destroy(vr);
+        if (l)
+                rd_kafka_topic_partition_list_destroy(l);
+        free(highs);
+        if (!l && !x->o.json)
+                printf("note %s: Kafka committed offsets not checked: %s\n",
+                       name, err);
+        json_t *jo = json_pack("{s:s,s:o,s:o}", "consumer", name, "gaps", jg,
+                               "partitions", jp);
+        if (!l)
+                json_object_set_new(jo, "broker_error", json_string(err));
+        json_array_append_new(jc, jo);
+        return KB_EX_OK;
+}
+
+int
+kb_cmd_verify(int argc, char **argv)
+{
+        ctx_t x = {.o = {.cmd = "verify"}};
+        if (parse_opts(argc, argv, &x.o, "jCo"))
+                return KB_EX_USAGE;
+        int64_t older = 5 * 60000;
+        if (x.o.older_than && parse_duration_ms(x.o.older_than, &older)) {
+                fprintf(stderr,
+                        "kinbox verify: --older-than \"%s\": expected "
+                        "a duration (30s, 5m, 2h, 1d)\n",
+                        x.o.older_than);
+                return KB_EX_USAGE;
+        }
+        if (x.o.nargs) {
+                fprintf(stderr, "kinbox verify: unexpected argument \"%s\"\n",
+                        x.o.args[0]);
+                return KB_EX_USAGE;
+        }
+        int ex = ctx_open(&x);
+        if (ex)
+                goto out;
+        kinbox_conf_t *only = NULL;
+        if (x.o.consumer && !consumer_section(&x, x.o.consumer, &only)) {
+                fprintf(stderr, "kinbox verify: %s has no [consumer.%s]\n",
+                        x.o.config, x.o.consumer);
+                ex = KB_EX_NOTFOUND;
+                goto out;
+        }
+        int gaps = 0;
+        json_t *jc = json_array();
+        for (int i = 0; i < x.cfg.nconsumers && !ex; i++) {
+                if (x.o.consumer &&
+                    strcmp(x.o.consumer, x.cfg.consumers[i].name))
+                        continue;
+                ex = verify_consumer(&x, x.cfg.consumers[i].name,
+                                     x.cfg.consumers[i].conf, jc, &gaps);
+        }
+        if (ex) {
+                json_decref(jc);
+                goto out;
+        }
+        /* The outbox: rows pending longer than the threshold. */
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_outbox_stuck(x.adm, older, &r);
+        if (rc) {
+                json_decref(jc);
+                ex = db_fail(&x, rc);
+                goto out;
+        }
+        json_t *jo = json_array();
+        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
+                char msg[512];
+                snprintf(msg, sizeof(msg),
+                         "outbox %s: %s row(s) pending longer than %s "
+                         "(oldest id %s, %ss old)",
+                         rv(r, i, 0), rv(r, i, 1),
+                         x.o.older_than ? x.o.older_than : "5m", rv(r, i, 2),
+                         rv(r, i, 3));
+                json_array_append_new(jo, json_string(msg));
+                if (!x.o.json)
+                        printf("GAP  %s\n", msg);
+                gaps++;
+        }
+        kinbox_rows_destroy(r);
+        if (x.o.json)
+                json_out(json_pack("{s:o,s:o,s:i,s:b}", "consumers", jc,
+                                   "outbox", jo, "gaps", gaps, "ok",
+                                   gaps == 0));
+        else {
+                json_decref(jc);
+                json_decref(jo);
+                printf("%s: %d gap(s)\n", gaps ? "FAILED" : "OK", gaps);
+        }
+        ex = gaps ? KB_EX_RUNTIME : KB_EX_OK;
+out:
+        ctx_close(&x);
+        return ex;
+}
+

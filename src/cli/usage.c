@@ -1,0 +1,209 @@
+/*
+ * usage.c -- the help texts of `kinbox` and of each command.
+ */
+#include "common.h"
+#include "schema.h"
+#include "confval.h"
+#include "hdrcodec.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static void
+migrate_usage(FILE *fp)
+{
+        fprintf(fp,
+                "usage: kinbox migrate -c FILE [--dry-run]\n\n"
+                "Applies kinbox's schema (inbox, offsets, "
+                "dead letters, outbox) to every database\n"
+                "the configuration names ([database] url, "
+                "each consumer's own database.url,\n"
+                "the relay's) and each handler's and relay "
+                "module's schema to its consumer's\n"
+                "database, and prints each step it applied. "
+                "Applied versions are recorded in\n"
+                "kinbox_schema_migrations; running it again "
+                "is harmless. A database whose schema\n"
+                "was written by a newer kinbox is refused "
+                "(exit 2), nothing applied.\n\n"
+                "  -c, --config FILE  configuration file "
+                "(INI)\n"
+                "  -n, --dry-run      print what would be "
+                "applied, apply nothing\n"
+                "  -h, --help         this text\n");
+}
+
+void
+kb_usage(FILE *fp)
+{
+        fprintf(
+            fp,
+            "usage: kinbox COMMAND [options]\n"
+            "\n"
+            "Commands:\n"
+            "  run -c FILE        run the configured consumers (and the "
+            "relay when [relay] enabled = true)\n"
+            "                     until SIGTERM/SIGINT\n"
+            "  migrate -c FILE    apply kinbox's schema and the configured "
+            "handlers' schemas\n"
+            "                     (versioned, idempotent)\n"
+            "  status -c FILE     lag, inbox size, dead letters, outbox "
+            "per destination\n"
+            "  dead list|show|replay|discard   inspect and replay dead "
+            "letters\n"
+            "  outbox list|requeue|cancel|pause|resume   operate the "
+            "outbox\n"
+            "  verify -c FILE     audit watermarks, inbox rows and the "
+            "outbox (exit 1 on a gap)\n"
+            "  prune -c FILE [--dry-run]   delete rows past their "
+            "retention\n"
+            "  reconcile -c FILE  run the handlers' business checks "
+            "(exit 1 on a discrepancy)\n"
+            "  config-reference   print the configuration reference "
+            "(Markdown)\n"
+            "  version            print the version\n"
+            "  help [COMMAND]     this text, or a command's help\n"
+            "\n"
+            "Exit status: 0 success, 1 runtime failure, 2 usage or "
+            "configuration error,\n"
+            "3 database unreachable, 4 not found. Admin commands take "
+            "--json.\n");
+}
+
+void
+kb_usage_cmd(const char *cmd, FILE *fp)
+{
+        if (!strcmp(cmd, "run"))
+                fprintf(fp,
+                        "usage: kinbox run -c FILE\n\n"
+                        "Runs every [consumer.NAME] section of FILE in one "
+                        "process, each a member of its\n"
+                        "own consumer group with its own handler, and stops "
+                        "cleanly on SIGTERM/SIGINT:\n"
+                        "batches in flight finish, offsets are committed, "
+                        "the groups are left.\n\n"
+                        "With a [relay] section holding enabled = true, the "
+                        "same process also runs the\n"
+                        "outbox relay (relay.* keys without the prefix, e.g. "
+                        "batch.size, lease.ms,\n"
+                        "modules); a file with an enabled [relay] and no "
+                        "[consumer.NAME] runs the relay\n"
+                        "alone.\n\n"
+                        "  -c, --config FILE  configuration file (INI)\n"
+                        "  -h, --help         this text\n");
+        else if (!strcmp(cmd, "migrate"))
+                migrate_usage(fp);
+        else if (!kb_usage_of(cmd, fp))
+                kb_usage(fp);
+}
+
+
+int
+kb_usage_of(const char *cmd, FILE *fp)
+{
+        if (!strcmp(cmd, "status"))
+                fprintf(fp,
+                        "usage: kinbox status -c FILE [--json]\n\n"
+                        "Per configured consumer: lag (committed offsets vs "
+                        "high watermarks, asked of\nthe broker), inbox rows, "
+                        "dead letters by status. Per outbox destination:\n"
+                        "pending, age of the oldest pending row, dead, sent "
+                        "in the last hour, paused.\nInbox size. Dedup hits "
+                        "are not stored: a running `kinbox run` exports them\n"
+                        "as kinbox_consumer_messages_total{result=\"duplicate"
+                        "\"} on /metrics.\n");
+        else if (!strcmp(cmd, "dead"))
+                fprintf(fp,
+                        "usage: kinbox dead list [--consumer NAME] [--status "
+                        "dead|replayed|discarded]\n"
+                        "                        [--limit N] -c FILE "
+                        "[--json]\n"
+                        "       kinbox dead parked [--consumer NAME] "
+                        "[--limit N] -c FILE [--json]\n"
+                        "       kinbox dead show ID -c FILE [--json]\n"
+                        "       kinbox dead replay ID -c FILE [--wait] "
+                        "[--json]\n"
+                        "       kinbox dead discard ID -c FILE [--wait] "
+                        "[--json]\n\n"
+                        "show prints the original key, headers and payload "
+                        "(text, non-printable bytes\nas \\xNN). replay runs "
+                        "the consumer's configured handler on the stored "
+                        "copy in\none transaction with its inbox row, as if "
+                        "it arrived again, and marks the\ndead letter "
+                        "replayed; a dead letter is replayed at most once. "
+                        "discard marks it\ndiscarded (the row is kept).\n"
+                        "With dead_letter.hold_key, list shows how many "
+                        "parked messages each dead\nletter holds back "
+                        "(HOLDS BACK), parked lists them, and replay and "
+                        "discard\nreport how many they release: the running "
+                        "consumer applies them in offset\norder. --wait "
+                        "waits until it did (exit 0), or one of them failed "
+                        "and\nholds the key again (exit 1).\n");
+        else if (!strcmp(cmd, "outbox"))
+                fprintf(fp,
+                        "usage: kinbox outbox list [--status "
+                        "pending|sent|dead|canceled] [--destination D]\n"
+                        "                          [--after ID] [--limit N] "
+                        "-c FILE [--json]\n"
+                        "       kinbox outbox requeue (ID | --destination D) "
+                        "-c FILE   dead/canceled -> pending\n"
+                        "       kinbox outbox cancel (ID | --destination D) "
+                        "-c FILE    pending -> canceled\n"
+                        "       kinbox outbox pause DESTINATION -c FILE      "
+                        "      relays stop claiming it\n"
+                        "       kinbox outbox resume DESTINATION -c FILE\n");
+        else if (!strcmp(cmd, "verify"))
+                fprintf(fp,
+                        "usage: kinbox verify -c FILE [--consumer NAME] "
+                        "[--older-than 5m] [--json]\n\n"
+                        "Audits each consumer: every inbox row and dead "
+                        "letter lies below its partition's\nDB watermark; "
+                        "Kafka's committed offset is not past the DB "
+                        "watermark (offsets\ncommitted without an effect); "
+                        "per partition, how many offsets have a row\n(the "
+                        "rest are duplicates or pruned rows: reported, not "
+                        "a gap). And the outbox:\nrows pending longer than "
+                        "--older-than. Exit status 1 when a gap is found.\n");
+        else if (!strcmp(cmd, "prune"))
+                fprintf(fp,
+                        "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"
+                        "Deletes inbox rows older than inbox.retention and "
+                        "sent outbox rows older than\noutbox.retention "
+                        "([prune] section), prune.batch rows per statement. "
+                        "Only one\ninstance prunes at a time (a database "
+                        "lock); dead rows and dead letters are\nnever "
+                        "deleted. --dry-run counts what would go.\n");
+        else if (!strcmp(cmd, "reconcile"))
+                fprintf(fp,
+                        "usage: kinbox reconcile -c FILE [--json]\n\n"
+                        "Runs the reconciliation checks of the configured "
+                        "handler modules (consumers'\nhandlers and [relay] "
+                        "modules): one query per check that returns the "
+                        "business\ndiscrepancies older than "
+                        "reconcile.grace (e.g. a paid deposit without its "
+                        "ledger\nposting). Prints every discrepancy row; "
+                        "exit status 1 when there is one.\n");
+        else
+                return 0;
+        fprintf(fp, "\nExit status: 0 ok, 1 runtime failure (verify: gap "
+                    "found; reconcile: discrepancy), 2 usage or "
+                    "configuration\nerror, 3 database "
+                    "unreachable, 4 not found.\n");
+        return 1;
+}
+
