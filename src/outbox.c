@@ -162,7 +162,7 @@ find_existing(kinbox__db_t *db, const kinbox_outbox_msg_t *m, int tag,
         return KINBOX_ERR_DUPLICATE;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
                      int64_t *idp)
 {
@@ -234,7 +234,7 @@ native_done(kinbox__outbox_prepared_t *pr, kinbox_err_t rc)
         return rc;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
                         int64_t *idp, char *errstr, size_t errstr_size)
 {
@@ -253,7 +253,7 @@ kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
         return rc;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
                            int64_t *idp, char *errstr, size_t errstr_size)
 {
@@ -290,7 +290,7 @@ struct kinbox_outbox_admin_s {
         char errstr[512];
 };
 
-KINBOX_API kinbox_outbox_admin_t *
+kinbox_outbox_admin_t *
 kinbox_outbox_admin_new(const kinbox_conf_t *conf, char *errstr,
                         size_t errstr_size)
 {
@@ -311,7 +311,7 @@ kinbox_outbox_admin_new(const kinbox_conf_t *conf, char *errstr,
         return adm;
 }
 
-KINBOX_API void
+void
 kinbox_outbox_admin_destroy(kinbox_outbox_admin_t *adm)
 {
         if (!adm)
@@ -320,7 +320,7 @@ kinbox_outbox_admin_destroy(kinbox_outbox_admin_t *adm)
         free(adm);
 }
 
-KINBOX_API const char *
+const char *
 kinbox_outbox_admin_errstr(const kinbox_outbox_admin_t *adm)
 {
         return adm ? adm->errstr : "";
@@ -367,7 +367,7 @@ admin_update(kinbox_outbox_admin_t *adm, const char *sql, int n,
         return KINBOX_OK;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_requeue(kinbox_outbox_admin_t *adm, int64_t id)
 {
         if (!adm || id <= 0)
@@ -386,7 +386,7 @@ kinbox_outbox_requeue(kinbox_outbox_admin_t *adm, int64_t id)
         return rc;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_cancel(kinbox_outbox_admin_t *adm, int64_t id)
 {
         if (!adm || id <= 0)
@@ -404,7 +404,7 @@ kinbox_outbox_cancel(kinbox_outbox_admin_t *adm, int64_t id)
         return rc;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_requeue_destination(kinbox_outbox_admin_t *adm,
                                   const char *destination, uint64_t *countp)
 {
@@ -414,7 +414,7 @@ kinbox_outbox_requeue_destination(kinbox_outbox_admin_t *adm,
         return admin_update(adm, OB(adm->db)->requeue_dest, 1, p, countp);
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_cancel_destination(kinbox_outbox_admin_t *adm,
                                  const char *destination, uint64_t *countp)
 {
@@ -436,7 +436,7 @@ status_of(const char *s)
         return KINBOX_OUTBOX_ANY;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_outbox_list(kinbox_outbox_admin_t *adm, kinbox_outbox_status_t status,
                    const char *destination, int64_t after_id, size_t limit,
                    kinbox_outbox_row_fn fn, void *opaque)

@@ -275,7 +275,7 @@ relay_settings(kinbox_relay_t *r, const kinbox_conf_t *conf, char *errstr,
         return true;
 }
 
-KINBOX_API kinbox_relay_t *
+kinbox_relay_t *
 kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
 {
         if (!conf) {
@@ -345,7 +345,7 @@ fail:
         return NULL;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_relay_register_action(kinbox_relay_t *r, const char *name,
                              kinbox_action_fn fn, void *opaque)
 {
@@ -374,7 +374,7 @@ kinbox_relay_register_action(kinbox_relay_t *r, const char *name,
         return KINBOX_OK;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_relay_run(kinbox_relay_t *r)
 {
         if (!r)
@@ -471,7 +471,7 @@ out:
         return ret;
 }
 
-KINBOX_API void
+void
 kinbox_relay_stop(kinbox_relay_t *r)
 {
         if (!r)
@@ -483,7 +483,7 @@ kinbox_relay_stop(kinbox_relay_t *r)
         }
 }
 
-KINBOX_API void
+void
 kinbox_relay_stats(const kinbox_relay_t *r, kinbox_relay_stats_t *out)
 {
         if (!r || !out)
@@ -494,13 +494,13 @@ kinbox_relay_stats(const kinbox_relay_t *r, kinbox_relay_stats_t *out)
         pthread_mutex_unlock(&m->lock);
 }
 
-KINBOX_API const char *
+const char *
 kinbox_relay_errstr(const kinbox_relay_t *r)
 {
         return r ? r->errstr : "";
 }
 
-KINBOX_API void
+void
 kinbox_relay_destroy(kinbox_relay_t *r)
 {
         if (!r)

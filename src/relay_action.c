@@ -214,31 +214,31 @@ kinbox__relay_run_action(kinbox_relay_t *r, item_t *it)
         job_verdict(r, it, name, done, res, aerr);
 }
 
-KINBOX_API int64_t
+int64_t
 kinbox_action_id(const kinbox_action_t *a)
 {
         return a->id;
 }
 
-KINBOX_API const char *
+const char *
 kinbox_action_name(const kinbox_action_t *a)
 {
         return a->name;
 }
 
-KINBOX_API const char *
+const char *
 kinbox_action_idem_key(const kinbox_action_t *a)
 {
         return a->idem_key;
 }
 
-KINBOX_API const char *
+const char *
 kinbox_action_aggregate_id(const kinbox_action_t *a)
 {
         return a->aggregate_id;
 }
 
-KINBOX_API const void *
+const void *
 kinbox_action_payload(const kinbox_action_t *a, size_t *sizep)
 {
         if (sizep)
@@ -246,19 +246,19 @@ kinbox_action_payload(const kinbox_action_t *a, size_t *sizep)
         return a->payload;
 }
 
-KINBOX_API int
+int
 kinbox_action_attempt(const kinbox_action_t *a)
 {
         return a->attempt;
 }
 
-KINBOX_API size_t
+size_t
 kinbox_action_header_count(const kinbox_action_t *a)
 {
         return a->headers.n;
 }
 
-KINBOX_API kinbox_err_t
+kinbox_err_t
 kinbox_action_header_at(const kinbox_action_t *a, size_t idx,
                         kinbox_header_t *hdr)
 {
@@ -270,7 +270,7 @@ kinbox_action_header_at(const kinbox_action_t *a, size_t idx,
         return KINBOX_OK;
 }
 
-KINBOX_API void
+void
 kinbox_action_set_error(kinbox_action_t *a, const char *fmt, ...)
 {
         char buf[1024];
