@@ -395,3 +395,44 @@ Test(docs, kinbox_man_page_has_every_command)
         assert_man_renders(KINBOX_SOURCE_DIR "/dist/man/kinbox.1");
         free(man);
 }
+
+/* docs/architecture.md names every source file of src/ (its module map is
+ * the newcomer's way in: a file it does not name is a file nobody finds). */
+Test(docs, architecture_names_every_source_file)
+{
+        char *arch = slurp(KINBOX_SOURCE_DIR "/docs/architecture.md");
+        cr_assert(arch != NULL);
+        static const char *const pats[] = {
+            KINBOX_SOURCE_DIR "/src/*.[ch]", KINBOX_SOURCE_DIR "/src/db/*.[ch]",
+            KINBOX_SOURCE_DIR "/src/cli/*.[ch]"};
+        int files = 0;
+        char *missing = NULL;
+        size_t mlen = 0;
+        FILE *out = open_memstream(&missing, &mlen);
+        for (size_t p = 0; p < sizeof(pats) / sizeof(pats[0]); p++) {
+                glob_t g;
+                cr_assert(glob(pats[p], 0, NULL, &g) == 0, "%s", pats[p]);
+                for (size_t i = 0; i < g.gl_pathc; i++, files++) {
+                        const char *base = strrchr(g.gl_pathv[i], '/') + 1;
+                        char tick[300];
+                        snprintf(tick, sizeof(tick), "%s`", base);
+                        /* As a whole name: `name` or `dir/name`. */
+                        bool named = false;
+                        for (const char *q = strstr(arch, tick);
+                             q && !named; q = strstr(q + 1, tick))
+                                named = q > arch &&
+                                        (q[-1] == '`' || q[-1] == '/');
+                        if (!named)
+                                fprintf(out, "  %s\n",
+                                        g.gl_pathv[i] +
+                                            strlen(KINBOX_SOURCE_DIR) + 1);
+                }
+                globfree(&g);
+        }
+        fclose(out);
+        cr_assert(files > 50, "only %d source files found", files);
+        cr_assert(mlen == 0, "docs/architecture.md does not name:\n%s",
+                  missing);
+        free(missing);
+        free(arch);
+}
