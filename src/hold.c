@@ -633,11 +633,13 @@ release_one(relkey_t *k)
                 if (h > 0 && fate == F_RETRY &&
                     k->tries + 1 < k->c->retry_max) {
                         k->tries++;
+                        char tn[48];
                         kinbox__log(&k->c->lg, KINBOX_LOG_INFO, "hold",
-                                    "%s [%" PRId32 "] offset %s: release "
+                                    "%s [%" PRId32 "] offset %s%s: release "
                                     "attempt %d failed: %s",
                                     k->p->topic, k->p->partition, HV(r, 1),
-                                    k->tries, why);
+                                    kinbox__msg_trace_note(m, tn), k->tries,
+                                    why);
                         rc = KINBOX_ERR_TRANSIENT;
                         goto out;
                 }
