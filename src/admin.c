@@ -72,7 +72,7 @@ kinbox__admin_fail(kinbox_admin_t *adm, int rc)
 
 kinbox_err_t
 kinbox__admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
-                   const char *const *params, kinbox_rows_t **rowsp)
+                    const char *const *params, kinbox_rows_t **rowsp)
 {
         adm->errstr[0] = '\0';
         if (rowsp)
@@ -140,7 +140,7 @@ kinbox_admin_collect_metrics(kinbox_admin_t *adm)
         kinbox_rows_destroy(rows);
         rows = NULL;
         rc = kinbox__admin_query(adm, adm->db->ops->sql->dead_letter_gauges, 0,
-                                NULL, &rows);
+                                 NULL, &rows);
         if (rc)
                 return rc;
         kinbox__m_drop("kinbox_dead_letters", "");
@@ -188,7 +188,7 @@ kinbox_err_t
 kinbox_admin_outbox_summary(kinbox_admin_t *adm, kinbox_rows_t **rowsp)
 {
         return kinbox__admin_query(adm, adm->db->ops->sql->outbox_summary, 0,
-                                  NULL, rowsp);
+                                   NULL, rowsp);
 }
 
 kinbox_err_t
@@ -199,13 +199,14 @@ kinbox_admin_outbox_stuck(kinbox_admin_t *adm, int64_t older_ms,
         snprintf(ms, sizeof(ms), "%" PRId64, older_ms);
         const char *v[1] = {ms};
         return kinbox__admin_query(adm, adm->db->ops->sql->outbox_stuck, 1, v,
-                                  rowsp);
+                                   rowsp);
 }
 
 kinbox_err_t
 kinbox_admin_ping(kinbox_admin_t *adm)
 {
-        return kinbox__admin_query(adm, adm->db->ops->sql->ping, 0, NULL, NULL);
+        return kinbox__admin_query(adm, adm->db->ops->sql->ping, 0, NULL,
+                                   NULL);
 }
 
 static int64_t
@@ -242,8 +243,8 @@ kinbox_err_t
 kinbox_admin_inbox_rows(kinbox_admin_t *adm, int64_t *rows)
 {
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc =
-            kinbox__admin_query(adm, adm->db->ops->sql->inbox_rows, 0, NULL, &r);
+        kinbox_err_t rc = kinbox__admin_query(
+            adm, adm->db->ops->sql->inbox_rows, 0, NULL, &r);
         if (!rc)
                 *rows = cell_int(r, 0);
         kinbox_rows_destroy(r);

@@ -393,8 +393,8 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
                     w->msgs[s]->state == M_RUN && group_of(wk, s) == f.idx)
                         f.suspect = s + 1;
         } else if (low < w->nmsgs && w->msgs[low]->state == M_RUN) {
-                f = (failure_t){FL_MSG, low,
-                                kinbox__fate_of_statement(tx, e), false, 0};
+                f = (failure_t){FL_MSG, low, kinbox__fate_of_statement(tx, e),
+                                false, 0};
         }
         return f;
 }
@@ -590,10 +590,10 @@ static void
 resource_error(kinbox_consumer_t *c, worker_t *w, kinbox__db_t *db)
 {
         char l[300];
-        kinbox__m_add("kinbox_db_resource_errors_total",
-                      kinbox__m_labels(l, sizeof(l), "consumer", c->name,
-                                       (char *)NULL),
-                      1);
+        kinbox__m_add(
+            "kinbox_db_resource_errors_total",
+            kinbox__m_labels(l, sizeof(l), "consumer", c->name, (char *)NULL),
+            1);
         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                     "worker %d: batch rolled back: the database is out of a "
                     "resource (disk, memory or connection slots): %s; "

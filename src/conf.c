@@ -619,10 +619,11 @@ kinbox_conf_write_reference_man(void *fpv)
                 man_text(fp, p->doc);
                 fputc('\n', fp);
         }
-        fprintf(fp, ".TP\n.B kafka.*\n\\fR(string) Passed to librdkafka "
-                    "unchanged without the \\fBkafka.\\fR prefix (see "
-                    "librdkafka's CONFIGURATION.md). The relay's producer uses "
-                    "\\fBpartitioner = murmur2_random\\fR (the partition "
-                    "Kafka's Java producer picks for a key) unless "
-                    "\\fBkafka.partitioner\\fR is set.\n");
+        fprintf(fp,
+                ".TP\n.B kafka.*\n\\fR(string) Passed to librdkafka "
+                "unchanged without the \\fBkafka.\\fR prefix (see "
+                "librdkafka's CONFIGURATION.md). The relay's producer uses "
+                "\\fBpartitioner = murmur2_random\\fR (the partition "
+                "Kafka's Java producer picks for a key) unless "
+                "\\fBkafka.partitioner\\fR is set.\n");
 }

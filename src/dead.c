@@ -27,8 +27,8 @@ query_limit(kinbox_admin_t *adm, const char *fmt, long limit, int n,
 }
 
 kinbox_err_t
-kinbox_dead_list(kinbox_admin_t *adm, const char *consumer,
-                 const char *status, long limit, kinbox_rows_t **rowsp)
+kinbox_dead_list(kinbox_admin_t *adm, const char *consumer, const char *status,
+                 long limit, kinbox_rows_t **rowsp)
 {
         /* NULL = no filter (COALESCE gives the parameter its column's type
          * on PostgreSQL, no cast per backend). */
@@ -68,7 +68,8 @@ not_found(kinbox_admin_t *adm, int64_t id)
 kinbox_err_t
 kinbox_dead_show(kinbox_admin_t *adm, int64_t id, kinbox_rows_t **rowsp)
 {
-        kinbox_err_t rc = query_id(adm, adm->db->ops->sql->dead_show, id, rowsp);
+        kinbox_err_t rc =
+            query_id(adm, adm->db->ops->sql->dead_show, id, rowsp);
         if (!rc && !kinbox_rows_count(*rowsp)) {
                 kinbox_rows_destroy(*rowsp);
                 *rowsp = NULL;

@@ -136,8 +136,7 @@ ask_ready(kinbox_http_t *h, char *why, size_t sz)
                 want = ++h->ready_req;
                 pthread_cond_broadcast(&h->cv);
         }
-        while (h->ready_done < want && !h->stop &&
-               kinbox__now_ms() < deadline)
+        while (h->ready_done < want && !h->stop && kinbox__now_ms() < deadline)
                 wait_until(h, deadline);
         int rc;
         if (h->ready_done >= want) {
@@ -284,7 +283,8 @@ on_conn(void *cls, struct MHD_Connection *mc, void **ctx,
                 struct conn *oldest = NULL;
                 int waiting = 0;
                 for (struct conn *o = h->conns; o; o = o->next) {
-                        if (o->busy || o->shut || !same_addr(&o->addr, &c->addr))
+                        if (o->busy || o->shut ||
+                            !same_addr(&o->addr, &c->addr))
                                 continue;
                         waiting++;
                         if (!oldest || o->since_ms < oldest->since_ms)
@@ -547,13 +547,13 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
         h->d = MHD_start_daemon(
             /* The logger first: libmicrohttpd warns (on stderr) when an
              * option before it could already have logged. */
-            flags, port, NULL, NULL, on_request, h,
-            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
-            (unsigned)HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-            (unsigned)HTTP_MAX_PER_IP, MHD_OPTION_NOTIFY_CONNECTION, on_conn,
-            h, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+            flags, port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+            mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_TIMEOUT_S,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)HTTP_MAX_PER_IP,
+            MHD_OPTION_NOTIFY_CONNECTION, on_conn, h,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
         if (!h->d) {
                 kinbox__errstr(errstr, errstr_size,
                                "metrics listen \"%s\": cannot listen (address "

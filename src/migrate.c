@@ -70,8 +70,8 @@ static int
 last_known(kinbox__db_t *db)
 {
         int top = 0;
-        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
-             m = kinbox__migration_next(db, m))
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL);
+             m; m = kinbox__migration_next(db, m))
                 top = m->version > top ? m->version : top;
         return top;
 }
@@ -138,8 +138,8 @@ check_kinbox(kinbox__db_t *db, char *errstr, size_t sz)
                 return rc;
         char miss[256] = "";
         size_t o = 0;
-        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
-             m = kinbox__migration_next(db, m))
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL);
+             m; m = kinbox__migration_next(db, m))
                 if (!has(&got, m->version) && o < sizeof(miss))
                         o += (size_t)snprintf(miss + o, sizeof(miss) - o,
                                               "%s%s", o ? ", " : "", m->name);
@@ -303,7 +303,8 @@ static int
 migrate_kinbox(run_t *r, const vers_t *got)
 {
         int rc = newer_kinbox(r->db, got, r->errstr, r->sz);
-        for (const kinbox__migration_t *m = kinbox__migration_next(r->db, NULL);
+        for (const kinbox__migration_t *m =
+                 kinbox__migration_next(r->db, NULL);
              m && !rc; m = kinbox__migration_next(r->db, m))
                 rc = step(r, got, "kinbox", m->version, m->name, m->sql);
         return rc;
@@ -312,8 +313,8 @@ migrate_kinbox(run_t *r, const vers_t *got)
 static int
 migrate_module(run_t *r, const kinbox_module_t *mod, const vers_t *got)
 {
-        const char *sql = kinbox__db_pick(r->db, mod->schema_postgresql,
-                                          mod->schema_mysql);
+        const char *sql =
+            kinbox__db_pick(r->db, mod->schema_postgresql, mod->schema_mysql);
         if (!sql)
                 return KINBOX_OK;
         int rc = newer_module(mod, got, r->errstr, r->sz);
@@ -324,12 +325,15 @@ migrate_module(run_t *r, const kinbox_module_t *mod, const vers_t *got)
 
 kinbox_err_t
 kinbox_migrate_run(const kinbox_conf_t *conf, const kinbox_module_t *mod,
-                   int flags, kinbox_migrate_cb cb, void *opaque,
-                   char *errstr, size_t sz)
+                   int flags, kinbox_migrate_cb cb, void *opaque, char *errstr,
+                   size_t sz)
 {
         int rc;
-        run_t r = {.flags = flags, .cb = cb, .opaque = opaque,
-                   .errstr = errstr, .sz = sz};
+        run_t r = {.flags = flags,
+                   .cb = cb,
+                   .opaque = opaque,
+                   .errstr = errstr,
+                   .sz = sz};
         if (!(r.db = open_db(conf, errstr, sz, &rc)))
                 return (kinbox_err_t)rc;
         vers_t got;

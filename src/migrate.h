@@ -15,8 +15,8 @@ extern const kinbox__migration_t kinbox__migrations[];
 
 /* The embedded migrations of db's backend in order: the first after m
  * (NULL: the first of all); NULL after the last. */
-const kinbox__migration_t *kinbox__migration_next(const kinbox__db_t *db,
-                                                  const kinbox__migration_t *m);
+const kinbox__migration_t *
+kinbox__migration_next(const kinbox__db_t *db, const kinbox__migration_t *m);
 
 /* The schema version contract on an open connection: kinbox's own
  * versions (all known recorded, none unknown) and, when mod is not NULL,

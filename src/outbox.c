@@ -242,8 +242,7 @@ kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
         kinbox__param_t p[7];
         kinbox__outbox_trace_t ot;
         m = kinbox__outbox_trace_begin(&ot, m, NULL);
-        kinbox_err_t rc =
-            native_prepare(conn, m, &pr, p, errstr, errstr_size);
+        kinbox_err_t rc = native_prepare(conn, m, &pr, p, errstr, errstr_size);
         if (!rc) {
                 rc = kinbox__pg_outbox_append(conn, p, idp, errstr,
                                               errstr_size);
@@ -261,8 +260,7 @@ kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
         kinbox__param_t p[7];
         kinbox__outbox_trace_t ot;
         m = kinbox__outbox_trace_begin(&ot, m, NULL);
-        kinbox_err_t rc =
-            native_prepare(conn, m, &pr, p, errstr, errstr_size);
+        kinbox_err_t rc = native_prepare(conn, m, &pr, p, errstr, errstr_size);
         if (!rc) {
                 rc = kinbox__mysql_outbox_append(conn, p, idp, errstr,
                                                  errstr_size);

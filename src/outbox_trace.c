@@ -56,11 +56,10 @@ span_begin(kinbox__outbox_trace_t *ot, const kinbox_outbox_msg_t *m,
            const kinbox_trace_t *parent)
 {
         size_t plen = strlen(KINBOX_OUTBOX_ACTION_PREFIX);
-        bool action = m->destination &&
-                      !strncmp(m->destination, KINBOX_OUTBOX_ACTION_PREFIX,
-                               plen);
-        kinbox__span_start(&ot->span, "create", KINBOX__SPAN_PRODUCER,
-                           parent);
+        bool action =
+            m->destination &&
+            !strncmp(m->destination, KINBOX_OUTBOX_ACTION_PREFIX, plen);
+        kinbox__span_start(&ot->span, "create", KINBOX__SPAN_PRODUCER, parent);
         ot->spanning = true;
         if (!action)
                 kinbox__span_str(&ot->span, "messaging.system", "kafka");
@@ -108,8 +107,7 @@ kinbox__outbox_trace_end(kinbox__outbox_trace_t *ot, kinbox_err_t rc,
                 if (id > 0)
                         kinbox__span_int(&ot->span, "kinbox.outbox.id", id);
                 if (rc == KINBOX_ERR_DUPLICATE)
-                        kinbox__span_bool(&ot->span, "kinbox.duplicate",
-                                          true);
+                        kinbox__span_bool(&ot->span, "kinbox.duplicate", true);
                 else if (rc != KINBOX_OK)
                         ot->span.status = KINBOX__STATUS_ERROR;
                 kinbox__span_end(&ot->span);

@@ -249,8 +249,8 @@ rd_kafka_t *kinbox__relay_producer_new(kinbox_relay_t *r);
 void kinbox__relay_producer_warm(kinbox_relay_t *r);
 /* relay_trace.c: a row's context when its publish or action begins, and
  * the spans of a finished batch (tracing on). */
-void kinbox__relay_trace_begin(kinbox_relay_t *r, item_t *it,
-                               const void *tp, size_t tp_len);
+void kinbox__relay_trace_begin(kinbox_relay_t *r, item_t *it, const void *tp,
+                               size_t tp_len);
 void kinbox__relay_trace_spans(kinbox_relay_t *r, const batch_t *b);
 
 /* Publish one claimed event row (its delivery report sets it->dr_done). */

@@ -108,8 +108,7 @@ attr_slot(kinbox__span_t *sp, const char *key)
 }
 
 void
-kinbox__span_strn(kinbox__span_t *sp, const char *key, const char *v,
-                  size_t n)
+kinbox__span_strn(kinbox__span_t *sp, const char *key, const char *v, size_t n)
 {
         kinbox__span_attr_t *a = v ? attr_slot(sp, key) : NULL;
         if (!a)
@@ -255,8 +254,9 @@ json_attr(kinbox__buf_t *b, const kinbox__span_attr_t *a)
                 kinbox__buf_adds(b, "}}");
                 break;
         case KINBOX__ATTR_BOOL:
-                kinbox__buf_adds(b, a->i ? ",\"value\":{\"boolValue\":true}}"
-                                         : ",\"value\":{\"boolValue\":false}}");
+                kinbox__buf_adds(b, a->i
+                                        ? ",\"value\":{\"boolValue\":true}}"
+                                        : ",\"value\":{\"boolValue\":false}}");
                 break;
         }
 }
@@ -287,9 +287,9 @@ json_span(kinbox__buf_t *b, const kinbox__span_t *sp)
                         kinbox__buf_add(b, ",", 1);
                 json_attr(b, &sp->attrs[i]);
         }
-        static const char *const status[] = {
-            "],\"status\":{\"code\":0}}", "],\"status\":{\"code\":1}}",
-            "],\"status\":{\"code\":2}}"};
+        static const char *const status[] = {"],\"status\":{\"code\":0}}",
+                                             "],\"status\":{\"code\":1}}",
+                                             "],\"status\":{\"code\":2}}"};
         kinbox__buf_adds(b, status[sp->status <= 2 ? sp->status : 0]);
 }
 
@@ -298,9 +298,10 @@ json_request(kinbox__buf_t *b, const exporter_t *ex, const kinbox__span_t *s,
              int n)
 {
         kinbox__buf_reset(b);
-        kinbox__buf_adds(b, "{\"resourceSpans\":[{\"resource\":{\"attributes\":"
-                            "[{\"key\":\"service.name\",\"value\":{"
-                            "\"stringValue\":");
+        kinbox__buf_adds(b,
+                         "{\"resourceSpans\":[{\"resource\":{\"attributes\":"
+                         "[{\"key\":\"service.name\",\"value\":{"
+                         "\"stringValue\":");
         kinbox__buf_json_str(b, ex->service, strlen(ex->service));
         kinbox__buf_printf(b,
                            "}}]},\"scopeSpans\":[{\"scope\":{\"name\":"
@@ -425,8 +426,8 @@ parse_headers(exporter_t *ex, const char *spec, char *errstr, size_t sz)
         ex->headers =
             curl_slist_append(NULL, "Content-Type: application/json");
         char *dup = spec ? strdup(spec) : NULL;
-        for (char *save = NULL, *t = dup ? strtok_r(dup, ",", &save) : NULL;
-             t; t = strtok_r(NULL, ",", &save)) {
+        for (char *save = NULL, *t = dup ? strtok_r(dup, ",", &save) : NULL; t;
+             t = strtok_r(NULL, ",", &save)) {
                 char *eq = strchr(t, '=');
                 while (*t == ' ')
                         t++;
@@ -504,10 +505,10 @@ exporter_new(const kinbox_conf_t *conf, const char *endpoint, char *errstr,
         size_t n = strlen(endpoint);
         while (n && endpoint[n - 1] == '/')
                 n--;
-        const char *path = n >= 10 && !strncmp(endpoint + n - 10,
-                                                "/v1/traces", 10)
-                               ? ""
-                               : "/v1/traces";
+        const char *path =
+            n >= 10 && !strncmp(endpoint + n - 10, "/v1/traces", 10)
+                ? ""
+                : "/v1/traces";
         ex->url = malloc(n + strlen(path) + 1);
         ex->service = strdup(svc && *svc ? svc : "kinbox");
         ex->q = calloc((size_t)ex->cap, sizeof(*ex->q));

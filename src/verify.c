@@ -67,12 +67,12 @@ kinbox_verify(kinbox_admin_t *adm, const char *consumer,
             kinbox__admin_query(adm, d->verify_ahead, 1, v, &o->rows[0]);
         if (!rc)
                 rc = kinbox__admin_query(adm, d->verify_cover, 1, v,
-                                        &o->rows[1]);
+                                         &o->rows[1]);
         if (!rc) {
                 o->pub.nahead = kinbox_rows_count(o->rows[0]);
                 o->pub.npartitions = kinbox_rows_count(o->rows[1]);
-                o->pub.ahead = kinbox__calloc(o->pub.nahead + 1,
-                                              sizeof(*o->pub.ahead));
+                o->pub.ahead =
+                    kinbox__calloc(o->pub.nahead + 1, sizeof(*o->pub.ahead));
                 o->pub.partitions = kinbox__calloc(o->pub.npartitions + 1,
                                                    sizeof(*o->pub.partitions));
                 if (!o->pub.ahead || !o->pub.partitions)

@@ -350,15 +350,14 @@ Test(config_file, unknown_mysql_url_parameter)
                         "sslmode=require\n[relay]\nenabled = true\n",
                         &err);
         cr_assert(eq(int, rc, 2), "%s", err);
-        cr_assert(has(err, "unknown parameter \"sslmode\" for mysql://"),
-                  "%s", err);
+        cr_assert(has(err, "unknown parameter \"sslmode\" for mysql://"), "%s",
+                  err);
         rc = kb_ini("migrate", NULL,
                     "[database]\nurl = mysql://u:p@127.0.0.1:1/x?"
                     "ssl-mode=sometimes\n",
                     &err);
         cr_assert(eq(int, rc, 2), "%s", err);
-        cr_assert(has(err, "ssl-mode \"sometimes\" is not one of"), "%s",
-                  err);
+        cr_assert(has(err, "ssl-mode \"sometimes\" is not one of"), "%s", err);
         /* A value that does not look like a mode may be a secret pasted
          * in the wrong place: not echoed. */
         rc = kb_ini("migrate", NULL,

@@ -494,8 +494,8 @@ ParameterizedTest(int *param, dirty, random_attribution, .timeout = 240)
 {
         static const unsigned seeds[] = {31, 25, 22, 24};
         const char *base = getenv("KT_DIRTY_SEED");
-        unsigned seed = base ? (unsigned)atoi(base) + (unsigned)*param / 2
-                             : seeds[*param];
+        unsigned seed =
+            base ? (unsigned)atoi(base) + (unsigned)*param / 2 : seeds[*param];
         static const int shapes[] = {ATTR_OWNED, ATTR_OWNED_MISLEADING,
                                      ATTR_PLAIN, ATTR_VALUES_AFTER_UPDATE};
         static const char *const shape_names[] = {

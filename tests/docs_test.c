@@ -134,8 +134,8 @@ has_anchor(const char *md, const char *frag)
                         if (h <= 6 && h < len && l[h] == ' ') {
                                 const char *t = l + h + 1;
                                 size_t tl = len - h - 1;
-                                while (tl && (t[tl - 1] == '#' ||
-                                              t[tl - 1] == ' '))
+                                while (tl &&
+                                       (t[tl - 1] == '#' || t[tl - 1] == ' '))
                                         tl--;
                                 char slug[256], want[300];
                                 gh_slug(slug, sizeof(slug), t, tl);
@@ -259,10 +259,9 @@ Test(docs, markdown_links_resolve)
         glob_t g;
         cr_assert(glob(KINBOX_SOURCE_DIR "/docs/*.md", 0, NULL, &g) == 0);
         for (size_t i = 0; i < g.gl_pathc; i++, files++)
-                links += check_links(g.gl_pathv[i],
-                                     g.gl_pathv[i] +
-                                         strlen(KINBOX_SOURCE_DIR "/"),
-                                     out);
+                links += check_links(
+                    g.gl_pathv[i],
+                    g.gl_pathv[i] + strlen(KINBOX_SOURCE_DIR "/"), out);
         globfree(&g);
         fclose(out);
         cr_assert(blen == 0, "broken Markdown links:\n%s", bad);
@@ -281,13 +280,13 @@ Test(docs, github_heading_anchors)
         cr_assert_str_eq(s, "holding-a-key-per-key-order-across-dead-letters");
         h = "`kinbox_tx_exec_values()` and `kinbox_tx_exec_values_unique()`";
         gh_slug(s, sizeof(s), h, strlen(h));
-        cr_assert_str_eq(s,
-                         "kinbox_tx_exec_values-and-kinbox_tx_exec_values_unique");
+        cr_assert_str_eq(
+            s, "kinbox_tx_exec_values-and-kinbox_tx_exec_values_unique");
         h = "Issue 11, fifth pass: A/B \xe2\x86\x92 `x` (2026-12-02)";
         gh_slug(s, sizeof(s), h, strlen(h));
         cr_assert_str_eq(s, "issue-11-fifth-pass-ab--x-2026-12-02");
-        cr_assert(has_anchor("# A\n## B c\n```\n# not\n```\n## B c\n",
-                             "b-c-1"));
+        cr_assert(
+            has_anchor("# A\n## B c\n```\n# not\n```\n## B c\n", "b-c-1"));
         cr_assert(has_anchor("# A\n```\n# not a heading\n```\n",
                              "not-a-heading") == false);
 }
@@ -402,9 +401,10 @@ Test(docs, architecture_names_every_source_file)
 {
         char *arch = slurp(KINBOX_SOURCE_DIR "/docs/architecture.md");
         cr_assert(arch != NULL);
-        static const char *const pats[] = {
-            KINBOX_SOURCE_DIR "/src/*.[ch]", KINBOX_SOURCE_DIR "/src/db/*.[ch]",
-            KINBOX_SOURCE_DIR "/src/cli/*.[ch]"};
+        static const char *const pats[] = {KINBOX_SOURCE_DIR "/src/*.[ch]",
+                                           KINBOX_SOURCE_DIR "/src/db/*.[ch]",
+                                           KINBOX_SOURCE_DIR
+                                           "/src/cli/*.[ch]"};
         int files = 0;
         char *missing = NULL;
         size_t mlen = 0;
@@ -418,10 +418,10 @@ Test(docs, architecture_names_every_source_file)
                         snprintf(tick, sizeof(tick), "%s`", base);
                         /* As a whole name: `name` or `dir/name`. */
                         bool named = false;
-                        for (const char *q = strstr(arch, tick);
-                             q && !named; q = strstr(q + 1, tick))
-                                named = q > arch &&
-                                        (q[-1] == '`' || q[-1] == '/');
+                        for (const char *q = strstr(arch, tick); q && !named;
+                             q = strstr(q + 1, tick))
+                                named =
+                                    q > arch && (q[-1] == '`' || q[-1] == '/');
                         if (!named)
                                 fprintf(out, "  %s\n",
                                         g.gl_pathv[i] +

@@ -491,7 +491,8 @@ ParameterizedTest(int *backend, hardening, shutdown_is_bounded, .timeout = 400)
                           "kinbox run exited early:\n%s", kt_slurp(log));
                 kill(pid, SIGTERM);
                 kill(broker, SIGTERM);
-                kt_services(*backend ? "mysql-stop kill" : "pg-stop immediate");
+                kt_services(*backend ? "mysql-stop kill"
+                                     : "pg-stop immediate");
                 int rc = kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15);
                 waitpid(broker, NULL, 0);
                 kt_services(*backend ? "mysql-start" : "pg-start");

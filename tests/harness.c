@@ -221,15 +221,17 @@ kt_broker_select(void)
         if (!b || !*b || !strcmp(b, "devbroker"))
                 return;
         if (strcmp(b, "kafka")) {
-                fprintf(stderr, "harness: KT_BROKER=%s: want kafka or devbroker\n", b);
+                fprintf(stderr,
+                        "harness: KT_BROKER=%s: want kafka or devbroker\n", b);
                 exit(2);
         }
         const char *bs = getenv("KINBOX_KAFKA_BOOTSTRAP");
         if (!bs || !*bs) {
-                fprintf(stderr,
-                        "harness: KT_BROKER=kafka but KINBOX_KAFKA_BOOTSTRAP is not set "
-                        "(scripts/services start starts Apache Kafka and writes it to "
-                        "services.env)\n");
+                fprintf(stderr, "harness: KT_BROKER=kafka but "
+                                "KINBOX_KAFKA_BOOTSTRAP is not set "
+                                "(scripts/services start starts Apache Kafka "
+                                "and writes it to "
+                                "services.env)\n");
                 exit(2);
         }
         setenv("KINBOX_BOOTSTRAP", bs, 1);
@@ -240,7 +242,8 @@ char *
 kt_broker(const char *fmt, ...)
 {
         if (kt_real_kafka())
-                cr_fatal("kt_broker(\"%s\"): this test injects faults into the dev broker; "
+                cr_fatal("kt_broker(\"%s\"): this test injects faults into "
+                         "the dev broker; "
                          "it cannot run on real Kafka (KT_BROKER=kafka)",
                          fmt);
         const char *path = kt_env("KINBOX_DEVBROKER_CONTROL");
@@ -282,8 +285,9 @@ kt_topic_ready(rd_kafka_t *rk, const char *topic, int partitions)
         rd_kafka_topic_t *t = rd_kafka_topic_new(rk, topic, NULL);
         const struct rd_kafka_metadata *md = NULL;
         bool ok = false;
-        if (rd_kafka_metadata(rk, 0, t, &md, 5000) == 0 && md->topic_cnt == 1 &&
-            md->topics[0].err == 0 && md->topics[0].partition_cnt == partitions) {
+        if (rd_kafka_metadata(rk, 0, t, &md, 5000) == 0 &&
+            md->topic_cnt == 1 && md->topics[0].err == 0 &&
+            md->topics[0].partition_cnt == partitions) {
                 ok = true;
                 for (int i = 0; i < partitions; i++)
                         if (md->topics[0].partitions[i].err ||
@@ -320,8 +324,9 @@ kt_topic_kafka(const char *topic, int partitions)
         cr_assert(rd_kafka_event_error(ev) == 0, "create topic %s: %s", topic,
                   rd_kafka_event_error_string(ev));
         size_t n = 0;
-        const rd_kafka_topic_result_t **r = rd_kafka_CreateTopics_result_topics(
-            rd_kafka_event_CreateTopics_result(ev), &n);
+        const rd_kafka_topic_result_t **r =
+            rd_kafka_CreateTopics_result_topics(
+                rd_kafka_event_CreateTopics_result(ev), &n);
         cr_assert(n == 1, "create topic %s: %zu results", topic, n);
         rd_kafka_resp_err_t te = rd_kafka_topic_result_error(r[0]);
         cr_assert(te == 0 || te == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS,
@@ -334,7 +339,8 @@ kt_topic_kafka(const char *topic, int partitions)
         int tries = 0;
         while (!kt_topic_ready(rk, topic, partitions)) {
                 tries++;
-                cr_assert(tries < 300, "topic %s: partitions without a leader after 30 s",
+                cr_assert(tries < 300,
+                          "topic %s: partitions without a leader after 30 s",
                           topic);
                 usleep(100 * 1000);
         }

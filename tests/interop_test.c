@@ -305,8 +305,8 @@ ParameterizedTest(int *bidx, interop, same_partition, .timeout = 300)
                 fputs("\t-\n", f);
         }
         fclose(f);
-        char *jres = java(in, "produce %s %s", kt_env("KINBOX_BOOTSTRAP"),
-                          topic);
+        char *jres =
+            java(in, "produce %s %s", kt_env("KINBOX_BOOTSTRAP"), topic);
         int jpart[AGGS], calc[AGGS];
         {
                 char *save = NULL;
@@ -344,9 +344,9 @@ ParameterizedTest(int *bidx, interop, same_partition, .timeout = 300)
                   "the Java producer's own choice and its partitioner "
                   "differ");
         cr_assert(eq(int, elsewhere, 0),
-                  "%d of %d records off their key's Java partition",
-                  elsewhere, on_java + elsewhere);
-        cr_assert(eq(int, on_java, AGGS * ROWS + AGGS));
+                  "%d of %d records off their key's Java partition", elsewhere,
+                  on_java + elsewhere);
+        cr_assert(eq(int, on_java, AGGS *ROWS + AGGS));
 
         /* The old mapping, kept by configuration. */
         kt_exec(url, "DELETE FROM kinbox_outbox");
@@ -362,8 +362,7 @@ ParameterizedTest(int *bidx, interop, same_partition, .timeout = 300)
                 append(db, &m);
         }
         kinbox__db_destroy(db);
-        relay_drain(url, AGGS, "kafka.partitioner", "consistent_random",
-                    NULL);
+        relay_drain(url, AGGS, "kafka.partitioner", "consistent_random", NULL);
         java_consume(old, 2 * AGGS, &got);
         int moved = 0;
         for (size_t k = 0; k < got.n; k++) {
@@ -380,8 +379,8 @@ ParameterizedTest(int *bidx, interop, same_partition, .timeout = 300)
                 bool crc = !strcmp(got.v[k].value, "63");
                 int want = crc ? crc32_partition(keys[i], PARTS) : calc[i];
                 cr_assert(eq(int, got.v[k].partition, want),
-                          "key %s (%s) on partition %d, expected %d",
-                          keys[i], crc ? "consistent_random" : "default",
+                          "key %s (%s) on partition %d, expected %d", keys[i],
+                          crc ? "consistent_random" : "default",
                           got.v[k].partition, want);
                 moved += crc && want != calc[i];
         }
@@ -482,8 +481,9 @@ ParameterizedTest(int *bidx, interop, java_reads_relay, .timeout = 300)
                         if (!seen[i] && !strcmp(w[i].headers, r->headers) &&
                             !strcmp(w[i].key, r->key))
                                 n = i;
-                cr_assert(n >= 0, "record at %d/%lld matches no row: "
-                                  "key %s headers %s",
+                cr_assert(n >= 0,
+                          "record at %d/%lld matches no row: "
+                          "key %s headers %s",
                           r->partition, r->offset, r->key, r->headers);
                 seen[n] = true;
                 cr_assert(eq(str, r->value, w[n].value),
@@ -599,8 +599,9 @@ consume_grants(const char *url, const char *topic, int parts,
         cr_assert(eq(i64, committed, high), "offsets committed to the end");
         /* One flow row per order: business duplicates absorbed. */
         kt_assert_points(url, total, orders);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM "
-                                       "kinbox_dead_letter"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_dead_letter"),
                      0));
 }
 
@@ -660,7 +661,8 @@ ParameterizedTest(int *bidx, interop, cloudevents, .timeout = 300)
         time_t after = time(NULL);
         jrecs_t got;
         java_consume(out, 10, &got);
-        char *src = hx("/points-service"), *ty = hx("com.example.points.granted"),
+        char *src = hx("/points-service"),
+             *ty = hx("com.example.points.granted"),
              *sp = hx("com.example.special"), *ct = hx("application/json");
         for (size_t k = 0; k < got.n; k++) {
                 const char *h = got.v[k].headers;

@@ -95,9 +95,8 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
                  "batch.max = 50\n"
                  "kafka.partition.assignment.strategy = %s\n%s",
                  proto,
-                 p->static_members
-                     ? "kafka.group.instance.id = ${KT_MEMBER}\n"
-                     : "");
+                 p->static_members ? "kafka.group.instance.id = ${KT_MEMBER}\n"
+                                   : "");
         char *ini = kt_write_ini(url,
                                  "[consumer.points]\ngroup.id = %s\n"
                                  "topics = %s\nhandler = points\n%s",
@@ -121,8 +120,8 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
         const int rounds = 10, per_round = 400;
         for (int round = 0; round < rounds; round++) {
                 /* Re-sends of every 10th message at another offset. */
-                total += kt_produce_grants(topic, produced, per_round, 10,
-                                           "o", 0, NULL);
+                total += kt_produce_grants(topic, produced, per_round, 10, "o",
+                                           0, NULL);
                 produced += per_round;
                 int v = (int)(rand_r(&seed) % STORM_PROCS);
                 usleep((useconds_t)(rand_r(&seed) % 1500) * 1000);
@@ -135,9 +134,9 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
                 usleep((useconds_t)(500 + rand_r(&seed) % 2000) * 1000);
         }
         /* The group settles and applies every message once. */
-        cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, produced, 180),
-                     produced),
-                  "inbox rows after %d kills", kills);
+        cr_assert(
+            eq(i64, kt_wait_qint(url, SQL_INBOX, produced, 180), produced),
+            "inbox rows after %d kills", kills);
         /* The last one restarted is past its start-up (a SIGTERM between
          * fork and exec would meet the default action, not kinbox). */
         sleep(3);
@@ -162,9 +161,9 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
                 }
                 /* The others take the partitions (a rebalance after a
                  * LeaveGroup takes a few seconds on a real broker). */
-                for (int t = 0; t < 150 && i + 1 < STORM_PROCS &&
-                                assignments(logs + i + 1,
-                                            STORM_PROCS - i - 1) == before;
+                for (int t = 0;
+                     t < 150 && i + 1 < STORM_PROCS &&
+                     assignments(logs + i + 1, STORM_PROCS - i - 1) == before;
                      t++)
                         usleep(100000);
         }
@@ -172,8 +171,8 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
         /* Offsets: the group's committed position is the end of every
          * partition (committed only after the database COMMIT; a clean
          * stop commits the last of them). */
-        cr_assert(eq(i64, kt_committed_sum(group, topic, 6),
-                     kt_high_sum(topic, 6)));
+        cr_assert(
+            eq(i64, kt_committed_sum(group, topic, 6), kt_high_sum(topic, 6)));
 }
 
 /* ---- 2. topics that do not exist: auto-creation is off ---- */
@@ -181,8 +180,7 @@ ParameterizedTest(struct storm *p, rebalance, storm, .timeout = 420)
 /* A consumer of a topic nobody created says so and keeps running; once
  * the topic exists it consumes it. Nothing is created by kinbox. */
 KT_BACKENDS_PARAMS(topics, missing_consumer_topic)
-ParameterizedTest(int *backend, topics, missing_consumer_topic,
-                  .timeout = 180)
+ParameterizedTest(int *backend, topics, missing_consumer_topic, .timeout = 180)
 {
         need_kafka();
         char *url = kt_fresh_db(kt_backend(*backend));
@@ -234,8 +232,8 @@ topic_config(const char *topic, const char *name, const char *value)
         cr_assert(rk != NULL, "%s", e);
         rd_kafka_ConfigResource_t *res =
             rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic);
-        cr_assert(eq(int, rd_kafka_ConfigResource_set_config(res, name, value),
-                     0));
+        cr_assert(
+            eq(int, rd_kafka_ConfigResource_set_config(res, name, value), 0));
         rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
         rd_kafka_AlterConfigs(rk, &res, 1, NULL, q);
         rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 30000);
@@ -312,8 +310,7 @@ struct big {
 
 ParameterizedTestParameters(relay, too_large)
 {
-        static struct big all[] = {
-            {0, 0}, {1, 0}, {0, 1}, {1, 2}};
+        static struct big all[] = {{0, 0}, {1, 0}, {0, 1}, {1, 2}};
         return cr_make_param_array(struct big, all, 4);
 }
 
@@ -386,16 +383,18 @@ ParameterizedTest(struct big *p, relay, too_large, .timeout = 180)
                                   "status = 'sent' AND attempts > 0"),
                      0),
                   "rows charged for the large one (log %s)", log);
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
-                                  "status = 'dead' AND idem_key = 'k100' AND "
-                                  "last_error LIKE '%max.message.bytes (65536)%'"),
-                     1),
-                  "the dead row does not name the topic's limit (log %s)", log);
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND idem_key = 'k100' AND "
+                            "last_error LIKE '%max.message.bytes (65536)%'"),
+               1),
+            "the dead row does not name the topic's limit (log %s)", log);
         /* The single test broker's topics have one replica: said once. */
         char *out = kt_slurp(log);
-        cr_assert(out && strstr(out, "replication factor 1, min.insync.replicas 1"),
-                  "no warning about the topic's durability settings:\n%s", out);
+        cr_assert(
+            out && strstr(out, "replication factor 1, min.insync.replicas 1"),
+            "no warning about the topic's durability settings:\n%s", out);
         free(out);
         if (!strcmp(codec, "none"))
                 cr_assert(eq(i64,

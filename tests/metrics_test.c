@@ -343,8 +343,7 @@ ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
                          * KILL. */
                         snprintf(sql, sizeof(sql), "KILL %lld", id);
                         int e = kt_exec_err(admin, sql);
-                        cr_assert(e == 0 || e == 1094, "%s: MySQL %d", sql,
-                                  e);
+                        cr_assert(e == 0 || e == 1094, "%s: MySQL %d", sql, e);
                 }
         } else {
                 snprintf(sql, sizeof(sql), "DROP DATABASE %s WITH (FORCE)",
@@ -419,8 +418,7 @@ foreign_line(const char *text)
  * group client) and libmicrohttpd log through kinbox's logger: nothing
  * else reaches stderr. */
 KT_BACKENDS_PARAMS(metrics, stderr_only_log_lines)
-ParameterizedTest(int *backend, metrics, stderr_only_log_lines,
-                  .timeout = 180)
+ParameterizedTest(int *backend, metrics, stderr_only_log_lines, .timeout = 180)
 {
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("mlog");
@@ -442,10 +440,10 @@ ParameterizedTest(int *backend, metrics, stderr_only_log_lines,
         int port = wait_port(log);
         cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200),
                   "never ready");
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
-                                  20, 60),
-                     20));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 20, 60),
+               20));
         cr_assert(eq(i64,
                      kt_wait_qint(url,
                                   "SELECT COUNT(*) FROM kinbox_outbox "
@@ -468,8 +466,8 @@ ParameterizedTest(int *backend, metrics, stderr_only_log_lines,
                   bad ? bad : "");
         free(out);
         char *err = NULL;
-        cr_assert(eq(int, kt_kinbox(NULL, &err, false, "status -c %s", ini),
-                     0));
+        cr_assert(
+            eq(int, kt_kinbox(NULL, &err, false, "status -c %s", ini), 0));
         bad = foreign_line(err);
         cr_assert(bad == NULL,
                   "kinbox status: a line not in kinbox's format: %s",
@@ -552,8 +550,7 @@ pump(void *arg)
                         if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
                                 continue;
                         ssize_t n = read(pf[i].fd, buf, sizeof(buf));
-                        if (n <= 0 ||
-                            write(pf[1 - i].fd, buf, (size_t)n) != n)
+                        if (n <= 0 || write(pf[1 - i].fd, buf, (size_t)n) != n)
                                 goto done;
                 }
         }
@@ -576,9 +573,9 @@ freezer_main(void *arg)
                 if (c < 0)
                         continue;
                 int s = socket(AF_INET, SOCK_STREAM, 0);
-                struct sockaddr_in a = {
-                    .sin_family = AF_INET,
-                    .sin_port = htons((uint16_t)f->target_port)};
+                struct sockaddr_in a = {.sin_family = AF_INET,
+                                        .sin_port =
+                                            htons((uint16_t)f->target_port)};
                 a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
                 if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a))) {
                         close(c);
@@ -668,11 +665,11 @@ ParameterizedTest(int *backend, metrics, health_during_database_hang,
         /* Liveness: 20 probes, each answered within 2 s (it waited 20 s
          * behind the readiness checks on one thread before). */
         for (int i = 0; i < 20; i++) {
-                cr_assert(eq(int, http_get_within(port, "/healthz", 2, NULL),
-                             200),
-                          "/healthz %d did not answer while the database "
-                          "hung",
-                          i);
+                cr_assert(
+                    eq(int, http_get_within(port, "/healthz", 2, NULL), 200),
+                    "/healthz %d did not answer while the database "
+                    "hung",
+                    i);
                 usleep(100000);
         }
         for (int i = 0; i < 10; i++) {
@@ -758,11 +755,11 @@ Test(metrics, health_during_broker_outage_and_slowloris, .timeout = 180)
                                          &r[i]) == 0);
         }
         for (int i = 0; i < 10; i++)
-                cr_assert(eq(int, http_get_within(port, "/healthz", 2, NULL),
-                             200),
-                          "/healthz %d did not answer while /readyz waited "
-                          "on the broker",
-                          i);
+                cr_assert(
+                    eq(int, http_get_within(port, "/healthz", 2, NULL), 200),
+                    "/healthz %d did not answer while /readyz waited "
+                    "on the broker",
+                    i);
         for (int i = 0; i < 10; i++) {
                 pthread_join(r[i].th, NULL);
                 cr_assert(eq(int, r[i].status, 503));
@@ -783,19 +780,21 @@ Test(metrics, health_during_broker_outage_and_slowloris, .timeout = 180)
                         close(fd);
                         continue;
                 }
-                if (write(fd, "GET /healthz HTTP/1.1\r\n", 23) < 0) {}
+                if (write(fd, "GET /healthz HTTP/1.1\r\n", 23) < 0) {
+                }
                 held[nheld++] = fd;
         }
         cr_assert(nheld > 64, "only %d connections opened", nheld);
         for (int i = 0; i < 20; i++) {
                 /* The attackers keep trickling. */
                 for (int k = 0; k < nheld; k++)
-                        if (write(held[k], "x", 1) < 0) {}
-                cr_assert(eq(int, http_get_within(port, "/healthz", 2, NULL),
-                             200),
-                          "/healthz probe %d refused while 300 slow "
-                          "connections of its address were open",
-                          i);
+                        if (write(held[k], "x", 1) < 0) {
+                        }
+                cr_assert(
+                    eq(int, http_get_within(port, "/healthz", 2, NULL), 200),
+                    "/healthz probe %d refused while 300 slow "
+                    "connections of its address were open",
+                    i);
                 usleep(100000);
         }
         for (int k = 0; k < nheld; k++)

@@ -17,9 +17,9 @@
 enum { BIG = 900 * 1024, KEY = 64 * 1024, NHDR = 1000 };
 
 typedef struct rec {
-        const char *id;   /* NULL: no message_id header */
+        const char *id; /* NULL: no message_id header */
         size_t id_len;
-        char *key;        /* NULL: "k" */
+        char *key; /* NULL: "k" */
         size_t key_len;
         char *payload;
         size_t payload_len;
@@ -56,7 +56,8 @@ produce(const char *topic, const rec_t *r, size_t n)
                     RD_KAFKA_V_VALUE(r[i].payload, r[i].payload_len),
                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                     RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
-                cr_assert(err == 0, "produce %zu: %s", i, rd_kafka_err2str(err));
+                cr_assert(err == 0, "produce %zu: %s", i,
+                          rd_kafka_err2str(err));
                 rd_kafka_poll(rk, 0);
         }
         cr_assert(rd_kafka_flush(rk, 60000) == 0, "flush");
@@ -67,8 +68,9 @@ static char *
 grant(const char *order, int user, int pts, size_t pad)
 {
         char *p = malloc(pad + 200);
-        int n = sprintf(p, "{\"order_id\":\"%s\",\"user_id\":%d,"
-                           "\"grant_points\":%d,\"pad\":\"",
+        int n = sprintf(p,
+                        "{\"order_id\":\"%s\",\"user_id\":%d,"
+                        "\"grant_points\":%d,\"pad\":\"",
                         order, user, pts);
         memset(p + n, 'x', pad);
         strcpy(p + n + pad, "\"}");
@@ -99,39 +101,48 @@ ParameterizedTest(int *backend, oddmsg, big_and_odd, .timeout = 300)
                 if (i == 50) {
                         /* the odd ones, in the middle of the stream */
                         char *bigkey = filled(KEY, 'K');
-                        r[n++] = (rec_t){"big-ok", 6, NULL, 0,
-                                         grant("o-big", 1, 7, BIG), 0, 0};
-                        r[n++] = (rec_t){"big-bad", 7, NULL, 0,
+                        r[n++] = (rec_t){
+                            "big-ok", 6, NULL, 0, grant("o-big", 1, 7, BIG),
+                            0,        0};
+                        r[n++] = (rec_t){"big-bad",        7,   NULL, 0,
                                          filled(BIG, '#'), BIG, 0};
-                        r[n++] = (rec_t){"hdr-ok", 6, NULL, 0,
-                                         grant("o-hdr", 2, 5, 0), 0, NHDR};
-                        r[n++] = (rec_t){"hdr-bad", 7, NULL, 0,
+                        r[n++] = (rec_t){
+                            "hdr-ok", 6,   NULL, 0, grant("o-hdr", 2, 5, 0),
+                            0,        NHDR};
+                        r[n++] = (rec_t){"hdr-bad",       7,  NULL, 0,
                                          filled(10, '#'), 10, NHDR};
-                        r[n++] = (rec_t){"key-ok", 6, bigkey, KEY,
-                                         grant("o-key", 3, 3, 0), 0, 0};
-                        r[n++] = (rec_t){"key-bad", 7, bigkey, KEY,
+                        r[n++] = (rec_t){
+                            "key-ok", 6, bigkey, KEY, grant("o-key", 3, 3, 0),
+                            0,        0};
+                        r[n++] = (rec_t){"key-bad",       7,  bigkey, KEY,
                                          filled(10, '#'), 10, 0};
                         total += 7 + 5 + 3;
                         static char longid[300];
                         memset(longid, 'L', 299);
-                        r[n++] = (rec_t){"", 0, NULL, 0,
-                                         grant("o-e", 4, 1, 0), 0, 0};
-                        r[n++] = (rec_t){longid, 299, NULL, 0,
-                                         grant("o-l", 4, 1, 0), 0, 0};
-                        r[n++] = (rec_t){"a\0b", 3, NULL, 0,
-                                         grant("o-n", 4, 1, 0), 0, 0};
-                        r[n++] = (rec_t){"\xff\xfe", 2, NULL, 0,
-                                         grant("o-u", 4, 1, 0), 0, 0};
-                        r[n++] = (rec_t){NULL, 0, NULL, 0,
-                                         grant("o-x", 4, 1, 0), 0, 0};
+                        r[n++] = (rec_t){"", 0, NULL, 0, grant("o-e", 4, 1, 0),
+                                         0,  0};
+                        r[n++] = (rec_t){
+                            longid, 299, NULL, 0, grant("o-l", 4, 1, 0), 0, 0};
+                        r[n++] = (rec_t){
+                            "a\0b", 3, NULL, 0, grant("o-n", 4, 1, 0), 0, 0};
+                        r[n++] = (rec_t){
+                            "\xff\xfe", 2, NULL, 0, grant("o-u", 4, 1, 0),
+                            0,          0};
+                        r[n++] = (rec_t){
+                            NULL, 0, NULL, 0, grant("o-x", 4, 1, 0), 0, 0};
                 }
                 snprintf(ids[i], sizeof(ids[i]), "m-%d", i);
                 char order[32];
                 snprintf(order, sizeof(order), "o-%d", i);
                 int pts = i % 13 + 1;
                 total += pts;
-                r[n++] = (rec_t){ids[i], strlen(ids[i]), NULL, 0,
-                                 grant(order, 10 + i % 7, pts, 0), 0, 0};
+                r[n++] = (rec_t){ids[i],
+                                 strlen(ids[i]),
+                                 NULL,
+                                 0,
+                                 grant(order, 10 + i % 7, pts, 0),
+                                 0,
+                                 0};
         }
         for (size_t i = 0; i < n; i++)
                 if (!r[i].payload_len)
@@ -139,18 +150,19 @@ ParameterizedTest(int *backend, oddmsg, big_and_odd, .timeout = 300)
         produce(topic, r, n);
 
         char *group = kt_unique("godd");
-        char *ini = kt_write_ini(url,
-                                 "[consumer.p]\ntopics = %s\nhandler = points\n"
-                                 "group.id = %s\n",
-                                 topic, group);
+        char *ini =
+            kt_write_ini(url,
+                         "[consumer.p]\ntopics = %s\nhandler = points\n"
+                         "group.id = %s\n",
+                         topic, group);
         char *log = kt_tmp("oddmsg.log");
         pid_t p = kt_spawn_kinbox(ini, NULL, log);
         /* 103 applied + 3 dead (big-bad, hdr-bad, key-bad) in the inbox;
          * 5 without a usable id dead-lettered. */
         long long dead = kt_wait_qint(
             url, "SELECT COUNT(*) FROM kinbox_dead_letter", 8, 120);
-        long long inbox = kt_wait_qint(
-            url, "SELECT COUNT(*) FROM kinbox_inbox", 106, 60);
+        long long inbox =
+            kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 106, 60);
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0), "see %s", log);
         cr_assert(eq(i64, dead, 8), "see %s", log);
@@ -175,10 +187,11 @@ ParameterizedTest(int *backend, oddmsg, big_and_odd, .timeout = 300)
         char *out = NULL;
         long long id = kt_qint(url, "SELECT id FROM kinbox_dead_letter WHERE "
                                     "message_id = 'hdr-bad'");
-        cr_assert(eq(int, kt_kinbox(&out, NULL, true, "dead show %lld -c %s",
-                                    id, ini),
-                     0),
-                  "%s", out);
+        cr_assert(
+            eq(int,
+               kt_kinbox(&out, NULL, true, "dead show %lld -c %s", id, ini),
+               0),
+            "%s", out);
         cr_assert(strstr(out, "h0: v; h1: v;") && strstr(out, "h999: v"),
                   "the 1,000 headers are not all kept: %.300s", out);
         free(out);
@@ -186,13 +199,14 @@ ParameterizedTest(int *backend, oddmsg, big_and_odd, .timeout = 300)
                                           "NUL byte", "not valid UTF-8",
                                           "no header"};
         for (size_t i = 0; i < sizeof(why) / sizeof(why[0]); i++)
-                cr_assert(eq(i64,
-                             kt_qintf(url,
-                                      "SELECT COUNT(*) FROM kinbox_dead_letter "
-                                      "WHERE error LIKE '%%%s%%'",
-                                      why[i]),
-                             1),
-                          "no dead letter saying \"%s\": see %s", why[i], log);
+                cr_assert(
+                    eq(i64,
+                       kt_qintf(url,
+                                "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                "WHERE error LIKE '%%%s%%'",
+                                why[i]),
+                       1),
+                    "no dead letter saying \"%s\": see %s", why[i], log);
         for (size_t i = 0; i < n; i++) {
                 free(r[i].payload);
                 if (r[i].key && (i == 0 || r[i].key != r[i - 1].key))

@@ -25,7 +25,8 @@
 #include <unistd.h>
 
 #ifndef KT_OTELCOL_VERSION
-#error "KT_OTELCOL_VERSION (tools/otelcol/go.mod) comes from tests/CMakeLists.txt"
+#error                                                                        \
+    "KT_OTELCOL_VERSION (tools/otelcol/go.mod) comes from tests/CMakeLists.txt"
 #endif
 
 /* Collectors of this test process, killed at exit (a failed assertion
@@ -188,10 +189,11 @@ kt_otelcol_start(pid_t *pid_out, char **spans_file)
         if (access(bin, X_OK) != 0) {
                 const char *knob = getenv("KINBOX_TEST_NO_OTEL");
                 if (knob && *knob)
-                        cr_fatal("no OpenTelemetry Collector (%s): "
-                                 "KINBOX_TEST_NO_OTEL is set, so scripts/setup "
-                                 "did not build it; this test needs it",
-                                 bin);
+                        cr_fatal(
+                            "no OpenTelemetry Collector (%s): "
+                            "KINBOX_TEST_NO_OTEL is set, so scripts/setup "
+                            "did not build it; this test needs it",
+                            bin);
                 cr_fatal("no OpenTelemetry Collector at %s (%s): run "
                          "scripts/setup, which builds it, or point "
                          "KINBOX_OTELCOL at one (KINBOX_TEST_NO_OTEL=1 "
@@ -236,7 +238,8 @@ kt_otelcol_start(pid_t *pid_out, char **spans_file)
                         waitpid(pid, NULL, 0);
                         cr_fatal("the OpenTelemetry Collector (%s) did not "
                                  "answer on 127.0.0.1:%d within 10 s; its "
-                                 "log %s:\n%s", bin, port, log_path, tail);
+                                 "log %s:\n%s",
+                                 bin, port, log_path, tail);
                 }
                 if (!in_use)
                         cr_fatal("the OpenTelemetry Collector (%s) exited "
@@ -246,7 +249,8 @@ kt_otelcol_start(pid_t *pid_out, char **spans_file)
                 free(tail);
         }
         cr_fatal("the OpenTelemetry Collector found its port taken 3 times "
-                 "(log %s)", log_path);
+                 "(log %s)",
+                 log_path);
         return NULL;
 }
 
@@ -261,7 +265,8 @@ kt_otelcol_stop(pid_t pid)
         kill(pid, SIGTERM);
         if (kt_wait_exit(pid, 5) == -1000)
                 cr_log_warn("the OpenTelemetry Collector (pid %d) ignored "
-                            "SIGTERM for 5 s: killed", (int)pid);
+                            "SIGTERM for 5 s: killed",
+                            (int)pid);
 }
 
 /* ------------------------------------------------------------ reading */
@@ -296,7 +301,8 @@ any_value_str(json_t *v)
         json_t *x;
         char b[64];
         if ((x = json_object_get(v, "stringValue")))
-                return strdup(json_string_value(x) ? json_string_value(x) : "");
+                return strdup(json_string_value(x) ? json_string_value(x)
+                                                   : "");
         if ((x = json_object_get(v, "intValue"))) {
                 if (json_is_integer(x))
                         snprintf(b, sizeof(b), "%" JSON_INTEGER_FORMAT,
@@ -313,7 +319,8 @@ any_value_str(json_t *v)
                 snprintf(b, sizeof(b), "%.17g", json_number_value(x));
                 return strdup(b);
         }
-        char *s = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+        char *s =
+            json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
         return s ? s : strdup("");
 }
 
@@ -338,7 +345,8 @@ resource_service(json_t *resource)
         json_t *attrs = json_object_get(resource, "attributes");
         for (size_t i = 0; i < json_array_size(attrs); i++) {
                 json_t *kv = json_array_get(attrs, i);
-                const char *key = json_string_value(json_object_get(kv, "key"));
+                const char *key =
+                    json_string_value(json_object_get(kv, "key"));
                 if (key && strcmp(key, "service.name") == 0) {
                         const char *s = json_string_value(json_object_get(
                             json_object_get(kv, "value"), "stringValue"));
@@ -418,8 +426,8 @@ kt_otelcol_spans(const char *spans_file, kt_span_t **out)
                 if (*line) {
                         json_error_t e;
                         json_t *doc = json_loads(line, 0, &e);
-                        cr_assert(doc != NULL, "%s:%d: %s", spans_file,
-                                  lineno, e.text);
+                        cr_assert(doc != NULL, "%s:%d: %s", spans_file, lineno,
+                                  e.text);
                         read_line(&a, doc);
                         json_decref(doc);
                 }

@@ -46,8 +46,8 @@ typedef struct {
         int kind;
         uint64_t start_ns, end_ns;
         int status_code;
-        char *service;          /* resource attribute service.name, or "" */
-        char *scope;            /* instrumentation scope name, or "" */
+        char *service; /* resource attribute service.name, or "" */
+        char *scope; /* instrumentation scope name, or "" */
         kt_span_attr_t *attrs;
         size_t nattrs;
 } kt_span_t;
@@ -80,7 +80,6 @@ void kt_otelcol_spans_free(kt_span_t *spans, int n);
 const char *kt_span_attr(const kt_span_t *s, const char *key);
 
 /* The first span named name, or NULL. */
-kt_span_t *kt_span_find(kt_span_t *spans, int n,
-                        const char *name);
+kt_span_t *kt_span_find(kt_span_t *spans, int n, const char *name);
 
 #endif

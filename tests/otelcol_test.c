@@ -48,7 +48,8 @@ http_post(const char *url, const char *path, const char *type,
         char b[4096];
         size_t n = 0;
         ssize_t r;
-        while (n < sizeof(b) - 1 && (r = read(fd, b + n, sizeof(b) - 1 - n)) > 0)
+        while (n < sizeof(b) - 1 &&
+               (r = read(fd, b + n, sizeof(b) - 1 - n)) > 0)
                 n += (size_t)r;
         close(fd);
         b[n] = '\0';
@@ -71,8 +72,11 @@ static const char trace_json[] =
     "    \"startTimeUnixNano\":\"1760000000000000000\","
     "    \"endTimeUnixNano\":\"1760000000002000000\","
     "    \"attributes\":["
-    "     {\"key\":\"messaging.system\",\"value\":{\"stringValue\":\"kafka\"}},"
-    "     {\"key\":\"messaging.destination.name\",\"value\":{\"stringValue\":\"orders\"}}]}]}]},"
+    "     "
+    "{\"key\":\"messaging.system\",\"value\":{\"stringValue\":\"kafka\"}},"
+    "     "
+    "{\"key\":\"messaging.destination.name\",\"value\":{\"stringValue\":"
+    "\"orders\"}}]}]}]},"
     " {\"resource\":{\"attributes\":["
     "   {\"key\":\"service.name\",\"value\":{\"stringValue\":\"points\"}}]},"
     "  \"scopeSpans\":[{\"scope\":{\"name\":\"kinbox\"},"
@@ -85,9 +89,13 @@ static const char trace_json[] =
     "    \"endTimeUnixNano\":\"1760000000009000000\","
     "    \"status\":{\"code\":2,\"message\":\"dead-lettered\"},"
     "    \"attributes\":["
-    "     {\"key\":\"messaging.system\",\"value\":{\"stringValue\":\"kafka\"}},"
-    "     {\"key\":\"messaging.kafka.offset\",\"value\":{\"intValue\":\"42\"}},"
-    "     {\"key\":\"messaging.destination.partition.id\",\"value\":{\"stringValue\":\"3\"}},"
+    "     "
+    "{\"key\":\"messaging.system\",\"value\":{\"stringValue\":\"kafka\"}},"
+    "     "
+    "{\"key\":\"messaging.kafka.offset\",\"value\":{\"intValue\":\"42\"}},"
+    "     "
+    "{\"key\":\"messaging.destination.partition.id\",\"value\":{"
+    "\"stringValue\":\"3\"}},"
     "     {\"key\":\"kinbox.duplicate\",\"value\":{\"boolValue\":false}},"
     "     {\"key\":\"kinbox.attempt\",\"value\":{\"intValue\":2}},"
     "     {\"key\":\"kinbox.ratio\",\"value\":{\"doubleValue\":0.5}}]}]}]}"
@@ -106,8 +114,8 @@ Test(otelcol, one_trace_round_trip, .timeout = 60)
         cr_assert(eq(int, kt_otelcol_spans(spans_file, &s), 0),
                   "spans before any was sent");
 
-        int st = http_post(endpoint, "/v1/traces", "application/json",
-                           trace_json);
+        int st =
+            http_post(endpoint, "/v1/traces", "application/json", trace_json);
         cr_assert(eq(int, st, 200), "POST %s/v1/traces: %d", endpoint, st);
 
         /* Written before the answer: no wait needed, but be lenient. */
@@ -134,27 +142,35 @@ Test(otelcol, one_trace_round_trip, .timeout = 60)
         cr_assert(eq(int, p->status_code, 0));
 
         cr_assert(eq(sz, p->nattrs, 2));
-        cr_assert(eq(str, (char *)kt_span_attr(p, "messaging.system"), "kafka"));
-        cr_assert(eq(str, (char *)kt_span_attr(p, "messaging.destination.name"),
+        cr_assert(
+            eq(str, (char *)kt_span_attr(p, "messaging.system"), "kafka"));
+        cr_assert(eq(str,
+                     (char *)kt_span_attr(p, "messaging.destination.name"),
                      "orders"));
-        cr_assert(eq(str, (char *)kt_span_attr(c, "messaging.kafka.offset"), "42"));
-        cr_assert(eq(str, (char *)kt_span_attr(c, "messaging.destination.partition.id"),
-                     "3"));
-        cr_assert(eq(str, (char *)kt_span_attr(c, "kinbox.duplicate"), "false"));
+        cr_assert(
+            eq(str, (char *)kt_span_attr(c, "messaging.kafka.offset"), "42"));
+        cr_assert(eq(
+            str, (char *)kt_span_attr(c, "messaging.destination.partition.id"),
+            "3"));
+        cr_assert(
+            eq(str, (char *)kt_span_attr(c, "kinbox.duplicate"), "false"));
         cr_assert(eq(str, (char *)kt_span_attr(c, "kinbox.attempt"), "2"));
         cr_assert(eq(str, (char *)kt_span_attr(c, "kinbox.ratio"), "0.5"));
         cr_assert(kt_span_attr(c, "messaging.destination.name") == NULL);
         kt_otelcol_spans_free(s, n);
 
         /* A second batch is a second line; the first is still there. */
-        cr_assert(eq(int, http_post(endpoint, "/v1/traces", "application/json",
-                                    trace_json), 200));
+        cr_assert(eq(
+            int,
+            http_post(endpoint, "/v1/traces", "application/json", trace_json),
+            200));
         n = kt_otelcol_wait_spans(spans_file, 4, 10, &s);
         cr_assert(eq(int, n, 4));
         kt_otelcol_spans_free(s, n);
 
         /* Garbage is refused, and adds nothing. */
-        st = http_post(endpoint, "/v1/traces", "application/json", "{not json");
+        st =
+            http_post(endpoint, "/v1/traces", "application/json", "{not json");
         cr_assert(eq(int, st, 400), "bad JSON: %d", st);
         n = kt_otelcol_spans(spans_file, &s);
         cr_assert(eq(int, n, 4));
@@ -162,8 +178,10 @@ Test(otelcol, one_trace_round_trip, .timeout = 60)
 
         kt_otelcol_stop(pid);
         cr_assert(kill(pid, 0) != 0, "the collector still runs after stop");
-        cr_assert(eq(int, http_post(endpoint, "/v1/traces", "application/json",
-                                    trace_json), -1),
+        cr_assert(eq(int,
+                     http_post(endpoint, "/v1/traces", "application/json",
+                               trace_json),
+                     -1),
                   "the endpoint still answers after stop");
 }
 
@@ -177,8 +195,9 @@ Test(otelcol, two_at_once, .timeout = 60)
         char *e2 = kt_otelcol_start(&p2, &f2);
         cr_assert(ne(str, e1, e2));
         cr_assert(ne(str, f1, f2));
-        cr_assert(eq(int, http_post(e2, "/v1/traces", "application/json",
-                                    trace_json), 200));
+        cr_assert(eq(
+            int, http_post(e2, "/v1/traces", "application/json", trace_json),
+            200));
         kt_span_t *s;
         int n = kt_otelcol_wait_spans(f2, 2, 10, &s);
         cr_assert(eq(int, n, 2));

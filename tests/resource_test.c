@@ -80,8 +80,9 @@ Test(resource, pg_disk_full, .timeout = 300, .fini = unmount)
                  ts, ts, ts);
         kt_exec(url, sql);
         /* Fill it: one statement that fails when the disk is full. */
-        int e = kt_exec_err(url, "INSERT INTO filler SELECT repeat(md5(g::text), "
-                                 "20) FROM generate_series(1, 1000000) g");
+        int e =
+            kt_exec_err(url, "INSERT INTO filler SELECT repeat(md5(g::text), "
+                             "20) FROM generate_series(1, 1000000) g");
         cr_assert(e != 0, "the 4 MB tablespace did not fill up");
 
         char *topic = kt_unique("res_full");
@@ -101,23 +102,24 @@ Test(resource, pg_disk_full, .timeout = 300, .fini = unmount)
         pid_t p = kt_spawn_kinbox(ini, NULL, log);
         for (int i = 0; i < 300 && !log_has(log, "out of a resource"); i++)
                 usleep(100000);
-        cr_assert(log_has(log, "warning consumer: worker 0: batch rolled back: "
-                               "the database is out of a resource"),
+        cr_assert(log_has(log,
+                          "warning consumer: worker 0: batch rolled back: "
+                          "the database is out of a resource"),
                   "no warning for the full disk: see %s", log);
         cr_assert(log_has(log, "53100") || log_has(log, "No space left"),
                   "the warning does not say what is full: see %s", log);
         sleep(2);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     0));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 0));
         cr_assert(eq(i64, kt_committed_sum(group, topic, 3), 0),
                   "offsets committed while nothing was applied");
 
         /* The operator frees the space: no restart. */
         kt_exec(url, "DROP TABLE filler");
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 600,
-                                  120),
-                     600));
+        cr_assert(eq(
+            i64,
+            kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 600, 120),
+            600));
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0), "see %s", log);
         kt_assert_points(url, total, 600);
@@ -149,8 +151,8 @@ hold_conn(const char *url)
 static void
 hold_exec(kinbox__db_t *db, const char *sql)
 {
-        cr_assert(kinbox__db_queryv(db, sql, 0, NULL, NULL) == 0, "%s: %s", sql,
-                  db->err.msg);
+        cr_assert(kinbox__db_queryv(db, sql, 0, NULL, NULL) == 0, "%s: %s",
+                  sql, db->err.msg);
 }
 
 static const char *g_my_admin; /* restore max_connections at the end */
@@ -197,10 +199,10 @@ ParameterizedTest(int *backend, resource, connection_slots, .timeout = 300,
         long long total = kt_produce_grants(topic, 0, 300, 0, "sl", 0, NULL);
         char *log = kt_tmp("res_slots.log");
         pid_t p = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 300,
-                                  90),
-                     300));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 300, 90),
+               300));
 
         /* Take every slot, then cut the consumer's connections. */
         kinbox__db_t *h[32] = {hold_conn(url)};
@@ -249,7 +251,8 @@ ParameterizedTest(int *backend, resource, connection_slots, .timeout = 300,
         }
 
         long long more = kt_produce_grants(topic, 300, 300, 0, "sl", 0, NULL);
-        const char *want = my ? "Too many connections" : "too many connections";
+        const char *want =
+            my ? "Too many connections" : "too many connections";
         bool seen = false;
         for (int i = 0; i < 300 && !seen; i++) {
                 char *s = kt_slurp(log);
@@ -279,15 +282,14 @@ ParameterizedTest(int *backend, resource, connection_slots, .timeout = 300,
         for (int i = 0; i < nh; i++)
                 kinbox__db_destroy(h[i]);
         cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 600,
-                                  120),
+                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
+                                  600, 120),
                      600),
                   "see %s", log);
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0), "see %s", log);
         kt_assert_points(url, total + more, 600);
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
         cr_assert(eq(i64, kt_committed_sum(group, topic, 3), 600));
 }

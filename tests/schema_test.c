@@ -43,8 +43,8 @@ has(const char *s, const char *needle)
 }
 
 /* `kinbox ARGS`, stdout and stderr together in *out. */
-static int
-kb(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int kb(char **out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static int
 kb(char **out, const char *fmt, ...)
 {
@@ -73,8 +73,8 @@ known_migrations(const char *url, int *top)
         kinbox__db_t *db = db_open(url);
         int n = 0;
         *top = 0;
-        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
-             m = kinbox__migration_next(db, m)) {
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL);
+             m; m = kinbox__migration_next(db, m)) {
                 n++;
                 *top = m->version > *top ? m->version : *top;
         }
@@ -91,8 +91,8 @@ migrate_upto(const char *url, int upto)
         const struct kinbox__sql *d = db->ops->sql;
         cr_assert(db->ops->script(db, d->migrations_table) == 0, "%s",
                   db->err.msg);
-        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL); m;
-             m = kinbox__migration_next(db, m)) {
+        for (const kinbox__migration_t *m = kinbox__migration_next(db, NULL);
+             m; m = kinbox__migration_next(db, m)) {
                 if (m->version > upto)
                         continue;
                 char *sql = NULL;
@@ -263,13 +263,14 @@ ParameterizedTest(int *backend, schema, upgrade_in_place, .timeout = 300)
                      "kafka_partition, next_offset) VALUES ('p', 'old', 0, "
                      "100)");
         char sql[600];
-        snprintf(sql, sizeof(sql),
-                 "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
-                 "kafka_partition, kafka_offset, headers, error, dead_at, "
-                 "first_failed_at) VALUES ('p', 'old-dead', 'old', 0, 1, "
-                 "'[{\"name\":\"a\",\"value\":\"x\"}]', 'bad', %s, %s)",
-                 my ? "CURRENT_TIMESTAMP(6)" : "now()",
-                 my ? "CURRENT_TIMESTAMP(6)" : "now()");
+        snprintf(
+            sql, sizeof(sql),
+            "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
+            "kafka_partition, kafka_offset, headers, error, dead_at, "
+            "first_failed_at) VALUES ('p', 'old-dead', 'old', 0, 1, "
+            "'[{\"name\":\"a\",\"value\":\"x\"}]', 'bad', %s, %s)",
+            my ? "CURRENT_TIMESTAMP(6)" : "now()",
+            my ? "CURRENT_TIMESTAMP(6)" : "now()");
         kt_exec(url, sql);
 
         char *ini = kt_write_ini(url,
@@ -302,15 +303,16 @@ ParameterizedTest(int *backend, schema, upgrade_in_place, .timeout = 300)
         /* The stream: m-0..m-99 again (already applied: absorbed), and
          * m-100..m-199 (new). */
         kt_produce_grants(topic, 0, 100, 0, "ord", 0, NULL);
-        long long total = kt_produce_grants(topic, 100, 100, 0, "ord", 0, NULL);
+        long long total =
+            kt_produce_grants(topic, 100, 100, 0, "ord", 0, NULL);
         char *log = kt_tmp("sch_up.log");
         pid_t p = kt_spawn_kinbox(ini, NULL, log);
         long long inbox = kt_wait_qint(
             url, "SELECT COUNT(*) FROM kinbox_inbox WHERE consumer = 'p'", 200,
             90);
         long long sent = kt_wait_qint(
-            url, "SELECT COUNT(*) FROM kinbox_outbox WHERE status = 'sent'", 50,
-            90);
+            url, "SELECT COUNT(*) FROM kinbox_outbox WHERE status = 'sent'",
+            50, 90);
         kill(p, SIGTERM);
         cr_assert(eq(int, kt_wait(p, 60), 0), "kinbox run: see %s", log);
         cr_assert(eq(i64, inbox, 200));
@@ -388,8 +390,8 @@ ParameterizedTest(int *backend, schema, module_versions, .timeout = 180)
         cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 0), "%s", out);
         cr_assert(has(out, "kinbox schema: up to date"), "%s", out);
         char want[64];
-        snprintf(want, sizeof(want), "handler points schema: applied version %d",
-                 v);
+        snprintf(want, sizeof(want),
+                 "handler points schema: applied version %d", v);
         cr_assert(has(out, want), "%s", out);
         free(out);
         cr_assert(eq(int, kb(&out, "status -c %s", ini), 0), "%s", out);
@@ -428,10 +430,10 @@ ParameterizedTest(int *backend, schema, consumer_database, .timeout = 180)
                            "applied version"),
                   "%s", out);
         free(out);
-        cr_assert(eq(i64, kt_qint(own, "SELECT COUNT(*) FROM kinbox_inbox"),
-                     0));
-        cr_assert(eq(i64, kt_qint(own, "SELECT COUNT(*) FROM user_account"),
-                     0));
+        cr_assert(
+            eq(i64, kt_qint(own, "SELECT COUNT(*) FROM kinbox_inbox"), 0));
+        cr_assert(
+            eq(i64, kt_qint(own, "SELECT COUNT(*) FROM user_account"), 0));
         cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 0), "%s", out);
         cr_assert(not(has(out, ": applied")), "%s", out);
         free(out);

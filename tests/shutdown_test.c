@@ -86,8 +86,9 @@ assert_clean_exit(int rc, int round, const char *log)
                   SHUTDOWN_BOUND_S + 15, kt_slurp(log));
         cr_assert(rc >= 0, "round %d: died of signal %d after SIGTERM:\n%s",
                   round, -rc, kt_slurp(log));
-        cr_assert(eq(int, rc, 0), "round %d: exit status %d after SIGTERM:\n%s",
-                  round, rc, kt_slurp(log));
+        cr_assert(eq(int, rc, 0),
+                  "round %d: exit status %d after SIGTERM:\n%s", round, rc,
+                  kt_slurp(log));
 }
 
 /* The last run: consume the rest, then every message counted once. */
@@ -114,8 +115,8 @@ finish_exact(const char *ini, const char *url, long long total)
         cr_assert(eq(i64, kt_wait_qint(url, SQL_INBOX, BACKLOG, 120), BACKLOG),
                   "backlog not consumed:\n%s", kt_slurp(log));
         kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15), 0),
-                  "%s", kt_slurp(log));
+        cr_assert(eq(int, kt_wait_exit(pid, SHUTDOWN_BOUND_S + 15), 0), "%s",
+                  kt_slurp(log));
         kt_assert_points(url, total, BACKLOG);
 }
 
@@ -128,7 +129,8 @@ ParameterizedTest(int *backend, shutdown, term_under_load, .timeout = 600)
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("sd");
         kt_topic(topic, PARTITIONS);
-        long long total = kt_produce_grants(topic, 0, BACKLOG, 0, "o", 0, NULL);
+        long long total =
+            kt_produce_grants(topic, 0, BACKLOG, 0, "o", 0, NULL);
         bool real = kt_real_kafka();
         char *ini = shutdown_ini(url, kt_unique("sdg"), topic,
                                  real ? SESSION_MS : MOCK_SESSION_MS);
@@ -159,16 +161,18 @@ ParameterizedTest(int *backend, shutdown, term_all_down, .timeout = 900)
         char *url = kt_fresh_db(kt_backend(*backend));
         char *topic = kt_unique("sdd");
         kt_topic(topic, PARTITIONS);
-        long long total = kt_produce_grants(topic, 0, BACKLOG, 0, "o", 0, NULL);
+        long long total =
+            kt_produce_grants(topic, 0, BACKLOG, 0, "o", 0, NULL);
         /* The member is never told to leave: its session (6 s) expires
          * before the next round joins. */
-        char *ini = shutdown_ini(url, kt_unique("sddg"), topic,
-                                 MOCK_SESSION_MS);
+        char *ini =
+            shutdown_ini(url, kt_unique("sddg"), topic, MOCK_SESSION_MS);
         long long seen = 0;
         for (int round = 0; round < ROUNDS; round++) {
                 char *log = kt_tmp("shutdown_down");
                 pid_t pid = start_consuming(ini, url, log, &seen, 60);
-                kt_services(*backend ? "mysql-stop kill" : "pg-stop immediate");
+                kt_services(*backend ? "mysql-stop kill"
+                                     : "pg-stop immediate");
                 kt_broker("broker-down all");
                 sleep(1);
                 kill(pid, SIGTERM);

@@ -31,8 +31,7 @@ produce_traced(const char *topic, const char *id, const char *tp,
         rd_kafka_headers_t *h = rd_kafka_headers_new(2);
         rd_kafka_header_add(h, "message_id", -1, id, -1);
         if (tp)
-                rd_kafka_header_add(h, "traceparent", -1, tp,
-                                    (ssize_t)tp_len);
+                rd_kafka_header_add(h, "traceparent", -1, tp, (ssize_t)tp_len);
         rd_kafka_resp_err_t err = rd_kafka_producev(
             rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(0),
             RD_KAFKA_V_VALUE((void *)id, strlen(id)), RD_KAFKA_V_HEADERS(h),
@@ -111,18 +110,16 @@ ParameterizedTest(int *backend, trace, handler_reads_the_senders_context,
         char *url = setup(*backend, &topic, &group);
         kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
         kt_run_t *r = kt_run_start(c, record_trace, NULL, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60),
-                     4));
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60), 4));
         kt_run_stop(r);
         cr_assert(eq(i64, seen_is(url, "valid", "trace_id", TP_TRACE), 1));
         cr_assert(eq(i64, seen_is(url, "valid", "span_id", TP_SPAN), 1));
         cr_assert(eq(i64, seen_is(url, "upper", "trace_id", "-"), 1));
         cr_assert(eq(i64, seen_is(url, "v01", "trace_id", "-"), 1));
         cr_assert(eq(i64, seen_is(url, "none", "trace_id", "-"), 1));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
 }
 
 /* Tracing on (an endpoint nobody listens on: spans are dropped, counted,
@@ -139,9 +136,8 @@ ParameterizedTest(int *backend, trace, handler_reads_the_consume_span,
         kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
         kt_set(c, "tracing.timeout.ms", "200");
         kt_run_t *r = kt_run_start(c, record_trace, NULL, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60),
-                     4));
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60), 4));
         kt_run_stop(r);
         /* Same trace, a new span (not the sender's). */
         cr_assert(eq(i64, seen_is(url, "valid", "trace_id", TP_TRACE), 1));
@@ -172,7 +168,7 @@ append_row(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
                                  .payload = "x",
                                  .payload_size = 1};
         return kinbox_outbox_append(tx, &m, NULL) ? KINBOX_RESULT_RETRY
-                                                   : KINBOX_RESULT_OK;
+                                                  : KINBOX_RESULT_OK;
 }
 
 static long long
@@ -195,15 +191,14 @@ ParameterizedTest(int *backend, trace, append_in_handler_continues_the_trace,
         char *url = setup(*backend, &topic, &group);
         kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
         kt_run_t *r = kt_run_start(c, append_row, NULL, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox",
-                                  4, 60),
-                     4));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox", 4, 60),
+               4));
         kt_run_stop(r);
-        cr_assert(eq(i64,
-                     row_has(url, "valid",
-                             "%[\"traceparent\",\"" TP_VALID "\"]%"),
-                     1));
+        cr_assert(eq(
+            i64, row_has(url, "valid", "%[\"traceparent\",\"" TP_VALID "\"]%"),
+            1));
         cr_assert(eq(i64, row_has(url, "upper", "%traceparent%"), 0));
         cr_assert(eq(i64, row_has(url, "none", "%traceparent%"), 0));
         cr_assert(eq(i64,
@@ -225,10 +220,10 @@ ParameterizedTest(int *backend, trace, append_in_handler_is_a_child_span,
         kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
         kt_set(c, "tracing.timeout.ms", "200");
         kt_run_t *r = kt_run_start(c, append_row, NULL, NULL);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox",
-                                  4, 60),
-                     4));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_outbox", 4, 60),
+               4));
         kt_run_stop(r);
         cr_assert(eq(i64,
                      row_has(url, "valid",
@@ -278,8 +273,8 @@ count_traced(int level, const char *facility, const char *message,
  * stops cleanly, no span counted as exported; and the dead letter's log
  * line carries the message's trace id. */
 KT_BACKENDS_PARAMS(trace, unreachable_collector_changes_nothing_else)
-ParameterizedTest(int *backend, trace, unreachable_collector_changes_nothing_else,
-                  .timeout = 120)
+ParameterizedTest(int *backend, trace,
+                  unreachable_collector_changes_nothing_else, .timeout = 120)
 {
         const char *topic, *group;
         char *url = setup(*backend, &topic, &group);
@@ -295,8 +290,9 @@ ParameterizedTest(int *backend, trace, unreachable_collector_changes_nothing_els
                 dropped0 = 0;
         kt_run_t *r = kt_run_start(c, reject_poison, NULL, NULL);
         cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT SUM(next_offset) FROM "
-                                       "kinbox_offsets",
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
                                   5, 60),
                      5));
         kinbox_consumer_stats_t st;
@@ -411,9 +407,8 @@ ParameterizedTest(int *backend, trace, one_trace_through_the_collector,
         cr_assert(t.r != NULL, "relay: %s", e);
         cr_assert(eq(int, pthread_create(&t.th, NULL, relay_main, &t), 0));
 
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 1, 60),
-                     1));
+        cr_assert(eq(
+            i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 1, 60), 1));
         /* process(A) twice (one absorbed), create, send, process(B). */
         kt_span_t *s = NULL;
         int n = kt_otelcol_wait_spans(spans_file, 5, 30, &s);
@@ -433,7 +428,8 @@ ParameterizedTest(int *backend, trace, one_trace_through_the_collector,
                 if (!strcmp(s[i].name, "process") &&
                     !strcmp(kt_span_attr(&s[i], "messaging.destination.name"),
                             a)) {
-                        const char *d = kt_span_attr(&s[i], "kinbox.duplicate");
+                        const char *d =
+                            kt_span_attr(&s[i], "kinbox.duplicate");
                         if (d && !strcmp(d, "true"))
                                 pdup = &s[i];
                         else

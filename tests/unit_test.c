@@ -401,8 +401,8 @@ Test(trace, refuses_what_the_spec_forbids)
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
                 cr_assert(eq(int, tp_parse(bad[i], &t), KINBOX_ERR_INVALID),
                           "accepted \"%s\"", bad[i]);
-        cr_assert(eq(int, kinbox_trace_parse(NULL, 55, &t),
-                     KINBOX_ERR_INVALID));
+        cr_assert(
+            eq(int, kinbox_trace_parse(NULL, 55, &t), KINBOX_ERR_INVALID));
         /* Untouched on error. */
         cr_assert(eq(u8, t.flags, 0x5a));
         /* Bytes, not a C string: a NUL inside is just a bad character. */
@@ -477,10 +477,10 @@ sampled_of(const char *ratio, int n)
                      kinbox_conf_set(c, "tracing.endpoint",
                                      "http://127.0.0.1:9", e, sizeof(e)),
                      KINBOX_OK));
-        cr_assert(eq(int,
-                     kinbox_conf_set(c, "tracing.sample.ratio", ratio, e,
-                                     sizeof(e)),
-                     KINBOX_OK));
+        cr_assert(
+            eq(int,
+               kinbox_conf_set(c, "tracing.sample.ratio", ratio, e, sizeof(e)),
+               KINBOX_OK));
         bool on = false;
         cr_assert(eq(int, kinbox__tracing_acquire(c, &on, e, sizeof(e)), 0),
                   "%s", e);

@@ -185,8 +185,8 @@ KINBOX_API void *kinbox_kafka_handle(kinbox_kafka_t *k);
  * @returns 0 when it answered; -1 with librdkafka's reason in @p why.
  * @remark Thread-safe.
  */
-KINBOX_API int kinbox_kafka_ready(kinbox_kafka_t *k, int timeout_ms,
-                                  char *why, size_t why_size);
+KINBOX_API int kinbox_kafka_ready(kinbox_kafka_t *k, int timeout_ms, char *why,
+                                  size_t why_size);
 
 /** @brief Free the client. NULL is a no-op. */
 KINBOX_API void kinbox_kafka_destroy(kinbox_kafka_t *k);
@@ -296,9 +296,8 @@ typedef struct kinbox_consumer_status {
  * @param out      filled on success.
  * @returns As kinbox_admin_ping().
  */
-KINBOX_API kinbox_err_t
-kinbox_admin_consumer_status(kinbox_admin_t *adm, const char *consumer,
-                             kinbox_consumer_status_t *out);
+KINBOX_API kinbox_err_t kinbox_admin_consumer_status(
+    kinbox_admin_t *adm, const char *consumer, kinbox_consumer_status_t *out);
 
 /**
  * @brief The number of inbox rows of all consumers.

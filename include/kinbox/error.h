@@ -33,9 +33,8 @@ KINBOX_BEGIN_DECLS
         XX(IO, -14, "I/O error")                                              \
         XX(TIMEOUT, -15, "timed out")                                         \
         XX(ABORTED, -16,                                                      \
-           "transaction aborted by another message's failed statement")      \
-        XX(SCHEMA, -17,                                                       \
-           "database schema version does not match this kinbox")
+           "transaction aborted by another message's failed statement")       \
+        XX(SCHEMA, -17, "database schema version does not match this kinbox")
 
 /** Error codes. ::KINBOX_OK is zero, every failure is negative. */
 typedef enum kinbox_err {

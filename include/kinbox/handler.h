@@ -289,10 +289,10 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
  *         inside quoted text or comments are left alone; PostgreSQL
  *         dollar-quoted strings are not understood in @p tuple.
  */
-KINBOX_API kinbox_err_t kinbox_tx_exec_values(
-    kinbox_tx_t *tx, const char *head, const char *tuple, const char *tail,
-    int nparams, const char *const *params, const kinbox_msg_t *const *owners,
-    size_t nrows);
+KINBOX_API kinbox_err_t
+kinbox_tx_exec_values(kinbox_tx_t *tx, const char *head, const char *tuple,
+                      const char *tail, int nparams, const char *const *params,
+                      const kinbox_msg_t *const *owners, size_t nrows);
 
 /**
  * @brief kinbox_tx_exec_values() for the INSERT that records the batch's

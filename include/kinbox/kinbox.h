@@ -69,8 +69,7 @@ KINBOX_API kinbox_err_t kinbox_migrate_module(const kinbox_conf_t *conf,
  * valid during the call only. Called in the caller's thread.
  */
 typedef void (*kinbox_migrate_cb)(const char *component, int version,
-                                  const char *name, int applied,
-                                  void *opaque);
+                                  const char *name, int applied, void *opaque);
 
 /**
  * @brief kinbox_migrate() (mod NULL) or kinbox_migrate_module() (mod set),

@@ -27,7 +27,6 @@
 /* ------------------------------------------------------------------ */
 /* dead */
 
-
 static int
 dead_list(ctx_t *x)
 {
@@ -188,8 +187,8 @@ static int
 dead_parked(ctx_t *x)
 {
         kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_dead_parked(x->adm, x->o.consumer, x->o.limit,
-                                             &r);
+        kinbox_err_t rc =
+            kinbox_dead_parked(x->adm, x->o.consumer, x->o.limit, &r);
         if (rc)
                 return db_fail(x, rc);
         json_t *ja = json_array();
@@ -238,8 +237,7 @@ dead_discard(ctx_t *x, int64_t id)
         if (rc == KINBOX_ERR_NOT_FOUND || rc == KINBOX_ERR_STATE) {
                 fprintf(stderr, "kinbox dead discard: %s\n",
                         kinbox_admin_errstr(x->adm));
-                return rc == KINBOX_ERR_STATE ? KB_EX_RUNTIME
-                                              : KB_EX_NOTFOUND;
+                return rc == KINBOX_ERR_STATE ? KB_EX_RUNTIME : KB_EX_NOTFOUND;
         }
         if (rc)
                 return db_fail(x, rc);
@@ -321,7 +319,6 @@ dead_replay(ctx_t *x, int64_t id)
                                            : KB_EX_OK;
 }
 
-
 int
 kb_cmd_dead(int argc, char **argv)
 {
@@ -370,4 +367,3 @@ kb_cmd_dead(int argc, char **argv)
         ctx_close(&x);
         return ex;
 }
-

@@ -37,8 +37,8 @@ migrate_one(const kinbox_conf_t *conf, const kinbox_module_t *mod, int flags,
 {
         char err[2048];
         report_t r = {.what = what};
-        kinbox_err_t rc =
-            kinbox_migrate_run(conf, mod, flags, on_step, &r, err, sizeof(err));
+        kinbox_err_t rc = kinbox_migrate_run(conf, mod, flags, on_step, &r,
+                                             err, sizeof(err));
         if (rc) {
                 fprintf(stderr, "kinbox migrate%s%s: %s\n", *where ? ":" : "",
                         where, err);
@@ -106,9 +106,10 @@ kb_cmd_migrate(int argc, char **argv)
                 ex = migrate_one(t.db[i], NULL, flags, what, lab);
         }
         for (int i = 0; !ex && i < t.nmod; i++) {
-                snprintf(what, sizeof(what), "%s %s schema%s", t.mod_kind[i],
-                         t.mod[i]->name,
-                         kb_schema_db_label(&t, t.mod_conf[i], lab, sizeof(lab)));
+                snprintf(
+                    what, sizeof(what), "%s %s schema%s", t.mod_kind[i],
+                    t.mod[i]->name,
+                    kb_schema_db_label(&t, t.mod_conf[i], lab, sizeof(lab)));
                 ex = migrate_one(t.mod_conf[i], t.mod[i], flags, what, lab);
         }
         kb_config_free(&cfg);

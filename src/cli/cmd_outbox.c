@@ -281,4 +281,3 @@ kb_cmd_outbox(int argc, char **argv)
         ctx_close(&x);
         return ex;
 }
-

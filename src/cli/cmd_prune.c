@@ -86,4 +86,3 @@ kb_cmd_prune(int argc, char **argv)
         ctx_close(&x);
         return ex;
 }
-

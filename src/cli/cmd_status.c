@@ -276,4 +276,3 @@ out:
         ctx_close(&x);
         return ex;
 }
-

@@ -197,4 +197,3 @@ out:
         ctx_close(&x);
         return ex;
 }
-

@@ -30,7 +30,6 @@
 /* ------------------------------------------------------------------ */
 /* options */
 
-
 int
 parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
 {
@@ -162,7 +161,6 @@ kb_duration_ms(const char *s, int64_t *ms)
 /* ------------------------------------------------------------------ */
 /* output */
 
-
 void
 tbl_init(table_t *t, int ncols, ...)
 {
@@ -290,7 +288,6 @@ jval(const char *v)
 /* ------------------------------------------------------------------ */
 /* common: config + database */
 
-
 int
 ctx_open(ctx_t *x)
 {
@@ -352,9 +349,10 @@ group_of(kinbox_conf_t *conf)
 kinbox_kafka_t *
 group_handle(kinbox_conf_t *conf, char *err, size_t sz)
 {
-        const char *const extra[] = {"group.id", group_of(conf),
-                                     "enable.auto.commit", "false",
-                                     "log_level", "0", NULL};
+        const char *const extra[] = {
+            "group.id", group_of(conf), "enable.auto.commit",
+            "false",    "log_level",    "0",
+            NULL};
         return kinbox_kafka_new(conf, extra, err, sz);
 }
 
@@ -414,7 +412,6 @@ broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
         kinbox_kafka_destroy(kk);
         return l;
 }
-
 
 const char *
 consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf)

@@ -81,8 +81,8 @@ int parse_duration_ms(const char *s, int64_t *ms);
 /* The subcommand of `kinbox CMD SUB ...`: its 1-based index in subs
  * (NULL-terminated), or 0 with *exitp set: help shown, or a usage error
  * naming what was expected. */
-int subcommand(const char *cmd, int argc, char **argv,
-               const char *const *subs, int *exitp);
+int subcommand(const char *cmd, int argc, char **argv, const char *const *subs,
+               int *exitp);
 
 /* Output (common.c). */
 /* A simple column-aligned table. */
@@ -128,8 +128,7 @@ kinbox_kafka_t *group_handle(kinbox_conf_t *conf, char *err, size_t sz);
 /* Per partition of a consumer's topics: committed offset and high
  * watermark (*highs, malloc'ed). NULL (err set) when the broker does not
  * answer. */
-rd_kafka_topic_partition_list_t *broker_offsets(kinbox_conf_t *conf,
-                                                int64_t **highs, char *err,
-                                                size_t sz);
+rd_kafka_topic_partition_list_t *
+broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz);
 
 #endif

@@ -19,13 +19,13 @@ static const kinbox_module_t *const builtins[] = {
     &kinbox_deposit_module,
 };
 
-
 const kinbox_module_t *
 kb_schema_owner(const kinbox_module_t *m)
 {
         for (size_t i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++) {
                 const kinbox_module_t *b = builtins[i];
-                if (m->schema_postgresql && b->schema_version == m->schema_version &&
+                if (m->schema_postgresql &&
+                    b->schema_version == m->schema_version &&
                     b->schema_postgresql == m->schema_postgresql &&
                     b->schema_mysql == m->schema_mysql)
                         return b;

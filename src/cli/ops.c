@@ -236,4 +236,3 @@ kb_ops_stop(kb_ops_t *ops)
         pthread_cond_destroy(&ops->cond);
         free(ops);
 }
-

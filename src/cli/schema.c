@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 static void
 add_db(targets_t *t, const kinbox_conf_t *conf, const char *where)
 {
@@ -32,8 +31,8 @@ add_mod(targets_t *t, const kinbox_module_t *m, const kinbox_conf_t *conf,
         m = kb_schema_owner(m);
         const char *url = kinbox_conf_get(conf, "database.url");
         for (int i = 0; i < t->nmod; i++) { /* one module, one database */
-                const char *u = kinbox_conf_get(t->mod_conf[i],
-                                                "database.url");
+                const char *u =
+                    kinbox_conf_get(t->mod_conf[i], "database.url");
                 if (t->mod[i] == m && u && url && !strcmp(u, url))
                         return;
         }
@@ -60,7 +59,8 @@ kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd)
                 add_db(t, c, where);
                 const kinbox_module_t *m = find_module(c, err, sizeof(err));
                 if (!m) {
-                        fprintf(stderr, "kinbox %s: %s: %s\n", cmd, where, err);
+                        fprintf(stderr, "kinbox %s: %s: %s\n", cmd, where,
+                                err);
                         return KB_EX_USAGE;
                 }
                 add_mod(t, m, c, "handler");
@@ -105,7 +105,8 @@ kb_schema_exit(kinbox_err_t rc)
 /* The section a conf's database was first named in, when cfg names more
  * than one database ("" otherwise). */
 const char *
-kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf, char *b, size_t sz)
+kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf, char *b,
+                   size_t sz)
 {
         b[0] = '\0';
         if (t->ndb < 2)
@@ -142,7 +143,8 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd)
                 if (rc) {
                         fprintf(stderr, "kinbox %s: %s %s%s: %s\n", cmd,
                                 t.mod_kind[i], t.mod[i]->name,
-                                kb_schema_db_label(&t, t.mod_conf[i], lab, sizeof(lab)),
+                                kb_schema_db_label(&t, t.mod_conf[i], lab,
+                                                   sizeof(lab)),
                                 err);
                         ex = kb_schema_exit(rc);
                 }

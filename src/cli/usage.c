@@ -27,25 +27,24 @@
 static void
 migrate_usage(FILE *fp)
 {
-        fprintf(fp,
-                "usage: kinbox migrate -c FILE [--dry-run]\n\n"
-                "Applies kinbox's schema (inbox, offsets, "
-                "dead letters, outbox) to every database\n"
-                "the configuration names ([database] url, "
-                "each consumer's own database.url,\n"
-                "the relay's) and each handler's and relay "
-                "module's schema to its consumer's\n"
-                "database, and prints each step it applied. "
-                "Applied versions are recorded in\n"
-                "kinbox_schema_migrations; running it again "
-                "is harmless. A database whose schema\n"
-                "was written by a newer kinbox is refused "
-                "(exit 2), nothing applied.\n\n"
-                "  -c, --config FILE  configuration file "
-                "(INI)\n"
-                "  -n, --dry-run      print what would be "
-                "applied, apply nothing\n"
-                "  -h, --help         this text\n");
+        fprintf(fp, "usage: kinbox migrate -c FILE [--dry-run]\n\n"
+                    "Applies kinbox's schema (inbox, offsets, "
+                    "dead letters, outbox) to every database\n"
+                    "the configuration names ([database] url, "
+                    "each consumer's own database.url,\n"
+                    "the relay's) and each handler's and relay "
+                    "module's schema to its consumer's\n"
+                    "database, and prints each step it applied. "
+                    "Applied versions are recorded in\n"
+                    "kinbox_schema_migrations; running it again "
+                    "is harmless. A database whose schema\n"
+                    "was written by a newer kinbox is refused "
+                    "(exit 2), nothing applied.\n\n"
+                    "  -c, --config FILE  configuration file "
+                    "(INI)\n"
+                    "  -n, --dry-run      print what would be "
+                    "applied, apply nothing\n"
+                    "  -h, --help         this text\n");
 }
 
 void
@@ -111,7 +110,6 @@ kb_usage_cmd(const char *cmd, FILE *fp)
         else if (!kb_usage_of(cmd, fp))
                 kb_usage(fp);
 }
-
 
 int
 kb_usage_of(const char *cmd, FILE *fp)
@@ -206,4 +204,3 @@ kb_usage_of(const char *cmd, FILE *fp)
                     "unreachable, 4 not found.\n");
         return 1;
 }
-

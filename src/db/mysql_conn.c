@@ -304,8 +304,8 @@ url_param(const char *key, const char *val, size_t vl, struct myopts *o,
                                        "one of DISABLED, PREFERRED, "
                                        "REQUIRED, VERIFY_CA, "
                                        "VERIFY_IDENTITY",
-                                       shown ? " \"" : "",
-                                       shown ? val : "", shown ? "\"" : "");
+                                       shown ? " \"" : "", shown ? val : "",
+                                       shown ? "\"" : "");
                         return -1;
                 }
         } else if (si >= 0 && vl) {

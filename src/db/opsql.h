@@ -29,7 +29,8 @@
             "  AND status NOT IN ('dead', 'replayed')),"                      \
             " (SELECT count(*) FROM kinbox_parked WHERE consumer = $1),"      \
             " (SELECT count(*) FROM kinbox_hold WHERE consumer = $1),"        \
-            " (SELECT min(parked_at) FROM kinbox_parked WHERE consumer = $1)",\
+            " (SELECT min(parked_at) FROM kinbox_parked WHERE consumer = "    \
+            "$1)",                                                            \
         .inbox_rows = "SELECT count(*) FROM kinbox_inbox",                    \
         .dead_list =                                                          \
             "SELECT id, consumer, topic, kafka_partition, kafka_offset,"      \
@@ -73,7 +74,8 @@
             "JOIN kinbox_dead_letter d ON d.id = h.blocker_id AND "           \
             "d.id <> $2 WHERE q.id = $1",                                     \
         .dead_at =                                                            \
-            "SELECT id FROM kinbox_dead_letter WHERE consumer = $1 AND topic "\
+            "SELECT id FROM kinbox_dead_letter WHERE consumer = $1 AND "      \
+            "topic "                                                          \
             "= $2 AND kafka_partition = $3 AND kafka_offset = $4 AND status " \
             "= 'dead'",                                                       \
         .verify_ahead =                                                       \
@@ -85,7 +87,8 @@
             "  kafka_partition, kafka_offset FROM kinbox_dead_letter"         \
             "  WHERE consumer = $1) s"                                        \
             " LEFT JOIN kinbox_offsets o ON o.consumer = s.consumer"          \
-            "  AND o.topic = s.topic AND o.kafka_partition = s.kafka_partition"\
+            "  AND o.topic = s.topic AND o.kafka_partition = "                \
+            "s.kafka_partition"                                               \
             " WHERE o.next_offset IS NULL OR s.kafka_offset >= o.next_offset" \
             " GROUP BY s.src, s.topic, s.kafka_partition"                     \
             " ORDER BY s.topic, s.kafka_partition",                           \
