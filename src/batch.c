@@ -43,13 +43,13 @@ metrics_stats(kinbox_consumer_t *c)
 
 /* Offsets for the committed prefix of each partition in the batch. */
 static void
-store_offsets(kinbox_consumer_t *c, worker_t *w)
+store_offsets(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         rd_kafka_topic_partition_list_t *l =
             rd_kafka_topic_partition_list_new(4);
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT)
+                if (m->state == KINBOX__MSG_CUT)
                         continue;
                 rd_kafka_topic_partition_t *tp =
                     rd_kafka_topic_partition_list_find(l, m->part->topic,
@@ -90,7 +90,7 @@ store_offsets(kinbox_consumer_t *c, worker_t *w)
 }
 
 static int
-queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
+queue_dead_letter(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m)
 {
         char part[16], off[24], att[16];
         snprintf(part, sizeof(part), "%" PRId32, m->rkm->partition);
@@ -125,15 +125,15 @@ queue_dead_letter(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
 }
 
 static int
-queue_watermarks(kinbox_consumer_t *c, worker_t *w)
+queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         /* Walk backwards: the first message seen of a partition is its last
          * committed one. A batch spans few partitions; a short list does. */
-        part_t *seen[64];
+        kinbox__part_t *seen[64];
         size_t nseen = 0;
         for (size_t i = w->nmsgs; i-- > 0;) {
                 kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT)
+                if (m->state == KINBOX__MSG_CUT)
                         continue;
                 bool dup = false;
                 for (size_t k = 0; k < nseen && !dup; k++)
@@ -147,7 +147,7 @@ queue_watermarks(kinbox_consumer_t *c, worker_t *w)
                         bool later = false;
                         for (size_t j = i + 1; j < w->nmsgs && !later; j++)
                                 later = w->msgs[j]->part == m->part &&
-                                        w->msgs[j]->state != M_CUT;
+                                        w->msgs[j]->state != KINBOX__MSG_CUT;
                         if (later)
                                 continue;
                 }
@@ -169,18 +169,18 @@ queue_watermarks(kinbox_consumer_t *c, worker_t *w)
 /* Message i failed (its own statement or result): decide its fate and cut
  * the rest of its partition when it is to be retried. */
 static void
-fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
+fail_msg(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i, kinbox__fate_t f,
          const char *reason)
 {
         kinbox_msg_t *m = w->msgs[i];
         kinbox__msg_set_reason(m, reason);
-        if (f == F_BIZDUP) {
-                m->state = M_BIZDUP;
+        if (f == KINBOX__FATE_BIZDUP) {
+                m->state = KINBOX__MSG_BIZDUP;
                 return;
         }
-        if (f == F_DEAD) {
+        if (f == KINBOX__FATE_DEAD) {
                 m->failures++;
-                m->state = M_DEAD;
+                m->state = KINBOX__MSG_DEAD;
                 w->hold_dead = true;
                 return;
         }
@@ -190,13 +190,13 @@ fail_msg(kinbox_consumer_t *c, worker_t *w, size_t i, enum fate f,
                 snprintf(b, sizeof(b), "gave up after %d attempts: %s",
                          m->failures, m->reason ? m->reason : "");
                 kinbox__msg_set_reason(m, b);
-                m->state = M_DEAD;
+                m->state = KINBOX__MSG_DEAD;
                 w->hold_dead = true;
                 return;
         }
         for (size_t j = i; j < w->nmsgs; j++)
                 if (w->msgs[j]->part == m->part)
-                        w->msgs[j]->state = M_CUT;
+                        w->msgs[j]->state = KINBOX__MSG_CUT;
         int64_t delay = kinbox__backoff_ms(m->failures - 1, c->backoff_base,
                                            c->backoff_max);
         pthread_mutex_lock(&w->lock);
@@ -359,7 +359,7 @@ typedef enum { FL_MSG, FL_GROUP, FL_MERGED, FL_BATCH } fkind_t;
 typedef struct failure {
         fkind_t kind;
         size_t idx; /* FL_MSG: message; FL_GROUP/FL_MERGED: group */
-        enum fate fate;
+        kinbox__fate_t fate;
         bool by_result; /* the handler's own result, no statement failed */
         /* FL_GROUP: 1 + the message the server's detail seems to name
          * (db->err.suspect), 0 none: where to cut, never whom to charge */
@@ -368,18 +368,18 @@ typedef struct failure {
 
 /* Charge db->err to a message, a group or the whole batch. */
 static failure_t
-failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
-           const kinbox_tx_t *tx)
+failure_of(const kinbox__worker_t *w, const walk_t *wk,
+           const kinbox__dberr_t *e, const kinbox_tx_t *tx)
 {
-        failure_t f = {FL_BATCH, 0, F_RETRY, false, 0};
+        failure_t f = {FL_BATCH, 0, KINBOX__FATE_RETRY, false, 0};
         int t = e->tag;
         if (!kinbox__fate_own_failure(e))
                 return f;
         size_t low = (size_t)KINBOX__TAG_LOW(t);
         if (t & KINBOX__TAG_MERGED_BIT) {
                 if (low < w->nmsgs)
-                        f = (failure_t){FL_MERGED, group_of(wk, low), F_RETRY,
-                                        false, 0};
+                        f = (failure_t){FL_MERGED, group_of(wk, low),
+                                        KINBOX__FATE_RETRY, false, 0};
         } else if (t & KINBOX__TAG_GROUP) {
                 /* The low bits: the group's first message. */
                 if (low < w->nmsgs)
@@ -390,16 +390,17 @@ failure_of(const worker_t *w, const walk_t *wk, const kinbox__dberr_t *e,
                 size_t s = (size_t)KINBOX__TAG_LOW(e->suspect - 1);
                 if (f.kind == FL_GROUP && e->suspect > 0 &&
                     !((e->suspect - 1) & KINBOX__TAG_GROUP) && s < w->nmsgs &&
-                    w->msgs[s]->state == M_RUN && group_of(wk, s) == f.idx)
+                    w->msgs[s]->state == KINBOX__MSG_RUN &&
+                    group_of(wk, s) == f.idx)
                         f.suspect = s + 1;
-        } else if (low < w->nmsgs && w->msgs[low]->state == M_RUN) {
+        } else if (low < w->nmsgs && w->msgs[low]->state == KINBOX__MSG_RUN) {
                 f = (failure_t){FL_MSG, low, kinbox__fate_of_statement(tx, e),
                                 false, 0};
         }
         return f;
 }
 
-static int queue_dead_letter(kinbox_consumer_t *c, worker_t *w,
+static int queue_dead_letter(kinbox_consumer_t *c, kinbox__worker_t *w,
                              kinbox_msg_t *m);
 
 /* A group's savepoint is named by its first message: a bisection leaves
@@ -414,7 +415,7 @@ savepoint_name(char *b, size_t sz, const walk_t *wk, size_t g)
  * then says why (a statement failed, or the handler's own verdict needs
  * its statements undone). */
 static bool
-run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+run_handler(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
             const walk_t *wk, size_t i, failure_t *f)
 {
         kinbox__db_t *db = w->db;
@@ -442,11 +443,13 @@ run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                 return true;
         }
         const char *why = tx->reason[0] ? tx->reason : "no reason given";
-        enum fate fate = r == KINBOX_RESULT_REJECT ? F_DEAD : F_RETRY;
+        kinbox__fate_t fate =
+            r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD : KINBOX__FATE_RETRY;
         if (!tx->touched) {
                 /* Nothing to undo: decide now and go on. */
                 fail_msg(c, w, i, fate, why);
-                if (m->state == M_DEAD && queue_dead_letter(c, w, m)) {
+                if (m->state == KINBOX__MSG_DEAD &&
+                    queue_dead_letter(c, w, m)) {
                         *f = failure_of(w, wk, &db->err, tx);
                         return false;
                 }
@@ -460,7 +463,7 @@ run_handler(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
 /* A batch handler's verdicts for run[0..n) (indexes idx[]). Returns false
  * with *f when statements must be undone. */
 static bool
-batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+batch_results(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
               const walk_t *wk, kinbox_msg_t **run, const size_t *idx,
               size_t n, failure_t *f)
 {
@@ -474,9 +477,11 @@ batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                         continue;
                 }
                 fail_msg(c, w, idx[j],
-                         r == KINBOX_RESULT_REJECT ? F_DEAD : F_RETRY,
+                         r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD
+                                                   : KINBOX__FATE_RETRY,
                          run[j]->reason ? run[j]->reason : tx->reason);
-                if (!tx->touched && w->msgs[idx[j]]->state == M_DEAD &&
+                if (!tx->touched &&
+                    w->msgs[idx[j]]->state == KINBOX__MSG_DEAD &&
                     queue_dead_letter(c, w, w->msgs[idx[j]])) {
                         *f = failure_of(w, wk, &w->db->err, tx);
                         return false;
@@ -489,21 +494,21 @@ batch_results(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
             kinbox__hold_followers(c, w, idx, n))
                 undo = true;
         if (undo) /* fates decided: only the statements are to go */
-                *f = (failure_t){FL_GROUP, wk->g, F_RETRY, true, 0};
+                *f = (failure_t){FL_GROUP, wk->g, KINBOX__FATE_RETRY, true, 0};
         return !undo;
 }
 
 /* The batch handler on group g's runnable messages: one call, or one per
  * message once a set-based statement of the group failed. */
 static bool
-run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+run_batch_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                 const walk_t *wk, size_t lo, size_t hi, failure_t *f)
 {
         kinbox__db_t *db = w->db;
         kinbox_msg_t *run[hi - lo + 1];
         size_t idx[hi - lo + 1], n = 0;
         for (size_t i = lo; i < hi; i++)
-                if (w->msgs[i]->state == M_RUN) {
+                if (w->msgs[i]->state == KINBOX__MSG_RUN) {
                         run[n] = w->msgs[i];
                         idx[n++] = i;
                 }
@@ -540,7 +545,8 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
                                     "batch handler asked to retry the "
                                     "batch: %s",
                                     tx->reason);
-                        *f = (failure_t){FL_BATCH, 0, F_RETRY, true, 0};
+                        *f = (failure_t){FL_BATCH, 0, KINBOX__FATE_RETRY, true,
+                                         0};
                         return false;
                 }
                 if (!batch_results(c, w, tx, wk, run + j0, idx + j0, cnt, f))
@@ -552,29 +558,29 @@ run_batch_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
 /* Group wk->g: dead letters of its decided messages, then its handlers.
  * Returns false with *f when the walk must stop. */
 static bool
-run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, const walk_t *wk,
-          failure_t *f)
+run_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
+          const walk_t *wk, failure_t *f)
 {
         size_t lo = wk->lo[wk->g], hi = wk->lo[wk->g + 1];
         for (size_t i = lo; i < hi; i++) {
                 kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_DEAD) {
+                if (m->state == KINBOX__MSG_DEAD) {
                         if (queue_dead_letter(c, w, m)) {
                                 *f = failure_of(w, wk, &w->db->err, tx);
                                 return false;
                         }
                         continue;
                 }
-                if (m->state == M_RUN && kinbox__hold_park(c, w, i))
-                        m->state = M_PARK;
-                if (m->state == M_PARK) {
+                if (m->state == KINBOX__MSG_RUN && kinbox__hold_park(c, w, i))
+                        m->state = KINBOX__MSG_PARK;
+                if (m->state == KINBOX__MSG_PARK) {
                         if (kinbox__hold_queue_park(c, w, m)) {
                                 *f = failure_of(w, wk, &w->db->err, tx);
                                 return false;
                         }
                         continue;
                 }
-                if (m->state == M_RUN && c->handler &&
+                if (m->state == KINBOX__MSG_RUN && c->handler &&
                     !run_handler(c, w, tx, wk, i, f))
                         return false;
         }
@@ -587,7 +593,7 @@ run_group(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, const walk_t *wk,
  * lost (the batch is retried with backoff), but only the operator can
  * fix it, so it is a warning and a counter, not an info line. */
 static void
-resource_error(kinbox_consumer_t *c, worker_t *w, kinbox__db_t *db)
+resource_error(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox__db_t *db)
 {
         char l[300];
         kinbox__m_add(
@@ -609,7 +615,7 @@ resource_error(kinbox_consumer_t *c, worker_t *w, kinbox__db_t *db)
  * Returns RUN_AGAIN when the walk resumes at wk->g, or how run_once ends.
  */
 static enum run_rc
-recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
+recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
 {
         kinbox__db_t *db = w->db;
         if (f->kind == FL_BATCH) {
@@ -696,7 +702,7 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
         char sp[32];
         savepoint_name(sp, sizeof(sp), wk, g);
         if (db->ops->rollback_to(db, sp)) {
-                failure_t b = {FL_BATCH, 0, F_RETRY, false, 0};
+                failure_t b = {FL_BATCH, 0, KINBOX__FATE_RETRY, false, 0};
                 return recover(c, w, wk, &b);
         }
         /* Claims of the messages rolled back are void. */
@@ -713,11 +719,11 @@ recover(kinbox_consumer_t *c, worker_t *w, walk_t *wk, failure_t *f)
 /* Statements after the walk: the inbox rows of messages cut from this
  * transaction go (they run again later), then the watermarks. */
 static int
-queue_epilogue(kinbox_consumer_t *c, worker_t *w)
+queue_epilogue(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
-                if (m->state != M_CUT || !m->inserted)
+                if (m->state != KINBOX__MSG_CUT || !m->inserted)
                         continue;
                 kinbox__param_t p[2] = {{c->name, 0, 0}, {m->id, 0, 0}};
                 int rc = w->db->ops->exec(
@@ -733,7 +739,7 @@ queue_epilogue(kinbox_consumer_t *c, worker_t *w)
 
 /* Counters and logs for a committed batch. */
 static void
-batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
+batch_committed(kinbox_consumer_t *c, kinbox__worker_t *w, const char *mlab,
                 int64_t t_begin)
 {
         size_t done = 0, dups = 0, biz = 0, dead = 0, parked = 0;
@@ -741,22 +747,22 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
                 switch (m->state) {
-                case M_RUN:
+                case KINBOX__MSG_RUN:
                         if (m->dup_ok)
                                 biz++;
                         else
                                 done++;
                         break;
-                case M_DUP:
+                case KINBOX__MSG_DUP:
                         dups++;
                         break;
-                case M_BIZDUP:
+                case KINBOX__MSG_BIZDUP:
                         biz++;
                         break;
-                case M_PARK:
+                case KINBOX__MSG_PARK:
                         parked++;
                         break;
-                case M_DEAD:
+                case KINBOX__MSG_DEAD:
                         dead++;
                         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                                     "%s [%" PRId32 "] offset %" PRId64
@@ -788,14 +794,14 @@ batch_committed(kinbox_consumer_t *c, worker_t *w, const char *mlab,
 
 /* BEGIN and the inbox insert: which messages of the batch are new. */
 static int
-begin_batch(kinbox_consumer_t *c, worker_t *w)
+begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         kinbox__db_t *db = w->db;
         size_t n = 0;
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
                 m->inserted = false;
-                if (m->state == M_CUT || !m->id)
+                if (m->state == KINBOX__MSG_CUT || !m->id)
                         continue;
                 w->rows[n++] = (kinbox__inbox_row_t){
                     m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
@@ -814,13 +820,15 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
         size_t k = 0;
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT || !m->id)
+                if (m->state == KINBOX__MSG_CUT || !m->id)
                         continue;
                 m->inserted = w->is_new[k++];
-                if (!m->inserted && (m->state == M_RUN || m->state == M_PARK))
-                        m->state = M_DUP;
-                else if (m->inserted && m->state == M_DUP)
-                        m->state = M_RUN; /* its twin was cut this time */
+                if (!m->inserted && (m->state == KINBOX__MSG_RUN ||
+                                     m->state == KINBOX__MSG_PARK))
+                        m->state = KINBOX__MSG_DUP;
+                else if (m->inserted && m->state == KINBOX__MSG_DUP)
+                        m->state =
+                            KINBOX__MSG_RUN; /* its twin was cut this time */
         }
         return KINBOX_OK;
 }
@@ -830,7 +838,7 @@ begin_batch(kinbox_consumer_t *c, worker_t *w)
  * their call returned; the statements went on without their rows, so
  * only their fate and dead letter are left to do. */
 static bool
-drops_decide(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+drops_decide(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
              const walk_t *wk, failure_t *f, bool queue)
 {
         kinbox__db_t *db = w->db;
@@ -839,10 +847,10 @@ drops_decide(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
         for (size_t k = 0; k < n; k++) {
                 const kinbox__dberr_t *e = &db->drops[k];
                 size_t i = (size_t)KINBOX__TAG_LOW(e->tag);
-                if (i >= w->nmsgs || w->msgs[i]->state != M_RUN)
+                if (i >= w->nmsgs || w->msgs[i]->state != KINBOX__MSG_RUN)
                         continue;
                 fail_msg(c, w, i, kinbox__fate_of_statement(tx, e), e->msg);
-                if (queue && w->msgs[i]->state == M_DEAD &&
+                if (queue && w->msgs[i]->state == KINBOX__MSG_DEAD &&
                     queue_dead_letter(c, w, w->msgs[i])) {
                         *f = failure_of(w, wk, &db->err, tx);
                         return false;
@@ -852,7 +860,7 @@ drops_decide(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
 }
 
 static bool
-take_drops(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+take_drops(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
            const walk_t *wk, failure_t *f)
 {
         return drops_decide(c, w, tx, wk, f, true);
@@ -863,7 +871,7 @@ take_drops(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
  * are queued here (before the next savepoint, or before the epilogue) and
  * not inside a later group. */
 static bool
-flush_values(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
+flush_values(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
              const walk_t *wk, failure_t *f)
 {
         if (!w->db->rows_queued)
@@ -875,12 +883,13 @@ flush_values(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx,
         return take_drops(c, w, tx, wk, f);
 }
 
-static bool batch_abandoned(kinbox_consumer_t *c, worker_t *w);
+static bool batch_abandoned(kinbox_consumer_t *c, kinbox__worker_t *w);
 
 /* Walk every group from wk->g on; RUN_AGAIN means "committed nothing yet,
  * the walk may go on" only inside; returns RUN_DONE when all ran. */
 static enum run_rc
-walk_groups(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx, walk_t *wk)
+walk_groups(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
+            walk_t *wk)
 {
         kinbox__db_t *db = w->db;
         bool coalesce = db->coalesce;
@@ -970,12 +979,12 @@ walk_init(walk_t *wk, bool iso, size_t ng, size_t n)
 
 /* One attempt at the batch in one transaction. */
 static enum run_rc
-run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
+run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
 {
         kinbox__db_t *db = w->db;
         bool any = false;
         for (size_t i = 0; i < w->nmsgs; i++)
-                if (w->msgs[i]->state != M_CUT)
+                if (w->msgs[i]->state != KINBOX__MSG_CUT)
                         any = true;
         if (!any)
                 return RUN_DONE;
@@ -1033,7 +1042,7 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
         /* kinbox_tx_exec_claim() statements that found the key taken. */
         for (size_t k = 0; k < db->nnone; k++) {
                 size_t i = (size_t)KINBOX__TAG_LOW(db->none_tags[k]);
-                if (i < w->nmsgs && w->msgs[i]->state == M_RUN)
+                if (i < w->nmsgs && w->msgs[i]->state == KINBOX__MSG_RUN)
                         w->msgs[i]->dup_ok = true;
         }
         db->nnone = 0;
@@ -1046,7 +1055,7 @@ run_once(kinbox_consumer_t *c, worker_t *w, kinbox_tx_t *tx)
 
 /* True when a partition of the batch was revoked or we are stopping hard. */
 static bool
-batch_abandoned(kinbox_consumer_t *c, worker_t *w)
+batch_abandoned(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         bool gone = false;
         pthread_mutex_lock(&w->lock);
@@ -1062,7 +1071,7 @@ batch_abandoned(kinbox_consumer_t *c, worker_t *w)
 
 /* Committed: pop the committed prefix of each partition. */
 static void
-pop_committed(kinbox_consumer_t *c, worker_t *w)
+pop_committed(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         pthread_mutex_lock(&c->drain_lock);
         pthread_cond_broadcast(&c->drained);
@@ -1070,9 +1079,9 @@ pop_committed(kinbox_consumer_t *c, worker_t *w)
         pthread_mutex_lock(&w->lock);
         for (size_t i = 0; i < w->nmsgs; i++) {
                 kinbox_msg_t *m = w->msgs[i];
-                if (m->state == M_CUT)
+                if (m->state == KINBOX__MSG_CUT)
                         continue;
-                part_t *p = m->part;
+                kinbox__part_t *p = m->part;
                 /* m is p->head: batches take each partition's head run. */
                 p->head = m->next;
                 if (!p->head)
@@ -1088,14 +1097,15 @@ pop_committed(kinbox_consumer_t *c, worker_t *w)
 }
 
 void
-kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
+kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         kinbox_tx_t tx = {.c = c, .w = w, .db = w->db, .tag = -1};
         int down = 0, backoff = 0;
         w->hold_dead = false;
         for (size_t i = 0; i < w->nmsgs; i++) {
                 w->msgs[i]->bidx = i;
-                w->msgs[i]->state = w->msgs[i]->id ? M_RUN : M_DEAD;
+                w->msgs[i]->state =
+                    w->msgs[i]->id ? KINBOX__MSG_RUN : KINBOX__MSG_DEAD;
                 w->hold_dead = w->hold_dead || !w->msgs[i]->id;
         }
         w->iso_hit = false;
@@ -1131,8 +1141,8 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                         /* Everything not cut runs again: the inbox decides
                          * whether a commit of unknown outcome happened. */
                         for (size_t i = 0; i < w->nmsgs; i++)
-                                if (w->msgs[i]->state == M_DUP)
-                                        w->msgs[i]->state = M_RUN;
+                                if (w->msgs[i]->state == KINBOX__MSG_DUP)
+                                        w->msgs[i]->state = KINBOX__MSG_RUN;
                         continue;
                 }
                 if (r == RUN_BACKOFF) {
@@ -1142,8 +1152,8 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                             w, kinbox__backoff_ms(++backoff, c->backoff_base,
                                                   c->backoff_max));
                         for (size_t i = 0; i < w->nmsgs; i++)
-                                if (w->msgs[i]->state == M_DUP)
-                                        w->msgs[i]->state = M_RUN;
+                                if (w->msgs[i]->state == KINBOX__MSG_DUP)
+                                        w->msgs[i]->state = KINBOX__MSG_RUN;
                         continue;
                 }
                 /* RUN_AGAIN: states changed; duplicates are re-detected.
@@ -1154,8 +1164,8 @@ kinbox__batch_process(kinbox_consumer_t *c, worker_t *w)
                         goto abandon;
                 }
                 for (size_t i = 0; i < w->nmsgs; i++)
-                        if (w->msgs[i]->state == M_DUP)
-                                w->msgs[i]->state = M_RUN;
+                        if (w->msgs[i]->state == KINBOX__MSG_DUP)
+                                w->msgs[i]->state = KINBOX__MSG_RUN;
         }
         pop_committed(c, w);
         atomic_store(&c->pause_dirty, true);
@@ -1168,7 +1178,7 @@ abandon:
                     "stopping); it will be redelivered",
                     w->idx);
         for (size_t i = 0; i < w->nmsgs; i++)
-                w->msgs[i]->state = M_CUT;
+                w->msgs[i]->state = KINBOX__MSG_CUT;
         kinbox__tx_clear_ukeys(&tx);
         free(tx.ukeys);
 }

@@ -40,18 +40,20 @@ static void
 decision(kinbox__span_t *sp, const kinbox_msg_t *m)
 {
         const char *dup = NULL;
-        if (m->state == M_DUP)
+        if (m->state == KINBOX__MSG_DUP)
                 dup = "redelivery";
-        else if (m->state == M_BIZDUP || (m->state == M_RUN && m->dup_ok))
+        else if (m->state == KINBOX__MSG_BIZDUP ||
+                 (m->state == KINBOX__MSG_RUN && m->dup_ok))
                 dup = "business";
         kinbox__span_bool(sp, "kinbox.duplicate", dup != NULL);
         if (dup)
                 kinbox__span_str(sp, "kinbox.duplicate.kind", dup);
-        kinbox__span_bool(sp, "kinbox.dead_lettered", m->state == M_DEAD);
-        if (m->state == M_PARK)
+        kinbox__span_bool(sp, "kinbox.dead_lettered",
+                          m->state == KINBOX__MSG_DEAD);
+        if (m->state == KINBOX__MSG_PARK)
                 kinbox__span_bool(sp, "kinbox.parked", true);
         kinbox__span_int(sp, "kinbox.attempt", m->attempt ? m->attempt : 1);
-        if (m->state == M_DEAD) {
+        if (m->state == KINBOX__MSG_DEAD) {
                 sp->status = KINBOX__STATUS_ERROR;
                 if (m->reason)
                         kinbox__span_str(sp, "error.type", m->reason);
@@ -87,13 +89,13 @@ consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m, const char *group)
 }
 
 void
-kinbox__consume_spans(kinbox_consumer_t *c, worker_t *w)
+kinbox__consume_spans(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         const char *group = kinbox__settings_of(c->conf)->group_id;
         for (size_t i = 0; i < w->nmsgs; i++) {
                 const kinbox_msg_t *m = w->msgs[i];
-                /* M_CUT: not decided by this transaction (runs again). */
-                if (m->state != M_CUT && m->rkm)
+                /* KINBOX__MSG_CUT: not decided by this transaction (runs again). */
+                if (m->state != KINBOX__MSG_CUT && m->rkm)
                         consume_span(c, m, group);
         }
 }

@@ -297,7 +297,7 @@ kinbox_consumer_errstr(const kinbox_consumer_t *c)
 }
 
 static void
-part_free(part_t *p)
+part_free(kinbox__part_t *p)
 {
         kinbox_msg_t *m = p->head;
         while (m) {
@@ -316,7 +316,7 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         if (!c)
                 return;
         while (c->parts) {
-                part_t *n = c->parts->next;
+                kinbox__part_t *n = c->parts->next;
                 part_free(c->parts);
                 c->parts = n;
         }
@@ -358,7 +358,7 @@ db_open(kinbox_consumer_t *c, char *errstr, size_t sz)
 }
 
 static bool
-grow_batch(worker_t *w, size_t need)
+grow_batch(kinbox__worker_t *w, size_t need)
 {
         if (need <= w->capmsgs)
                 return true;
@@ -385,13 +385,14 @@ grow_batch(worker_t *w, size_t need)
 
 /* Under w->lock: collect up to limit messages from runnable partitions. */
 static size_t
-collect(kinbox_consumer_t *c, worker_t *w, int64_t now, int64_t *next_wake)
+collect(kinbox_consumer_t *c, kinbox__worker_t *w, int64_t now,
+        int64_t *next_wake)
 {
         size_t n = 0;
         *next_wake = 0;
         /* Each partition contributes its head run; round robin by taking a
          * share per partition keeps one busy partition from starving. */
-        for (part_t *p = c->parts; p; p = p->next) {
+        for (kinbox__part_t *p = c->parts; p; p = p->next) {
                 if (p->w != w || p->revoked || !p->head || p->hold_unknown)
                         continue;
                 if (kinbox__part_backing_off(p, now)) {
@@ -408,10 +409,10 @@ collect(kinbox_consumer_t *c, worker_t *w, int64_t now, int64_t *next_wake)
 }
 
 static size_t
-runnable(kinbox_consumer_t *c, worker_t *w, int64_t now)
+runnable(kinbox_consumer_t *c, kinbox__worker_t *w, int64_t now)
 {
         size_t n = 0;
-        for (part_t *p = c->parts; p; p = p->next)
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
                 if (p->w == w && !p->revoked && p->head && !p->hold_unknown &&
                     !kinbox__part_backing_off(p, now))
                         n += p->count;
@@ -421,7 +422,7 @@ runnable(kinbox_consumer_t *c, worker_t *w, int64_t now)
 static void *
 worker_main(void *arg)
 {
-        worker_t *w = arg;
+        kinbox__worker_t *w = arg;
         kinbox_consumer_t *c = w->c;
         pthread_mutex_lock(&w->lock);
         while (!w->stop) {
@@ -470,10 +471,10 @@ worker_main(void *arg)
 /* ------------------------------------------------------------------ */
 /* main thread: partitions, rebalances, dispatch */
 
-static part_t *
+static kinbox__part_t *
 part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
 {
-        for (part_t *p = c->parts; p; p = p->next)
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
                 if (p->partition == partition && !strcmp(p->topic, topic))
                         return p;
         return NULL;
@@ -548,7 +549,7 @@ parts_add(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                 rd_kafka_topic_partition_t *tp = &pl->elems[i];
                 if (part_find(c, tp->topic, tp->partition))
                         continue;
-                part_t *p = kinbox__calloc(1, sizeof(*p));
+                kinbox__part_t *p = kinbox__calloc(1, sizeof(*p));
                 if (!p || !(p->topic = kinbox__strdup(tp->topic))) {
                         free(p);
                         continue;
@@ -574,28 +575,28 @@ parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
         for (int k = 0; k < c->nworkers; k++)
                 pthread_mutex_lock(&c->workers[k].lock);
         for (int i = 0; pl && i < pl->cnt; i++) {
-                part_t *p =
+                kinbox__part_t *p =
                     part_find(c, pl->elems[i].topic, pl->elems[i].partition);
                 if (p)
                         p->revoked = true;
         }
         if (!pl)
-                for (part_t *p = c->parts; p; p = p->next)
+                for (kinbox__part_t *p = c->parts; p; p = p->next)
                         p->revoked = true;
         for (int k = 0; k < c->nworkers; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 pthread_cond_broadcast(&w->cond);
         }
         /* Wait for in-flight batches (which now skip revoked partitions). */
         for (int k = 0; k < c->nworkers; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 uint64_t seq = w->batch_seq;
                 while (w->in_batch && w->batch_seq == seq && w->started)
                         pthread_cond_wait(&w->idle, &w->lock);
         }
-        part_t **pp = &c->parts;
+        kinbox__part_t **pp = &c->parts;
         while (*pp) {
-                part_t *p = *pp;
+                kinbox__part_t *p = *pp;
                 if (p->revoked) {
                         *pp = p->next;
                         p->w->queued -= p->count;
@@ -716,7 +717,7 @@ static void
 dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
 {
         const char *topic = rd_kafka_topic_name(rkm->rkt);
-        part_t *p = part_find(c, topic, rkm->partition);
+        kinbox__part_t *p = part_find(c, topic, rkm->partition);
         if (!p) {
                 /* Not ours (any more): it will be redelivered to the owner. */
                 rd_kafka_message_destroy(rkm);
@@ -738,7 +739,7 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
                 kinbox__msg_set_reason(m, why);
         if (c->tracing)
                 kinbox__msg_trace_start(m);
-        worker_t *w = p->w;
+        kinbox__worker_t *w = p->w;
         pthread_mutex_lock(&w->lock);
         if (p->tail)
                 p->tail->next = m;
@@ -762,8 +763,8 @@ update_pauses(kinbox_consumer_t *c)
         int64_t now = kinbox__now_ms();
         for (int k = 0; k < c->nworkers; k++)
                 pthread_mutex_lock(&c->workers[k].lock);
-        for (part_t *p = c->parts; p; p = p->next) {
-                worker_t *w = p->w;
+        for (kinbox__part_t *p = c->parts; p; p = p->next) {
+                kinbox__worker_t *w = p->w;
                 bool want = kinbox__part_backing_off(p, now) ||
                             (c->stalled && w->queued >= c->queue_max / 2);
                 if (want && !p->paused)
@@ -792,7 +793,7 @@ workers_full(kinbox_consumer_t *c)
 {
         bool full = false;
         for (int k = 0; k < c->nworkers && !full; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 pthread_mutex_lock(&w->lock);
                 full = w->queued >= c->queue_max;
                 pthread_mutex_unlock(&w->lock);
@@ -928,14 +929,14 @@ static void
 workers_stop(kinbox_consumer_t *c)
 {
         for (int k = 0; k < c->nworkers; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 pthread_mutex_lock(&w->lock);
                 w->stop = true;
                 pthread_cond_broadcast(&w->cond);
                 pthread_mutex_unlock(&w->lock);
         }
         for (int k = 0; k < c->nworkers; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 if (w->started)
                         pthread_join(w->thr, NULL);
                 w->started = false;
@@ -948,7 +949,7 @@ workers_free(kinbox_consumer_t *c)
         if (!c->workers)
                 return;
         for (int k = 0; k < c->nworkers; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 kinbox__db_destroy(w->db);
                 free(w->msgs);
                 free(w->rows);
@@ -977,11 +978,12 @@ workers_start(kinbox_consumer_t *c)
                                           sizeof(c->errstr));
         if (src)
                 return (kinbox_err_t)src;
-        c->workers = kinbox__calloc((size_t)c->nworkers, sizeof(worker_t));
+        c->workers =
+            kinbox__calloc((size_t)c->nworkers, sizeof(kinbox__worker_t));
         if (!c->workers)
                 return KINBOX_ERR_NOMEM;
         for (int k = 0; k < c->nworkers; k++) {
-                worker_t *w = &c->workers[k];
+                kinbox__worker_t *w = &c->workers[k];
                 w->c = c;
                 w->idx = k;
                 w->limit = c->batch_max;
@@ -1168,7 +1170,7 @@ shutdown_all(kinbox_consumer_t *c)
                 leave_group(c);
         }
         while (c->parts) {
-                part_t *n = c->parts->next;
+                kinbox__part_t *n = c->parts->next;
                 part_free(c->parts);
                 c->parts = n;
         }

@@ -23,18 +23,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct part part_t;
-typedef struct worker worker_t;
+typedef struct kinbox__part kinbox__part_t;
+typedef struct kinbox__worker kinbox__worker_t;
 
 /* The message as handlers see it. */
 struct kinbox_msg_s {
         rd_kafka_message_t *rkm;
-        part_t *part;
+        kinbox__part_t *part;
         char *id; /* NULL when the id could not be extracted */
         char *reason; /* why it failed last (malloc), or why it has no id */
         int attempt; /* deliveries to the handler so far, +1 when running */
         int failures; /* its own failed attempts (results, statements) */
-        int state; /* per batch run, see enum mstate */
+        int state; /* per batch run, see kinbox__msg_state_t */
         bool inserted; /* this transaction inserted its inbox row */
         bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
         size_t bidx; /* its index in the worker's batch (w->msgs) */
@@ -50,7 +50,7 @@ struct kinbox_msg_s {
         const void *hkey;
         size_t hkey_len;
         char *hkey_own;
-        int64_t hold_off; /* M_PARK: offset of the blocker */
+        int64_t hold_off; /* KINBOX__MSG_PARK: offset of the blocker */
         /* Trace context (tracing on, set at receive): the consume span's
          * own context, a child of the message's traceparent (the parent's
          * span id kept) or a new root; recv_ns starts the span. */
@@ -60,29 +60,38 @@ struct kinbox_msg_s {
         int64_t recv_ns;
 };
 
-/* M_RUN: run the handler; M_DUP: the inbox has its id (redelivery);
- * M_DEAD: dead-letter it; M_CUT: not in this transaction (retried later);
- * M_BIZDUP: a business duplicate: inbox row only, the handler's effect
- * undone; M_PARK: its key is held (hold.c): inbox row and parked row. */
-enum mstate { M_RUN, M_DUP, M_DEAD, M_CUT, M_BIZDUP, M_PARK };
+/* What a batch run does with a message. */
+typedef enum kinbox__msg_state {
+        KINBOX__MSG_RUN, /* run the handler */
+        KINBOX__MSG_DUP, /* the inbox has its id (redelivery) */
+        KINBOX__MSG_DEAD, /* dead-letter it */
+        KINBOX__MSG_CUT, /* not in this transaction (retried later) */
+        /* A business duplicate: inbox row only, the handler's effect
+         * undone. */
+        KINBOX__MSG_BIZDUP,
+        /* Its key is held (hold.c): inbox row and parked row. */
+        KINBOX__MSG_PARK
+} kinbox__msg_state_t;
 
-/*
- * What a failure means for the one message it is charged to:
- *  F_RETRY  may succeed later (a foreign-key violation, an unknown error,
- *           a handler's RETRY): back off, then again; dead after retry.max;
- *  F_DEAD   can never succeed (REJECT, an unmarked unique violation, a
- *           CHECK / NOT NULL violation, a data exception): dead-lettered;
- *  F_BIZDUP the event was already applied (KINBOX_RESULT_DUPLICATE, or a
- *           kinbox_tx_exec_unique() statement's unique violation).
- */
-enum fate { F_RETRY, F_DEAD, F_BIZDUP };
+/* What a failure means for the one message it is charged to. */
+typedef enum kinbox__fate {
+        /* May succeed later (a foreign-key violation, an unknown error, a
+         * handler's RETRY): back off, then again; dead after retry.max. */
+        KINBOX__FATE_RETRY,
+        /* Can never succeed (REJECT, an unmarked unique violation, a
+         * CHECK / NOT NULL violation, a data exception): dead-lettered. */
+        KINBOX__FATE_DEAD,
+        /* The event was already applied (KINBOX_RESULT_DUPLICATE, or a
+         * kinbox_tx_exec_unique() statement's unique violation). */
+        KINBOX__FATE_BIZDUP
+} kinbox__fate_t;
 
 struct kinbox__holdset;
 
-struct part {
+struct kinbox__part {
         char *topic;
         int32_t partition;
-        worker_t *w;
+        kinbox__worker_t *w;
         /* guarded by w->lock */
         kinbox_msg_t *head, *tail;
         size_t count;
@@ -90,7 +99,7 @@ struct part {
         bool revoked;
         /* main thread only */
         bool paused;
-        part_t *next; /* in the consumer's table */
+        kinbox__part_t *next; /* in the consumer's table */
         /* Keys held on this partition (hold.c): written by the rebalance
          * callback before the partition is linked, then by its worker. */
         struct kinbox__holdset *holds;
@@ -99,7 +108,7 @@ struct part {
         bool hold_unknown;
 };
 
-struct worker {
+struct kinbox__worker {
         kinbox_consumer_t *c;
         int idx;
         pthread_t thr;
@@ -135,14 +144,14 @@ struct worker {
 };
 
 /* A kinbox_tx_exec_unique() statement's key, by tag. */
-typedef struct ukey {
+typedef struct kinbox__ukey {
         int tag;
         char *key; /* NULL: any unique key */
-} ukey_t;
+} kinbox__ukey_t;
 
 struct kinbox_tx_s {
         kinbox_consumer_t *c;
-        worker_t *w;
+        kinbox__worker_t *w;
         kinbox__db_t *db;
         int tag; /* statement tag of the running call (db.h) */
         bool failed; /* a statement failed during the current call */
@@ -152,7 +161,7 @@ struct kinbox_tx_s {
         uint64_t waits;
         char reason[512]; /* kinbox_tx_set_error() */
         const char *consumer; /* when c is NULL (replay) */
-        ukey_t *ukeys; /* this transaction's exec_unique() keys */
+        kinbox__ukey_t *ukeys; /* this transaction's exec_unique() keys */
         size_t nukeys, capukeys;
 };
 
@@ -169,8 +178,8 @@ struct kinbox_consumer_s {
         kinbox_batch_handler_fn batch_handler;
         void *opaque;
         int nworkers;
-        worker_t *workers;
-        part_t *parts;
+        kinbox__worker_t *workers;
+        kinbox__part_t *parts;
         kinbox__db_t *ctl; /* main thread's connection (watermarks) */
         size_t batch_max, queue_max;
         int64_t batch_wait, retry_max, backoff_base, backoff_max,
@@ -215,7 +224,7 @@ void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);
 /* consume_trace.c: a received message's trace context (tracing on), and
  * the consume spans of a committed batch. */
 void kinbox__msg_trace_start(kinbox_msg_t *m);
-void kinbox__consume_spans(kinbox_consumer_t *c, worker_t *w);
+void kinbox__consume_spans(kinbox_consumer_t *c, kinbox__worker_t *w);
 /* " (trace <32 hex>)" for a log line about m when it has a trace context
  * (tracing on: its own; else a valid traceparent header), else "". */
 const char *kinbox__msg_trace_note(const kinbox_msg_t *m, char buf[48]);
@@ -227,18 +236,18 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
 /* ---- batch.c */
 /* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
  * or was abandoned; pops the committed messages from their partitions. */
-void kinbox__batch_process(kinbox_consumer_t *c, worker_t *w);
+void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
 
 /* ---- shared by consumer.c and batch.c */
 static inline bool
-kinbox__part_backing_off(const part_t *p, int64_t now)
+kinbox__part_backing_off(const kinbox__part_t *p, int64_t now)
 {
         return p->retry_at && p->retry_at > now;
 }
 
 /* Under w->lock: wait up to ms for w->cond. */
 static inline void
-kinbox__timed_wait(worker_t *w, int64_t ms)
+kinbox__timed_wait(kinbox__worker_t *w, int64_t ms)
 {
         struct timespec ts;
         kinbox__deadline(ms, &ts);
@@ -247,7 +256,7 @@ kinbox__timed_wait(worker_t *w, int64_t ms)
 
 /* Wait up to ms, waking early on stop/revoke. */
 static inline void
-kinbox__worker_nap(worker_t *w, int64_t ms)
+kinbox__worker_nap(kinbox__worker_t *w, int64_t ms)
 {
         pthread_mutex_lock(&w->lock);
         if (!w->stop)

@@ -1,6 +1,6 @@
 /*
  * fate.c -- the fate of a statement failure for the message it names
- * (F_RETRY, F_DEAD, F_BIZDUP; consumer_int.h): used by the batch
+ * (KINBOX__FATE_RETRY, KINBOX__FATE_DEAD, KINBOX__FATE_BIZDUP; consumer_int.h): used by the batch
  * (batch.c) and by the release of parked messages (hold.c). See fate.h.
  */
 #include "fate.h"
@@ -22,13 +22,14 @@ ukey_matches(const kinbox_tx_t *tx, int t, const char *constraint)
         return false;
 }
 
-enum fate
+kinbox__fate_t
 kinbox__fate_of_statement(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
 {
         if (e->code == KINBOX_ERR_DUPLICATE)
-                return ukey_matches(tx, e->stmt_tag, e->constraint) ? F_BIZDUP
-                                                                    : F_DEAD;
-        return e->permanent ? F_DEAD : F_RETRY;
+                return ukey_matches(tx, e->stmt_tag, e->constraint)
+                           ? KINBOX__FATE_BIZDUP
+                           : KINBOX__FATE_DEAD;
+        return e->permanent ? KINBOX__FATE_DEAD : KINBOX__FATE_RETRY;
 }
 
 bool
@@ -40,7 +41,7 @@ kinbox__fate_own_failure(const kinbox__dberr_t *e)
 
 bool
 kinbox__fate_classify(const kinbox_tx_t *tx, const kinbox__dberr_t *e,
-                      enum fate *fate)
+                      kinbox__fate_t *fate)
 {
         if (!kinbox__fate_own_failure(e))
                 return false;

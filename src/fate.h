@@ -19,12 +19,12 @@ bool kinbox__fate_own_failure(const kinbox__dberr_t *e);
  * violation of a matching kinbox_tx_exec_unique() statement is a business
  * duplicate, any other one dead; otherwise dead when permanent, else
  * retry. */
-enum fate kinbox__fate_of_statement(const kinbox_tx_t *tx,
-                                    const kinbox__dberr_t *e);
+kinbox__fate_t kinbox__fate_of_statement(const kinbox_tx_t *tx,
+                                         const kinbox__dberr_t *e);
 
 /* Whether e is a statement's own failure (kinbox__fate_own_failure()); if
  * so, *fate is its fate for the message it names. */
 bool kinbox__fate_classify(const kinbox_tx_t *tx, const kinbox__dberr_t *e,
-                           enum fate *fate);
+                           kinbox__fate_t *fate);
 
 #endif

@@ -126,7 +126,7 @@ hs_del(struct kinbox__holdset *s, hent_t *e)
 }
 
 void
-kinbox__hold_free(part_t *p)
+kinbox__hold_free(kinbox__part_t *p)
 {
         struct kinbox__holdset *s = p->holds;
         if (!s)
@@ -202,7 +202,7 @@ static const char SQL_PARK[] =
     "($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 bool
-kinbox__hold_park(kinbox_consumer_t *c, worker_t *w, size_t i)
+kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i)
 {
         kinbox_msg_t *m = w->msgs[i];
         struct kinbox__holdset *s = m->part->holds;
@@ -221,7 +221,7 @@ kinbox__hold_park(kinbox_consumer_t *c, worker_t *w, size_t i)
                 kinbox_msg_t *d = w->msgs[j];
                 const void *dk;
                 size_t dn;
-                if (d->state == M_DEAD && d->part == m->part &&
+                if (d->state == KINBOX__MSG_DEAD && d->part == m->part &&
                     msg_key(c, d, &dk, &dn) && dn == n && !memcmp(dk, k, n)) {
                         m->hold_off = d->rkm->offset;
                         return true;
@@ -233,7 +233,8 @@ kinbox__hold_park(kinbox_consumer_t *c, worker_t *w, size_t i)
 /* The hold row of m's key, blocker at offset boff: inserted, or (when it
  * exists) locked and kept, so that a release of the key waits for us. */
 static int
-queue_hold(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m, int64_t boff)
+queue_hold(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m,
+           int64_t boff)
 {
         hparams_t h;
         snprintf(h.part, sizeof(h.part), "%" PRId32, m->part->partition);
@@ -247,7 +248,8 @@ queue_hold(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m, int64_t boff)
 }
 
 int
-kinbox__hold_queue_park(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
+kinbox__hold_queue_park(kinbox_consumer_t *c, kinbox__worker_t *w,
+                        kinbox_msg_t *m)
 {
         int rc = queue_hold(c, w, m, m->hold_off);
         if (rc)
@@ -277,7 +279,7 @@ kinbox__hold_queue_park(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
 }
 
 int
-kinbox__hold_block(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
+kinbox__hold_block(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m)
 {
         const void *k;
         size_t n;
@@ -287,20 +289,20 @@ kinbox__hold_block(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m)
 }
 
 bool
-kinbox__hold_followers(kinbox_consumer_t *c, worker_t *w, const size_t *idx,
-                       size_t n)
+kinbox__hold_followers(kinbox_consumer_t *c, kinbox__worker_t *w,
+                       const size_t *idx, size_t n)
 {
         for (size_t a = 0; a < n; a++) {
                 kinbox_msg_t *d = w->msgs[idx[a]];
                 const void *dk, *k;
                 size_t dn, kn;
-                if (d->state != M_DEAD || !msg_key(c, d, &dk, &dn))
+                if (d->state != KINBOX__MSG_DEAD || !msg_key(c, d, &dk, &dn))
                         continue;
                 for (size_t b = a + 1; b < n; b++) {
                         kinbox_msg_t *m = w->msgs[idx[b]];
-                        if (m->state == M_RUN && m->part == d->part &&
-                            msg_key(c, m, &k, &kn) && kn == dn &&
-                            !memcmp(k, dk, dn))
+                        if (m->state == KINBOX__MSG_RUN &&
+                            m->part == d->part && msg_key(c, m, &k, &kn) &&
+                            kn == dn && !memcmp(k, dk, dn))
                                 return true;
                 }
         }
@@ -308,7 +310,7 @@ kinbox__hold_followers(kinbox_consumer_t *c, worker_t *w, const size_t *idx,
 }
 
 void
-kinbox__hold_committed(kinbox_consumer_t *c, worker_t *w)
+kinbox__hold_committed(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         if (!c->hold_on)
                 return;
@@ -316,7 +318,7 @@ kinbox__hold_committed(kinbox_consumer_t *c, worker_t *w)
                 kinbox_msg_t *m = w->msgs[i];
                 const void *k;
                 size_t n;
-                if (m->state != M_DEAD || !msg_key(c, m, &k, &n))
+                if (m->state != KINBOX__MSG_DEAD || !msg_key(c, m, &k, &n))
                         continue;
                 if (!hs_add(&m->part->holds, k, n, m->rkm->offset))
                         kinbox__log(&c->lg, KINBOX_LOG_ERR, "hold",
@@ -336,7 +338,7 @@ static const char SQL_LOAD[] =
     "h.topic = $2 AND h.kafka_partition = $3";
 
 bool
-kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p)
+kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, kinbox__part_t *p)
 {
         if (!c->hold_on)
                 return true;
@@ -377,8 +379,8 @@ enum rel { REL_ONE, REL_DONE, REL_BLOCKED, REL_RETRY };
 /* One key being released: where, and the state of its head row. */
 typedef struct relkey {
         kinbox_consumer_t *c;
-        worker_t *w;
-        part_t *p;
+        kinbox__worker_t *w;
+        kinbox__part_t *p;
         const void *key;
         size_t klen;
         char part[16];
@@ -479,7 +481,7 @@ rel_msg(relkey_t *k, struct kinbox_rows_s *r, kinbox__hdrs_t *hd,
  * why. Returns 0 applied, 1 failed (fate), -1 not the handler's failure
  * (connection, deadlock, kinbox's own statement): try again later. */
 static int
-rel_handle(relkey_t *k, kinbox_msg_t *m, enum fate *fate, char *why,
+rel_handle(relkey_t *k, kinbox_msg_t *m, kinbox__fate_t *fate, char *why,
            size_t wsz)
 {
         kinbox_consumer_t *c = k->c;
@@ -506,7 +508,8 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, enum fate *fate, char *why,
                 snprintf(why, wsz, "%s", db->err.msg);
         } else {
                 ret = 1;
-                *fate = r == KINBOX_RESULT_REJECT ? F_DEAD : F_RETRY;
+                *fate = r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD
+                                                  : KINBOX__FATE_RETRY;
                 const char *rs = tx.reason[0] ? tx.reason
                                  : kinbox__msg_reason(m)
                                      ? kinbox__msg_reason(m)
@@ -617,7 +620,7 @@ release_one(relkey_t *k)
         if (!rc)
                 rc = rel_inbox(k, r, &dup);
         if (!rc && !dup) {
-                enum fate fate = F_RETRY;
+                kinbox__fate_t fate = KINBOX__FATE_RETRY;
                 char why[600];
                 if (!(m = rel_msg(k, r, &hd, &hv))) {
                         rc = KINBOX_ERR_NOMEM;
@@ -630,7 +633,7 @@ release_one(relkey_t *k)
                         rc = KINBOX_ERR_TRANSIENT;
                         goto out;
                 }
-                if (h > 0 && fate == F_RETRY &&
+                if (h > 0 && fate == KINBOX__FATE_RETRY &&
                     k->tries + 1 < k->c->retry_max) {
                         k->tries++;
                         char tn[48];
@@ -645,7 +648,7 @@ release_one(relkey_t *k)
                 }
                 if (h > 0 && (rc = db->ops->rollback_to(db, "kinbox_rel")))
                         goto out;
-                if (h > 0 && fate != F_BIZDUP) {
+                if (h > 0 && fate != KINBOX__FATE_BIZDUP) {
                         if ((rc = rel_dead(k, r, why)))
                                 goto out;
                         st = REL_BLOCKED;
@@ -673,10 +676,11 @@ out:
 }
 
 /* Under w->lock: the worker's live partition topic/partition, or NULL. */
-static part_t *
-rel_part(kinbox_consumer_t *c, worker_t *w, const char *topic, int32_t pn)
+static kinbox__part_t *
+rel_part(kinbox_consumer_t *c, kinbox__worker_t *w, const char *topic,
+         int32_t pn)
 {
-        for (part_t *p = c->parts; p; p = p->next)
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
                 if (p->w == w && !p->revoked && p->partition == pn &&
                     !strcmp(p->topic, topic))
                         return p;
@@ -749,7 +753,7 @@ metrics_hold(kinbox_consumer_t *c)
 
 /* One poll: the releasable holds of this consumer on w's partitions. */
 static void
-release_poll(kinbox_consumer_t *c, worker_t *w)
+release_poll(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         kinbox__db_t *db = w->db;
         struct kinbox_rows_s *rows = NULL;
@@ -766,7 +770,7 @@ release_poll(kinbox_consumer_t *c, worker_t *w)
                 char **v = rows->values + i * 4;
                 int32_t pn = (int32_t)strtol(v[1], NULL, 10);
                 pthread_mutex_lock(&w->lock);
-                part_t *pp = rel_part(c, w, v[0], pn);
+                kinbox__part_t *pp = rel_part(c, w, v[0], pn);
                 pthread_mutex_unlock(&w->lock);
                 if (!pp)
                         continue;
@@ -786,9 +790,9 @@ release_poll(kinbox_consumer_t *c, worker_t *w)
 /* Under w->lock (released while reading): the holds of w's partitions
  * that could not be read at assignment. */
 static void
-load_unknown(kinbox_consumer_t *c, worker_t *w)
+load_unknown(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
-        for (part_t *p = c->parts; p; p = p->next) {
+        for (kinbox__part_t *p = c->parts; p; p = p->next) {
                 if (p->w != w || p->revoked || !p->hold_unknown)
                         continue;
                 pthread_mutex_unlock(&w->lock);
@@ -800,7 +804,7 @@ load_unknown(kinbox_consumer_t *c, worker_t *w)
 }
 
 void
-kinbox__hold_tick(kinbox_consumer_t *c, worker_t *w)
+kinbox__hold_tick(kinbox_consumer_t *c, kinbox__worker_t *w)
 {
         if (!c->hold_on)
                 return;
@@ -809,7 +813,7 @@ kinbox__hold_tick(kinbox_consumer_t *c, worker_t *w)
                 return;
         size_t held = 0;
         bool unknown = false;
-        for (part_t *p = c->parts; p; p = p->next)
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
                 if (p->w == w && !p->revoked) {
                         held += p->holds ? p->holds->n : 0;
                         unknown = unknown || p->hold_unknown;

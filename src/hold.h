@@ -28,12 +28,13 @@ void kinbox__hold_conf(kinbox_consumer_t *c, const kinbox_conf_t *conf);
  * db (the consumer's control connection). False when they could not be
  * read (logged): the caller sets p->hold_unknown, and the partition's
  * worker reads them before it runs a batch of the partition. */
-bool kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db, part_t *p);
+bool kinbox__hold_load(kinbox_consumer_t *c, kinbox__db_t *db,
+                       kinbox__part_t *p);
 /* The partition's set of held keys (on part_free). */
-void kinbox__hold_free(part_t *p);
+void kinbox__hold_free(kinbox__part_t *p);
 
 /* Batch hooks (batch.c), inside the batch transaction:
- *  park():    message i (M_RUN) is to be parked: its key is held, or an
+ *  park():    message i (KINBOX__MSG_RUN) is to be parked: its key is held, or an
  *             earlier message of its partition in this batch is dead with
  *             the same key. Zero cost when nothing is held.
  *  queue_park(): queue the parked row (and the hold row's lock) for m.
@@ -41,18 +42,19 @@ void kinbox__hold_free(part_t *p);
  *  followers(): a batch handler call rejected a message and also ran a
  *             later message of the same key (the call must be undone).
  *  committed(): the batch committed: its dead keys are held now. */
-bool kinbox__hold_park(kinbox_consumer_t *c, worker_t *w, size_t i);
-int kinbox__hold_queue_park(kinbox_consumer_t *c, worker_t *w,
+bool kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i);
+int kinbox__hold_queue_park(kinbox_consumer_t *c, kinbox__worker_t *w,
                             kinbox_msg_t *m);
-int kinbox__hold_block(kinbox_consumer_t *c, worker_t *w, kinbox_msg_t *m);
-bool kinbox__hold_followers(kinbox_consumer_t *c, worker_t *w,
+int kinbox__hold_block(kinbox_consumer_t *c, kinbox__worker_t *w,
+                       kinbox_msg_t *m);
+bool kinbox__hold_followers(kinbox_consumer_t *c, kinbox__worker_t *w,
                             const size_t *idx, size_t n);
-void kinbox__hold_committed(kinbox_consumer_t *c, worker_t *w);
+void kinbox__hold_committed(kinbox_consumer_t *c, kinbox__worker_t *w);
 
 /* Worker thread, between batches, with w->lock held (released while it
  * works): release the parked messages of holds whose blocker left
  * 'dead', at most once per dead_letter.release.poll.ms and only while
  * the worker holds a key. */
-void kinbox__hold_tick(kinbox_consumer_t *c, worker_t *w);
+void kinbox__hold_tick(kinbox_consumer_t *c, kinbox__worker_t *w);
 
 #endif

@@ -155,7 +155,7 @@ row_tags(kinbox_tx_t *tx, int tag, const kinbox_msg_t *const *owners,
                 const kinbox_msg_t *m = owners[r];
                 t[r] = tag;
                 if (m && m->bidx < tx->w->nmsgs && tx->w->msgs[m->bidx] == m &&
-                    m->state == M_RUN)
+                    m->state == KINBOX__MSG_RUN)
                         t[r] = (int)m->bidx | (tag & KINBOX__TAG_UNIQUE);
         }
         return t;
@@ -238,7 +238,7 @@ tx_ukey(kinbox_tx_t *tx, const char *key, int *tagp)
         int tag = tx->tag | KINBOX__TAG_UNIQUE;
         if (tx->nukeys == tx->capukeys) {
                 size_t cap = tx->capukeys ? tx->capukeys * 2 : 16;
-                ukey_t *u = realloc(tx->ukeys, cap * sizeof(*u));
+                kinbox__ukey_t *u = realloc(tx->ukeys, cap * sizeof(*u));
                 if (!u) {
                         tx->failed = true;
                         snprintf(tx->reason, sizeof(tx->reason),
@@ -253,7 +253,7 @@ tx_ukey(kinbox_tx_t *tx, const char *key, int *tagp)
                 tx->failed = true;
                 return KINBOX_ERR_NOMEM;
         }
-        tx->ukeys[tx->nukeys++] = (ukey_t){tag, k};
+        tx->ukeys[tx->nukeys++] = (kinbox__ukey_t){tag, k};
         *tagp = tag;
         return KINBOX_OK;
 }
