@@ -535,7 +535,9 @@ run_batch_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                 db->call_tag = -1;
                 w->handler_us += kinbox__now_us() - t_h;
                 if (cnt == 1)
-                        w->one_call = tx->waits == waits ? 1 : -1;
+                        w->one_call = tx->waits == waits
+                                          ? KINBOX__ONE_CALL_NO_WAIT
+                                          : KINBOX__ONE_CALL_WAITED;
                 if (tx->failed && db->err.code) {
                         *f = failure_of(w, wk, &db->err, tx);
                         return false;
@@ -669,7 +671,8 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                  * (its statements are pipelined: a group's worth of them
                  * costs less than the 2 log2(group) set-based calls, each
                  * waiting, of a bisection), else by bisection. */
-                if (!wk->iso || w->one_call > 0 || !bisect(wk, g))
+                if (!wk->iso || w->one_call == KINBOX__ONE_CALL_NO_WAIT ||
+                    !bisect(wk, g))
                         wk->single[g] = true;
         } else if (f->kind == FL_MERGED)
                 wk->no_merge = true; /* the rows one by one pin it */
@@ -827,8 +830,8 @@ begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
                                      m->state == KINBOX__MSG_PARK))
                         m->state = KINBOX__MSG_DUP;
                 else if (m->inserted && m->state == KINBOX__MSG_DUP)
-                        m->state =
-                            KINBOX__MSG_RUN; /* its twin was cut this time */
+                        /* its twin was cut this time */
+                        m->state = KINBOX__MSG_RUN;
         }
         return KINBOX_OK;
 }

@@ -26,40 +26,6 @@
 typedef struct kinbox__part kinbox__part_t;
 typedef struct kinbox__worker kinbox__worker_t;
 
-/* The message as handlers see it. */
-struct kinbox_msg_s {
-        rd_kafka_message_t *rkm;
-        kinbox__part_t *part;
-        char *id; /* NULL when the id could not be extracted */
-        char *reason; /* why it failed last (malloc), or why it has no id */
-        int attempt; /* deliveries to the handler so far, +1 when running */
-        int failures; /* its own failed attempts (results, statements) */
-        int state; /* per batch run, see kinbox__msg_state_t */
-        bool inserted; /* this transaction inserted its inbox row */
-        bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
-        size_t bidx; /* its index in the worker's batch (w->msgs) */
-        kinbox_msg_t *next;
-        kinbox__msgview_t v; /* what the accessors read */
-        int64_t ts; /* Kafka timestamp (ms), -1 if none */
-        /* A replayed dead letter (replay.c) has no rkm: its headers are
-         * a list of its own, its other parts borrowed from the caller. */
-        rd_kafka_headers_t *own_headers;
-        /* dead_letter.hold_key (hold.c): the message's held-key value,
-         * looked up once when needed; hkey_own is malloc'ed (json:). */
-        int hkey_state; /* 0 not looked up, 1 none, 2 hkey/hkey_len */
-        const void *hkey;
-        size_t hkey_len;
-        char *hkey_own;
-        int64_t hold_off; /* KINBOX__MSG_PARK: offset of the blocker */
-        /* Trace context (tracing on, set at receive): the consume span's
-         * own context, a child of the message's traceparent (the parent's
-         * span id kept) or a new root; recv_ns starts the span. */
-        kinbox_trace_t trace;
-        uint8_t trace_parent[8];
-        bool trace_set, trace_has_parent;
-        int64_t recv_ns;
-};
-
 /* What a batch run does with a message. */
 typedef enum kinbox__msg_state {
         KINBOX__MSG_RUN, /* run the handler */
@@ -72,6 +38,59 @@ typedef enum kinbox__msg_state {
         /* Its key is held (hold.c): inbox row and parked row. */
         KINBOX__MSG_PARK
 } kinbox__msg_state_t;
+
+/* Whether a message's held key (dead_letter.hold_key, hold.c) was looked
+ * up; zero (a calloc'ed message) is not yet. */
+typedef enum kinbox__hkey_state {
+        KINBOX__HKEY_UNKNOWN, /* not looked up yet */
+        KINBOX__HKEY_NONE, /* the message has no held-key value */
+        KINBOX__HKEY_SET /* in hkey/hkey_len */
+} kinbox__hkey_state_t;
+
+/* How a batch handler's last one-message call went; zero (a calloc'ed
+ * worker) is not seen yet. */
+typedef enum kinbox__one_call {
+        KINBOX__ONE_CALL_UNSEEN,
+        /* Without a round trip of its own: narrowing a failed group one
+         * message at a time costs statements, not waits. */
+        KINBOX__ONE_CALL_NO_WAIT,
+        /* It waited for the server: bisect instead. */
+        KINBOX__ONE_CALL_WAITED
+} kinbox__one_call_t;
+
+/* The message as handlers see it. */
+struct kinbox_msg_s {
+        rd_kafka_message_t *rkm;
+        kinbox__part_t *part;
+        char *id; /* NULL when the id could not be extracted */
+        char *reason; /* why it failed last (malloc), or why it has no id */
+        int attempt; /* deliveries to the handler so far, +1 when running */
+        int failures; /* its own failed attempts (results, statements) */
+        kinbox__msg_state_t state; /* per batch run */
+        bool inserted; /* this transaction inserted its inbox row */
+        bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
+        size_t bidx; /* its index in the worker's batch (w->msgs) */
+        kinbox_msg_t *next;
+        kinbox__msgview_t v; /* what the accessors read */
+        int64_t ts; /* Kafka timestamp (ms), -1 if none */
+        /* A replayed dead letter (replay.c) has no rkm: its headers are
+         * a list of its own, its other parts borrowed from the caller. */
+        rd_kafka_headers_t *own_headers;
+        /* dead_letter.hold_key (hold.c): the message's held-key value,
+         * looked up once when needed; hkey_own is malloc'ed (json:). */
+        kinbox__hkey_state_t hkey_state;
+        const void *hkey;
+        size_t hkey_len;
+        char *hkey_own;
+        int64_t hold_off; /* KINBOX__MSG_PARK: offset of the blocker */
+        /* Trace context (tracing on, set at receive): the consume span's
+         * own context, a child of the message's traceparent (the parent's
+         * span id kept) or a new root; recv_ns starts the span. */
+        kinbox_trace_t trace;
+        uint8_t trace_parent[8];
+        bool trace_set, trace_has_parent;
+        int64_t recv_ns;
+};
 
 /* What a failure means for the one message it is charged to. */
 typedef enum kinbox__fate {
@@ -129,11 +148,8 @@ struct kinbox__worker {
          * on its message (a named row, the handler's own verdicts), so its
          * batches need few groups; false once one needed narrowing. */
         bool iso_exact;
-        /* Batch handler: how its last one-message call went: 0 not seen
-         * yet, 1 without a round trip of its own (narrowing a failed
-         * group one message at a time costs statements, not waits), -1
-         * it waited for the server (bisect instead). */
-        int one_call;
+        /* Batch handler: how its last one-message call went. */
+        kinbox__one_call_t one_call;
         kinbox_msg_t **msgs; /* current batch */
         size_t nmsgs, capmsgs;
         kinbox__inbox_row_t *rows;

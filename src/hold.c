@@ -156,11 +156,11 @@ kinbox__hold_conf(kinbox_consumer_t *c, const kinbox_conf_t *conf)
 static bool
 msg_key(const kinbox_consumer_t *c, kinbox_msg_t *m, const void **k, size_t *n)
 {
-        if (!m->hkey_state) {
+        if (m->hkey_state == KINBOX__HKEY_UNKNOWN) {
                 const char *src = c->hold_src;
                 const void *v = NULL;
                 size_t len = 0;
-                m->hkey_state = 1;
+                m->hkey_state = KINBOX__HKEY_NONE;
                 if (!strcmp(src, "key")) {
                         v = m->v.key;
                         len = m->v.key_len;
@@ -179,12 +179,12 @@ msg_key(const kinbox_consumer_t *c, kinbox_msg_t *m, const void **k, size_t *n)
                 if (v && len && len <= KINBOX__HOLD_KEY_MAX) {
                         m->hkey = v;
                         m->hkey_len = len;
-                        m->hkey_state = 2;
+                        m->hkey_state = KINBOX__HKEY_SET;
                 }
         }
         *k = m->hkey;
         *n = m->hkey_len;
-        return m->hkey_state == 2;
+        return m->hkey_state == KINBOX__HKEY_SET;
 }
 
 /* ------------------------------------------------------------------ */
@@ -477,10 +477,18 @@ rel_msg(relkey_t *k, struct kinbox_rows_s *r, kinbox__hdrs_t *hd,
         return m;
 }
 
+/* What running the handler on a parked message came to. */
+enum rel_run {
+        RUN_APPLIED,
+        RUN_FAILED, /* the handler's failure, with a fate */
+        /* Not the handler's failure (connection, deadlock, kinbox's own
+         * statement): try again later. */
+        RUN_NOT_ITS_OWN
+};
+
 /* Run the handler on m; the fate of a failure in *fate, its reason in
- * why. Returns 0 applied, 1 failed (fate), -1 not the handler's failure
- * (connection, deadlock, kinbox's own statement): try again later. */
-static int
+ * why. */
+static enum rel_run
 rel_handle(relkey_t *k, kinbox_msg_t *m, kinbox__fate_t *fate, char *why,
            size_t wsz)
 {
@@ -498,16 +506,18 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, kinbox__fate_t *fate, char *why,
                 if (r == KINBOX_RESULT_OK)
                         r = r1;
         }
-        int ret = 0;
+        enum rel_run ret = RUN_APPLIED;
         if (!(tx.failed && db->err.code) &&
             (r == KINBOX_RESULT_OK || r == KINBOX_RESULT_DUPLICATE) &&
             !db->ops->flush(db))
                 goto out;
         if (db->err.code) {
-                ret = kinbox__fate_classify(&tx, &db->err, fate) ? 1 : -1;
+                ret = kinbox__fate_classify(&tx, &db->err, fate)
+                          ? RUN_FAILED
+                          : RUN_NOT_ITS_OWN;
                 snprintf(why, wsz, "%s", db->err.msg);
         } else {
-                ret = 1;
+                ret = RUN_FAILED;
                 *fate = r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD
                                                   : KINBOX__FATE_RETRY;
                 const char *rs = tx.reason[0] ? tx.reason
@@ -628,12 +638,12 @@ release_one(relkey_t *k)
                 }
                 if ((rc = db->ops->savepoint(db, "kinbox_rel")))
                         goto out;
-                int h = rel_handle(k, m, &fate, why, sizeof(why));
-                if (h < 0) {
+                enum rel_run h = rel_handle(k, m, &fate, why, sizeof(why));
+                if (h == RUN_NOT_ITS_OWN) {
                         rc = KINBOX_ERR_TRANSIENT;
                         goto out;
                 }
-                if (h > 0 && fate == KINBOX__FATE_RETRY &&
+                if (h == RUN_FAILED && fate == KINBOX__FATE_RETRY &&
                     k->tries + 1 < k->c->retry_max) {
                         k->tries++;
                         char tn[48];
@@ -646,9 +656,10 @@ release_one(relkey_t *k)
                         rc = KINBOX_ERR_TRANSIENT;
                         goto out;
                 }
-                if (h > 0 && (rc = db->ops->rollback_to(db, "kinbox_rel")))
+                if (h == RUN_FAILED &&
+                    (rc = db->ops->rollback_to(db, "kinbox_rel")))
                         goto out;
-                if (h > 0 && fate != KINBOX__FATE_BIZDUP) {
+                if (h == RUN_FAILED && fate != KINBOX__FATE_BIZDUP) {
                         if ((rc = rel_dead(k, r, why)))
                                 goto out;
                         st = REL_BLOCKED;
