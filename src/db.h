@@ -4,6 +4,10 @@
  * Each backend (db/pg.c, db/mysql.c) fills one struct kinbox__db_ops. The
  * rest of kinbox speaks only this interface plus a handful of dialect
  * strings, so a backend slots in without touching the consumer or relay.
+ * Every user includes this header; it brings in the rest of the contract:
+ * db/tags.h (statement tags: whom a failure is charged to), db/sql.h (the
+ * dialect statement table) and db/outbox_ops.h (the outbox's and relay's
+ * statements per backend).
  *
  * Conventions:
  *  - SQL uses $1..$n placeholders on every backend (MySQL rewrites them).
@@ -29,36 +33,10 @@
 
 #include "kinbox/handler.h"
 
-typedef struct kinbox__db kinbox__db_t;
+#include "db/sql.h"
+#include "db/tags.h"
 
-/*
- * Statement tags. A tag travels with each deferred statement and comes back
- * in db->err.tag when that statement fails, so the consumer can charge the
- * failure to exactly the message that queued it.
- *   >= 0 without KINBOX__TAG_GROUP: a per-message handler call; the low
- *        bits are the message's index in the batch;
- *   with KINBOX__TAG_GROUP: a batch handler call for the savepoint group
- *        whose first message has index N (low bits); no one message owns
- *        its set-based statements;
- *   KINBOX__TAG_UNIQUE may be or'ed into either: the statement's unique
- *        violation means "already applied" (kinbox_tx_exec_unique());
- *   KINBOX__TAG_CLAIM likewise: no row affected means "already applied"
- *        (kinbox_tx_exec_claim());
- *   -1: kinbox's own statements; KINBOX__TAG_MERGED(_AT): see below.
- */
-#define KINBOX__TAG_UNIQUE (1 << 28)
-#define KINBOX__TAG_GROUP (1 << 29)
-#define KINBOX__TAG_MERGED_BIT (1 << 27)
-/* A kinbox_tx_exec_claim() statement: the backend notes it in
- * db->none_tags when it affected no row. */
-#define KINBOX__TAG_CLAIM (1 << 26)
-#define KINBOX__TAG_LOW(t) ((t) & ((1 << 26) - 1))
-/* A merged statement (MySQL) whose first row came from message i: no one
- * message is to blame, but all its rows lie in i's savepoint group. */
-#define KINBOX__TAG_MERGED_AT(i) (KINBOX__TAG_MERGED_BIT | KINBOX__TAG_LOW(i))
-/* err.tag of a failed statement that merged rows of several messages
- * (MySQL coalescing): no one message is to blame; run the batch again. */
-#define KINBOX__TAG_MERGED (-3)
+typedef struct kinbox__db kinbox__db_t;
 
 /** A statement parameter. v == NULL is SQL NULL. */
 typedef struct kinbox__param {
@@ -242,93 +220,6 @@ struct kinbox__db_ops {
         const struct kinbox__outbox_ops *outbox;
 };
 
-/*
- * Statements whose spelling differs between backends. Parameters in the
- * order given in each comment.
- */
-struct kinbox__sql {
-        /* $1 consumer $2 topic $3 partition $4 next_offset: upsert. */
-        const char *offsets_upsert;
-        /* $1 consumer $2 message_id $3 topic $4 partition $5 offset $6 key
-         * (binary) $7 headers (text, JSON) $8 payload (binary) $9 error
-         * $10 attempts */
-        const char *dead_letter_insert;
-        /* Outbox append: $1 kind $2 destination $3 idem_key $4 aggregate_id
-         * $5 payload (binary) $6 headers (JSON) $7 max_attempts; must not
-         * abort the transaction on a duplicate (destination, idem_key);
-         * returns the id of a new row, no row for a duplicate. */
-        const char *outbox_append;
-        /* Single-instance lock for the pruner: $1 lock name. Returns one
-         * row, '1'/'t' when acquired. */
-        const char *try_lock;
-        const char *unlock;
-        /* Migrations: the kinbox_schema_migrations table (idempotent DDL)
-         * and the text around a migration script so that it applies
-         * atomically ("" where DDL commits implicitly: those scripts are
-         * idempotent instead). */
-        const char *migrations_table;
-        /* One row, one column: 1 when kinbox_schema_migrations exists in
-         * the connection's database (schema), else 0. */
-        const char *migrations_exists;
-        const char *script_begin, *script_commit;
-        /* Pruning, [0] the inbox, [1] sent outbox rows: printf formats of
-         * (int64 age) for the count and (int64 age, int64 batch) for one
-         * batched delete returning (PG) or affecting (MySQL) the rows
-         * deleted. The age is in milliseconds times prune_age_scale. */
-        const char *prune_count[2], *prune_delete[2];
-        int prune_age_scale;
-        /* Replay: $1 id: consumer, message_id, topic, kafka_partition,
-         * kafka_offset, msg_key, headers, payload, status of the dead
-         * letter, locked FOR UPDATE. */
-        const char *dead_letter_lock;
-        /* $1 consumer $2 message_id $3 topic $4 partition $5 offset. */
-        const char *inbox_insert_one;
-        /* $1 id: the dead letter is replayed. */
-        const char *dead_letter_replayed;
-        /* Per destination: pending rows, oldest pending age (s), dead rows
-         * (gauges sampled at scrape). */
-        const char *outbox_gauges;
-        /* Per consumer: dead letters (status dead), oldest one's age (s). */
-        const char *dead_letter_gauges;
-        /* $1 destination: pause it (no error when paused already). */
-        const char *outbox_pause;
-        /* After a resume: wake listening relays, or NULL. */
-        const char *outbox_wake;
-        /* dead_letter.hold_key (hold.c): $1 consumer $2 topic $3 partition
-         * $4 hold_key (binary) $5 offset of the blocking dead letter.
-         * Inserts the hold row, or locks and keeps an existing one (so a
-         * release of the key waits for the inserting transaction). */
-        const char *hold_upsert;
-        /* Per consumer: parked messages, held keys, oldest parked
-         * message's age (s) (gauges sampled at scrape). */
-        const char *hold_gauges;
-        /* $1 parked row id: delete it, for outbox->affected() (the
-         * number of rows deleted). */
-        const char *parked_delete;
-        /* See kinbox_admin_outbox_summary() / kinbox_admin_outbox_stuck()
-         * ($1 older than, in ms). */
-        const char *outbox_summary, *outbox_stuck;
-        /* The operator statements, alike on both backends (src/db/opsql.h).
-         * ping: reachability. outbox_paused / outbox_resume: $1
-         * destination (a row when paused / unpause). consumer_status: $1
-         * consumer: one row of inbox rows, dead letters dead / replayed /
-         * discarded, parked messages, held keys, oldest parked_at.
-         * inbox_rows: one row, one count. dead_list: printf format of
-         * (long limit), $1 consumer $2 status (NULL: any). dead_show,
-         * dead_status, dead_discard, dead_held, dead_last_follower: $1
-         * dead letter id. dead_parked: printf format of (long limit), $1
-         * consumer (NULL: any). dead_follower_state: $1 parked row id, $2
-         * dead letter id. dead_at: $1 consumer $2 topic $3 partition $4
-         * offset. verify_ahead, verify_cover: $1 consumer. Columns as in
-         * the callers (dead.c, verify.c, admin.c). */
-        const char *ping, *outbox_paused, *outbox_resume;
-        const char *consumer_status, *inbox_rows;
-        const char *dead_list, *dead_show, *dead_parked, *dead_status;
-        const char *dead_discard, *dead_held, *dead_last_follower;
-        const char *dead_follower_state, *dead_at;
-        const char *verify_ahead, *verify_cover;
-};
-
 /* The server ran out of a resource: disk, memory, connection slots or
  * another limit (PostgreSQL SQLSTATE class 53; MariaDB/MySQL 1021 disk
  * full, 1037/1038/5 out of memory, 1040 too many connections, 1041 out
@@ -359,167 +250,6 @@ typedef struct kinbox__migration {
 const kinbox__migration_t *kinbox__db_migration(const kinbox__db_t *db,
                                                 const kinbox__migration_t *all,
                                                 const kinbox__migration_t *m);
-
-/*
- * The outbox writer's, operator calls' and relay's statements, one table
- * per backend, so outbox.c and relay*.c hold no dialect SQL. Every call
- * runs on db's connection in the calling thread; return codes as for
- * kinbox__db_ops. Counts (done) say how many rows a guarded UPDATE changed:
- * fewer than asked means another relay or an operator changed them first.
- */
-
-/* One claim: up to limit rows, heads of their aggregates first, then runs
- * of those aggregates' next pending rows (same destination, due, in id
- * order; run_max rows of one aggregate at most). Leases for lease_ms to
- * owner. $4 of the PostgreSQL claim is run_max.
- *
- * With lock set (relay.claim = lock): the same rows, locked FOR UPDATE
- * SKIP LOCKED and nothing written; the transaction stays open when rows
- * came back (the caller marks them in it and commits, or writes their
- * leases with lease() and commits; rollback() hands them back), and is
- * ended when none did. Versions are the rows' current ones. Run rows are
- * locked too, and an aggregate keeps only the prefix of its run that it
- * could lock (head first, in id order): a row skipped (locked elsewhere)
- * or no longer pending and due ends the run there, so nothing is claimed
- * past a row this claim does not hold. idle_ms > 0: the server ends the
- * session when that transaction sits idle longer (a relay that hangs
- * holding the locks does not hold them for ever). */
-typedef struct kinbox__claim_req {
-        int64_t limit;
-        int64_t lease_ms;
-        const char *owner;
-        int64_t run_max; /* rows of one aggregate at most, head included */
-        /* > 0: look for heads among the first window due pending rows
-         * only (cheap when a hot aggregate's rows fill the front of the
-         * backlog); 0: walk every pending row. */
-        int64_t window;
-        bool lock;
-        int64_t idle_ms;
-        /* > 0: most candidate heads read before locking (lock-held
-         * claims: other relays' held rows look due and are skipped, so
-         * more candidates than limit are needed); 0: the backend's own. */
-        int64_t cand;
-} kinbox__claim_req_t;
-
-/* Columns of a claim result row, in this order. */
-enum {
-        KINBOX__CL_ID, /* bigint */
-        KINBOX__CL_VERSION, /* version after the claim's bump */
-        KINBOX__CL_KIND, /* 'event' / 'action' */
-        KINBOX__CL_DESTINATION,
-        KINBOX__CL_IDEM_KEY,
-        KINBOX__CL_AGGREGATE, /* NULL: no aggregate */
-        KINBOX__CL_PAYLOAD, /* binary, NULL allowed */
-        KINBOX__CL_HEADERS, /* JSON text, NULL allowed */
-        KINBOX__CL_ATTEMPTS,
-        KINBOX__CL_MAX_ATTEMPTS,
-        KINBOX__CL_RECLAIMED, /* 't'/'1': a lease of another relay expired */
-        KINBOX__CL_AGE_MS, /* now - created_at at claim time */
-        KINBOX__CL_NCOLS
-};
-
-/* A connection that waits for the outbox channel's notifications. */
-typedef struct kinbox__listener kinbox__listener_t;
-struct kinbox__log;
-struct kinbox_conf_s;
-
-struct kinbox__outbox_ops {
-        /* Claim and commit (opens and ends its own transaction). *out gets
-         * the claimed rows (NULL or 0 rows: nothing due). */
-        int (*claim)(kinbox__db_t *db, const kinbox__claim_req_t *req,
-                     struct kinbox_rows_s **out);
-        /* Set-based, autocommit: status sent / lease handed back (pending,
-         * due now, no attempt charged) for the rows whose (id, version)
-         * still match and that are still pending. */
-        int (*mark_sent)(kinbox__db_t *db, size_t n, const int64_t *ids,
-                         const int64_t *versions, uint64_t *done);
-        int (*release)(kinbox__db_t *db, size_t n, const int64_t *ids,
-                       const int64_t *versions, uint64_t *done);
-        /* One failed attempt: attempts + 1, status 'dead' or 'pending'
-         * with next_attempt_at = now + delay_ms, last_error = err.
-         * mark_sent, release and fail run in the open transaction when
-         * there is one (a lock-held claim's), else in autocommit. */
-        int (*fail)(kinbox__db_t *db, int64_t id, int64_t version, bool dead,
-                    const char *err, int64_t delay_ms, uint64_t *done);
-        /* Inside a lock-held claim's transaction: write the lease claim()
-         * writes in lease mode (next_attempt_at = now + lease_ms, version
-         * + 1, lease_owner = owner) on the rows whose (id, version) match
-         * and that are still pending; the caller commits. */
-        int (*lease)(kinbox__db_t *db, const char *owner, int64_t lease_ms,
-                     size_t n, const int64_t *ids, const int64_t *versions,
-                     uint64_t *done);
-        /* LISTEN channel the table's trigger notifies on commit (NULL:
-         * none, the relay polls). */
-        const char *notify_channel;
-        /* Wake-ups on the channel, on a connection of their own (NULL
-         * where there is no channel). listen_open connects to conf's
-         * database and listens; NULL with err set on failure; the
-         * server's notices go to log. listen_fd is the socket to poll.
-         * listen_drain consumes what arrived without blocking: *woken
-         * when a notification came; <0 with err set when the connection
-         * broke (close it). */
-        kinbox__listener_t *(*listen_open)(const struct kinbox_conf_s *conf,
-                                           const struct kinbox__log *log,
-                                           char *err, size_t errsz);
-        int (*listen_fd)(kinbox__listener_t *l);
-        int (*listen_drain)(kinbox__listener_t *l, bool *woken, char *err,
-                            size_t errsz);
-        void (*listen_close)(kinbox__listener_t *l);
-        /* The claim's walk over pending rows (its first step), LIMIT 1000,
-         * no parameters: for EXPLAIN in tests and benchmarks, which check
-         * that it reads the pending-rows index only. */
-        const char *heads_scan;
-        /* Cheap index-only probe: *due = some pending row is due now. */
-        int (*probe)(kinbox__db_t *db, bool *due);
-        /* An UPDATE (sql in this backend's dialect, $n placeholders) and
-         * the number of rows it changed. */
-        int (*affected)(kinbox__db_t *db, const char *sql, int n,
-                        const kinbox__param_t *p, uint64_t *count);
-        /* Append, queued like exec() (a duplicate is a silent no-op):
-         * $1 kind $2 destination $3 idem_key $4 aggregate_id $5 payload
-         * (binary) $6 headers (JSON) $7 max_attempts. */
-        const char *append;
-        /* The same append, run now in the open transaction; *idp = the new
-         * id, or 0 for a duplicate. */
-        int (*append_id)(kinbox__db_t *db, const kinbox__param_t *p, int tag,
-                         int64_t *idp);
-        /* Operator statements ($1 id / destination, '' = all). Each is an
-         * UPDATE for affected(). */
-        const char *requeue_id, *cancel_id, *requeue_dest, *cancel_dest;
-        /* List: $1 after id, $2 status ('' any), $3 destination ('' any);
-         * the caller appends " LIMIT n". Columns: id, status, destination, idem_key,
-         * aggregate_id, attempts, max_attempts, last_error, created_at,
-         * next_attempt_at (NULL unless pending), payload size, sent_at,
-         * version. */
-        const char *list;
-};
-
-extern const struct kinbox__outbox_ops kinbox__pg_outbox_ops;
-extern const struct kinbox__outbox_ops kinbox__mysql_outbox_ops;
-
-/* The outbox table's columns an append writes, in the order of its 7
- * parameters, and the look-up of a duplicate's id ($1 destination, $2
- * idem_key). */
-#define KINBOX__OUTBOX_COLS                                                   \
-        "kind, destination, idem_key, aggregate_id, payload, headers, "       \
-        "max_attempts"
-#define KINBOX__OUTBOX_FIND_ID_SQL                                            \
-        "SELECT id FROM kinbox_outbox WHERE destination = $1 AND idem_key = " \
-        "$2"
-
-/* The append of kinbox_outbox_append_pg() / _mysql() (outbox.c, which
- * validates the message and wakes local relays) on the caller's own
- * connection: p the 7 parameters of the outbox append above. KINBOX_OK
- * with *idp the new row's id; KINBOX_ERR_DUPLICATE with *idp the existing
- * row's (0 when not found); or an error with errstr set. idp may be
- * NULL. */
-kinbox_err_t kinbox__pg_outbox_append(struct pg_conn *conn,
-                                      const kinbox__param_t p[7], int64_t *idp,
-                                      char *errstr, size_t errstr_size);
-kinbox_err_t kinbox__mysql_outbox_append(struct st_mysql *conn,
-                                         const kinbox__param_t p[7],
-                                         int64_t *idp, char *errstr,
-                                         size_t errstr_size);
 
 /* Backends. */
 extern const struct kinbox__db_ops kinbox__pg_ops;
@@ -650,5 +380,8 @@ void kinbox__dburl_free(kinbox__dburl_t *u);
  * that is unknown or has a bad value (src/db/mysql.c). */
 int kinbox__mysql_url_check(const char *params, char *errstr,
                             size_t errstr_size);
+
+/* The outbox's and relay's statements: they use the types above. */
+#include "db/outbox_ops.h"
 
 #endif
