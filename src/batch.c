@@ -237,8 +237,8 @@ enum run_rc { RUN_DONE, RUN_AGAIN, RUN_DB_DOWN, RUN_BACKOFF };
  * kinbox_tx_query_owned() statement: the suspect runs alone, the rest of
  * its group around it), no group needs narrowing: a failure re-runs its
  * group once without the culprit, so groups only bound what that re-run
- * repeats; each group costs its own handler call (on PostgreSQL's points
- * stream with 0.5 % poison 4 groups cost less CPU than 1, 2, 6, 8 or 16). */
+ * repeats; each group costs its own handler call, and 4 cost the least CPU
+ * of the counts tried (docs/benchmarks-history.md). */
 #define ISO_GROUPS_EXACT 4
 #define ISO_MIN_GROUP 4
 /* Isolation mode, per-message handlers: statements the walk may queue

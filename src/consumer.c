@@ -179,8 +179,8 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
          * Prefetch: once the consumer queue holds queued.min.messages,
          * librdkafka 2.0 stops fetching until something wakes its broker
          * threads (nudge_fetchers() does, once a quarter has drained).
-         * 50,000 messages (~600 B each in memory) keep RSS under 64 MiB
-         * with any backlog (see docs/benchmarks.md).
+         * 50,000 messages keep the consumer's memory bounded with any
+         * backlog (the figures: docs/benchmarks.md).
          * Metadata every 30 s (librdkafka: 5 min): a subscribed topic
          * created after the start, or partitions added to one, are
          * consumed within 30 s, not 5 min (docs/kafka.md). */

@@ -126,10 +126,9 @@ kinbox__relay_claim(kinbox_relay_t *r, batch_t *b)
                  * a second relay gets rows of its own instead of a claim
                  * that comes back short (and shrinks its next one).
                  * Always, not only after a short claim: that variant
-                 * saved a PostgreSQL relay alone ~2 ms per 1,000-row
-                 * claim but left two relays at 1.0x one (two relays
-                 * 23.1 k / 20.2 k rows/s against 31.9 k / 31.6 k, A/B in
-                 * one run; docs/benchmarks.md, issue 11 fifth pass). */
+                 * saved a relay alone a little per claim but left two
+                 * relays no faster than one (docs/benchmarks-history.md,
+                 * "Issue 11, fifth pass"). */
                 req.window += r->batch;
                 req.cand = 4 * r->cur_batch + r->batch;
         }

@@ -17,7 +17,7 @@
  * statements that come from the same SQL text are merged into one
  * multi-row INSERT: a per-message handler's inserts cost one statement per
  * batch instead of one per message (the server parses and executes each
- * statement of a multi-statement packet on its own, ~10 us apiece).
+ * statement of a multi-statement packet on its own; docs/mysql.md).
  *
  * Merging moves a row ahead of the statements queued between it and the
  * first row of its group, so it is done only where that cannot change the
