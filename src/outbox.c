@@ -208,29 +208,51 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
 
 /* ------------------------------------- on the caller's own connection */
 
-/* Validate m and bind it (p points into m and pr; pr to be freed). */
+/* A backend's append of the bound parameters on the caller's connection
+ * (db/pg_outbox.c, db/mysql_outbox.c). */
+typedef kinbox_err_t (*native_append_fn)(void *conn, const kinbox__param_t *p,
+                                         int64_t *idp, char *errstr,
+                                         size_t errstr_size);
+
 static kinbox_err_t
-native_prepare(const void *conn, const kinbox_outbox_msg_t *m,
-               kinbox__outbox_prepared_t *pr, kinbox__param_t p[7],
-               char *errstr, size_t errstr_size)
+pg_append(void *conn, const kinbox__param_t *p, int64_t *idp, char *errstr,
+          size_t errstr_size)
+{
+        return kinbox__pg_outbox_append(conn, p, idp, errstr, errstr_size);
+}
+
+static kinbox_err_t
+my_append(void *conn, const kinbox__param_t *p, int64_t *idp, char *errstr,
+          size_t errstr_size)
+{
+        return kinbox__mysql_outbox_append(conn, p, idp, errstr, errstr_size);
+}
+
+/* Validate m, bind it, let the backend append it, and wake local relays
+ * when a row was written; the row's trace context and append span as in
+ * a handler's append (without a handler's message). */
+static kinbox_err_t
+native_append(void *conn, native_append_fn append,
+              const kinbox_outbox_msg_t *m, int64_t *idp, char *errstr,
+              size_t errstr_size)
 {
         if (!conn) {
                 kinbox__errstr(errstr, errstr_size, "no connection");
                 return KINBOX_ERR_INVALID;
         }
-        kinbox_err_t rc = kinbox__outbox_prepare(m, pr, errstr, errstr_size);
-        if (!rc)
-                kinbox__outbox_params(m, pr, p);
-        return rc;
-}
-
-/* After the backend's append: a new row wakes local relays. */
-static kinbox_err_t
-native_done(kinbox__outbox_prepared_t *pr, kinbox_err_t rc)
-{
-        kinbox__outbox_prepared_free(pr);
-        if (rc == KINBOX_OK)
-                kinbox__wake_poke();
+        kinbox__outbox_trace_t ot;
+        m = kinbox__outbox_trace_begin(&ot, m, NULL);
+        kinbox__outbox_prepared_t pr;
+        kinbox_err_t rc = kinbox__outbox_prepare(m, &pr, errstr, errstr_size);
+        if (!rc) {
+                kinbox__param_t p[7];
+                kinbox__outbox_params(m, &pr, p);
+                rc = append(conn, p, idp, errstr, errstr_size);
+                kinbox__outbox_prepared_free(&pr);
+                if (rc == KINBOX_OK)
+                        kinbox__wake_poke();
+        }
+        kinbox__outbox_trace_end(&ot, rc, idp && !rc ? *idp : 0);
         return rc;
 }
 
@@ -238,36 +260,14 @@ kinbox_err_t
 kinbox_outbox_append_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
                         int64_t *idp, char *errstr, size_t errstr_size)
 {
-        kinbox__outbox_prepared_t pr;
-        kinbox__param_t p[7];
-        kinbox__outbox_trace_t ot;
-        m = kinbox__outbox_trace_begin(&ot, m, NULL);
-        kinbox_err_t rc = native_prepare(conn, m, &pr, p, errstr, errstr_size);
-        if (!rc) {
-                rc = kinbox__pg_outbox_append(conn, p, idp, errstr,
-                                              errstr_size);
-                rc = native_done(&pr, rc);
-        }
-        kinbox__outbox_trace_end(&ot, rc, idp && !rc ? *idp : 0);
-        return rc;
+        return native_append(conn, pg_append, m, idp, errstr, errstr_size);
 }
 
 kinbox_err_t
 kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
                            int64_t *idp, char *errstr, size_t errstr_size)
 {
-        kinbox__outbox_prepared_t pr;
-        kinbox__param_t p[7];
-        kinbox__outbox_trace_t ot;
-        m = kinbox__outbox_trace_begin(&ot, m, NULL);
-        kinbox_err_t rc = native_prepare(conn, m, &pr, p, errstr, errstr_size);
-        if (!rc) {
-                rc = kinbox__mysql_outbox_append(conn, p, idp, errstr,
-                                                 errstr_size);
-                rc = native_done(&pr, rc);
-        }
-        kinbox__outbox_trace_end(&ot, rc, idp && !rc ? *idp : 0);
-        return rc;
+        return native_append(conn, my_append, m, idp, errstr, errstr_size);
 }
 
 /* ---------------------------------------------------------------- shared */

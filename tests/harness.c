@@ -547,6 +547,43 @@ kt_run_stop_stats(kt_run_t *r, kinbox_consumer_stats_t *st)
         free(r);
 }
 
+struct kt_relay {
+        kinbox_relay_t *r;
+        pthread_t thr;
+        kinbox_err_t rc;
+};
+
+static void *
+relay_thread(void *arg)
+{
+        kt_relay_t *t = arg;
+        t->rc = kinbox_relay_run(t->r);
+        return NULL;
+}
+
+kt_relay_t *
+kt_relay_start(kinbox_conf_t *conf)
+{
+        kt_relay_t *t = calloc(1, sizeof(*t));
+        char e[512];
+        cr_assert(t != NULL);
+        t->r = kinbox_relay_new(conf, e, sizeof(e));
+        cr_assert(t->r != NULL, "relay: %s", e);
+        cr_assert(pthread_create(&t->thr, NULL, relay_thread, t) == 0);
+        return t;
+}
+
+void
+kt_relay_stop(kt_relay_t *t)
+{
+        kinbox_relay_stop(t->r);
+        pthread_join(t->thr, NULL);
+        cr_assert(t->rc == KINBOX_OK, "relay run: %s: %s",
+                  kinbox_err_name(t->rc), kinbox_relay_errstr(t->r));
+        kinbox_relay_destroy(t->r);
+        free(t);
+}
+
 char *
 kt_write_ini(const char *url, const char *fmt, ...)
 {

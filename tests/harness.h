@@ -103,6 +103,13 @@ void kt_run_stop(kt_run_t *r);
  * consumer runs may lag the rows a test sees). */
 void kt_run_stop_stats(kt_run_t *r, kinbox_consumer_stats_t *st);
 
+/* A relay (kinbox_relay_new() on conf, which it takes) running
+ * kinbox_relay_run() in a thread; fails the test when it cannot be made. */
+typedef struct kt_relay kt_relay_t;
+kt_relay_t *kt_relay_start(kinbox_conf_t *conf);
+/* Stop, join, assert it returned KINBOX_OK, destroy. */
+void kt_relay_stop(kt_relay_t *r);
+
 /* `kinbox run -c FILE` as a child process with extra environment
  * ("NAME=value" or NULL). stderr goes to log_path. */
 pid_t kt_spawn_kinbox(const char *ini_path, const char *env1,

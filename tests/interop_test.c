@@ -201,20 +201,6 @@ db_open(const char *url)
         return db;
 }
 
-typedef struct trelay {
-        kinbox_relay_t *r;
-        pthread_t th;
-        kinbox_err_t rc;
-} trelay_t;
-
-static void *
-relay_main(void *arg)
-{
-        trelay_t *t = arg;
-        t->rc = kinbox_relay_run(t->r);
-        return NULL;
-}
-
 /* Run a relay on url (extra settings k1=v1, k2=v2 ... NULL) until every
  * row is sent, then stop it. */
 static void
@@ -230,17 +216,11 @@ relay_drain(const char *url, long long rows, ...)
         for (const char *k; (k = va_arg(ap, const char *));)
                 kt_set(c, k, va_arg(ap, const char *));
         va_end(ap);
-        char e[512];
-        trelay_t t = {.r = kinbox_relay_new(c, e, sizeof(e))};
-        cr_assert(t.r != NULL, "relay: %s", e);
-        cr_assert(pthread_create(&t.th, NULL, relay_main, &t) == 0);
+        kt_relay_t *t = kt_relay_start(c);
         long long sent = kt_wait_qint(
             url, "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent'",
             rows, 90);
-        kinbox_relay_stop(t.r);
-        pthread_join(t.th, NULL);
-        cr_assert(t.rc == KINBOX_OK, "relay: %s", kinbox_relay_errstr(t.r));
-        kinbox_relay_destroy(t.r);
+        kt_relay_stop(t);
         cr_assert(eq(i64, sent, rows), "rows sent by the relay");
 }
 

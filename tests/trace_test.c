@@ -5,6 +5,7 @@
  * consume span's, a child of it). Both backends.
  */
 #include "harness.h"
+#include "otelcol.h"
 
 #include <librdkafka/rdkafka.h>
 #include <pthread.h>
@@ -100,6 +101,17 @@ setup(int backend, const char **topicp, const char **groupp)
         return url;
 }
 
+/* A consumer with spans on, sent to an endpoint nobody listens on: they
+ * are dropped (counted), and the consumer does not wait. */
+static kinbox_conf_t *
+traced_conf(const char *url, const char *group, const char *topic)
+{
+        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
+        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
+        kt_set(c, "tracing.timeout.ms", "200");
+        return c;
+}
+
 /* Tracing off: the handler reads the sender's context as it came; bad or
  * unknown-version values are not an error of the message (applied). */
 KT_BACKENDS_PARAMS(trace, handler_reads_the_senders_context)
@@ -132,9 +144,7 @@ ParameterizedTest(int *backend, trace, handler_reads_the_consume_span,
 {
         const char *topic, *group;
         char *url = setup(*backend, &topic, &group);
-        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
-        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
-        kt_set(c, "tracing.timeout.ms", "200");
+        kinbox_conf_t *c = traced_conf(url, group, topic);
         kt_run_t *r = kt_run_start(c, record_trace, NULL, NULL);
         cr_assert(eq(
             i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 4, 60), 4));
@@ -216,9 +226,7 @@ ParameterizedTest(int *backend, trace, append_in_handler_is_a_child_span,
 {
         const char *topic, *group;
         char *url = setup(*backend, &topic, &group);
-        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
-        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
-        kt_set(c, "tracing.timeout.ms", "200");
+        kinbox_conf_t *c = traced_conf(url, group, topic);
         kt_run_t *r = kt_run_start(c, append_row, NULL, NULL);
         cr_assert(
             eq(i64,
@@ -279,9 +287,7 @@ ParameterizedTest(int *backend, trace,
         const char *topic, *group;
         char *url = setup(*backend, &topic, &group);
         produce_traced(topic, "poison", TP_VALID, strlen(TP_VALID));
-        kinbox_conf_t *c = kt_conf(url, "tr", group, topic);
-        kt_set(c, "tracing.endpoint", "http://127.0.0.1:9/");
-        kt_set(c, "tracing.timeout.ms", "200");
+        kinbox_conf_t *c = traced_conf(url, group, topic);
         kt_set(c, "tracing.interval.ms", "50");
         kinbox_conf_set_log_cb(c, count_traced, NULL);
         double dropped0 = kinbox_metrics_value(
@@ -318,24 +324,6 @@ ParameterizedTest(int *backend, trace,
 }
 
 /* ---- one trace through a real OpenTelemetry Collector ---- */
-
-#include <pthread.h>
-
-#include "otelcol.h"
-
-typedef struct trelay {
-        kinbox_relay_t *r;
-        pthread_t th;
-        kinbox_err_t rc;
-} trelay_t;
-
-static void *
-relay_main(void *arg)
-{
-        trelay_t *t = arg;
-        t->rc = kinbox_relay_run(t->r);
-        return NULL;
-}
 
 /* A span's attribute equals want. */
 static void
@@ -401,21 +389,14 @@ ParameterizedTest(int *backend, trace, one_trace_through_the_collector,
         if (!kt_real_kafka())
                 kt_set(cr, "kafka.max.in.flight.requests.per.connection", "1");
         kt_set(cr, "tracing.endpoint", ep);
-        char e[512];
-        trelay_t t = {.rc = KINBOX_OK};
-        t.r = kinbox_relay_new(cr, e, sizeof(e));
-        cr_assert(t.r != NULL, "relay: %s", e);
-        cr_assert(eq(int, pthread_create(&t.th, NULL, relay_main, &t), 0));
+        kt_relay_t *rel = kt_relay_start(cr);
 
         cr_assert(eq(
             i64, kt_wait_qint(url, "SELECT COUNT(*) FROM kt_seen", 1, 60), 1));
         /* process(A) twice (one absorbed), create, send, process(B). */
         kt_span_t *s = NULL;
         int n = kt_otelcol_wait_spans(spans_file, 5, 30, &s);
-        kinbox_relay_stop(t.r);
-        pthread_join(t.th, NULL);
-        cr_assert(eq(int, t.rc, KINBOX_OK));
-        kinbox_relay_destroy(t.r);
+        kt_relay_stop(rel);
         kt_run_stop(rb);
         kt_run_stop(ra);
 
