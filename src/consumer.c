@@ -127,6 +127,39 @@ parse_topics(kinbox_consumer_t *c, const char *topics, char *errstr, size_t sz)
         return KINBOX_OK;
 }
 
+/* The settings the consumer's threads read, copied once. */
+static void
+take_settings(kinbox_consumer_t *c, const kinbox__settings_t *s)
+{
+        c->nworkers = (int)s->workers;
+        c->batch_max = (size_t)s->batch_max;
+        c->batch_wait = s->batch_wait_ms;
+        c->queue_max = (size_t)s->queue_max_messages;
+        c->retry_max = s->retry_max;
+        c->backoff_base = s->retry_backoff_base_ms;
+        c->backoff_max = s->retry_backoff_max_ms;
+        c->reconnect_max = s->reconnect_backoff_max_ms;
+        if (c->queue_max < c->batch_max)
+                c->queue_max = c->batch_max;
+}
+
+/* The prefetch bounds librdkafka runs with (kinbox's defaults or the
+ * user's kafka.*): the fetch nudge wakes its fetchers against them. */
+static void
+read_prefetch(kinbox_consumer_t *c)
+{
+        const rd_kafka_conf_t *rc = rd_kafka_conf(c->rk);
+        char v[64];
+        size_t vl = sizeof(v);
+        if (rd_kafka_conf_get(rc, "queued.min.messages", v, &vl) ==
+            RD_KAFKA_CONF_OK)
+                c->prefetch_msgs = (size_t)strtoull(v, NULL, 10);
+        vl = sizeof(v);
+        if (rd_kafka_conf_get(rc, "queued.max.messages.kbytes", v, &vl) ==
+            RD_KAFKA_CONF_OK)
+                c->prefetch_bytes = 1024.0 * strtod(v, NULL);
+}
+
 kinbox_consumer_t *
 kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
 {
@@ -147,16 +180,7 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         const kinbox__settings_t *s = kinbox__settings_of(conf);
         c->name = kinbox__strdup(s->name);
         c->msgid_spec = kinbox__strdup(s->message_id);
-        c->nworkers = (int)s->workers;
-        c->batch_max = (size_t)s->batch_max;
-        c->batch_wait = s->batch_wait_ms;
-        c->queue_max = (size_t)s->queue_max_messages;
-        c->retry_max = s->retry_max;
-        c->backoff_base = s->retry_backoff_base_ms;
-        c->backoff_max = s->retry_backoff_max_ms;
-        c->reconnect_max = s->reconnect_backoff_max_ms;
-        if (c->queue_max < c->batch_max)
-                c->queue_max = c->batch_max;
+        take_settings(c, s);
         kinbox__hold_conf(c, conf);
         rd_kafka_conf_t *rkc = NULL;
         if (!c->name || !c->msgid_spec)
@@ -212,18 +236,7 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         rkc = NULL; /* owned by rk now */
         rd_kafka_poll_set_consumer(c->rk);
         c->cq = rd_kafka_queue_get_consumer(c->rk);
-        {
-                const rd_kafka_conf_t *rc = rd_kafka_conf(c->rk);
-                char v[64];
-                size_t vl = sizeof(v);
-                if (rd_kafka_conf_get(rc, "queued.min.messages", v, &vl) ==
-                    RD_KAFKA_CONF_OK)
-                        c->prefetch_msgs = (size_t)strtoull(v, NULL, 10);
-                vl = sizeof(v);
-                if (rd_kafka_conf_get(rc, "queued.max.messages.kbytes", v,
-                                      &vl) == RD_KAFKA_CONF_OK)
-                        c->prefetch_bytes = 1024.0 * strtod(v, NULL);
-        }
+        read_prefetch(c);
         if (kinbox__tracing_acquire(conf, &c->tracing, errstr, sz))
                 goto fail;
         c->conf = conf;

@@ -274,6 +274,38 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
         return status;
 }
 
+/* Load and check the configuration `run` starts from: 0 with *cfg
+ * loaded, or the exit status (cfg freed). */
+static int
+run_config(const char *path, kb_config_t *cfg)
+{
+        char err[2048];
+        if (kb_config_load(path, cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox run: %s\n", err);
+                return KB_EX_USAGE;
+        }
+        int rc = 0;
+        if (!cfg->nconsumers && !cfg->relay_enabled) {
+                fprintf(stderr,
+                        "kinbox run: %s has no [consumer.NAME] section and "
+                        "no enabled [relay]\n",
+                        path);
+                rc = KB_EX_USAGE;
+        } else if (kb_retention_check(cfg, "run")) {
+                /* inbox.retention vs the redelivery window */
+                rc = KB_EX_USAGE;
+        } else {
+                /* Every schema the configuration names, as this binary
+                 * knows it: an older one would fail batch after batch, a
+                 * newer one could break what a newer kinbox keeps (held
+                 * keys' order). */
+                rc = kb_schema_check_config(cfg, "run");
+        }
+        if (rc)
+                kb_config_free(cfg);
+        return rc;
+}
+
 int
 kb_cmd_run(int argc, char **argv)
 {
@@ -285,31 +317,9 @@ kb_cmd_run(int argc, char **argv)
         const char *path = config_arg(argc, argv, "run");
         kb_config_t cfg;
         char err[2048];
-        if (kb_config_load(path, &cfg, err, sizeof(err))) {
-                fprintf(stderr, "kinbox run: %s\n", err);
-                return KB_EX_USAGE;
-        }
-        if (!cfg.nconsumers && !cfg.relay_enabled) {
-                fprintf(stderr,
-                        "kinbox run: %s has no [consumer.NAME] section and "
-                        "no enabled [relay]\n",
-                        path);
-                kb_config_free(&cfg);
-                return KB_EX_USAGE;
-        }
-        if (kb_retention_check(&cfg,
-                               "run")) { /* inbox.retention vs redelivery */
-                kb_config_free(&cfg);
-                return KB_EX_USAGE;
-        }
-        /* Every schema the configuration names, as this binary knows it:
-         * an older one would fail batch after batch, a newer one could
-         * break what a newer kinbox keeps (held keys' order). */
-        int sx = kb_schema_check_config(&cfg, "run");
-        if (sx) {
-                kb_config_free(&cfg);
+        int sx = run_config(path, &cfg);
+        if (sx)
                 return sx;
-        }
         runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
         int status = 0;
         if (!rs) {

@@ -184,6 +184,62 @@ repeated_section(FILE *fp, const char *path, char *errstr, size_t sz)
         return found;
 }
 
+/* A failed key: the message is in L->err; v is freed. Returns 0 (stop). */
+static int
+kv_failed(load_t *L, char *v)
+{
+        L->failed = true;
+        free(v);
+        return 0;
+}
+
+static int
+too_many(load_t *L, const char *lineno, char *v)
+{
+        snprintf(L->err, L->errsz, "%s: %s: too many settings", L->path,
+                 lineno);
+        return kv_failed(L, v);
+}
+
+/* [metrics]: listen only. Takes v. */
+static int
+on_metrics(load_t *L, const char *name, char *v, const char *lineno)
+{
+        if (strcmp(name, "listen")) {
+                snprintf(L->err, L->errsz, "%s: %s: [metrics] has no such key",
+                         L->path, lineno);
+                return kv_failed(L, v);
+        }
+        free(L->cfg->metrics_listen);
+        L->cfg->metrics_listen = v;
+        return 1;
+}
+
+/* [relay]: enabled here, the rest kept for the relay's conf. Takes v. */
+static int
+on_relay(load_t *L, const char *name, char *v, const char *lineno)
+{
+        if (!strcmp(name, "enabled")) {
+                char e[300];
+                if (kinbox__confval_bool("[relay] enabled", v,
+                                         &L->cfg->relay_enabled, e,
+                                         sizeof(e))) {
+                        snprintf(L->err, L->errsz, "%s: %s", L->path, e);
+                        return kv_failed(L, v);
+                }
+                free(v);
+                return 1;
+        }
+        if (L->nrelay == 64)
+                return too_many(L, lineno, v);
+        char key[256];
+        snprintf(key, sizeof(key), "%s%s",
+                 strcmp(name, "name") ? "relay." : "", name);
+        L->relay[L->nrelay].k = strdup(key);
+        L->relay[L->nrelay++].v = v;
+        return 1;
+}
+
 static int
 on_kv(void *user, const char *section, const char *name, const char *value)
 {
@@ -223,39 +279,9 @@ on_kv(void *user, const char *section, const char *name, const char *value)
         } else if (!strcmp(section, "reconcile")) {
                 snprintf(key, sizeof(key), "reconcile.%s", name);
         } else if (!strcmp(section, "metrics")) {
-                if (strcmp(name, "listen")) {
-                        snprintf(L->err, L->errsz,
-                                 "%s: %s: [metrics] has no such key", L->path,
-                                 lineno);
-                        L->failed = true;
-                        free(v);
-                        return 0;
-                }
-                free(cfg->metrics_listen);
-                cfg->metrics_listen = v;
-                return 1;
+                return on_metrics(L, name, v, lineno);
         } else if (!strcmp(section, "relay")) {
-                if (!strcmp(name, "enabled")) {
-                        char e[300];
-                        if (kinbox__confval_bool("[relay] enabled", v,
-                                                 &cfg->relay_enabled, e,
-                                                 sizeof(e))) {
-                                snprintf(L->err, L->errsz, "%s: %s", L->path,
-                                         e);
-                                L->failed = true;
-                                free(v);
-                                return 0;
-                        }
-                        free(v);
-                        return 1;
-                }
-                if (L->nrelay == 64)
-                        goto toomany;
-                snprintf(key, sizeof(key), "%s%s",
-                         strcmp(name, "name") ? "relay." : "", name);
-                L->relay[L->nrelay].k = strdup(key);
-                L->relay[L->nrelay++].v = v;
-                return 1;
+                return on_relay(L, name, v, lineno);
         } else if (!strncmp(section, "consumer.", 9) && section[9]) {
                 int c = find_consumer(cfg, section + 9);
                 if (c < 0) {
