@@ -546,9 +546,8 @@ type_name(ptype_t t)
 }
 
 void
-kinbox_conf_write_reference(void *fpv)
+kinbox_conf_write_reference(FILE *fp)
 {
-        FILE *fp = fpv;
         fprintf(fp, "| key | type | default | range | description |\n"
                     "|---|---|---|---|---|\n");
         for (size_t i = 0; i < NPROPS; i++) {
@@ -596,9 +595,8 @@ man_text(FILE *fp, const char *s)
 }
 
 void
-kinbox_conf_write_reference_man(void *fpv)
+kinbox_conf_write_reference_man(FILE *fp)
 {
-        FILE *fp = fpv;
         for (size_t i = 0; i < NPROPS; i++) {
                 const prop_t *p = &props[i];
                 fprintf(fp, ".TP\n.B ");

@@ -12,6 +12,7 @@
 #define KINBOX_CONF_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include "export.h"
 #include "error.h"
 
@@ -103,9 +104,11 @@ KINBOX_API void kinbox_log_set_level(int level);
 
 /**
  * @brief Write the configuration reference (Markdown) generated from the
- *        property table to @p fp (a FILE *).
+ *        property table to @p fp, open for writing (the caller's; not
+ *        closed). Write errors are the stream's (ferror()).
+ * @remark Thread-safe.
  */
-KINBOX_API void kinbox_conf_write_reference(void *fp);
+KINBOX_API void kinbox_conf_write_reference(FILE *fp);
 
 /**
  * @brief Write the same reference as kinbox_conf_write_reference() as
@@ -113,7 +116,7 @@ KINBOX_API void kinbox_conf_write_reference(void *fp);
  * @param fp a FILE * open for writing.
  * @remark Thread-safe.
  */
-KINBOX_API void kinbox_conf_write_reference_man(void *fp);
+KINBOX_API void kinbox_conf_write_reference_man(FILE *fp);
 
 KINBOX_END_DECLS
 
