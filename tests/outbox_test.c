@@ -841,7 +841,7 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends, .timeout = 180)
         char e[512];
         kinbox_conf_t *ac = kinbox_conf_new();
         cset(ac, "database.url", url);
-        kinbox_outbox_admin_t *adm = kinbox_outbox_admin_new(ac, e, sizeof(e));
+        kinbox_admin_t *adm = kinbox_admin_new(ac, e, sizeof(e));
         cr_assert(adm != NULL, "%s", e);
         kinbox_conf_destroy(ac);
         int ndead = 0;
@@ -861,7 +861,7 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends, .timeout = 180)
         uint64_t n = 0;
         cr_assert(eq(int, kinbox_outbox_requeue_destination(adm, topic, &n),
                      KINBOX_OK),
-                  "%s", kinbox_outbox_admin_errstr(adm));
+                  "%s", kinbox_admin_errstr(adm));
         cr_assert(eq(u64, n, 3));
         sent = wait_q(url, 13, 30,
                       "SELECT count(*) FROM kinbox_outbox WHERE "
@@ -876,7 +876,7 @@ ParameterizedTest(int *bidx, outbox_broker_down, backends, .timeout = 180)
         cr_assert(st.retried >= 20);
         cr_assert(eq(u64, st.dead, 3));
         kinbox_relay_destroy(r);
-        kinbox_outbox_admin_destroy(adm);
+        kinbox_admin_destroy(adm);
 
         tmsgs_t got;
         consume(mk.bootstrap, topic, 13, 30, 500, &got);
@@ -1046,11 +1046,11 @@ ParameterizedTest(int *bidx, outbox_actions, backends, .timeout = 120)
         char e[512];
         kinbox_conf_t *ac = kinbox_conf_new();
         cset(ac, "database.url", url);
-        kinbox_outbox_admin_t *adm = kinbox_outbox_admin_new(ac, e, sizeof(e));
+        kinbox_admin_t *adm = kinbox_admin_new(ac, e, sizeof(e));
         cr_assert(adm != NULL, "%s", e);
         kinbox_conf_destroy(ac);
         cr_assert(eq(int, kinbox_outbox_requeue(adm, idnope), KINBOX_OK), "%s",
-                  kinbox_outbox_admin_errstr(adm));
+                  kinbox_admin_errstr(adm));
         cr_assert(wait_q(url, 1, 30,
                          "SELECT count(*) FROM kinbox_outbox WHERE id = "
                          "%" PRId64 " AND status = 'dead' AND attempts = 1",
@@ -1063,7 +1063,7 @@ ParameterizedTest(int *bidx, outbox_actions, backends, .timeout = 120)
                          "%" PRId64 " AND attempts >= 2",
                          idlater));
         cr_assert(eq(int, kinbox_outbox_cancel(adm, idlater), KINBOX_OK), "%s",
-                  kinbox_outbox_admin_errstr(adm));
+                  kinbox_admin_errstr(adm));
         cr_assert(
             eq(int, kinbox_outbox_cancel(adm, idlater), KINBOX_ERR_NOT_FOUND));
         usleep(700 * 1000);
@@ -1075,7 +1075,7 @@ ParameterizedTest(int *bidx, outbox_actions, backends, .timeout = 120)
         free(s);
 
         relay_stop(&tr);
-        kinbox_outbox_admin_destroy(adm);
+        kinbox_admin_destroy(adm);
         kinbox_relay_destroy(r); /* waits for the abandoned slow call */
 }
 
@@ -2120,8 +2120,7 @@ ParameterizedTest(int *bidx, outbox_list_fields, backends, .timeout = 120)
         kinbox_conf_t *conf = kinbox_conf_new();
         cset(conf, "database.url", url);
         char e[512];
-        kinbox_outbox_admin_t *adm =
-            kinbox_outbox_admin_new(conf, e, sizeof(e));
+        kinbox_admin_t *adm = kinbox_admin_new(conf, e, sizeof(e));
         cr_assert(adm != NULL, "%s", e);
         listed_t l = {0};
         cr_assert(eq(int,
@@ -2131,7 +2130,7 @@ ParameterizedTest(int *bidx, outbox_list_fields, backends, .timeout = 120)
         cr_assert(eq(int, l.n, 2));
         cr_assert(eq(int, l.sent_ok, 1));
         cr_assert(eq(int, l.pending_ok, 1));
-        kinbox_outbox_admin_destroy(adm);
+        kinbox_admin_destroy(adm);
         kinbox_conf_destroy(conf);
 }
 

@@ -1,18 +1,19 @@
 /**
  * @file admin.h
  * @brief Operations: retention (pruning and the start-up retention check),
- *        reconciliation, the operator's database handle (status counts,
- *        outbox summaries, dead letters: list, show, discard, replay, the
- *        messages parked behind them; verification), metrics and the
- *        health endpoints.
+ *        reconciliation, the operator's database handle (status counts;
+ *        the outbox: pause, summaries, requeue, cancel, list; dead
+ *        letters: list, show, discard, replay, the messages parked behind
+ *        them; verification), metrics and the health endpoints.
  *
  * Unless a call says otherwise: a ::kinbox_admin_t is used by one thread
  * at a time; rows handed out are the caller's (kinbox_rows_destroy());
  * strings are copied, not kept; a failure leaves its reason in
  * kinbox_admin_errstr() until the next call.
  *
- * These are the calls the `kinbox` command's `prune`, `status`, `dead`,
- * `verify` and `run` (pruner thread, `[metrics] listen`) are built on.
+ * These are the calls the `kinbox` command's `prune`, `status`, `outbox`,
+ * `dead`, `verify` and `run` (pruner thread, `[metrics] listen`) are built
+ * on.
  */
 #ifndef KINBOX_ADMIN_H
 #define KINBOX_ADMIN_H
@@ -256,6 +257,104 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_summary(kinbox_admin_t *adm,
 KINBOX_API kinbox_err_t kinbox_admin_outbox_stuck(kinbox_admin_t *adm,
                                                   int64_t older_ms,
                                                   kinbox_rows_t **rowsp);
+
+/** Outbox row status: a filter of kinbox_outbox_list() and a listed row's
+ *  value. */
+typedef enum kinbox_outbox_status {
+        KINBOX_OUTBOX_ANY = 0,
+        KINBOX_OUTBOX_PENDING = 1,
+        KINBOX_OUTBOX_SENT = 2,
+        KINBOX_OUTBOX_DEAD = 3,
+        KINBOX_OUTBOX_CANCELED = 4
+} kinbox_outbox_status_t;
+
+/** An outbox row as listed; strings owned by the library, valid during the
+ *  callback. */
+typedef struct kinbox_outbox_row {
+        int64_t id;
+        kinbox_outbox_status_t status;
+        const char *destination;
+        const char *idem_key;
+        const char *aggregate_id; /**< NULL if none */
+        int attempts;
+        int max_attempts; /**< 0 = relay default */
+        const char *last_error; /**< NULL if none */
+        const char *created_at; /**< database text form */
+        /** Pending rows: when the row is due (a retry's backoff, or the
+         *  end of a relay's lease while it is being published). NULL for
+         *  sent, dead and canceled rows, whose next_attempt_at column
+         *  only holds a stale lease deadline. */
+        const char *next_attempt_at;
+        size_t payload_size;
+        /** When the relay marked the row sent (database text form); NULL
+         *  unless sent. */
+        const char *sent_at;
+        /** The row's version: bumped by every claim and every mark (the
+         *  relays' compare-and-set guard). */
+        int64_t version;
+} kinbox_outbox_row_t;
+
+/** kinbox_outbox_list()'s callback: return 0 to continue, non-zero to
+ *  stop. Runs on the calling thread. */
+typedef int (*kinbox_outbox_row_fn)(const kinbox_outbox_row_t *row,
+                                    void *opaque);
+
+/**
+ * @brief Put a dead or canceled outbox row back to pending: attempts reset
+ *        to 0, due now (relays listening are woken).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (@p id not positive);
+ *          ::KINBOX_ERR_NOT_FOUND when no dead or canceled row has that
+ *          id; ::KINBOX_ERR_DB_CONN (unreachable; the next call
+ *          reconnects); ::KINBOX_ERR_DB; the reason in
+ *          kinbox_admin_errstr().
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_requeue(kinbox_admin_t *adm, int64_t id);
+
+/**
+ * @brief Cancel a pending outbox row: it will not be sent. A relay that
+ *        holds the row's lease right now may still publish it (its mark
+ *        then counts as a conflict; the row stays canceled).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (@p id not positive);
+ *          ::KINBOX_ERR_NOT_FOUND when no pending row has that id; as
+ *          kinbox_outbox_requeue().
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_cancel(kinbox_admin_t *adm, int64_t id);
+
+/**
+ * @brief Requeue every dead row of @p destination (NULL: every
+ *        destination).
+ * @param countp receives how many (may be NULL).
+ * @returns ::KINBOX_OK (also when there were none); as
+ *          kinbox_outbox_requeue().
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_requeue_destination(
+    kinbox_admin_t *adm, const char *destination, uint64_t *countp);
+
+/**
+ * @brief Cancel every pending row of @p destination.
+ * @param destination required: ::KINBOX_ERR_INVALID when NULL or "".
+ * @param countp      receives how many (may be NULL).
+ * @returns ::KINBOX_OK (also when there were none); as
+ *          kinbox_outbox_requeue().
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_cancel_destination(
+    kinbox_admin_t *adm, const char *destination, uint64_t *countp);
+
+/**
+ * @brief List outbox rows with id > @p after_id in id order, at most
+ *        @p limit (0, or over 100000: 100000), handing each to @p fn.
+ * @param status      filter, ::KINBOX_OUTBOX_ANY for all.
+ * @param destination filter, NULL for all.
+ * @returns ::KINBOX_OK (also when the callback stopped early);
+ *          ::KINBOX_ERR_INVALID (no callback, unknown status); as
+ *          kinbox_outbox_requeue().
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_list(kinbox_admin_t *adm,
+                                           kinbox_outbox_status_t status,
+                                           const char *destination,
+                                           int64_t after_id, size_t limit,
+                                           kinbox_outbox_row_fn fn,
+                                           void *opaque);
 
 /**
  * @brief Refresh the sampled gauges of kinbox_metrics_render() from the

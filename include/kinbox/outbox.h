@@ -17,7 +17,8 @@
  * relay takes over. Delivery is therefore at least once: downstream kinbox
  * consumers drop the duplicates by the `message_id` header the relay sets.
  *
- * Operators: kinbox_outbox_admin_new() and the requeue / cancel / list calls.
+ * Operators: kinbox_outbox_requeue(), kinbox_outbox_cancel() and
+ * kinbox_outbox_list() on the operator handle, ::kinbox_admin_t (admin.h).
  */
 #ifndef KINBOX_OUTBOX_H
 #define KINBOX_OUTBOX_H
@@ -262,116 +263,6 @@ KINBOX_API const char *kinbox_relay_errstr(const kinbox_relay_t *r);
  *        abandoned (timed-out) action callbacks to return.
  */
 KINBOX_API void kinbox_relay_destroy(kinbox_relay_t *r);
-
-/* ------------------------------------------------------------------------
- * Operations: requeue, cancel, list
- */
-
-/** An operator's handle on one database's outbox. Opaque; one thread at a
- *  time. */
-typedef struct kinbox_outbox_admin_s kinbox_outbox_admin_t;
-
-/** Row status filter / value. */
-typedef enum kinbox_outbox_status {
-        KINBOX_OUTBOX_ANY = 0,
-        KINBOX_OUTBOX_PENDING = 1,
-        KINBOX_OUTBOX_SENT = 2,
-        KINBOX_OUTBOX_DEAD = 3,
-        KINBOX_OUTBOX_CANCELED = 4
-} kinbox_outbox_status_t;
-
-/** A row as listed; strings owned by the library, valid during the
- *  callback. */
-typedef struct kinbox_outbox_row {
-        int64_t id;
-        kinbox_outbox_status_t status;
-        const char *destination;
-        const char *idem_key;
-        const char *aggregate_id; /**< NULL if none */
-        int attempts;
-        int max_attempts; /**< 0 = relay default */
-        const char *last_error; /**< NULL if none */
-        const char *created_at; /**< database text form */
-        /** Pending rows: when the row is due (a retry's backoff, or the
-         *  end of a relay's lease while it is being published). NULL for
-         *  sent, dead and canceled rows, whose next_attempt_at column
-         *  only holds a stale lease deadline. */
-        const char *next_attempt_at;
-        size_t payload_size;
-        /** When the relay marked the row sent (database text form); NULL
-         *  unless sent. */
-        const char *sent_at;
-        /** The row's version: bumped by every claim and every mark (the
-         *  relays' compare-and-set guard). */
-        int64_t version;
-} kinbox_outbox_row_t;
-
-/** List callback: return 0 to continue, non-zero to stop. */
-typedef int (*kinbox_outbox_row_fn)(const kinbox_outbox_row_t *row,
-                                    void *opaque);
-
-/**
- * @brief Create an admin handle from `database.url` /
- *        `database.password_file` of @p conf (read now, not kept).
- * @returns A handle (connected lazily), or NULL with @p errstr set.
- */
-KINBOX_API kinbox_outbox_admin_t *
-kinbox_outbox_admin_new(const kinbox_conf_t *conf, char *errstr,
-                        size_t errstr_size);
-
-/** @brief Free the handle. NULL is a no-op. */
-KINBOX_API void kinbox_outbox_admin_destroy(kinbox_outbox_admin_t *adm);
-
-/** @brief Last error of the handle, "" if none. Owned by @p adm. */
-KINBOX_API const char *
-kinbox_outbox_admin_errstr(const kinbox_outbox_admin_t *adm);
-
-/**
- * @brief Put a dead or canceled row back to pending: attempts reset to 0,
- *        due now (relays listening are woken).
- * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND when no dead/canceled row
- *          has that id; ::KINBOX_ERR_DB / ::KINBOX_ERR_DB_CONN.
- */
-KINBOX_API kinbox_err_t kinbox_outbox_requeue(kinbox_outbox_admin_t *adm,
-                                              int64_t id);
-
-/**
- * @brief Cancel a pending row: it will not be sent. A relay that holds the
- *        row's lease right now may still publish it (its mark then counts
- *        as a conflict; the row stays canceled).
- * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND when no pending row has that
- *          id; database errors.
- */
-KINBOX_API kinbox_err_t kinbox_outbox_cancel(kinbox_outbox_admin_t *adm,
-                                             int64_t id);
-
-/**
- * @brief Requeue every dead row of @p destination (NULL: every
- *        destination). @p countp (may be NULL) receives how many.
- */
-KINBOX_API kinbox_err_t kinbox_outbox_requeue_destination(
-    kinbox_outbox_admin_t *adm, const char *destination, uint64_t *countp);
-
-/**
- * @brief Cancel every pending row of @p destination (required).
- *        @p countp (may be NULL) receives how many.
- */
-KINBOX_API kinbox_err_t kinbox_outbox_cancel_destination(
-    kinbox_outbox_admin_t *adm, const char *destination, uint64_t *countp);
-
-/**
- * @brief List rows with id > @p after_id in id order, at most @p limit.
- * @param status      filter, ::KINBOX_OUTBOX_ANY for all.
- * @param destination filter, NULL for all.
- * @returns ::KINBOX_OK (also when the callback stopped early) or a
- *          database error.
- */
-KINBOX_API kinbox_err_t kinbox_outbox_list(kinbox_outbox_admin_t *adm,
-                                           kinbox_outbox_status_t status,
-                                           const char *destination,
-                                           int64_t after_id, size_t limit,
-                                           kinbox_outbox_row_fn fn,
-                                           void *opaque);
 
 KINBOX_END_DECLS
 

@@ -72,15 +72,13 @@ on_row(const kinbox_outbox_row_t *row, void *opaque)
 }
 
 static int
-outbox_fail(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_err_t rc,
-            const char *what)
+outbox_fail(ctx_t *x, kinbox_err_t rc, const char *what)
 {
         if (rc == KINBOX_ERR_NOT_FOUND) {
                 fprintf(stderr, "kinbox outbox: %s\n", what);
                 return KB_EX_NOTFOUND;
         }
-        fprintf(stderr, "kinbox outbox: %s\n", kinbox_outbox_admin_errstr(oa));
-        (void)x;
+        fprintf(stderr, "kinbox outbox: %s\n", kinbox_admin_errstr(x->adm));
         return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
 }
 
@@ -164,18 +162,18 @@ outbox_args(ctx_t *x, int kind, const char *sub, kinbox_outbox_status_t *st,
 
 /* kinbox outbox list */
 static int
-outbox_list(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_outbox_status_t st)
+outbox_list(ctx_t *x, kinbox_outbox_status_t st)
 {
         list_ctx_t l = {.json = x->o.json, .ja = json_array()};
         tbl_init(&l.t, 8, "ID", "STATUS", "DESTINATION", "IDEM KEY",
                  "AGGREGATE", "ATTEMPTS", "CREATED", "LAST ERROR");
         kinbox_err_t rc =
-            kinbox_outbox_list(oa, st, x->o.destination, x->o.after,
+            kinbox_outbox_list(x->adm, st, x->o.destination, x->o.after,
                                (size_t)x->o.limit, on_row, &l);
         if (rc) {
                 tbl_print(&l.t, NULL);
                 json_decref(l.ja);
-                return outbox_fail(x, oa, rc, "");
+                return outbox_fail(x, rc, "");
         }
         rows_out(x->o.json, &l.t, l.ja);
         return KB_EX_OK;
@@ -183,18 +181,18 @@ outbox_list(ctx_t *x, kinbox_outbox_admin_t *oa, kinbox_outbox_status_t st)
 
 /* kinbox outbox requeue|cancel --destination DEST (kind 2|3) */
 static int
-outbox_destination(ctx_t *x, kinbox_outbox_admin_t *oa, int kind)
+outbox_destination(ctx_t *x, int kind)
 {
         uint64_t n = 0;
         const char *dest = x->o.destination;
-        kinbox_err_t rc = kind == 2
-                              ? kinbox_outbox_requeue_destination(oa, dest, &n)
-                              : kinbox_outbox_cancel_destination(oa, dest, &n);
+        kinbox_err_t rc =
+            kind == 2 ? kinbox_outbox_requeue_destination(x->adm, dest, &n)
+                      : kinbox_outbox_cancel_destination(x->adm, dest, &n);
         /* Nothing changed: a destination without any row is a mistake
          * (typo) the operator must see, not "0 rows". */
         int any = 0;
         if (!rc && !n &&
-            !(rc = kinbox_outbox_list(oa, KINBOX_OUTBOX_ANY, dest, 0, 1,
+            !(rc = kinbox_outbox_list(x->adm, KINBOX_OUTBOX_ANY, dest, 0, 1,
                                       count_row, &any)) &&
             !any)
                 rc = KINBOX_ERR_NOT_FOUND;
@@ -202,10 +200,10 @@ outbox_destination(ctx_t *x, kinbox_outbox_admin_t *oa, int kind)
                 char what[300];
                 snprintf(what, sizeof(what),
                          "no outbox row has destination \"%.200s\"", dest);
-                return outbox_fail(x, oa, rc, what);
+                return outbox_fail(x, rc, what);
         }
         if (rc)
-                return outbox_fail(x, oa, rc, "");
+                return outbox_fail(x, rc, "");
         if (x->o.json)
                 json_out(json_pack("{s:s,s:s,s:I}", "destination", dest,
                                    "action",
@@ -219,15 +217,15 @@ outbox_destination(ctx_t *x, kinbox_outbox_admin_t *oa, int kind)
 
 /* kinbox outbox requeue|cancel ID (kind 2|3) */
 static int
-outbox_row(ctx_t *x, kinbox_outbox_admin_t *oa, int kind, int64_t id)
+outbox_row(ctx_t *x, int kind, int64_t id)
 {
-        kinbox_err_t rc = kind == 2 ? kinbox_outbox_requeue(oa, id)
-                                    : kinbox_outbox_cancel(oa, id);
+        kinbox_err_t rc = kind == 2 ? kinbox_outbox_requeue(x->adm, id)
+                                    : kinbox_outbox_cancel(x->adm, id);
         char what[160];
         snprintf(what, sizeof(what), "no %s outbox row with id %" PRId64,
                  kind == 2 ? "dead or canceled" : "pending", id);
         if (rc)
-                return outbox_fail(x, oa, rc, what);
+                return outbox_fail(x, rc, what);
         if (x->o.json)
                 json_out(json_pack("{s:I,s:s}", "id", (json_int_t)id, "status",
                                    kind == 2 ? "pending" : "canceled"));
@@ -263,21 +261,12 @@ kb_cmd_outbox(int argc, char **argv)
                 ctx_close(&x);
                 return ex;
         }
-        char err[1024];
-        kinbox_outbox_admin_t *oa =
-            kinbox_outbox_admin_new(x.cfg.base, err, sizeof(err));
-        if (!oa) {
-                fprintf(stderr, "kinbox outbox: %s\n", err);
-                ctx_close(&x);
-                return KB_EX_USAGE;
-        }
         if (kind == 1)
-                ex = outbox_list(&x, oa, st);
+                ex = outbox_list(&x, st);
         else if (x.o.destination)
-                ex = outbox_destination(&x, oa, kind);
+                ex = outbox_destination(&x, kind);
         else
-                ex = outbox_row(&x, oa, kind, id);
-        kinbox_outbox_admin_destroy(oa);
+                ex = outbox_row(&x, kind, id);
         ctx_close(&x);
         return ex;
 }
