@@ -15,7 +15,9 @@
  * (the oldest goes when another arrives): a slow client cannot hold the
  * slots the probes of its own address need.
  */
+#include "http.h"
 #include "internal.h"
+#include "metrics.h"
 
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -63,7 +65,7 @@ struct conn {
         bool shut; /* shut down by the deadline or an eviction */
 };
 
-struct kinbox_http_s {
+struct kinbox__http_s {
         struct MHD_Daemon *d;
         /* The probe thread, the connections, the probe's answers. */
         pthread_t probe;
@@ -81,8 +83,8 @@ struct kinbox_http_s {
         pthread_mutex_t log_lock;
         int64_t log_window_start;
         unsigned log_count, log_suppressed;
-        kinbox_ready_fn ready;
-        kinbox_collect_fn collect;
+        kinbox__ready_fn ready;
+        kinbox__collect_fn collect;
         void *opaque;
         int port;
 };
@@ -107,7 +109,7 @@ reply(struct MHD_Connection *conn, unsigned code, const char *ctype,
 
 /* Wait on h->cv until ms_deadline (monotonic); h->mu held. */
 static void
-wait_until(kinbox_http_t *h, int64_t deadline_ms)
+wait_until(kinbox__http_t *h, int64_t deadline_ms)
 {
         int64_t left = deadline_ms - kinbox__now_ms();
         if (left <= 0)
@@ -121,7 +123,7 @@ wait_until(kinbox_http_t *h, int64_t deadline_ms)
  * READY_DEADLINE_MS. Returns the callback's result, or 2 when the probe
  * did not answer in time (why says so). */
 static int
-ask_ready(kinbox_http_t *h, char *why, size_t sz)
+ask_ready(kinbox__http_t *h, char *why, size_t sz)
 {
         if (!h->ready)
                 return 0;
@@ -157,7 +159,7 @@ ask_ready(kinbox_http_t *h, char *why, size_t sz)
 /* Refresh the sampled gauges before /metrics renders: the probe's collect,
  * waited for at most METRICS_DEADLINE_MS (then the previous values). */
 static void
-ask_collect(kinbox_http_t *h)
+ask_collect(kinbox__http_t *h)
 {
         if (!h->collect)
                 return;
@@ -202,7 +204,7 @@ same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 /* Connections past the request deadline are shut; h->mu held. Returns
  * the next time one would be due (monotonic ms). */
 static int64_t
-reap(kinbox_http_t *h, int64_t now)
+reap(kinbox__http_t *h, int64_t now)
 {
         int64_t next = now + 1000; /* new connections are due later */
         for (struct conn *c = h->conns; c; c = c->next) {
@@ -220,7 +222,7 @@ reap(kinbox_http_t *h, int64_t now)
 static void *
 probe_main(void *arg)
 {
-        kinbox_http_t *h = arg;
+        kinbox__http_t *h = arg;
         pthread_mutex_lock(&h->mu);
         while (!h->stop) {
                 int64_t next = reap(h, kinbox__now_ms());
@@ -260,7 +262,7 @@ static void
 on_conn(void *cls, struct MHD_Connection *mc, void **ctx,
         enum MHD_ConnectionNotificationCode what)
 {
-        kinbox_http_t *h = cls;
+        kinbox__http_t *h = cls;
         if (what == MHD_CONNECTION_NOTIFY_STARTED) {
                 struct conn *c = calloc(1, sizeof(*c));
                 const union MHD_ConnectionInfo *fi = MHD_get_connection_info(
@@ -316,7 +318,7 @@ on_conn(void *cls, struct MHD_Connection *mc, void **ctx,
 /* The connection's request head arrived (busy: not reaped) or its answer
  * went out (waiting again, for the next request on the connection). */
 static void
-conn_mark(kinbox_http_t *h, struct MHD_Connection *mc, bool busy)
+conn_mark(kinbox__http_t *h, struct MHD_Connection *mc, bool busy)
 {
         const union MHD_ConnectionInfo *i =
             MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -343,7 +345,7 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url,
            const char *method, const char *version, const char *upload,
            size_t *upload_size, void **state)
 {
-        kinbox_http_t *h = cls;
+        kinbox__http_t *h = cls;
         KINBOX__UNUSED(version);
         KINBOX__UNUSED(upload);
         KINBOX__UNUSED(upload_size);
@@ -357,7 +359,7 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url,
                              "method not allowed\n", false);
         if (!strcmp(url, "/metrics")) {
                 ask_collect(h);
-                char *text = kinbox_metrics_render();
+                char *text = kinbox__metrics_render();
                 if (!text)
                         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
                                      "text/plain", "out of memory\n", false);
@@ -441,7 +443,7 @@ bad:
 static void
 mhd_log(void *cls, const char *fmt, va_list ap)
 {
-        kinbox_http_t *h = cls;
+        kinbox__http_t *h = cls;
         if (h->lg.level < KINBOX_LOG_DEBUG)
                 return;
         char msg[512];
@@ -473,7 +475,7 @@ mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* Stop the probe thread (h->d stopped or never started) and free. */
 static void
-http_free(kinbox_http_t *h)
+http_free(kinbox__http_t *h)
 {
         if (h->probe_started) {
                 pthread_mutex_lock(&h->mu);
@@ -488,25 +490,16 @@ http_free(kinbox_http_t *h)
         free(h);
 }
 
-kinbox_http_t *
-kinbox_http_start(const char *listen, kinbox_ready_fn ready,
-                  kinbox_collect_fn collect, void *opaque, char *errstr,
-                  size_t errstr_size)
-{
-        return kinbox_http_start_logged(listen, NULL, ready, collect, opaque,
-                                        errstr, errstr_size);
-}
-
-kinbox_http_t *
-kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
-                         kinbox_ready_fn ready, kinbox_collect_fn collect,
-                         void *opaque, char *errstr, size_t errstr_size)
+kinbox__http_t *
+kinbox__http_start(const char *listen, const kinbox_conf_t *conf,
+                   kinbox__ready_fn ready, kinbox__collect_fn collect,
+                   void *opaque, char *errstr, size_t errstr_size)
 {
         struct sockaddr_storage ss;
         socklen_t len = 0;
         if (!listen || parse_listen(listen, &ss, &len, errstr, errstr_size))
                 return NULL;
-        kinbox_http_t *h = kinbox__calloc(1, sizeof(*h));
+        kinbox__http_t *h = kinbox__calloc(1, sizeof(*h));
         if (!h) {
                 kinbox__errstr(errstr, errstr_size, "out of memory");
                 return NULL;
@@ -569,13 +562,13 @@ kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
 }
 
 int
-kinbox_http_port(const kinbox_http_t *h)
+kinbox__http_port(const kinbox__http_t *h)
 {
         return h ? h->port : 0;
 }
 
 void
-kinbox_http_stop(kinbox_http_t *h)
+kinbox__http_stop(kinbox__http_t *h)
 {
         if (!h)
                 return;

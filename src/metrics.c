@@ -318,7 +318,7 @@ label_block(kinbox__buf_t *b, const char *labels, const char *extra)
 }
 
 char *
-kinbox_metrics_render(void)
+kinbox__metrics_render(void)
 {
         kinbox__buf_t b;
         kinbox__buf_init(&b);
@@ -375,7 +375,7 @@ kinbox_metrics_render(void)
 }
 
 double
-kinbox_metrics_value(const char *family, const char *labels)
+kinbox__metrics_value(const char *family, const char *labels)
 {
         int f = fam_find(family);
         double v = NAN;

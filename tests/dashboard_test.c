@@ -1,7 +1,7 @@
 /*
  * dashboard_test.c -- the Grafana dashboard and the Prometheus alert rules
  * (dist/) against what /metrics really exports: the exposition the library
- * renders (kinbox_metrics_render(), the body of /metrics) declares every
+ * renders (kinbox__metrics_render(), the body of /metrics) declares every
  * family with # TYPE. Every kinbox_* name in the dashboard's queries and in
  * the rules must be one of them (histograms: _bucket/_sum/_count), and
  * every exported family has a panel. Then `promtool check rules` and
@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include <kinbox/kinbox.h>
+
+#include "metrics.h" /* internal: the body of /metrics */
 
 #ifndef KINBOX_SOURCE_DIR
 #error "KINBOX_SOURCE_DIR must be defined"
@@ -34,7 +36,7 @@ typedef struct names {
 static void
 exported(names_t *ex)
 {
-        char *body = kinbox_metrics_render();
+        char *body = kinbox__metrics_render();
         cr_assert(body != NULL);
         ex->count = 0;
         for (const char *p = strstr(body, "# TYPE "); p;

@@ -5,6 +5,7 @@
  * dead-letter display of odd headers.
  */
 #include "harness.h"
+#include "http.h" /* internal: the endpoint of kinbox run */
 
 #include <jansson.h>
 #include <signal.h>
@@ -368,10 +369,10 @@ Test(hardening, http_held_connections, .timeout = 300)
                      kinbox_conf_set(c, "log.level", "debug", e, sizeof(e)),
                      KINBOX_OK));
         kinbox_conf_set_log_cb(c, http_log, NULL);
-        kinbox_http_t *h = kinbox_http_start_logged("127.0.0.1:0", c, NULL,
-                                                    NULL, NULL, e, sizeof(e));
+        kinbox__http_t *h = kinbox__http_start("127.0.0.1:0", c, NULL, NULL,
+                                               NULL, e, sizeof(e));
         cr_assert(h != NULL, "%s", e);
-        int port = kinbox_http_port(h);
+        int port = kinbox__http_port(h);
         cr_assert(healthz(port));
         int base = open_fds();
         static int held[HELD];
@@ -407,7 +408,7 @@ Test(hardening, http_held_connections, .timeout = 300)
                   nheld);
         for (int i = 0; i < nheld; i++)
                 close(held[i]);
-        kinbox_http_stop(h);
+        kinbox__http_stop(h);
         /* MHD's messages came through the logger, rate-limited. */
         pthread_mutex_lock(&http_lock);
         int lines = http_lines, limit_lines = http_limit_lines;

@@ -1,7 +1,10 @@
 /*
  * symbols_test.c -- libkinbox.so exports exactly the functions its headers
- * declare with KINBOX_API: nothing internal leaks (hidden visibility), and
- * no declared function is missing.
+ * declare with KINBOX_API: nothing internal leaks (hidden visibility; the
+ * daemon's metrics endpoint among them), and no declared function is
+ * missing. The kinbox command links the library's objects rather than
+ * libkinbox.so; it exports the same functions, so that a handler module it
+ * loads finds the whole public API and nothing else.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -15,6 +18,9 @@
 #endif
 #ifndef KINBOX_SHARED_LIB
 #error "KINBOX_SHARED_LIB must be defined"
+#endif
+#ifndef KINBOX_CLI
+#error "KINBOX_CLI must be defined"
 #endif
 
 #define MAXSYMS 512
@@ -87,32 +93,73 @@ declared(char names[][96])
         return n;
 }
 
-Test(symbols, exports_match_headers)
+/* The functions a binary exports (nm -D: defined, type T); an
+ * executable's start-up code (_start, _init, _fini) left out. */
+static int
+exported(const char *path, char names[][96], int executable)
 {
-        static char decl[MAXSYMS][96], exp[MAXSYMS][96];
-        int nd = declared(decl);
-        cr_assert(gt(int, nd, 50), "only %d declarations found", nd);
-        FILE *p = popen("nm -D --defined-only " KINBOX_SHARED_LIB, "r");
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "nm -D --defined-only '%s'", path);
+        FILE *p = popen(cmd, "r");
         cr_assert(p != NULL);
         char line[512];
-        int ne = 0;
+        int n = 0;
         while (fgets(line, sizeof(line), p)) {
                 char addr[64], type[8], name[256];
                 if (sscanf(line, "%63s %7s %255s", addr, type, name) != 3)
                         continue;
-                if (strcmp(type, "T"))
-                        continue;
-                /* Every exported function is public API. */
-                cr_expect(strncmp(name, "kinbox_", 7) == 0 &&
-                              strncmp(name, "kinbox__", 8) != 0,
-                          "exported but not public: %s", name);
-                ne = add(exp, ne, name, strlen(name));
+                if (!strcmp(type, "T") && !(executable && name[0] == '_'))
+                        n = add(names, n, name, strlen(name));
         }
-        cr_assert(eq(int, pclose(p), 0), "nm failed");
+        cr_assert(eq(int, pclose(p), 0), "nm %s failed", path);
+        return n;
+}
+
+/* path exports exactly the declared functions. */
+static void
+check_exports(const char *path, int executable)
+{
+        static char decl[MAXSYMS][96], exp[MAXSYMS][96];
+        int nd = declared(decl);
+        cr_assert(gt(int, nd, 50), "only %d declarations found", nd);
+        int ne = exported(path, exp, executable);
+        for (int i = 0; i < ne; i++) {
+                /* Every exported function is public API. */
+                cr_expect(strncmp(exp[i], "kinbox__", 8) != 0,
+                          "%s exports an internal function: %s", path, exp[i]);
+                cr_expect(has(decl, nd, exp[i]),
+                          "%s: exported, not declared: %s", path, exp[i]);
+        }
         for (int i = 0; i < nd; i++)
-                cr_expect(has(exp, ne, decl[i]), "declared, not exported: %s",
-                          decl[i]);
-        for (int i = 0; i < ne; i++)
-                cr_expect(has(decl, nd, exp[i]), "exported, not declared: %s",
-                          exp[i]);
+                cr_expect(has(exp, ne, decl[i]),
+                          "%s: declared, not exported: %s", path, decl[i]);
+}
+
+Test(symbols, exports_match_headers)
+{
+        check_exports(KINBOX_SHARED_LIB, 0);
+}
+
+/* What only `kinbox run` and the tests use stays out of the public API:
+ * the HTTP endpoint, rendering the metrics, raw SQL. */
+Test(symbols, daemon_plumbing_is_internal)
+{
+        static char decl[MAXSYMS][96];
+        int nd = declared(decl);
+        static const char *const internal[] = {
+            "kinbox_http_", "kinbox_metrics_", "kinbox_admin_query",
+            "kinbox_outbox_admin_"};
+        for (int i = 0; i < nd; i++)
+                for (size_t k = 0; k < sizeof(internal) / sizeof(*internal);
+                     k++)
+                        cr_expect(strncmp(decl[i], internal[k],
+                                          strlen(internal[k])) != 0,
+                                  "public, but daemon plumbing: %s", decl[i]);
+}
+
+/* Handler modules loaded by `kinbox run` link against nothing: the command
+ * must export the whole public API, and only it. */
+Test(symbols, command_exports_the_api)
+{
+        check_exports(KINBOX_CLI, 1);
 }

@@ -6,6 +6,7 @@
  */
 #include "harness.h"
 #include "otelcol.h"
+#include "metrics.h" /* internal */
 
 #include <librdkafka/rdkafka.h>
 #include <pthread.h>
@@ -290,7 +291,7 @@ ParameterizedTest(int *backend, trace,
         kinbox_conf_t *c = traced_conf(url, group, topic);
         kt_set(c, "tracing.interval.ms", "50");
         kinbox_conf_set_log_cb(c, count_traced, NULL);
-        double dropped0 = kinbox_metrics_value(
+        double dropped0 = kinbox__metrics_value(
             "kinbox_tracing_spans_dropped_total", "reason=\"export_failed\"");
         if (dropped0 != dropped0) /* NaN: no series yet */
                 dropped0 = 0;
@@ -311,11 +312,11 @@ ParameterizedTest(int *backend, trace,
         cr_assert(eq(u64, st.processed, 4));
         cr_assert(eq(u64, st.dead, 1));
         /* The stop sent what was queued: every span was dropped. */
-        double dropped = kinbox_metrics_value(
+        double dropped = kinbox__metrics_value(
             "kinbox_tracing_spans_dropped_total", "reason=\"export_failed\"");
         cr_assert(dropped - dropped0 >= 5, "dropped %g", dropped - dropped0);
         double sent =
-            kinbox_metrics_value("kinbox_tracing_spans_exported_total", "");
+            kinbox__metrics_value("kinbox_tracing_spans_exported_total", "");
         cr_assert(sent != sent || sent == 0, "exported %g", sent);
         pthread_mutex_lock(&log_mu);
         int lines = traced_lines;

@@ -4,7 +4,7 @@
  *        reconciliation, the operator's database handle (status counts;
  *        the outbox: pause, summaries, requeue, cancel, list; dead
  *        letters: list, show, discard, replay, the messages parked behind
- *        them; verification), metrics and the health endpoints.
+ *        them; verification).
  *
  * Unless a call says otherwise: a ::kinbox_admin_t is used by one thread
  * at a time; rows handed out are the caller's (kinbox_rows_destroy());
@@ -357,10 +357,11 @@ KINBOX_API kinbox_err_t kinbox_outbox_list(kinbox_admin_t *adm,
                                            void *opaque);
 
 /**
- * @brief Refresh the sampled gauges of kinbox_metrics_render() from the
- *        database: outbox pending / oldest pending age / dead per
- *        destination, dead letters and the age of the oldest per
- *        consumer.
+ * @brief Refresh the process's sampled gauges from the database: outbox
+ *        pending / oldest pending age / dead per destination, dead letters
+ *        and the age of the oldest per consumer, parked messages and held
+ *        keys per consumer (what `kinbox run` serves on `/metrics` at each
+ *        scrape; docs/metrics.md).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
  *          reconnects); ::KINBOX_ERR_DB; the reason in
  *          kinbox_admin_errstr().
@@ -564,82 +565,6 @@ KINBOX_API kinbox_err_t kinbox_dead_replay(kinbox_admin_t *adm, int64_t id,
                                            kinbox_batch_handler_fn bfn,
                                            void *opaque,
                                            kinbox_result_t *resultp);
-
-/* ------------------------------------------------------------------------
- * Metrics and health endpoints
- */
-
-/**
- * @brief The process's metrics in Prometheus text format 0.0.4.
- * @returns A malloc'ed NUL-terminated string (free() it), NULL when out of
- *          memory. Thread-safe.
- */
-KINBOX_API char *kinbox_metrics_render(void);
-
-/**
- * @brief One series' value (a histogram's count), NaN when absent.
- * @param labels exactly as rendered, e.g. `consumer="points"`; "" for none.
- */
-KINBOX_API double kinbox_metrics_value(const char *family, const char *labels);
-
-/** An HTTP endpoint serving /metrics, /healthz and /readyz. Opaque. */
-typedef struct kinbox_http_s kinbox_http_t;
-
-/** Readiness probe: return 0 when ready, else non-zero with the reason in
- *  @p why. Runs on the server's probe thread, never at the same time as
- *  the collect callback; a /readyz request waits for it at most 3 s (then
- *  503, "did not answer within 3 s"), and requests that arrive while it
- *  runs share its answer (an answer less than 1 s old is served again). */
-typedef int (*kinbox_ready_fn)(char *why, size_t why_size, void *opaque);
-
-/** Called before /metrics is rendered, to refresh sampled gauges. Runs on
- *  the probe thread too; /metrics waits for it at most 5 s, then renders
- *  the values it has. */
-typedef void (*kinbox_collect_fn)(void *opaque);
-
-/**
- * @brief Listen on @p listen (`HOST:PORT`, `[V6]:PORT`; port 0 picks one,
- *        see kinbox_http_port()) and serve `/metrics`, `/healthz` (200
- *        while the process runs) and `/readyz` (200 when @p ready says so,
- *        else 503 with the reason).
- * @returns The server, or NULL with @p errstr set.
- */
-KINBOX_API kinbox_http_t *kinbox_http_start(const char *listen,
-                                            kinbox_ready_fn ready,
-                                            kinbox_collect_fn collect,
-                                            void *opaque, char *errstr,
-                                            size_t errstr_size);
-
-/**
- * @brief kinbox_http_start() with a logger: libmicrohttpd's own messages
- *        (malformed requests, connection limits reached) become kinbox log
- *        lines at debug level (facility "http"), at most 10 a minute plus a
- *        count of those suppressed; nothing is written to stderr directly.
- * @param conf Read now for `log.level`, `log.format` and the log callback
- *             (kinbox_conf_set_log_cb()); not kept. NULL: the default
- *             logger at info level (so these messages are not shown).
- * @remark Both start functions bound the server: a thread per connection
- *         (so `/healthz` never waits behind a slow `/readyz` or `/metrics`),
- *         at most 256 connections, 64 per client address, idle connections
- *         closed after 5 s; over a limit a connection is accepted and closed
- *         at once. A connection must deliver a whole request head within
- *         10 s of its accept (or its previous answer), however slowly its
- *         bytes come, and an address keeps at most 16 connections waiting
- *         for their request: a 17th shuts the oldest. Thread-safe.
- * @returns The server, or NULL with @p errstr set.
- */
-KINBOX_API kinbox_http_t *
-kinbox_http_start_logged(const char *listen, const kinbox_conf_t *conf,
-                         kinbox_ready_fn ready, kinbox_collect_fn collect,
-                         void *opaque, char *errstr, size_t errstr_size);
-
-/** @brief The port actually bound. */
-KINBOX_API int kinbox_http_port(const kinbox_http_t *h);
-
-/** @brief Stop serving and free. Requests waiting for a callback are
- *         answered at once; a ready or collect callback in progress is
- *         waited for (keep them bounded). NULL is a no-op. */
-KINBOX_API void kinbox_http_stop(kinbox_http_t *h);
 
 KINBOX_END_DECLS
 

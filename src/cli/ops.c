@@ -7,6 +7,8 @@
 #include "schema.h"
 #include "confval.h"
 #include "hdrcodec.h"
+#include "http.h"
+#include "metrics.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -61,7 +63,7 @@ struct kb_ops {
         pthread_mutex_t lock;
         pthread_cond_t cond;
         volatile int stop;
-        kinbox_http_t *http;
+        kinbox__http_t *http;
         kinbox_admin_t *adm; /* the HTTP server's probe thread only */
         kinbox_kafka_t *kafka; /* broker reachability: the consumers'
                                   [kafka] settings */
@@ -131,7 +133,7 @@ ready_cb(char *why, size_t sz, void *opaque)
         for (int i = 0; i < ops->nconsumers; i++) {
                 char l[300];
                 snprintf(l, sizeof(l), "consumer=\"%s\"", ops->consumers[i]);
-                double v = kinbox_metrics_value(
+                double v = kinbox__metrics_value(
                     "kinbox_consumer_assigned_partitions", l);
                 if (isnan(v) || v < 0) {
                         snprintf(why, sz,
@@ -199,9 +201,8 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                 ops->kafka = kinbox_kafka_new(cfg->base, quiet, ops->kafka_err,
                                               sizeof(ops->kafka_err));
         }
-        ops->http =
-            kinbox_http_start_logged(cfg->metrics_listen, cfg->base, ready_cb,
-                                     collect_cb, ops, err, sz);
+        ops->http = kinbox__http_start(cfg->metrics_listen, cfg->base,
+                                       ready_cb, collect_cb, ops, err, sz);
         if (!ops->http) {
                 kb_ops_stop(ops);
                 return NULL;
@@ -209,7 +210,7 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
         fprintf(stderr,
                 "kinbox run: metrics on http://%s (port %d): "
                 "/metrics /healthz /readyz\n",
-                cfg->metrics_listen, kinbox_http_port(ops->http));
+                cfg->metrics_listen, kinbox__http_port(ops->http));
         return ops;
 }
 
@@ -218,7 +219,7 @@ kb_ops_stop(kb_ops_t *ops)
 {
         if (!ops)
                 return;
-        kinbox_http_stop(ops->http);
+        kinbox__http_stop(ops->http);
         pthread_mutex_lock(&ops->lock);
         ops->stop = 1;
         pthread_cond_broadcast(&ops->cond);
