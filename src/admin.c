@@ -1,7 +1,7 @@
 /*
  * admin.c -- the operator's database handle: statements run for operators
- * (kinbox__admin_query()), reachability, a consumer's counts for `status`,
- * the outbox's pause switch and summaries, and the gauges sampled from the
+ * (kinbox__admin_query()), reachability, the outbox's pause switch and
+ * summaries, and the gauges sampled from the
  * database at scrape time. Dialect SQL comes from
  * the backend's table (db.h).
  */
@@ -207,46 +207,4 @@ kinbox_admin_ping(kinbox_admin_t *adm)
 {
         return kinbox__admin_query(adm, adm->db->ops->sql->ping, 0, NULL,
                                    NULL);
-}
-
-static int64_t
-cell_int(kinbox_rows_t *r, int c)
-{
-        const char *v = kinbox_rows_value(r, 0, c, NULL);
-        return v ? strtoll(v, NULL, 10) : 0;
-}
-
-kinbox_err_t
-kinbox_admin_consumer_status(kinbox_admin_t *adm, const char *consumer,
-                             kinbox_consumer_status_t *out)
-{
-        const char *v[1] = {consumer};
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox__admin_query(
-            adm, adm->db->ops->sql->consumer_status, 1, v, &r);
-        if (rc)
-                return rc;
-        out->inbox_rows = cell_int(r, 0);
-        out->dead = cell_int(r, 1);
-        out->replayed = cell_int(r, 2);
-        out->discarded = cell_int(r, 3);
-        out->parked = cell_int(r, 4);
-        out->held_keys = cell_int(r, 5);
-        const char *old = kinbox_rows_value(r, 0, 6, NULL);
-        snprintf(out->oldest_parked_at, sizeof(out->oldest_parked_at), "%s",
-                 old ? old : "-");
-        kinbox_rows_destroy(r);
-        return KINBOX_OK;
-}
-
-kinbox_err_t
-kinbox_admin_inbox_rows(kinbox_admin_t *adm, int64_t *rows)
-{
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox__admin_query(
-            adm, adm->db->ops->sql->inbox_rows, 0, NULL, &r);
-        if (!rc)
-                *rows = cell_int(r, 0);
-        kinbox_rows_destroy(r);
-        return rc;
 }

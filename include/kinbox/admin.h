@@ -378,6 +378,7 @@ KINBOX_API kinbox_err_t kinbox_admin_ping(kinbox_admin_t *adm);
 
 /** What the database holds for one consumer (`kinbox status`). */
 typedef struct kinbox_consumer_status {
+        const char *name; /**< the consumer's `name`, as asked */
         int64_t inbox_rows; /**< its inbox rows */
         int64_t dead; /**< dead letters with status dead */
         int64_t replayed; /**< ... replayed */
@@ -389,22 +390,48 @@ typedef struct kinbox_consumer_status {
         char oldest_parked_at[64];
 } kinbox_consumer_status_t;
 
-/**
- * @brief The counts of one consumer's rows (the same tables as the
- *        sampled gauges of kinbox_admin_collect_metrics()).
- * @param consumer the consumer's `name`; one with no rows reads all 0.
- * @param out      filled on success.
- * @returns As kinbox_admin_ping().
- */
-KINBOX_API kinbox_err_t kinbox_admin_consumer_status(
-    kinbox_admin_t *adm, const char *consumer, kinbox_consumer_status_t *out);
+/** One outbox destination (`kinbox status`). */
+typedef struct kinbox_destination_status {
+        const char *destination;
+        int64_t pending; /**< pending rows */
+        int64_t oldest_pending_age_s; /**< the oldest pending row's age,
+                                           whole seconds; 0: none */
+        int64_t dead; /**< dead rows */
+        int64_t sent_last_hour; /**< rows sent in the last hour */
+        int paused; /**< 1: relays do not claim its rows
+                         (kinbox_admin_outbox_pause()) */
+} kinbox_destination_status_t;
+
+/** What kinbox_admin_status() read. */
+typedef struct kinbox_status {
+        size_t nconsumers;
+        kinbox_consumer_status_t *consumers; /**< in the order asked */
+        size_t ndestinations;
+        kinbox_destination_status_t *destinations; /**< by destination */
+        int64_t inbox_rows; /**< inbox rows of all consumers */
+} kinbox_status_t;
 
 /**
- * @brief The number of inbox rows of all consumers.
- * @returns As kinbox_admin_ping().
+ * @brief What the database holds for `kinbox status`: each consumer's
+ *        counts (inbox rows, dead letters by status, parked messages,
+ *        held keys; the same tables as the sampled gauges of
+ *        kinbox_admin_collect_metrics()), the outbox per destination, and
+ *        the inbox's size. Kafka's lag is the caller's to ask
+ *        (kinbox_kafka_new()).
+ * @param consumers  @p nconsumers consumer names (a consumer with no rows
+ *                   reads all 0); not kept.
+ * @param statusp    receives the result (kinbox_status_destroy()), NULL on
+ *                   error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (NULL arguments);
+ *          ::KINBOX_ERR_NOMEM; as kinbox_admin_ping().
  */
-KINBOX_API kinbox_err_t kinbox_admin_inbox_rows(kinbox_admin_t *adm,
-                                                int64_t *rows);
+KINBOX_API kinbox_err_t kinbox_admin_status(kinbox_admin_t *adm,
+                                            const char *const *consumers,
+                                            size_t nconsumers,
+                                            kinbox_status_t **statusp);
+
+/** @brief Free kinbox_admin_status()'s result. NULL is a no-op. */
+KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);
 
 /* ------------------------------------------------------------------------
  * Dead letters (the operator's side; replay below)

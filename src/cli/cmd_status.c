@@ -1,7 +1,9 @@
 /*
  * cmd_status.c -- `kinbox status`: per consumer lag, inbox rows, dedup
  * hits (from a local `kinbox run`), dead letters, parked messages; the
- * outbox per destination; the inbox size.
+ * outbox per destination; the inbox size. The database's part is one
+ * library call (kinbox_admin_status()); Kafka's lag and the local process's
+ * counters are asked beside it.
  */
 #include "common.h"
 #include "schema.h"
@@ -131,33 +133,27 @@ status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
 }
 
 /* One consumer's line of `kinbox status`. */
-static kinbox_err_t
-status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
+static void
+status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
+                const char *live, json_t *jc, table_t *tc)
 {
         kinbox_conf_t *conf = x->cfg.consumers[i].conf;
-        const char *name = x->cfg.consumers[i].name;
-        kinbox_consumer_status_t st;
-        kinbox_err_t rc = kinbox_admin_consumer_status(x->adm, name, &st);
-        if (rc)
-                return rc;
-        long long inbox = st.inbox_rows;
-        long long dl[3] = {st.dead, st.replayed, st.discarded};
-        long long parked = st.parked;
-        long long held = st.held_keys;
-        const char *oldest = st.oldest_parked_at;
+        const char *name = st->name;
         json_t *jo = json_pack(
             "{s:s,s:s,s:I,s:I,s:I,s:I,s:s}", "consumer", name, "group",
-            group_of(conf), "inbox_rows", (json_int_t)inbox, "dead_letters",
-            (json_int_t)dl[0], "replayed", (json_int_t)dl[1], "discarded",
-            (json_int_t)dl[2], "dedup_hits_note",
+            group_of(conf), "inbox_rows", (json_int_t)st->inbox_rows,
+            "dead_letters", (json_int_t)st->dead, "replayed",
+            (json_int_t)st->replayed, "discarded", (json_int_t)st->discarded,
+            "dedup_hits_note",
             "duplicates are not stored: counted by the running process "
             "since its start (kinbox_consumer_messages_total{result="
             "\"duplicate\"} and {result=\"business_duplicate\"} on "
             "/metrics)");
-        json_object_set_new(jo, "parked", json_integer(parked));
-        json_object_set_new(jo, "held_keys", json_integer(held));
+        json_object_set_new(jo, "parked", json_integer(st->parked));
+        json_object_set_new(jo, "held_keys", json_integer(st->held_keys));
         json_object_set_new(jo, "oldest_parked_at",
-                            parked ? json_string(oldest) : json_null());
+                            st->parked ? json_string(st->oldest_parked_at)
+                                       : json_null());
         char lagbuf[64];
         status_lag(x, conf, name, jo, lagbuf, sizeof(lagbuf));
         long long hits = dedup_hits(live, name, "duplicate");
@@ -170,7 +166,7 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
         tbl_add(tc, "%s", name);
         tbl_add(tc, "%s", group_of(conf));
         tbl_add(tc, "%s", lagbuf);
-        tbl_add(tc, "%lld", inbox);
+        tbl_add(tc, "%lld", (long long)st->inbox_rows);
         for (int k = 0; k < 2; k++) {
                 long long n = k ? biz : hits;
                 if (n >= 0)
@@ -178,51 +174,89 @@ status_consumer(ctx_t *x, int i, const char *live, json_t *jc, table_t *tc)
                 else
                         tbl_add(tc, "n/a");
         }
-        tbl_add(tc, "%lld", dl[0]);
-        tbl_add(tc, "%lld", dl[1]);
-        tbl_add(tc, "%lld", dl[2]);
-        tbl_add(tc, "%lld", parked);
-        tbl_add(tc, "%lld", held);
-        tbl_add(tc, "%s", oldest);
-        return KINBOX_OK;
+        tbl_add(tc, "%lld", (long long)st->dead);
+        tbl_add(tc, "%lld", (long long)st->replayed);
+        tbl_add(tc, "%lld", (long long)st->discarded);
+        tbl_add(tc, "%lld", (long long)st->parked);
+        tbl_add(tc, "%lld", (long long)st->held_keys);
+        tbl_add(tc, "%s", st->oldest_parked_at);
 }
 
-/* The outbox part of `kinbox status`; *inbox_total the inbox's size. */
-static kinbox_err_t
-status_outbox(ctx_t *x, json_t *jd, table_t *td, long long *inbox_total)
+/* One destination's line of the outbox part of `kinbox status`. */
+static void
+status_destination(const kinbox_destination_status_t *d, json_t *jd,
+                   table_t *td)
 {
-        kinbox_rows_t *r = NULL;
-        int64_t total = 0;
-        kinbox_err_t rc = kinbox_admin_outbox_summary(x->adm, &r);
-        if (!rc)
-                rc = kinbox_admin_inbox_rows(x->adm, &total);
-        for (size_t i = 0; !rc && i < kinbox_rows_count(r); i++) {
-                bool paused =
-                    !strcmp(rv(r, i, 5), "t") || !strcmp(rv(r, i, 5), "1");
-                json_array_append_new(
-                    jd, json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
-                                  rv(r, i, 0), "pending", jval(rv(r, i, 1)),
-                                  "oldest_pending_age_s", jval(rv(r, i, 2)),
-                                  "dead", jval(rv(r, i, 3)), "sent_last_hour",
-                                  jval(rv(r, i, 4)), "paused", paused));
-                tbl_add(td, "%s", rv(r, i, 0));
-                tbl_add(td, "%s", rv(r, i, 1));
-                tbl_add(td, "%ss", rv(r, i, 2));
-                tbl_add(td, "%s", rv(r, i, 3));
-                tbl_add(td, "%s", rv(r, i, 4));
-                tbl_add(td, "%s", paused ? "yes" : "no");
-        }
-        if (!rc)
-                *inbox_total = total;
-        kinbox_rows_destroy(r);
+        json_array_append_new(
+            jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:b}", "destination",
+                          d->destination, "pending", (json_int_t)d->pending,
+                          "oldest_pending_age_s",
+                          (json_int_t)d->oldest_pending_age_s, "dead",
+                          (json_int_t)d->dead, "sent_last_hour",
+                          (json_int_t)d->sent_last_hour, "paused", d->paused));
+        tbl_add(td, "%s", d->destination);
+        tbl_add(td, "%lld", (long long)d->pending);
+        tbl_add(td, "%llds", (long long)d->oldest_pending_age_s);
+        tbl_add(td, "%lld", (long long)d->dead);
+        tbl_add(td, "%lld", (long long)d->sent_last_hour);
+        tbl_add(td, "%s", d->paused ? "yes" : "no");
+}
+
+/* The database's part of `kinbox status`, in one library call. */
+static kinbox_err_t
+status_read(ctx_t *x, kinbox_status_t **stp)
+{
+        const char **names =
+            calloc((size_t)x->cfg.nconsumers + 1, sizeof(*names));
+        if (!names)
+                return KINBOX_ERR_NOMEM;
+        for (int i = 0; i < x->cfg.nconsumers; i++)
+                names[i] = x->cfg.consumers[i].name;
+        kinbox_err_t rc =
+            kinbox_admin_status(x->adm, names, (size_t)x->cfg.nconsumers, stp);
+        free(names);
         return rc;
+}
+
+/* Print what was read (and the broker's lag, the local process's dedup
+ * counters beside it). */
+static void
+status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
+{
+        json_t *jc = json_array(), *jd = json_array();
+        table_t tc, td;
+        tbl_init(&tc, 12, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
+                 "DEDUP HITS", "BUSINESS DUPS", "DEAD", "REPLAYED",
+                 "DISCARDED", "PARKED", "HELD KEYS", "OLDEST PARKED");
+        tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING", "DEAD",
+                 "SENT 1H", "PAUSED");
+        for (size_t i = 0; i < st->nconsumers; i++)
+                status_consumer(x, (int)i, &st->consumers[i], live, jc, &tc);
+        for (size_t i = 0; i < st->ndestinations; i++)
+                status_destination(&st->destinations[i], jd, &td);
+        if (x->o.json) {
+                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox",
+                                   jd, "inbox_rows",
+                                   (json_int_t)st->inbox_rows));
+                tbl_print(&tc, NULL);
+                tbl_print(&td, NULL);
+                return;
+        }
+        json_decref(jc);
+        json_decref(jd);
+        printf("Consumers (dedup hits and business duplicates: "
+               "counted by the local `kinbox run` since its start, "
+               "from [metrics] listen; n/a when not reachable)\n");
+        tbl_print(&tc, stdout);
+        printf("\nOutbox\n");
+        tbl_print(&td, stdout);
+        printf("\nInbox size: %lld rows\n", (long long)st->inbox_rows);
 }
 
 int
 kb_cmd_status(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "status"}};
-        char *live = NULL;
         if (parse_opts(argc, argv, &x.o, "j"))
                 return KB_EX_USAGE;
         if (x.o.nargs) {
@@ -231,48 +265,20 @@ kb_cmd_status(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         int ex = ctx_open(&x);
-        if (ex)
-                goto out;
-        json_t *jc = json_array(), *jd = json_array();
-        table_t tc, td;
-        tbl_init(&tc, 12, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
-                 "DEDUP HITS", "BUSINESS DUPS", "DEAD", "REPLAYED",
-                 "DISCARDED", "PARKED", "HELD KEYS", "OLDEST PARKED");
-        tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING", "DEAD",
-                 "SENT 1H", "PAUSED");
-        live = local_metrics(x.cfg.metrics_listen);
-        kinbox_err_t rc = KINBOX_OK;
-        for (int i = 0; i < x.cfg.nconsumers && !rc; i++)
-                rc = status_consumer(&x, i, live, jc, &tc);
-        long long inbox_total = 0;
-        if (!rc)
-                rc = status_outbox(&x, jd, &td, &inbox_total);
+        if (ex) {
+                ctx_close(&x);
+                return ex;
+        }
+        kinbox_status_t *st = NULL;
+        kinbox_err_t rc = status_read(&x, &st);
         if (rc) {
-                json_decref(jc);
-                json_decref(jd);
-                tbl_print(&tc, NULL);
-                tbl_print(&td, NULL);
                 ex = db_fail(&x, rc);
-                goto out;
-        }
-        if (x.o.json) {
-                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox",
-                                   jd, "inbox_rows", (json_int_t)inbox_total));
-                tbl_print(&tc, NULL);
-                tbl_print(&td, NULL);
         } else {
-                json_decref(jc);
-                json_decref(jd);
-                printf("Consumers (dedup hits and business duplicates: "
-                       "counted by the local `kinbox run` since its start, "
-                       "from [metrics] listen; n/a when not reachable)\n");
-                tbl_print(&tc, stdout);
-                printf("\nOutbox\n");
-                tbl_print(&td, stdout);
-                printf("\nInbox size: %lld rows\n", inbox_total);
+                char *live = local_metrics(x.cfg.metrics_listen);
+                status_print(&x, st, live);
+                free(live);
         }
-out:
-        free(live);
+        kinbox_status_destroy(st);
         ctx_close(&x);
         return ex;
 }
