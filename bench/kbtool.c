@@ -16,10 +16,26 @@
  *   kbtool order -b BOOTSTRAP -t TOPIC -n N
  *       Reads the whole topic (every partition from the start) and checks
  *       per-aggregate order: per key, the number after "o-" in the payload
- *       (the row's append sequence) never goes back (a repeat of the last
- *       one, an at-least-once duplicate, is allowed). Prints
- *       "messages keys violations duplicates"; exit 1 on a violation or
- *       fewer than N messages.
+ *       (the row's append sequence) never goes back to one not seen yet (a
+ *       sequence seen before, an at-least-once duplicate, is allowed and
+ *       counted). Prints "messages keys violations duplicates distinct";
+ *       exit 1 on a violation or fewer than N messages.
+ *
+ *   kbtool hw -b BOOTSTRAP -t TOPIC -n N [--timeout SEC] [--interval-ms MS]
+ *       Polls the sum of the topic's high watermarks (what the broker
+ *       acknowledged, whoever published it) until it reaches N. Prints
+ *       "t_first n_first t_last n_last" (CLOCK_REALTIME seconds) like wait.
+ *
+ *   kbtool latency (--pg URL | --mysql URL) --table kinbox|debezium
+ *         -b BOOTSTRAP -t TOPIC -n N --rate R [-a AGGREGATES]
+ *       Commit-to-receive latency of whatever relays the table to TOPIC:
+ *       one thread appends N rows at R rows/s, each its own autocommitted
+ *       INSERT (kinbox_outbox, or Debezium's outbox table outboxevent),
+ *       shaped like bench/run's fill, and notes the time the COMMIT
+ *       returned; another reads TOPIC from the start and notes when each
+ *       row (the number after "o-") first arrives. Prints "p50_ms p99_ms
+ *       p999_ms max_ms received duplicates rate" (rate: the appends'
+ *       achieved rows/s); exit 1 if not every row arrived.
  *
  *   kbtool produce -b BOOTSTRAP -t TOPIC -n N [-a AGGREGATES]
  *       A plain librdkafka idempotent producer pushing N messages shaped as
@@ -32,6 +48,8 @@
 #include <mysql.h>
 
 #include "mysql_url.h"
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,7 +310,9 @@ cmd_order(int argc, char **argv)
         rd_kafka_topic_partition_list_destroy(l);
         size_t cap = 1024, nk = 0;
         keyseq_t *ks = calloc(cap, sizeof(*ks));
-        long long got = 0, bad = 0, dups = 0;
+        long long got = 0, bad = 0, dups = 0, distinct = 0;
+        size_t seencap = 1 << 20;
+        unsigned char *seen = calloc(seencap, 1);
         double t0 = now_rt();
         while (got < total && now_rt() - t0 < 300) {
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 500);
@@ -311,6 +331,17 @@ cmd_order(int argc, char **argv)
                 rd_kafka_message_destroy(m);
                 const char *o = strstr(val, "o-");
                 long long seq = o ? atoll(o + 2) : -1;
+                int was = 0;
+                if (seq >= 0) {
+                        while ((size_t)seq >= seencap * 8) {
+                                seen = realloc(seen, seencap * 2);
+                                memset(seen + seencap, 0, seencap);
+                                seencap *= 2;
+                        }
+                        was = seen[seq / 8] >> (seq % 8) & 1;
+                        seen[seq / 8] |= (unsigned char)(1 << (seq % 8));
+                        distinct += !was;
+                }
                 keyseq_t probe = {key, 0};
                 keyseq_t *k =
                     nk ? bsearch(&probe, ks, nk, sizeof(*ks), cmp_ks) : NULL;
@@ -331,15 +362,17 @@ cmd_order(int argc, char **argv)
                         nk++;
                         continue;
                 }
-                if (seq == k->last)
+                if (was)
                         dups++;
                 else if (seq < k->last)
                         bad++;
-                k->last = seq;
+                if (seq > k->last)
+                        k->last = seq;
         }
         rd_kafka_consumer_close(rk);
         rd_kafka_destroy(rk);
-        printf("%lld %zu %lld %lld\n", got, nk, bad, dups);
+        free(seen);
+        printf("%lld %zu %lld %lld %lld\n", got, nk, bad, dups, distinct);
         for (size_t i = 0; i < nk; i++)
                 free(ks[i].key);
         free(ks);
@@ -414,6 +447,273 @@ cmd_produce(int argc, char **argv)
         return 0;
 }
 
+/* sum of the high watermarks of TOPIC (-1 on error) */
+static long long
+hw_sum(rd_kafka_t *rk, const char *t, int np)
+{
+        long long s = 0;
+        for (int p = 0; p < np; p++) {
+                int64_t lo = 0, hi = 0;
+                if (rd_kafka_query_watermark_offsets(rk, t, p, &lo, &hi, 5000))
+                        return -1;
+                s += hi;
+        }
+        return s;
+}
+
+static int
+partitions(rd_kafka_t *rk, const char *t)
+{
+        const struct rd_kafka_metadata *md = NULL;
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, t, NULL);
+        int np = -1;
+        if (!rd_kafka_metadata(rk, 0, rkt, &md, 10000) && md->topic_cnt &&
+            !md->topics[0].err)
+                np = md->topics[0].partition_cnt;
+        if (md)
+                rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(rkt);
+        return np;
+}
+
+static int
+cmd_hw(int argc, char **argv)
+{
+        const char *b = NULL, *t = NULL;
+        long long want = 0;
+        double timeout = 600;
+        int interval = 50;
+        for (int i = 0; i + 1 < argc; i += 2) {
+                if (!strcmp(argv[i], "-b"))
+                        b = argv[i + 1];
+                else if (!strcmp(argv[i], "-t"))
+                        t = argv[i + 1];
+                else if (!strcmp(argv[i], "-n"))
+                        want = atoll(argv[i + 1]);
+                else if (!strcmp(argv[i], "--timeout"))
+                        timeout = atof(argv[i + 1]);
+                else if (!strcmp(argv[i], "--interval-ms"))
+                        interval = atoi(argv[i + 1]);
+        }
+        if (!b || !t || want <= 0)
+                return 2;
+        rd_kafka_t *rk = mk(RD_KAFKA_CONSUMER, b, "kbtool-hw");
+        if (!rk)
+                return 1;
+        int np = partitions(rk, t);
+        if (np <= 0) {
+                fprintf(stderr, "kbtool hw: no topic %s\n", t);
+                return 1;
+        }
+        double t0 = now_rt(), tf = 0;
+        long long nf = 0, n = 0;
+        for (;;) {
+                double tt = now_rt();
+                n = hw_sum(rk, t, np);
+                if (n > 0 && !tf) {
+                        tf = tt;
+                        nf = n;
+                }
+                if (n >= want)
+                        break;
+                if (tt - t0 > timeout) {
+                        printf("%.6f %lld %.6f %lld\n", tf, nf, tt, n);
+                        fprintf(stderr, "kbtool hw: timeout at %lld of %lld\n",
+                                n, want);
+                        return 1;
+                }
+                usleep((useconds_t)interval * 1000);
+        }
+        printf("%.6f %lld %.6f %lld\n", tf, nf, now_rt(), n);
+        rd_kafka_destroy(rk);
+        return 0;
+}
+
+/* ---- latency: appends at a steady rate, receive times from the topic */
+static struct {
+        const char *pgurl, *myurl, *table, *b, *t;
+        long n, aggs;
+        double rate;
+        double *tc, *tr; /* commit returned / first received, per row 1..n */
+        volatile int writer_done;
+        long long received, dups;
+        double t_write0, t_write1;
+} L;
+
+static void *
+lat_writer(void *arg)
+{
+        (void)arg;
+        PGconn *pg = NULL;
+        MYSQL *my = NULL;
+        if (L.pgurl) {
+                pg = PQconnectdb(L.pgurl);
+                if (PQstatus(pg) != CONNECTION_OK) {
+                        fprintf(stderr, "kbtool: %s", PQerrorMessage(pg));
+                        exit(1);
+                }
+        } else if (!(my = my_connect_url(L.myurl))) {
+                exit(1);
+        }
+        int dbz = !strcmp(L.table, "debezium");
+        char sql[768], payload[160];
+        L.t_write0 = now_rt();
+        for (long i = 1; i <= L.n; i++) {
+                double due = L.t_write0 + (i - 1) / L.rate, now = now_rt();
+                if (due > now)
+                        usleep((useconds_t)((due - now) * 1e6));
+                snprintf(payload, sizeof(payload),
+                         "{\"order_id\":\"o-%ld\",\"user_id\":%ld,"
+                         "\"grant_points\":%ld}",
+                         i, i % 100 + 1, i % 13 + 1);
+                if (dbz)
+                        snprintf(sql, sizeof(sql),
+                                 "INSERT INTO outboxevent (aggregatetype, "
+                                 "aggregateid, type, payload) VALUES ('%s', "
+                                 "'agg-%ld', 'grant', '%s')",
+                                 L.t, i % L.aggs, payload);
+                else
+                        snprintf(sql, sizeof(sql),
+                                 "INSERT INTO kinbox_outbox (destination, "
+                                 "idem_key, aggregate_id, payload) VALUES "
+                                 "('%s', 'l-%ld', 'agg-%ld', '%s')",
+                                 L.t, i, i % L.aggs, payload);
+                if (pg) {
+                        PGresult *r = PQexec(pg, sql);
+                        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                                fprintf(stderr, "kbtool: %s",
+                                        PQerrorMessage(pg));
+                                exit(1);
+                        }
+                        PQclear(r);
+                } else if (mysql_query(my, sql)) {
+                        fprintf(stderr, "kbtool: %s\n", mysql_error(my));
+                        exit(1);
+                }
+                L.tc[i] = now_rt();
+        }
+        L.t_write1 = now_rt();
+        L.writer_done = 1;
+        if (pg)
+                PQfinish(pg);
+        if (my)
+                mysql_close(my);
+        return NULL;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+        double x = *(const double *)a, y = *(const double *)b;
+        return x < y ? -1 : x > y;
+}
+
+static int
+cmd_latency(int argc, char **argv)
+{
+        L.table = "kinbox";
+        L.aggs = 10000;
+        L.rate = 1000;
+        for (int i = 0; i + 1 < argc; i += 2) {
+                const char *a = argv[i], *v = argv[i + 1];
+                if (!strcmp(a, "--pg"))
+                        L.pgurl = v;
+                else if (!strcmp(a, "--mysql"))
+                        L.myurl = v;
+                else if (!strcmp(a, "--table"))
+                        L.table = v;
+                else if (!strcmp(a, "-b"))
+                        L.b = v;
+                else if (!strcmp(a, "-t"))
+                        L.t = v;
+                else if (!strcmp(a, "-n"))
+                        L.n = atol(v);
+                else if (!strcmp(a, "-a"))
+                        L.aggs = atol(v);
+                else if (!strcmp(a, "--rate"))
+                        L.rate = atof(v);
+                else {
+                        fprintf(stderr, "kbtool latency: unknown %s\n", a);
+                        return 2;
+                }
+        }
+        if ((!L.pgurl == !L.myurl) || !L.b || !L.t || L.n <= 0 || L.rate <= 0)
+                return 2;
+        L.tc = calloc((size_t)L.n + 1, sizeof(double));
+        L.tr = calloc((size_t)L.n + 1, sizeof(double));
+        char err[512];
+        rd_kafka_conf_t *c = rd_kafka_conf_new();
+        rd_kafka_conf_set(c, "bootstrap.servers", L.b, err, sizeof(err));
+        rd_kafka_conf_set(c, "group.id", "kbtool-latency", err, sizeof(err));
+        rd_kafka_conf_set(c, "fetch.wait.max.ms", "100", err, sizeof(err));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, err, sizeof(err));
+        if (!rk)
+                return 1;
+        int np = partitions(rk, L.t);
+        if (np <= 0) {
+                fprintf(stderr, "kbtool latency: no topic %s\n", L.t);
+                return 1;
+        }
+        rd_kafka_topic_partition_list_t *l =
+            rd_kafka_topic_partition_list_new(np);
+        for (int p = 0; p < np; p++)
+                rd_kafka_topic_partition_list_add(l, L.t, p)->offset =
+                    RD_KAFKA_OFFSET_BEGINNING;
+        rd_kafka_assign(rk, l);
+        rd_kafka_topic_partition_list_destroy(l);
+        /* let the fetchers start before the first append */
+        for (double t0 = now_rt(); now_rt() - t0 < 1;) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+                if (m)
+                        rd_kafka_message_destroy(m);
+        }
+        pthread_t th;
+        pthread_create(&th, NULL, lat_writer, NULL);
+        double tdone = 0;
+        while (L.received < L.n) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 50);
+                double now = now_rt();
+                if (L.writer_done && !tdone)
+                        tdone = now;
+                if (tdone && now - tdone > 60)
+                        break;
+                if (!m)
+                        continue;
+                if (m->err || !m->payload) {
+                        rd_kafka_message_destroy(m);
+                        continue;
+                }
+                char val[512];
+                snprintf(val, sizeof(val), "%.*s", (int)m->len,
+                         (const char *)m->payload);
+                rd_kafka_message_destroy(m);
+                const char *o = strstr(val, "o-");
+                long seq = o ? atol(o + 2) : 0;
+                if (seq < 1 || seq > L.n)
+                        continue;
+                if (L.tr[seq]) {
+                        L.dups++;
+                        continue;
+                }
+                L.tr[seq] = now;
+                L.received++;
+        }
+        pthread_join(th, NULL);
+        rd_kafka_consumer_close(rk);
+        rd_kafka_destroy(rk);
+        double *d = malloc(sizeof(double) * (size_t)L.n);
+        long k = 0;
+        for (long i = 1; i <= L.n; i++)
+                if (L.tr[i] && L.tc[i])
+                        d[k++] = (L.tr[i] - L.tc[i]) * 1e3;
+        qsort(d, (size_t)k, sizeof(double), cmp_d);
+#define PCT(q) (k ? d[(long)fmin((double)k - 1, floor((q) * k))] : 0)
+        printf("%.2f %.2f %.2f %.2f %lld %lld %.1f\n", PCT(0.5), PCT(0.99),
+               PCT(0.999), k ? d[k - 1] : 0, L.received, L.dups,
+               L.n / (L.t_write1 - L.t_write0));
+        return L.received == L.n ? 0 : 1;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -429,6 +729,10 @@ main(int argc, char **argv)
                 return cmd_order(argc - 2, argv + 2);
         if (!strcmp(argv[1], "produce"))
                 return cmd_produce(argc - 2, argv + 2);
+        if (!strcmp(argv[1], "hw"))
+                return cmd_hw(argc - 2, argv + 2);
+        if (!strcmp(argv[1], "latency"))
+                return cmd_latency(argc - 2, argv + 2);
         fprintf(stderr, "kbtool: unknown command %s\n", argv[1]);
         return 2;
 }
