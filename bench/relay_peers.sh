@@ -239,7 +239,7 @@ rp_backlog() {
     rate=$(awk -v tf="$tf" -v nf="$nf" -v tl="$tl" -v nl="$nl" 'BEGIN { printf "%.0f", (tl > tf && nl > nf) ? (nl - nf) / (tl - tf) : 0 }')
     from_start=$(awk -v t0="$t0" -v tl="$tl" 'BEGIN { printf "%.2f", (tl > t0 ? tl - t0 : 0) }')
     read -r cpu cpus rss < <(awk -v tf="$tf" -v tl="$tl" -v c="$CLK" '
-        { last = $2; if ($3 > rss) rss = $3 } $1 <= tf { a = $2 } $1 <= tl { b = $2 }
+        $2 > last { last = $2 } $3 > rss { rss = $3 } $1 <= tf && $2 > a { a = $2 } $1 <= tl && $2 > b { b = $2 }
         END { printf "%.2f %.2f %d\n", last / c, (b - a) / c, rss }' "$rdir/samples.txt")
     local dbcpu; dbcpu=$(awk -v a="$dbt0" -v b="$dbt1" -v c="$CLK" 'BEGIN { printf "%.2f", (b - a) / c }')
     rp_row "$be" "$sys" backlog "$NRP" "$from_start" "$rate" "$cpu" "$cpus" "$rss" "$dbcpu" \
@@ -279,7 +279,7 @@ rp_latency() {
     wait "$rspid" 2>/dev/null || true
     read -r p50 p99 p999 pmax _ _ arate <<< "${out:-- - - - 0 0 0}"
     local cpu rss
-    read -r cpu rss < <(awk -v c="$CLK" '{ last = $2; if ($3 > rss) rss = $3 } END { printf "%.2f %d\n", last / c, rss }' "$rdir/samples.txt")
+    read -r cpu rss < <(awk -v c="$CLK" '$2 > last { last = $2 } $3 > rss { rss = $3 } END { printf "%.2f %d\n", last / c, rss }' "$rdir/samples.txt")
     rp_audit "$NRL"
     rp_row "$be" "$sys" latency "$NRL" - "$arate" "$cpu" - "$rss" - - - - - - - - \
         "$p50" "$p99" "$p999" "$pmax" "$rmsgs" "$rdups" "$rviol" "$raud"
