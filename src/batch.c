@@ -8,6 +8,8 @@
 #include "hdrcodec.h"
 #include "hold.h"
 #include "metrics.h"
+#include "settings.h"
+
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -728,12 +730,22 @@ queue_epilogue(kinbox_consumer_t *c, kinbox__worker_t *w)
                 kinbox_msg_t *m = w->msgs[i];
                 if (m->state != KINBOX__MSG_CUT || !m->inserted)
                         continue;
-                kinbox__param_t p[2] = {{c->name, 0, 0}, {m->id, 0, 0}};
+                /* Only this delivery's rows: another delivery of the id
+                 * may have a row in another range (db/inbox.c). */
+                char part[16], off[24];
+                snprintf(part, sizeof(part), "%d", (int)m->rkm->partition);
+                snprintf(off, sizeof(off), "%lld", (long long)m->rkm->offset);
+                kinbox__param_t p[5] = {{c->name, 0, 0},
+                                        {m->id, 0, 0},
+                                        {m->part->topic, 0, 0},
+                                        {part, 0, 0},
+                                        {off, 0, 0}};
                 int rc = w->db->ops->exec(
                     w->db,
                     "DELETE FROM kinbox_inbox WHERE consumer = $1 AND "
-                    "message_id = $2",
-                    2, p, -1);
+                    "message_id = $2 AND topic = $3 AND kafka_partition = "
+                    "$4 AND kafka_offset = $5",
+                    5, p, -1);
                 if (rc)
                         return rc;
         }
@@ -806,8 +818,9 @@ begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
                 m->inserted = false;
                 if (m->state == KINBOX__MSG_CUT || !m->id)
                         continue;
-                w->rows[n++] = (kinbox__inbox_row_t){
-                    m->id, m->part->topic, m->rkm->partition, m->rkm->offset};
+                w->rows[n++] = (kinbox__inbox_row_t){m->id, m->part->topic,
+                                                     m->rkm->partition,
+                                                     m->rkm->offset, m->ts};
         }
         db->nnone = 0;
         db->ndrops = 0;
@@ -815,7 +828,11 @@ begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
          * follower of the dropped message's key may be in the call). */
         db->drop_rows = c->batch_handler && !c->handler && !c->hold_on;
         w->handler_us = 0;
-        int rc = db->ops->begin(db);
+        /* A conversion by kinbox migrate is seen within 10 s. */
+        int rc = kinbox__inbox_layout_load(
+            db, kinbox__settings_of(c->conf)->inbox_partition_width, false);
+        if (!rc)
+                rc = db->ops->begin(db);
         if (!rc && n)
                 rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
         if (rc)

@@ -94,6 +94,14 @@ static const prop_t props[] = {
  "How far back the broker can redeliver (topic retention) when the broker cannot be asked. The inbox retention must exceed it."},
 {"inbox.retention", S(inbox_retention), P_DURATION, "14d", 60000, MAXI, NULL,
  "Inbox rows older than this are pruned. Must exceed the redelivery window."},
+{"inbox.layout", S(inbox_layout), P_ENUM, "plain", 0, 0, "plain|partitioned",
+ "`plain`: one table, pruned by batched DELETEs. `partitioned`: one partition per `inbox.partition.width` of message time, pruned by dropping whole partitions; `kinbox migrate` creates it or converts a plain inbox online (see docs/operations.md, Daily partitions)."},
+{"inbox.partition.width", S(inbox_partition_width), P_DURATION, "1d", 3600000, 86400000, NULL,
+ "Range of message time (UTC) one inbox partition holds: a whole number of hours dividing a day (`1d`, `12h`, `1h`, ...). Fixed when the inbox is partitioned; every consumer uses the width recorded in the database."},
+{"inbox.partition.skew", S(inbox_partition_skew), P_DURATION, "10m", 0, 43200000, NULL,
+ "Two deliveries of one message id whose message times differ by at most this much are caught as duplicates across a partition boundary (a message this close to a boundary also writes a marker row in the neighbouring partition). Less than half the width."},
+{"inbox.partition.ahead", S(inbox_partition_ahead), P_DURATION, "3d", 3600000, 2592000000, NULL,
+ "How far ahead of now the pruner (and `kinbox migrate`) keeps inbox partitions created. Rows whose message time has no partition go to a catch-all partition and are never refused."},
 {"outbox.retention", S(outbox_retention), P_DURATION, "7d", 60000, MAXI, NULL,
  "Sent outbox rows older than this are pruned. Dead rows are kept."},
 {"prune.interval", S(prune_interval), P_DURATION, "10m", 1000, MAXI, NULL,
@@ -165,7 +173,8 @@ prop_find(const char *key)
 /* P_ENUM fields are written as int (the position in the list). */
 _Static_assert(sizeof(kinbox__level_t) == sizeof(int) &&
                    sizeof(kinbox__logfmt_t) == sizeof(int) &&
-                   sizeof(kinbox__claim_t) == sizeof(int),
+                   sizeof(kinbox__claim_t) == sizeof(int) &&
+                   sizeof(kinbox__layout_t) == sizeof(int),
                "P_ENUM fields are int-sized");
 
 /* The position of v in p's "a|b|c" list, or -1. */
@@ -377,10 +386,20 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
         }
         case P_DURATION: {
                 int64_t ms;
-                return kinbox__confval_duration(p->key, value, p->min, p->max,
-                                                &ms, errstr, sz)
-                           ? KINBOX_ERR_INVALID
-                           : KINBOX_OK;
+                if (kinbox__confval_duration(p->key, value, p->min, p->max,
+                                             &ms, errstr, sz))
+                        return KINBOX_ERR_INVALID;
+                if (!strcmp(p->key, "inbox.partition.width") &&
+                    (ms % 3600000 || 86400000 % ms)) {
+                        kinbox__errstr(errstr, sz,
+                                       "inbox.partition.width: \"%s\" is "
+                                       "not a whole number of hours that "
+                                       "divides a day (1h, 2h, 3h, 4h, 6h, "
+                                       "8h, 12h, 1d)",
+                                       value);
+                        return KINBOX_ERR_INVALID;
+                }
+                return KINBOX_OK;
         }
         }
         return KINBOX_ERR_INVALID;

@@ -22,6 +22,7 @@
 #include "migrate.h"
 #include "metrics.h"
 #include "msgid.h"
+#include "partition.h"
 #include "tx.h"
 #include "hdrcodec.h"
 
@@ -989,6 +990,10 @@ workers_start(kinbox_consumer_t *c)
         }
         int src = kinbox__schema_check_db(c->ctl, NULL, c->errstr,
                                           sizeof(c->errstr));
+        if (!src)
+                src = kinbox__partition_check(c->ctl,
+                                              kinbox__settings_of(c->conf),
+                                              c->errstr, sizeof(c->errstr));
         if (src)
                 return (kinbox_err_t)src;
         c->workers =

@@ -6,8 +6,8 @@
  * strings, so a backend slots in without touching the consumer or relay.
  * Every user includes this header; it brings in the rest of the contract:
  * db/tags.h (statement tags: whom a failure is charged to), db/sql.h (the
- * dialect statement table) and db/outbox_ops.h (the outbox's and relay's
- * statements per backend).
+ * dialect statement table), db/part_ops.h (the partitioned inbox) and
+ * db/outbox_ops.h (the outbox's and relay's statements per backend).
  *
  * Conventions:
  *  - SQL uses $1..$n placeholders on every backend (MySQL rewrites them).
@@ -60,6 +60,8 @@ typedef struct kinbox__inbox_row {
         const char *topic;
         int32_t partition;
         int64_t offset;
+        int64_t msg_ms; /* the message's time (Kafka timestamp), ms since
+                         * the epoch; -1: unknown (now is used) */
 } kinbox__inbox_row_t;
 
 /** Error detail of the last failed call. */
@@ -135,6 +137,14 @@ struct kinbox__db {
         const char *const *hint_keys;
         const int *hint_tags;
         size_t hint_n;
+        /* The inbox layout (db/inbox.c): the width of one range of
+         * message time in seconds (part_at), the boundary skew, and
+         * whether kinbox_inbox is partitioned (shadow rows written). Set
+         * from kinbox_partitioning, or the configuration for a plain
+         * inbox; kinbox__inbox_layout_load(). */
+        int64_t inbox_width_s, inbox_skew_s;
+        bool inbox_partitioned;
+        int64_t inbox_layout_read_ms; /* monotonic, 0: never */
         kinbox__dberr_t err;
         void (*log)(void *ctx, int level, const char *fmt, ...);
         void *log_ctx;
@@ -206,9 +216,11 @@ struct kinbox__db_ops {
         int (*script)(kinbox__db_t *db, const char *sql);
         /*
          * Insert inbox rows for ids[0..n) (consumer, id, topic, partition,
-         * offset) inside the open transaction and tell which were new:
-         * is_new[i] = true for the first occurrence of an id that was not
-         * yet in the inbox. One round trip where the backend allows.
+         * offset, message time) inside the open transaction and tell which
+         * were new: is_new[i] = true for the first occurrence of an id
+         * whose rows (kinbox__inbox_puts(): its own, and in a partitioned
+         * inbox a boundary marker) were all inserted. One round trip where
+         * the backend allows.
          */
         int (*inbox_insert)(kinbox__db_t *db, const char *consumer, size_t n,
                             const struct kinbox__inbox_row *rows,
@@ -218,6 +230,9 @@ struct kinbox__db_ops {
         /* The outbox's and relay's statements (db/pg_outbox.c,
          * db/mysql_outbox.c). */
         const struct kinbox__outbox_ops *outbox;
+        /* The partitioned inbox's statements (db/pg_part.c,
+         * db/mysql_part.c). */
+        const struct kinbox__part_ops *part;
 };
 
 /* The server ran out of a resource: disk, memory, connection slots or
@@ -303,6 +318,49 @@ kinbox__idref_t *kinbox__inbox_sorted(const struct kinbox__inbox_row *rows,
 void kinbox__inbox_mark_new(const kinbox__idref_t *sorted, size_t n,
                             const char *id, bool *is_new);
 
+/*
+ * The rows one inbox insert writes (db/inbox.c), in insertion order: per
+ * message (in the order of ix) its own row, part_at = the start of the
+ * width-long range its time falls in; in a partitioned inbox, when that
+ * time is within skew of the end of its range, then a shadow row keyed by
+ * the next range. Two copies of one id whose times differ by at most skew
+ * so always collide on some (consumer, message_id, part_at). back: the
+ * server returned the row (it was inserted).
+ */
+typedef struct kinbox__inbox_put {
+        size_t row; /* index into rows[] */
+        int64_t part_s; /* range start, seconds since the epoch (UTC) */
+        int64_t msg_ms; /* the row's message time (never -1) */
+        bool shadow;
+        bool back;
+} kinbox__inbox_put_t;
+/* malloc'ed array of *np puts for rows[0..n) in order ix, or NULL. */
+kinbox__inbox_put_t *kinbox__inbox_puts(const kinbox__db_t *db,
+                                        const struct kinbox__inbox_row *rows,
+                                        const kinbox__idref_t *ix, size_t n,
+                                        size_t *np);
+/* One row the insert returned: message_id, topic, kafka_partition,
+ * kafka_offset, shadow (text): mark its put back. */
+void kinbox__inbox_put_back(kinbox__inbox_put_t *puts, size_t np,
+                            const struct kinbox__inbox_row *rows,
+                            const char *const *v);
+/* is_new[i]: the first occurrence of its id in ix and every put of it
+ * came back. */
+void kinbox__inbox_puts_fold(const kinbox__inbox_put_t *puts, size_t np,
+                             const struct kinbox__inbox_row *rows,
+                             const kinbox__idref_t *ix, size_t n,
+                             bool *is_new);
+/* "YYYY-MM-DD HH:MM:SS" (UTC) of s seconds since the epoch; with ms >= 0
+ * ".mmm" appended. out holds 32 bytes. */
+void kinbox__utc_text(char *out, int64_t s, int ms);
+/* The range start (seconds, UTC) that ms falls in, for width_s. */
+int64_t kinbox__inbox_part_of(int64_t ms, int64_t width_s);
+/* Read the inbox layout into db (kinbox_partitioning; conf for a plain
+ * inbox) when it was never read or was read over 10 s ago. Outside a
+ * transaction. */
+int kinbox__inbox_layout_load(kinbox__db_t *db, int64_t conf_width_ms,
+                              bool force);
+
 /* Rows helpers. */
 struct kinbox_rows_s *kinbox__rows_new(size_t nrows, int ncols);
 /* Copies len bytes (v NULL = SQL NULL). */
@@ -383,5 +441,6 @@ int kinbox__mysql_url_check(const char *params, char *errstr,
 
 /* The outbox's and relay's statements: they use the types above. */
 #include "db/outbox_ops.h"
+#include "db/part_ops.h"
 
 #endif

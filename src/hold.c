@@ -425,19 +425,24 @@ rel_inbox(relkey_t *k, struct kinbox_rows_s *r, bool *dup)
 {
         kinbox__db_t *db = k->w->db;
         struct kinbox_rows_s *ib = NULL;
-        kinbox__param_t p[5] = {{k->c->name, 0, 0},
-                                {HV(r, 2), 0, 0},
-                                {k->p->topic, 0, 0},
-                                {k->part, 0, 0},
-                                {HV(r, 1), 0, 0}};
+        /* A pruned row comes back in the range of now (db/inbox.c). */
+        char part[24];
+        snprintf(part, sizeof(part), "%lld",
+                 (long long)kinbox__inbox_part_of(
+                     kinbox__wall_ms(),
+                     db->inbox_width_s > 0 ? db->inbox_width_s : 86400));
+        kinbox__param_t p[6] = {{k->c->name, 0, 0},  {HV(r, 2), 0, 0},
+                                {k->p->topic, 0, 0}, {k->part, 0, 0},
+                                {HV(r, 1), 0, 0},    {part, 0, 0}};
         *dup = false;
         int rc = db->ops->query(db, SQL_INBOX, 2, p, -1, &ib);
-        if (!rc && ib && ib->nrows)
-                *dup = strcmp(ib->values[0], k->p->topic) ||
-                       strcmp(ib->values[1], k->part) ||
-                       strcmp(ib->values[2], HV(r, 1));
-        else if (!rc)
-                rc = db->ops->exec(db, db->ops->sql->inbox_insert_one, 5, p,
+        for (size_t i = 0; !rc && ib && i < ib->nrows; i++) {
+                char **iv = &ib->values[i * (size_t)ib->ncols];
+                *dup = *dup || strcmp(iv[0], k->p->topic) ||
+                       strcmp(iv[1], k->part) || strcmp(iv[2], HV(r, 1));
+        }
+        if (!rc && !(ib && ib->nrows))
+                rc = db->ops->exec(db, db->ops->sql->inbox_insert_one, 6, p,
                                    -1);
         kinbox_rows_destroy(ib);
         return rc;

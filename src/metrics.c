@@ -118,6 +118,34 @@ static const family_t families[] = {
      HIST(b_latency)},
     {"kinbox_pruned_rows_total", M_COUNTER,
      "Rows deleted by the pruner (table = inbox or outbox).", NULL, 0},
+    {"kinbox_inbox_partitions", M_GAUGE,
+     "Range partitions of a partitioned inbox (set by the pruner's run).",
+     NULL, 0},
+    {"kinbox_inbox_partition_rows", M_GAUGE,
+     "Rows of each inbox partition (catalog estimate; partition = its "
+     "range label, or catchall: rows whose range has no partition, "
+     "counted).",
+     NULL, 0},
+    {"kinbox_inbox_partition_bytes", M_GAUGE,
+     "Bytes (data and indexes) of each inbox partition.", NULL, 0},
+    {"kinbox_inbox_partition_covered_until_seconds", M_GAUGE,
+     "Unix time up to which inbox partitions exist; messages later than "
+     "this land in the catch-all.",
+     NULL, 0},
+    {"kinbox_inbox_partition_next_drop_seconds", M_GAUGE,
+     "Unix time at which the oldest inbox partition leaves the retention "
+     "and is dropped at the pruner's next run.",
+     NULL, 0},
+    {"kinbox_inbox_partition_changes_total", M_COUNTER,
+     "Inbox partitions created or dropped (op = create, drop).", NULL, 0},
+    {"kinbox_inbox_partition_failures_total", M_COUNTER,
+     "Failed partition operations (op = create, drop, prune); the pruner "
+     "tries again at its next run.",
+     NULL, 0},
+    {"kinbox_inbox_partition_kept_rows_total", M_COUNTER,
+     "Rows of dropped inbox partitions kept in the catch-all because an "
+     "unresolved dead letter or a parked message still needs them.",
+     NULL, 0},
     {"kinbox_reconcile_discrepancies", M_GAUGE,
      "Rows the reconciliation check returned in its last run (0: clean).",
      NULL, 0},

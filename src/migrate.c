@@ -7,6 +7,7 @@
 #include "migrate.h"
 #include "db.h"
 #include "internal.h"
+#include "partition.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,6 +324,20 @@ migrate_module(run_t *r, const kinbox_module_t *mod, const vers_t *got)
                          sql);
 }
 
+/* inbox.layout = partitioned: the conversion, reported as a step of
+ * kinbox's own (version 0). */
+static int
+layout_step(run_t *r, const kinbox__settings_t *s)
+{
+        bool dry = r->flags & KINBOX_MIGRATE_DRY_RUN;
+        char note[200];
+        int rc = kinbox__partition_apply(r->db, s, dry, note, sizeof(note),
+                                         r->errstr, r->sz);
+        if (!rc && *note && r->cb)
+                r->cb("kinbox", 0, note, !dry, r->opaque);
+        return rc;
+}
+
 kinbox_err_t
 kinbox_migrate_run(const kinbox_conf_t *conf, const kinbox_module_t *mod,
                    int flags, kinbox_migrate_cb cb, void *opaque, char *errstr,
@@ -349,6 +364,8 @@ kinbox_migrate_run(const kinbox_conf_t *conf, const kinbox_module_t *mod,
         if (!rc)
                 rc = mod ? migrate_module(&r, mod, &got)
                          : migrate_kinbox(&r, &got);
+        if (!rc && !mod)
+                rc = layout_step(&r, kinbox__settings_of(conf));
         kinbox__db_destroy(r.db);
         return (kinbox_err_t)rc;
 }

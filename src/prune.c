@@ -1,7 +1,8 @@
 /*
  * prune.c -- retention: batched deletes of old inbox rows and sent outbox
- * rows under a single-instance lock, and the start-up check that the
- * inbox outlives the broker's redelivery window.
+ * rows under a single-instance lock (a partitioned inbox drops whole
+ * ranges instead: partition.c), and the start-up check that the inbox
+ * outlives the broker's redelivery window.
  *
  * Why batches: one DELETE of a day's inbox rows holds its locks and its
  * undo for as long as it runs and stalls replication; prune.batch rows per
@@ -12,6 +13,7 @@
 #include "internal.h"
 #include "metrics.h"
 #include "outbox_int.h"
+#include "partition.h"
 
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -75,7 +77,7 @@ kinbox_err_t
 kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
              kinbox_prune_result_t *out, char *errstr, size_t sz)
 {
-        kinbox_prune_result_t res = {0, 0, 0};
+        kinbox_prune_result_t res = {0};
         char lab[64];
         if (out)
                 *out = res;
@@ -106,8 +108,14 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                 }
         }
         const kinbox__settings_t *s = kinbox__settings_of(conf);
-        rc = prune_table(db, T_INBOX, s->inbox_retention, s->prune_batch,
-                         dry_run, stop, &res.inbox_rows);
+        kinbox__log_t lg;
+        kinbox__conf_logger(conf, &lg);
+        bool parted = false;
+        rc = kinbox__partition_prune(db, s, &lg, dry_run, stop, &res, &parted);
+        if (!rc && !parted)
+                rc = prune_table(db, T_INBOX, s->inbox_retention,
+                                 s->prune_batch, dry_run, stop,
+                                 &res.inbox_rows);
         if (!rc && !(stop && *stop))
                 rc = prune_table(db, T_OUTBOX, s->outbox_retention,
                                  s->prune_batch, dry_run, stop,

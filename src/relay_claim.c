@@ -45,6 +45,7 @@ items_from_rows(struct kinbox_rows_s *rows, size_t *np)
                 v[i].max_attempts = (int)to_i64(c[KINBOX__CL_MAX_ATTEMPTS]);
                 v[i].age_ms = to_i64(c[KINBOX__CL_AGE_MS]);
                 v[i].created_ms = wall - v[i].age_ms;
+                v[i].created_at_ms = to_i64(c[KINBOX__CL_CREATED_MS]);
                 const char *re = c[KINBOX__CL_RECLAIMED];
                 v[i].reclaimed = re && (!strcmp(re, "t") || !strcmp(re, "1"));
         }

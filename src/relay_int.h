@@ -92,6 +92,9 @@ typedef struct item {
         bool reclaimed; /* another relay's lease had expired */
         int64_t age_ms; /* since created_at, at claim time */
         int64_t created_ms; /* created_at on this host's clock (wall ms) */
+        int64_t created_at_ms; /* created_at on the database's clock: the
+                                * record's timestamp, the same at every
+                                * re-publish (db/inbox.c) */
         rd_kafka_resp_err_t dr_err;
         outcome_t out;
         char err[ERR_MAX + 1];

@@ -208,6 +208,7 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
                                                     : 0),
                     RD_KAFKA_V_VALUE((void *)it->payload, it->payload_size),
                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                    RD_KAFKA_V_TIMESTAMP(it->created_at_ms),
                     RD_KAFKA_V_HEADERS(kh), RD_KAFKA_V_OPAQUE(it),
                     RD_KAFKA_V_END);
                 if (!e) {

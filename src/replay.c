@@ -89,7 +89,7 @@ replay_allowed(kinbox_admin_t *adm, int64_t id, struct kinbox_rows_s *dl)
 
 /*
  * The id's inbox row becomes the replay's: the dead letter's own row is
- * re-inserted; another delivery's row means that one applied the id
+ * kept (or inserted again when it was pruned); another delivery's row means that one applied the id
  * (replaying would apply it twice): KINBOX_ERR_DUPLICATE. *rcp gets a
  * database error.
  */
@@ -105,32 +105,39 @@ replay_inbox(kinbox_admin_t *adm, int64_t id, char **v, size_t *len, int *rcp)
                                 "FROM kinbox_inbox WHERE consumer = $1 AND "
                                 "message_id = $2 FOR UPDATE",
                                 2, p2, -1, &ib);
-        if (!rc && ib && ib->nrows) {
-                if (strcmp(ib->values[0], v[2]) ||
-                    strcmp(ib->values[1], v[3]) ||
-                    strcmp(ib->values[2], v[4])) {
+        for (size_t r = 0; !rc && !ret && ib && r < ib->nrows; r++) {
+                char **iv = &ib->values[r * (size_t)ib->ncols];
+                if (strcmp(iv[0], v[2]) || strcmp(iv[1], v[3]) ||
+                    strcmp(iv[2], v[4])) {
                         snprintf(adm->errstr, sizeof(adm->errstr),
                                  "message id of dead letter %" PRId64
                                  " was applied by another delivery (%s [%s] "
                                  "offset %s): not replayed",
-                                 id, ib->values[0], ib->values[1],
-                                 ib->values[2]);
+                                 id, iv[0], iv[1], iv[2]);
                         ret = KINBOX_ERR_DUPLICATE;
-                } else {
-                        rc = db->ops->exec(db,
-                                           "DELETE FROM kinbox_inbox WHERE "
-                                           "consumer = $1 AND message_id = $2",
-                                           2, p2, -1);
                 }
         }
+        bool kept = !rc && ib && ib->nrows;
         kinbox_rows_destroy(ib);
-        kinbox__param_t p5[5] = {{v[0], 0, 0},
-                                 {v[1], len[1], 0},
-                                 {v[2], 0, 0},
-                                 {v[3], 0, 0},
-                                 {v[4], 0, 0}};
-        if (!rc && !ret)
-                rc = db->ops->exec(db, db->ops->sql->inbox_insert_one, 5, p5,
+        /* A kept row (and its boundary marker) stays where the message's
+         * time put it; its retention starts again. A pruned one comes
+         * back in the range of now. */
+        char part[24];
+        snprintf(part, sizeof(part), "%lld",
+                 (long long)kinbox__inbox_part_of(
+                     kinbox__wall_ms(),
+                     db->inbox_width_s > 0 ? db->inbox_width_s : 86400));
+        kinbox__param_t p6[6] = {{v[0], 0, 0}, {v[1], len[1], 0},
+                                 {v[2], 0, 0}, {v[3], 0, 0},
+                                 {v[4], 0, 0}, {part, 0, 0}};
+        if (!rc && !ret && kept)
+                rc = db->ops->exec(db,
+                                   "UPDATE kinbox_inbox SET processed_at = "
+                                   "CURRENT_TIMESTAMP WHERE consumer = $1 "
+                                   "AND message_id = $2",
+                                   2, p2, -1);
+        else if (!rc && !ret)
+                rc = db->ops->exec(db, db->ops->sql->inbox_insert_one, 6, p6,
                                    -1);
         *rcp = rc;
         return ret;

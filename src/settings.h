@@ -35,6 +35,12 @@ typedef enum { KINBOX__LOGFMT_TEXT, KINBOX__LOGFMT_JSON } kinbox__logfmt_t;
 /* relay.claim: lock|lease */
 typedef enum { KINBOX__CLAIM_LOCK, KINBOX__CLAIM_LEASE } kinbox__claim_t;
 
+/* inbox.layout */
+typedef enum {
+        KINBOX__LAYOUT_PLAIN,
+        KINBOX__LAYOUT_PARTITIONED
+} kinbox__layout_t;
+
 typedef struct kinbox__settings {
         const char *name;
         const char *database_url;
@@ -68,6 +74,10 @@ typedef struct kinbox__settings {
         int64_t tracing_timeout_ms;
         int64_t kafka_redelivery_window;
         int64_t inbox_retention;
+        kinbox__layout_t inbox_layout;
+        int64_t inbox_partition_width; /* ms */
+        int64_t inbox_partition_skew; /* ms */
+        int64_t inbox_partition_ahead; /* ms */
         int64_t outbox_retention;
         int64_t prune_interval;
         int64_t prune_batch;

@@ -143,13 +143,13 @@ read_file(const char *path)
 }
 
 static void
-migrate(kinbox__db_t *db)
+migrate_file(kinbox__db_t *db, const char *name)
 {
         char path[1024];
         const char *dir = KINBOX_SOURCE_DIR;
         if (dir) {
-                snprintf(path, sizeof(path),
-                         "%s/migrations/mysql/0001_inbox.sql", dir);
+                snprintf(path, sizeof(path), "%s/migrations/mysql/%s", dir,
+                         name);
         } else {
                 snprintf(path, sizeof(path), "%s", __FILE__);
                 char *slash = strrchr(path, '/');
@@ -157,8 +157,9 @@ migrate(kinbox__db_t *db)
                         *slash = '\0';
                 else
                         snprintf(path, sizeof(path), ".");
-                strncat(path, "/../migrations/mysql/0001_inbox.sql",
-                        sizeof(path) - strlen(path) - 1);
+                size_t l = strlen(path);
+                snprintf(path + l, sizeof(path) - l, "/../migrations/mysql/%s",
+                         name);
         }
         char *sql = read_file(path);
         OK_OR_FAIL(db, db->ops->script(db, sql));
@@ -166,6 +167,14 @@ migrate(kinbox__db_t *db)
          * MySQL, so a half-applied run gets repeated). */
         OK_OR_FAIL(db, db->ops->script(db, sql));
         free(sql);
+}
+
+/* The inbox as the backend's insert expects it: 0001 and 0008. */
+static void
+migrate(kinbox__db_t *db)
+{
+        migrate_file(db, "0001_inbox.sql");
+        migrate_file(db, "0008_inbox_time.sql");
 }
 
 /* Single-value query helper: returns a malloc'ed copy or NULL for NULL. */
@@ -532,7 +541,7 @@ inbox_semantics(const char *url_suffix)
         migrate(db);
 
         /* "b" is already done from an earlier transaction. */
-        kinbox__inbox_row_t first[] = {{"b", "orders", 0, 1}};
+        kinbox__inbox_row_t first[] = {{"b", "orders", 0, 1, -1}};
         bool n1[1];
         OK_OR_FAIL(db, db->ops->begin(db));
         OK_OR_FAIL(db, db->ops->inbox_insert(db, "points", 1, first, n1));
@@ -541,11 +550,11 @@ inbox_semantics(const char *url_suffix)
 
         OK_OR_FAIL(db, db->ops->script(db, "CREATE TABLE side (v INT)"));
         kinbox__inbox_row_t rows[] = {
-            {"a", "orders", 0, 10}, {"b", "orders", 0, 11},
-            {"a", "orders", 1, 12}, {"c", "orders", 1, 13},
-            {"x", "orders", 2, 14}, {"x ", "orders", 2, 15},
-            {"X", "orders", 2, 16}, {"it's\\", "orders", 3, 17},
-            {"é", "orders", 3, 18}, {"\xff\xfe", "orders", 3, 19},
+            {"a", "orders", 0, 10, -1}, {"b", "orders", 0, 11, -1},
+            {"a", "orders", 1, 12, -1}, {"c", "orders", 1, 13, -1},
+            {"x", "orders", 2, 14, -1}, {"x ", "orders", 2, 15, -1},
+            {"X", "orders", 2, 16, -1}, {"it's\\", "orders", 3, 17, -1},
+            {"é", "orders", 3, 18, -1}, {"\xff\xfe", "orders", 3, 19, -1},
         };
         const size_t n = KINBOX__ARRAY_SIZE(rows);
         bool is_new[KINBOX__ARRAY_SIZE(rows)];
@@ -578,7 +587,7 @@ inbox_semantics(const char *url_suffix)
         OK_OR_FAIL(db, db->ops->inbox_insert(db, "points", n, rows, is_new));
         for (size_t i = 0; i < n; i++)
                 cr_assert(eq(int, is_new[i], 0), "row %zu", i);
-        kinbox__inbox_row_t fresh[] = {{"z", "orders", 0, 20}};
+        kinbox__inbox_row_t fresh[] = {{"z", "orders", 0, 20, -1}};
         OK_OR_FAIL(db, db->ops->inbox_insert(db, "points", 1, fresh, o));
         cr_assert(o[0]);
         db->ops->rollback(db);
@@ -608,7 +617,7 @@ Test(mysql, inbox_insert_rejects_long_names)
         name[201] = '\0';
         memset(topic, 't', 250);
         topic[250] = '\0';
-        kinbox__inbox_row_t rows[] = {{"a", "t", 0, 1}};
+        kinbox__inbox_row_t rows[] = {{"a", "t", 0, 1, -1}};
         bool is_new[1];
         OK_OR_FAIL(db, db->ops->begin(db));
         cr_assert(eq(int, db->ops->inbox_insert(db, name, 1, rows, is_new),
@@ -649,7 +658,8 @@ Test(mysql, inbox_insert_rejects_long_ids)
         ok[255] = '\0';
         memset(bad, 'b', 256);
         bad[256] = '\0';
-        kinbox__inbox_row_t rows[] = {{ok, "t", 0, 1}, {bad, "t", 0, 2}};
+        kinbox__inbox_row_t rows[] = {{ok, "t", 0, 1, -1},
+                                      {bad, "t", 0, 2, -1}};
         bool is_new[2];
         OK_OR_FAIL(db, db->ops->begin(db));
         int rc = db->ops->inbox_insert(db, "c", 2, rows, is_new);

@@ -38,12 +38,24 @@ typedef struct kinbox_prune_result {
                                    outbox.retention */
         int skipped; /**< 1: another instance holds the pruning
                                    lock, nothing was done */
+        /* A partitioned inbox (`inbox.layout = partitioned`): */
+        uint64_t partitions_dropped; /**< whole ranges dropped (their
+                                        rows count in inbox_rows) */
+        uint64_t partitions_created; /**< ranges created ahead */
+        uint64_t rows_kept; /**< rows of dropped ranges kept because a dead
+                                 letter or parked message needs them */
 } kinbox_prune_result_t;
 
 /**
  * @brief Delete inbox rows older than `inbox.retention` and sent outbox
  *        rows older than `outbox.retention`, `prune.batch` rows per
  *        statement with a short pause between statements.
+ *
+ * A partitioned inbox is pruned by whole partitions instead: ranges are
+ * created `inbox.partition.ahead` ahead of now, a range whose whole span
+ * is older than `inbox.retention` is dropped (the rows of it that an
+ * unresolved dead letter or a parked message needs are kept), and the
+ * catch-all is pruned row by row (docs/operations.md, Daily partitions).
  *
  * Only one instance prunes at a time: the run first takes a named lock
  * (PostgreSQL advisory lock, MySQL `GET_LOCK`) on its own connection and

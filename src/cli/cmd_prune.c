@@ -63,13 +63,16 @@ kb_cmd_prune(int argc, char **argv)
                                                : KB_EX_RUNTIME;
         } else if (x.o.json) {
                 json_out(json_pack(
-                    "{s:b,s:b,s:I,s:I,s:s,s:s}", "dry_run", x.o.dry_run,
-                    "skipped", res.skipped, "inbox_rows",
+                    "{s:b,s:b,s:I,s:I,s:s,s:s,s:I,s:I,s:I}", "dry_run",
+                    x.o.dry_run, "skipped", res.skipped, "inbox_rows",
                     (json_int_t)res.inbox_rows, "outbox_rows",
                     (json_int_t)res.outbox_rows, "inbox_retention",
                     kinbox_conf_get(x.cfg.base, "inbox.retention"),
                     "outbox_retention",
-                    kinbox_conf_get(x.cfg.base, "outbox.retention")));
+                    kinbox_conf_get(x.cfg.base, "outbox.retention"),
+                    "partitions_dropped", (json_int_t)res.partitions_dropped,
+                    "partitions_created", (json_int_t)res.partitions_created,
+                    "rows_kept", (json_int_t)res.rows_kept));
         } else if (res.skipped) {
                 printf("another instance is pruning (lock held): nothing "
                        "done\n");
@@ -78,6 +81,13 @@ kb_cmd_prune(int argc, char **argv)
                 printf("inbox:  %s %" PRIu64 " rows older than %s\n", verb,
                        res.inbox_rows,
                        kinbox_conf_get(x.cfg.base, "inbox.retention"));
+                if (res.partitions_dropped || res.partitions_created)
+                        printf("inbox:  %s %" PRIu64 " partitions (%" PRIu64
+                               " rows kept for dead letters and parked "
+                               "messages), created %" PRIu64 " ahead\n",
+                               x.o.dry_run ? "would drop" : "dropped",
+                               res.partitions_dropped, res.rows_kept,
+                               res.partitions_created);
                 printf("outbox: %s %" PRIu64 " sent rows older than %s "
                        "(dead rows and dead letters are kept)\n",
                        verb, res.outbox_rows,

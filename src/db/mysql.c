@@ -531,54 +531,52 @@ inbox_check(kinbox__db_t *db, const char *consumer, size_t n,
         return KINBOX_OK;
 }
 
-/* Render the inbox insert of rows (in the order of ix) into b; tok is the
- * row marker when the server has no RETURNING. Returns the number of
+/* Render the inbox insert of puts (db/inbox.c) into b; tok is the row
+ * marker when the server has no RETURNING. Returns the number of
  * statements. */
 static int
 inbox_render(kinbox__buf_t *b, MYSQL *m, bool returning, const char *consumer,
-             size_t n, const struct kinbox__inbox_row *rows,
-             const kinbox__idref_t *ix, const char *tok)
+             const struct kinbox__inbox_row *rows,
+             const kinbox__inbox_put_t *puts, size_t np, const char *tok)
 {
         kinbox__buf_reset(b);
-        kinbox__buf_adds(b, returning
-                                ? "INSERT IGNORE INTO kinbox_inbox (consumer, "
-                                  "message_id, topic, kafka_partition, "
-                                  "kafka_offset, processed_at) VALUES "
-                                : "INSERT INTO kinbox_inbox (consumer, "
-                                  "message_id, topic, kafka_partition, "
-                                  "kafka_offset, tx_token, processed_at) "
-                                  "VALUES ");
-        for (size_t k = 0; k < n; k++) {
-                size_t i = ix[k].idx;
+        kinbox__buf_adds(b, returning ? "INSERT IGNORE" : "INSERT");
+        kinbox__buf_adds(b, " INTO kinbox_inbox (consumer, message_id, "
+                            "topic, kafka_partition, kafka_offset, msg_at, "
+                            "part_at, shadow, ");
+        kinbox__buf_adds(b, returning ? "processed_at) VALUES "
+                                      : "tx_token, processed_at) VALUES ");
+        for (size_t k = 0; k < np; k++) {
+                const struct kinbox__inbox_row *r = &rows[puts[k].row];
                 kinbox__buf_adds(b, k ? ",\n(" : "\n(");
                 kinbox__my_append_literal(m, b, consumer, strlen(consumer),
                                           false);
                 kinbox__buf_add(b, ",", 1);
                 /* Binary: message_id is VARBINARY and ids are bytes; a
                  * text literal would go through charset validation. */
-                kinbox__my_append_literal(m, b, rows[i].id, strlen(rows[i].id),
-                                          true);
+                kinbox__my_append_literal(m, b, r->id, strlen(r->id), true);
                 kinbox__buf_add(b, ",", 1);
                 kinbox__my_append_literal(
-                    m, b, rows[i].topic,
-                    rows[i].topic ? strlen(rows[i].topic) : 0, false);
-                if (returning)
-                        kinbox__buf_printf(b,
-                                           ",%ld,%lld,CURRENT_TIMESTAMP(6))",
-                                           (long)rows[i].partition,
-                                           (long long)rows[i].offset);
-                else
-                        kinbox__buf_printf(
-                            b, ",%ld,%lld,'%s',CURRENT_TIMESTAMP(6))",
-                            (long)rows[i].partition, (long long)rows[i].offset,
-                            tok);
+                    m, b, r->topic, r->topic ? strlen(r->topic) : 0, false);
+                char msg[32], part[32];
+                int64_t ms = puts[k].msg_ms;
+                kinbox__utc_text(msg, ms / 1000, (int)(ms % 1000));
+                kinbox__utc_text(part, puts[k].part_s, -1);
+                kinbox__buf_printf(b, ",%ld,%lld,'%s','%s',%d,",
+                                   (long)r->partition, (long long)r->offset,
+                                   msg, part, puts[k].shadow ? 1 : 0);
+                if (!returning)
+                        kinbox__buf_printf(b, "'%s',", tok);
+                kinbox__buf_adds(b, "CURRENT_TIMESTAMP(6))");
         }
         if (returning) {
-                kinbox__buf_adds(b, "\nRETURNING message_id");
+                kinbox__buf_adds(b, "\nRETURNING message_id, topic, "
+                                    "kafka_partition, kafka_offset, shadow");
                 return 1;
         }
         kinbox__buf_adds(b, "\nON DUPLICATE KEY UPDATE message_id "
-                            "= message_id;\nSELECT message_id "
+                            "= message_id;\nSELECT message_id, topic, "
+                            "kafka_partition, kafka_offset, shadow "
                             "FROM kinbox_inbox WHERE consumer = ");
         kinbox__my_append_literal(m, b, consumer, strlen(consumer), false);
         kinbox__buf_printf(b, " AND tx_token = '%s'", tok);
@@ -596,7 +594,7 @@ inbox_render(kinbox__buf_t *b, MYSQL *m, bool returning, const char *consumer,
  * A row that already existed keeps its old token (the no-op update does
  * not touch it), and a second occurrence inside the batch hits the row the
  * first one just inserted, so exactly the ids inserted by this call come
- * back. Each returned id marks its first occurrence in the batch as new.
+ * back, each naming its put (db/inbox.c).
  * Unlike INSERT IGNORE, any other error (bad data, lock wait, deadlock)
  * still fails the statement.
  *
@@ -635,12 +633,17 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 return KINBOX_ERR_DB;
         }
 
+        size_t np = 0;
         kinbox__idref_t *ix = kinbox__inbox_sorted(rows, n);
-        if (!ix)
+        kinbox__inbox_put_t *puts =
+            ix ? kinbox__inbox_puts(db, rows, ix, n, &np) : NULL;
+        if (!puts) {
+                free(ix);
                 return kinbox__my_oom(db);
+        }
         kinbox__buf_t *b = &s->tmp;
         int nstmts =
-            inbox_render(b, m, s->returning, consumer, n, rows, ix, tok);
+            inbox_render(b, m, s->returning, consumer, rows, puts, np, tok);
         struct kinbox_rows_s *r = NULL;
         if (b->oom) {
                 kinbox__buf_free(b);
@@ -654,12 +657,13 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
         if ((rc = kinbox__my_q_append(db, b->p, b->len, -1, nstmts)) ||
             (rc = kinbox__my_q_send(db, &r, false)))
                 goto out;
-        for (size_t k = 0; k < r->nrows; k++) {
-                const char *v = r->values[k * (size_t)r->ncols];
-                if (v)
-                        kinbox__inbox_mark_new(ix, n, v, is_new);
-        }
+        for (size_t k = 0; k < r->nrows; k++)
+                kinbox__inbox_put_back(
+                    puts, np, rows,
+                    (const char *const *)&r->values[k * (size_t)r->ncols]);
+        kinbox__inbox_puts_fold(puts, np, rows, ix, n, is_new);
 out:
+        free(puts);
         free(ix);
         kinbox_rows_destroy(r);
         return rc;
@@ -726,7 +730,8 @@ static const struct kinbox__sql my_sql = {
                         "kinbox_dead_letter WHERE id = $1 FOR UPDATE",
     .inbox_insert_one =
         "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
-        "kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4, $5)",
+        "kafka_partition, kafka_offset, part_at) VALUES ($1, $2, $3, $4, "
+        "$5, TIMESTAMP '1970-01-01 00:00:00' + INTERVAL $6 SECOND)",
     .dead_letter_replayed =
         "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = $1",
     .outbox_gauges =
@@ -796,4 +801,5 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
     .inbox_insert = my_inbox_insert,
     .sql = &my_sql,
     .outbox = &kinbox__mysql_outbox_ops,
+    .part = &kinbox__mysql_part,
 };

@@ -412,7 +412,8 @@ read_locked(kinbox__db_t *db, const claimset_t *cs, struct kinbox_rows_s **out)
                              " aggregate_id, payload, headers, attempts,"
                              " max_attempts, lease_owner IS NOT NULL,"
                              " TIMESTAMPDIFF(MICROSECOND, created_at,"
-                             " CURRENT_TIMESTAMP(6)) DIV 1000"
+                             " CURRENT_TIMESTAMP(6)) DIV 1000,"
+                             " FLOOR(UNIX_TIMESTAMP(created_at) * 1000)"
                              " FROM kinbox_outbox WHERE id IN (");
         id_list(&b, cs->ids, cs->n);
         kinbox__buf_adds(&b, ") ORDER BY id");
@@ -454,7 +455,8 @@ lease_and_read(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 kinbox__buf_adds(&b, "0");
         }
         kinbox__buf_adds(&b, ", TIMESTAMPDIFF(MICROSECOND, created_at,"
-                             " CURRENT_TIMESTAMP(6)) DIV 1000"
+                             " CURRENT_TIMESTAMP(6)) DIV 1000,"
+                             " FLOOR(UNIX_TIMESTAMP(created_at) * 1000)"
                              " FROM kinbox_outbox WHERE lease_owner = $1"
                              " AND status = 'pending' AND id IN (");
         id_list(&b, cs->ids, cs->n);

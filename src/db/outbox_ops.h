@@ -69,6 +69,7 @@ enum {
         KINBOX__CL_MAX_ATTEMPTS,
         KINBOX__CL_RECLAIMED, /* 't'/'1': a lease of another relay expired */
         KINBOX__CL_AGE_MS, /* now - created_at at claim time */
+        KINBOX__CL_CREATED_MS, /* created_at, ms since the epoch */
         KINBOX__CL_NCOLS
 };
 

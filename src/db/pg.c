@@ -833,65 +833,89 @@ arr_elem(kinbox__buf_t *b, const char *s, bool first)
         kinbox__buf_add(b, "\"", 1);
 }
 
+/* The inbox insert's arrays, one element per put. */
+typedef struct inbox_arrays {
+        kinbox__buf_t
+            a[7]; /* id, topic, partition, offset, msg, part, shadow */
+} inbox_arrays_t;
+
+static bool
+inbox_arrays(inbox_arrays_t *x, const kinbox__inbox_put_t *puts, size_t np,
+             const kinbox__inbox_row_t *rows)
+{
+        bool oom = false;
+        for (int c = 0; c < 7; c++) {
+                kinbox__buf_init(&x->a[c]);
+                kinbox__buf_add(&x->a[c], "{", 1);
+        }
+        for (size_t k = 0; k < np; k++) {
+                const kinbox__inbox_row_t *r = &rows[puts[k].row];
+                const char *sep = k ? "," : "";
+                arr_elem(&x->a[0], r->id, k == 0);
+                arr_elem(&x->a[1], r->topic, k == 0);
+                kinbox__buf_printf(&x->a[2], "%s%d", sep, (int)r->partition);
+                kinbox__buf_printf(&x->a[3], "%s%lld", sep,
+                                   (long long)r->offset);
+                kinbox__buf_printf(&x->a[4], "%s%lld", sep,
+                                   (long long)puts[k].msg_ms);
+                kinbox__buf_printf(&x->a[5], "%s%lld", sep,
+                                   (long long)puts[k].part_s);
+                kinbox__buf_printf(&x->a[6], "%s%s", sep,
+                                   puts[k].shadow ? "t" : "f");
+        }
+        for (int c = 0; c < 7; c++) {
+                kinbox__buf_add(&x->a[c], "}", 1);
+                oom = oom || x->a[c].oom;
+        }
+        return !oom;
+}
+
+/* Rows go in by message id (kinbox__inbox_sorted()); each returned row
+ * names its put (db/inbox.c). */
 static int
 pg_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 const kinbox__inbox_row_t *rows, bool *is_new)
 {
         static const char sql[] =
             "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
-            "kafka_partition, kafka_offset) "
-            "SELECT $1, u.id, u.topic, u.part, u.off FROM "
-            "unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) "
-            "AS u(id, topic, part, off) "
-            "ON CONFLICT DO NOTHING RETURNING message_id";
-        kinbox__buf_t ids, topics, parts, offs;
-        kinbox__buf_init(&ids);
-        kinbox__buf_init(&topics);
-        kinbox__buf_init(&parts);
-        kinbox__buf_init(&offs);
-        kinbox__buf_add(&ids, "{", 1);
-        kinbox__buf_add(&topics, "{", 1);
-        kinbox__buf_add(&parts, "{", 1);
-        kinbox__buf_add(&offs, "{", 1);
-        kinbox__idref_t *ix = kinbox__inbox_sorted(rows, n);
-        for (size_t k = 0; ix && k < n; k++) {
-                size_t i = ix[k].idx;
-                arr_elem(&ids, rows[i].id, k == 0);
-                arr_elem(&topics, rows[i].topic, k == 0);
-                kinbox__buf_printf(&parts, "%s%d", k ? "," : "",
-                                   (int)rows[i].partition);
-                kinbox__buf_printf(&offs, "%s%lld", k ? "," : "",
-                                   (long long)rows[i].offset);
-        }
-        for (size_t i = 0; i < n; i++)
-                is_new[i] = false;
-        kinbox__buf_add(&ids, "}", 1);
-        kinbox__buf_add(&topics, "}", 1);
-        kinbox__buf_add(&parts, "}", 1);
-        kinbox__buf_add(&offs, "}", 1);
+            "kafka_partition, kafka_offset, msg_at, part_at, shadow) "
+            "SELECT $1, u.id, u.topic, u.part, u.off, "
+            "to_timestamp(u.ms / 1000.0), to_timestamp(u.ps), u.sh FROM "
+            "unnest($2::text[], $3::text[], $4::int[], $5::bigint[], "
+            "$6::bigint[], $7::bigint[], $8::bool[]) "
+            "AS u(id, topic, part, off, ms, ps, sh) "
+            "ON CONFLICT DO NOTHING RETURNING message_id, topic, "
+            "kafka_partition, kafka_offset, shadow";
+        inbox_arrays_t x;
+        size_t np = 0;
         int rc = KINBOX_ERR_NOMEM;
         struct kinbox_rows_s *r = NULL;
-        if (!ix || ids.oom || topics.oom || parts.oom || offs.oom)
+        for (size_t i = 0; i < n; i++)
+                is_new[i] = false;
+        kinbox__idref_t *ix = kinbox__inbox_sorted(rows, n);
+        kinbox__inbox_put_t *puts =
+            ix ? kinbox__inbox_puts(db, rows, ix, n, &np) : NULL;
+        bool ok = puts && inbox_arrays(&x, puts, np, rows);
+        if (!ok)
                 goto out;
-        kinbox__param_t p[5] = {{consumer, 0, 0},
-                                {ids.p, 0, 0},
-                                {topics.p, 0, 0},
-                                {parts.p, 0, 0},
-                                {offs.p, 0, 0}};
-        rc = pg_query(db, sql, 5, p, -1, &r);
+        kinbox__param_t p[8] = {{consumer, 0, 0}};
+        for (int c = 0; c < 7; c++)
+                p[c + 1] = (kinbox__param_t){x.a[c].p, 0, 0};
+        rc = pg_query(db, sql, 8, p, -1, &r);
         if (rc)
                 goto out;
-        /* The first occurrence of each returned id is the new one. */
         for (size_t j = 0; j < r->nrows; j++)
-                kinbox__inbox_mark_new(ix, n, r->values[j * (size_t)r->ncols],
-                                       is_new);
+                kinbox__inbox_put_back(
+                    puts, np, rows,
+                    (const char *const *)&r->values[j * (size_t)r->ncols]);
+        kinbox__inbox_puts_fold(puts, np, rows, ix, n, is_new);
 out:
+        if (puts)
+                for (int c = 0; c < 7; c++)
+                        kinbox__buf_free(&x.a[c]);
+        free(puts);
         free(ix);
         kinbox_rows_destroy(r);
-        kinbox__buf_free(&ids);
-        kinbox__buf_free(&topics);
-        kinbox__buf_free(&parts);
-        kinbox__buf_free(&offs);
         return rc;
 }
 
@@ -942,8 +966,8 @@ static const struct kinbox__sql pg_sql = {
         " WHERE id = $1::bigint FOR UPDATE",
     .inbox_insert_one =
         "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
-        "kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4::integer, "
-        "$5::bigint)",
+        "kafka_partition, kafka_offset, part_at) VALUES ($1, $2, $3, "
+        "$4::integer, $5::bigint, to_timestamp($6::bigint))",
     .dead_letter_replayed =
         "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = "
         "$1::bigint",
@@ -1019,4 +1043,5 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .inbox_insert = pg_inbox_insert,
     .sql = &pg_sql,
     .outbox = &kinbox__pg_outbox_ops,
+    .part = &kinbox__pg_part,
 };

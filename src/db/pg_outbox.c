@@ -132,17 +132,19 @@ static const char claim_sql[] = LEASE_FRONT
     " RETURNING t.id, t.version, t.kind, t.destination, t.idem_key,"
     " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"
     " t.id = ANY (ARRAY(SELECT u.id FROM u WHERE u.reclaimed)),"
-    " (extract(epoch FROM now() - t.created_at) * 1000)::bigint";
+    " (extract(epoch FROM now() - t.created_at) * 1000)::bigint,"
+    " floor(extract(epoch FROM t.created_at) * 1000)::bigint";
 
 /* The claim result's columns (KINBOX__CL_*) of a locked row t. */
 #define LOCK_COLS                                                             \
         " t.id, t.version, t.kind, t.destination, t.idem_key,"                \
         " t.aggregate_id, t.payload, t.headers, t.attempts, t.max_attempts,"  \
         " t.lease_owner IS NOT NULL AS reclaimed,"                            \
-        " (extract(epoch FROM now() - t.created_at) * 1000)::bigint AS age"
+        " (extract(epoch FROM now() - t.created_at) * 1000)::bigint AS age,"  \
+        " floor(extract(epoch FROM t.created_at) * 1000)::bigint AS created"
 #define OUT_COLS                                                              \
         " id, version, kind, destination, idem_key, aggregate_id, payload,"   \
-        " headers, attempts, max_attempts, reclaimed, age"
+        " headers, attempts, max_attempts, reclaimed, age, created"
 
 /*
  * The lock-held claim (relay.claim = lock): $1 limit, $2 run_max, $3

@@ -45,7 +45,8 @@ struct kinbox__sql {
          * kafka_offset, msg_key, headers, payload, status of the dead
          * letter, locked FOR UPDATE. */
         const char *dead_letter_lock;
-        /* $1 consumer $2 message_id $3 topic $4 partition $5 offset. */
+        /* $1 consumer $2 message_id $3 topic $4 partition $5 offset $6
+         * part_at in seconds since the epoch (kinbox__inbox_part_of()). */
         const char *inbox_insert_one;
         /* $1 id: the dead letter is replayed. */
         const char *dead_letter_replayed;

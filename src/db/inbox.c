@@ -1,0 +1,186 @@
+/*
+ * db/inbox.c -- the rows one inbox insert writes, for both backends: the
+ * range of message time each message belongs to (part_at), the boundary
+ * marker rows of a partitioned inbox, and which messages came back new.
+ *
+ * Why message time and not the time of processing: a redelivery of a
+ * record, a producer's retry of its batch and the relay's re-publish of an
+ * outbox row (it stamps the row's created_at) all carry the first copy's
+ * time, so every copy computes the same key (consumer, message_id,
+ * part_at) and the primary key catches it, whatever day it is processed.
+ * A copy whose time differs (a foreign producer's own retry) is caught
+ * when both times fall in one range, or when they differ by at most
+ * inbox.partition.skew: a message that close to the end of its range also
+ * writes a shadow row keyed by the next range. Of two copies tA < tB in
+ * different ranges with tB - tA <= skew < width, the boundary b between
+ * them has b - tA <= skew, so A's shadow and B's own row share a key,
+ * whichever comes first. Only unique-key collisions decide: concurrent
+ * copies need no lock and no read-then-write.
+ */
+#include "../db.h"
+#include "../internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void
+kinbox__range_label(char *out, int64_t start_s, int64_t width_s)
+{
+        time_t t = (time_t)start_s;
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(out, 16, width_s % 86400 ? "%Y%m%d%H" : "%Y%m%d", &tm);
+}
+
+int64_t
+kinbox__range_parse(const char *name)
+{
+        const char *p = strrchr(name, 'p');
+        if (!p)
+                return -1;
+        p += p[1] == '_' ? 2 : 1;
+        size_t n = strlen(p);
+        if ((n != 8 && n != 10) || strspn(p, "0123456789") != n)
+                return -1;
+        struct tm tm = {0};
+        char b[5] = {0};
+        memcpy(b, p, 4);
+        tm.tm_year = atoi(b) - 1900;
+        b[2] = 0;
+        memcpy(b, p + 4, 2);
+        tm.tm_mon = atoi(b) - 1;
+        memcpy(b, p + 6, 2);
+        tm.tm_mday = atoi(b);
+        if (n == 10) {
+                memcpy(b, p + 8, 2);
+                tm.tm_hour = atoi(b);
+        }
+        return (int64_t)timegm(&tm);
+}
+
+int64_t
+kinbox__inbox_part_of(int64_t ms, int64_t width_s)
+{
+        int64_t s = ms >= 0 ? ms / 1000 : -((999 - ms) / 1000);
+        int64_t r = s % width_s;
+        if (r < 0)
+                r += width_s;
+        return s - r;
+}
+
+void
+kinbox__utc_text(char *out, int64_t s, int ms)
+{
+        time_t t = (time_t)s;
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        size_t n = strftime(out, 32, "%Y-%m-%d %H:%M:%S", &tm);
+        if (ms >= 0 && n + 5 <= 32)
+                snprintf(out + n, 32 - n, ".%03d", ms % 1000);
+}
+
+kinbox__inbox_put_t *
+kinbox__inbox_puts(const kinbox__db_t *db,
+                   const struct kinbox__inbox_row *rows,
+                   const kinbox__idref_t *ix, size_t n, size_t *np)
+{
+        kinbox__inbox_put_t *p = malloc((2 * n + 1) * sizeof(*p));
+        if (!p)
+                return NULL;
+        int64_t w = db->inbox_width_s > 0 ? db->inbox_width_s : 86400;
+        int64_t skew_ms = db->inbox_partitioned ? db->inbox_skew_s * 1000 : 0;
+        int64_t now = kinbox__wall_ms();
+        size_t k = 0;
+        for (size_t j = 0; j < n; j++) {
+                size_t i = ix[j].idx;
+                int64_t ms = rows[i].msg_ms >= 0 ? rows[i].msg_ms : now;
+                int64_t part = kinbox__inbox_part_of(ms, w);
+                p[k++] = (kinbox__inbox_put_t){i, part, ms, false, false};
+                /* Within skew of the end of its range: a later copy of
+                 * it may fall in the next range, where this row waits. */
+                if (skew_ms && (part + w) * 1000 - ms <= skew_ms)
+                        p[k++] = (kinbox__inbox_put_t){i, part + w, ms, true,
+                                                       false};
+        }
+        *np = k;
+        return p;
+}
+
+static bool
+is_true(const char *v)
+{
+        return v && (!strcmp(v, "t") || !strcmp(v, "1") || !strcmp(v, "true"));
+}
+
+void
+kinbox__inbox_put_back(kinbox__inbox_put_t *puts, size_t np,
+                       const struct kinbox__inbox_row *rows,
+                       const char *const *v)
+{
+        if (!v[0] || !v[1] || !v[2] || !v[3])
+                return;
+        long long part = strtoll(v[2], NULL, 10);
+        long long off = strtoll(v[3], NULL, 10);
+        bool shadow = is_true(v[4]);
+        for (size_t k = 0; k < np; k++) {
+                const struct kinbox__inbox_row *r = &rows[puts[k].row];
+                if (puts[k].back || puts[k].shadow != shadow ||
+                    r->partition != part || r->offset != off ||
+                    strcmp(r->id, v[0]) || strcmp(r->topic, v[1]))
+                        continue;
+                puts[k].back = true;
+                return;
+        }
+}
+
+void
+kinbox__inbox_puts_fold(const kinbox__inbox_put_t *puts, size_t np,
+                        const struct kinbox__inbox_row *rows,
+                        const kinbox__idref_t *ix, size_t n, bool *is_new)
+{
+        for (size_t i = 0; i < n; i++)
+                is_new[i] = false;
+        /* Puts follow ix: a message's puts are consecutive. */
+        size_t k = 0;
+        for (size_t j = 0; j < n; j++) {
+                size_t i = ix[j].idx;
+                bool first = j == 0 || strcmp(ix[j - 1].id, ix[j].id);
+                bool all = true;
+                for (; k < np && puts[k].row == i; k++)
+                        all = all && puts[k].back;
+                is_new[i] = first && all;
+        }
+        (void)rows;
+}
+
+int
+kinbox__inbox_layout_load(kinbox__db_t *db, int64_t conf_width_ms, bool force)
+{
+        int64_t now = kinbox__now_ms();
+        if (!force && db->inbox_layout_read_ms &&
+            now - db->inbox_layout_read_ms < 10000)
+                return KINBOX_OK;
+        struct kinbox_rows_s *r = NULL;
+        int rc = db->ops->query(db,
+                                "SELECT width_s, skew_s FROM "
+                                "kinbox_partitioning WHERE table_name = "
+                                "'kinbox_inbox'",
+                                0, NULL, -1, &r);
+        if (rc)
+                return rc;
+        if (r && r->nrows && r->values[0] && r->values[1]) {
+                db->inbox_width_s = strtoll(r->values[0], NULL, 10);
+                db->inbox_skew_s = strtoll(r->values[1], NULL, 10);
+                db->inbox_partitioned = db->inbox_width_s > 0;
+        } else {
+                db->inbox_width_s = conf_width_ms / 1000;
+                db->inbox_skew_s = 0;
+                db->inbox_partitioned = false;
+        }
+        if (db->inbox_width_s <= 0)
+                db->inbox_width_s = 86400;
+        kinbox_rows_destroy(r);
+        db->inbox_layout_read_ms = now;
+        return KINBOX_OK;
+}

@@ -1,0 +1,384 @@
+/*
+ * db/mysql_part.c -- the partitioned inbox on MySQL/MariaDB
+ * (db/part_ops.h): RANGE COLUMNS partitions of part_at (a DATETIME in
+ * UTC), p_past below the lowest range and p_future (MAXVALUE) above the
+ * highest as the catch-alls, and the online conversion of a plain inbox
+ * (row triggers mirror new rows while batches copy the old ones; one
+ * atomic RENAME TABLE swaps).
+ *
+ * A range is dropped by swapping its rows out (EXCHANGE PARTITION with an
+ * empty table: metadata only), folding the emptied partition into p_past
+ * (REORGANIZE copies only p_past's few rows), keeping the rows still
+ * needed and dropping the table. DDL commits implicitly; a crash between
+ * these steps leaves kinbox_inbox_old_<range>, which finish() completes.
+ */
+#include "../db.h"
+#include "../internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EPOCH "TIMESTAMP '1970-01-01 00:00:00'"
+
+/* The start of the range (width_s) of the DATETIME expression t. */
+static void
+bucket(char *out, size_t sz, const char *t, int64_t width_s)
+{
+        snprintf(out, sz,
+                 "(" EPOCH " + INTERVAL (TIMESTAMPDIFF(SECOND, " EPOCH
+                 ", %s) DIV %" PRId64 " * %" PRId64 ") SECOND)",
+                 t, width_s, width_s);
+}
+
+/* 'YYYY-MM-DD HH:MM:SS' of s. */
+static void
+lit(char *out, size_t sz, int64_t s)
+{
+        char t[32];
+        kinbox__utc_text(t, s, -1);
+        snprintf(out, sz, "'%s'", t);
+}
+
+static int
+run(kinbox__db_t *db, const char *sql)
+{
+        return kinbox__db_query(db, sql, 0, NULL, NULL);
+}
+
+/* sql, then ROW_COUNT(): the rows it changed. */
+static int
+run_count(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
+          uint64_t *count)
+{
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox__buf_adds(&b, sql);
+        kinbox__buf_adds(&b, ";\nSELECT ROW_COUNT()");
+        struct kinbox_rows_s *r = NULL;
+        int rc =
+            b.oom ? KINBOX_ERR_NOMEM : kinbox__db_query(db, b.p, n, p, &r);
+        kinbox__buf_free(&b);
+        long long v = !rc && r && r->nrows && r->values[0]
+                          ? strtoll(r->values[0], NULL, 10)
+                          : 0;
+        *count = v > 0 ? (uint64_t)v : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+static int
+my_list(kinbox__db_t *db, const char *table, int64_t width_s,
+        kinbox__range_t **out, size_t *n, int64_t *catchall_rows)
+{
+        (void)width_s;
+        *out = NULL;
+        *n = 0;
+        const char *v[1] = {table};
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_queryv(
+            db,
+            "SELECT PARTITION_NAME, TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH "
+            "FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = "
+            "DATABASE() AND TABLE_NAME = $1 AND PARTITION_NAME IS NOT NULL "
+            "ORDER BY PARTITION_ORDINAL_POSITION",
+            1, v, &r);
+        if (rc)
+                return rc;
+        kinbox__range_t *a = calloc(r->nrows + 1, sizeof(*a));
+        if (!a) {
+                kinbox_rows_destroy(r);
+                return KINBOX_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < r->nrows; i++) {
+                char **c = &r->values[i * (size_t)r->ncols];
+                int64_t s = c[0] ? kinbox__range_parse(c[0]) : -1;
+                if (s < 0)
+                        continue;
+                kinbox__range_t *x = &a[(*n)++];
+                x->start_s = s;
+                snprintf(x->name, sizeof(x->name), "%s", c[0]);
+                x->rows = c[1] ? strtoll(c[1], NULL, 10) : -1;
+                x->bytes = c[2] ? strtoll(c[2], NULL, 10) : -1;
+        }
+        kinbox_rows_destroy(r);
+        *out = a;
+        if (!catchall_rows)
+                return KINBOX_OK;
+        char sql[160];
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM %s PARTITION (p_past, p_future)",
+                 table);
+        rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        *catchall_rows = !rc && r->nrows && r->values[0]
+                             ? strtoll(r->values[0], NULL, 10)
+                             : -1;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+static int
+my_create(kinbox__db_t *db, const char *table, int64_t first_s)
+{
+        char first[40], sql[1600];
+        lit(first, sizeof(first), first_s);
+        snprintf(
+            sql, sizeof(sql),
+            "CREATE TABLE %s (consumer VARCHAR(200) CHARACTER SET utf8mb4 "
+            "COLLATE utf8mb4_bin NOT NULL, message_id VARBINARY(255) NOT "
+            "NULL, topic VARCHAR(249) CHARACTER SET utf8mb4 COLLATE "
+            "utf8mb4_bin NOT NULL, kafka_partition INT NOT NULL, "
+            "kafka_offset BIGINT NOT NULL, tx_token CHAR(32) CHARACTER SET "
+            "ascii COLLATE ascii_bin NULL, processed_at TIMESTAMP(6) NOT "
+            "NULL DEFAULT CURRENT_TIMESTAMP(6), msg_at DATETIME(3) NULL, "
+            "part_at DATETIME NOT NULL, shadow TINYINT(1) NOT NULL DEFAULT "
+            "0, PRIMARY KEY (consumer, message_id, part_at), INDEX "
+            "kinbox_inbox_processed_at (processed_at), INDEX "
+            "kinbox_inbox_tx_token (consumer, tx_token)) ENGINE = InnoDB "
+            "DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin PARTITION BY "
+            "RANGE COLUMNS (part_at) (PARTITION p_past VALUES LESS THAN "
+            "(%s), PARTITION p_future VALUES LESS THAN (MAXVALUE))",
+            table, first);
+        return run(db, sql);
+}
+
+static int
+my_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
+{
+        char lab[16], end[40], sql[400];
+        kinbox__range_label(lab, start_s, width_s);
+        lit(end, sizeof(end), start_s + width_s);
+        /* Copies p_future's rows (none while partitions are kept ahead). */
+        snprintf(sql, sizeof(sql),
+                 "ALTER TABLE %s REORGANIZE PARTITION p_future INTO "
+                 "(PARTITION p_%s VALUES LESS THAN (%s), PARTITION p_future "
+                 "VALUES LESS THAN (MAXVALUE))",
+                 table, lab, end);
+        return run(db, sql);
+}
+
+/* Keep the needed rows of the swapped-out table t, then drop it. */
+static int
+finish_one(kinbox__db_t *db, const char *t, uint64_t *kept)
+{
+        char sql[1024];
+        snprintf(sql, sizeof(sql),
+                 "INSERT IGNORE INTO kinbox_inbox (" KINBOX__INBOX_COLS
+                 ") SELECT " KINBOX__INBOX_XCOLS KINBOX__PART_NEEDED("%s"),
+                 t);
+        int rc = run_count(db, sql, 0, NULL, kept);
+        if (rc)
+                return rc;
+        snprintf(sql, sizeof(sql), "DROP TABLE %s", t);
+        return run(db, sql);
+}
+
+static int
+my_finish(kinbox__db_t *db)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(
+            db,
+            "SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
+            "TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE "
+            "'kinbox\\_inbox\\_old\\_%'",
+            0, NULL, &r);
+        for (size_t i = 0; !rc && i < r->nrows; i++) {
+                uint64_t kept = 0;
+                rc = finish_one(db, r->values[i * (size_t)r->ncols], &kept);
+        }
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+static int
+my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
+        uint64_t *kept)
+{
+        char lab[16], end[40], t[64], sql[400];
+        kinbox__range_label(lab, r->start_s, width_s);
+        lit(end, sizeof(end), r->start_s + width_s);
+        snprintf(t, sizeof(t), "kinbox_inbox_old_%s", lab);
+        *kept = 0;
+        snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE kinbox_inbox", t);
+        int rc = run(db, sql);
+        snprintf(sql, sizeof(sql), "ALTER TABLE %s REMOVE PARTITIONING", t);
+        if (!rc)
+                rc = run(db, sql);
+        snprintf(sql, sizeof(sql),
+                 "ALTER TABLE kinbox_inbox EXCHANGE PARTITION %s WITH TABLE "
+                 "%s",
+                 r->name, t);
+        if (!rc)
+                rc = run(db, sql);
+        snprintf(sql, sizeof(sql),
+                 "ALTER TABLE kinbox_inbox REORGANIZE PARTITION p_past, %s "
+                 "INTO (PARTITION p_past VALUES LESS THAN (%s))",
+                 r->name, end);
+        if (!rc)
+                rc = run(db, sql);
+        return rc ? rc : finish_one(db, t, kept);
+}
+
+/* The INSERT ... SELECT of a row and, within skew of its range's end,
+ * its shadow (db/inbox.c): cols are the source's columns up to msg_at,
+ * t its time, from/where the rest of the SELECT. */
+static void
+copy_sql(char *out, size_t sz, const char *ins, const char *cols,
+         const char *t, const char *from, int64_t width_s, int64_t skew_s)
+{
+        char bk[400];
+        bucket(bk, sizeof(bk), t, width_s);
+        snprintf(out, sz,
+                 "%s (" KINBOX__INBOX_COLS ") SELECT %s, %s, 0%s UNION ALL "
+                 "SELECT %s, %s + INTERVAL %" PRId64
+                 " SECOND, 1%s AND %" PRId64
+                 " > 0 AND TIMESTAMPDIFF(MICROSECOND, %s, %s + INTERVAL "
+                 "%" PRId64 " SECOND) <= %" PRId64,
+                 ins, cols, bk, from, cols, bk, width_s, from, skew_s, t, bk,
+                 width_s, skew_s * 1000000);
+}
+
+static int
+my_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
+{
+        if (!on) {
+                int rc =
+                    run(db, "DROP TRIGGER IF EXISTS kinbox_inbox_mirror_ins");
+                if (!rc)
+                        rc = run(
+                            db,
+                            "DROP TRIGGER IF EXISTS kinbox_inbox_mirror_del");
+                return rc ? rc
+                          : run(db, "DROP TABLE IF EXISTS kinbox_inbox_conv");
+        }
+        char sql[4096];
+        copy_sql(sql, sizeof(sql),
+                 "CREATE TRIGGER kinbox_inbox_mirror_ins AFTER INSERT ON "
+                 "kinbox_inbox FOR EACH ROW INSERT IGNORE INTO "
+                 "kinbox_inbox_conv",
+                 "NEW.consumer, NEW.message_id, NEW.topic, "
+                 "NEW.kafka_partition, NEW.kafka_offset, NEW.processed_at, "
+                 "NEW.msg_at",
+                 "COALESCE(NEW.msg_at, UTC_TIMESTAMP(3))",
+                 " FROM DUAL WHERE 1", width_s, skew_s);
+        int rc = run(db, sql);
+        if (!rc)
+                rc = run(
+                    db,
+                    "CREATE TRIGGER kinbox_inbox_mirror_del AFTER DELETE ON "
+                    "kinbox_inbox FOR EACH ROW DELETE FROM "
+                    "kinbox_inbox_conv WHERE consumer = OLD.consumer AND "
+                    "message_id = OLD.message_id AND topic = OLD.topic AND "
+                    "kafka_partition = OLD.kafka_partition AND "
+                    "kafka_offset = OLD.kafka_offset");
+        return rc;
+}
+
+#define AFTER_KEY "(consumer > $1 OR (consumer = $1 AND message_id > $2))"
+
+static int
+my_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
+        char **c, char **m, size_t *mlen, uint64_t *copied)
+{
+        /* processed_at (a TIMESTAMP) reads as UTC in this session. */
+        int rc = run(db, "SET time_zone = '+00:00'");
+        if (!rc)
+                rc = run(db, "SET SESSION TRANSACTION ISOLATION LEVEL READ "
+                             "COMMITTED");
+        if (rc)
+                return rc;
+        char sql[4096], where[256];
+        kinbox__param_t p[4] = {{*c ? *c : "", 0, 0},
+                                {*m ? *m : "", *m ? *mlen : 0, 1},
+                                {NULL, 0, 0},
+                                {NULL, 0, 1}};
+        snprintf(
+            sql, sizeof(sql),
+            "SELECT consumer, message_id FROM kinbox_inbox WHERE " AFTER_KEY
+            " ORDER BY consumer, message_id LIMIT 1 OFFSET %" PRId64,
+            batch - 1);
+        struct kinbox_rows_s *r = NULL;
+        if ((rc = kinbox__db_query(db, sql, 2, p, &r)))
+                return rc;
+        bool last = !r->nrows;
+        if (!last) {
+                p[2] = (kinbox__param_t){r->values[0], 0, 0};
+                p[3] = (kinbox__param_t){r->values[1], r->lens[1], 1};
+        }
+        snprintf(where, sizeof(where),
+                 " FROM kinbox_inbox WHERE " AFTER_KEY "%s",
+                 last ? ""
+                      : " AND (consumer < $3 OR (consumer = $3 AND "
+                        "message_id <= $4))");
+        copy_sql(sql, sizeof(sql), "INSERT IGNORE INTO kinbox_inbox_conv",
+                 "consumer, message_id, topic, kafka_partition, kafka_offset, "
+                 "processed_at, msg_at",
+                 "COALESCE(msg_at, processed_at)", where, width_s, skew_s);
+        uint64_t n = 0;
+        rc = run_count(db, sql, last ? 2 : 4, p, &n);
+        if (!rc && !last) {
+                char *nc = kinbox__strdup(r->values[0]);
+                char *nm = malloc(r->lens[1] + 1);
+                if (!nc || !nm) {
+                        free(nc);
+                        free(nm);
+                        rc = KINBOX_ERR_NOMEM;
+                } else {
+                        memcpy(nm, r->values[1], r->lens[1] + 1);
+                        free(*c);
+                        free(*m);
+                        *c = nc;
+                        *m = nm;
+                        *mlen = r->lens[1];
+                }
+        }
+        /* The tail (no boundary) is copied once more, finding nothing. */
+        *copied = last ? n : (uint64_t)batch;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+static int
+my_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
+{
+        /* Atomic: no insert finds neither table; the triggers go along
+         * with kinbox_inbox_plain and are dropped from it. */
+        int rc = run(db, "RENAME TABLE kinbox_inbox TO kinbox_inbox_plain, "
+                         "kinbox_inbox_conv TO kinbox_inbox");
+        if (!rc)
+                rc = run(db, "DROP TRIGGER IF EXISTS kinbox_inbox_mirror_ins");
+        if (!rc)
+                rc = run(db, "DROP TRIGGER IF EXISTS kinbox_inbox_mirror_del");
+        char rec[200];
+        snprintf(rec, sizeof(rec),
+                 "INSERT INTO kinbox_partitioning (table_name, width_s, "
+                 "skew_s) VALUES ('kinbox_inbox', %" PRId64 ", %" PRId64 ")",
+                 width_s, skew_s);
+        return rc ? rc : run(db, rec);
+}
+
+static int
+my_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
+{
+        char sql[300];
+        snprintf(sql, sizeof(sql),
+                 "DELETE FROM kinbox_inbox PARTITION (p_past, p_future) WHERE "
+                 "processed_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
+                 " MICROSECOND ORDER BY processed_at LIMIT %" PRId64,
+                 age_ms * 1000, batch);
+        return run_count(db, sql, 0, NULL, n);
+}
+
+const struct kinbox__part_ops kinbox__mysql_part = {
+    .list = my_list,
+    .create = my_create,
+    .add = my_add,
+    .drop = my_drop,
+    .finish = my_finish,
+    .mirror = my_mirror,
+    .copy = my_copy,
+    .swap = my_swap,
+    .prune_catchall = my_prune_catchall,
+};

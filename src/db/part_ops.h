@@ -1,0 +1,111 @@
+/*
+ * db/part_ops.h -- the partitioned inbox's statements per backend
+ * (internal): struct kinbox__part_ops, filled by db/pg_part.c and
+ * db/mysql_part.c, used by partition.c through db->ops->part. db.h
+ * includes it at its end; include db.h.
+ *
+ * The layout both backends share (docs/operations.md, Daily partitions):
+ * kinbox_inbox is partitioned by RANGE of part_at, one range partition
+ * named kinbox_inbox_pYYYYMMDD[HH] (PostgreSQL; p_YYYYMMDD[HH] on
+ * MySQL) per inbox.partition.width, plus catch-alls for rows whose range
+ * has no partition (PostgreSQL's DEFAULT partition kinbox_inbox_default;
+ * MySQL's p_past below the lowest range and p_future above the highest).
+ * The primary key is (consumer, message_id, part_at).
+ */
+#ifndef KINBOX_DB_PART_OPS_H
+#define KINBOX_DB_PART_OPS_H
+
+#include "../db.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/** One range partition: [start_s, start_s + width) of part_at (UTC). */
+typedef struct kinbox__range {
+        int64_t start_s;
+        char name[64]; /* its partition (PostgreSQL: table) name */
+        int64_t rows; /* estimated from the catalog, -1 unknown */
+        int64_t bytes; /* data and indexes, -1 unknown */
+} kinbox__range_t;
+
+/*
+ * Every call runs on db's connection outside any transaction (DDL; on
+ * MySQL it commits implicitly) and returns as kinbox__db_ops calls do.
+ * table is kinbox_inbox or, during a conversion, kinbox_inbox_conv.
+ */
+struct kinbox__part_ops {
+        /* The range partitions of table, ascending, with their sizes:
+         * *out malloc'ed, *n. width_s is their length. *catchall_rows: the
+         * rows in the catch-all(s), counted (NULL: not wanted). */
+        int (*list)(kinbox__db_t *db, const char *table, int64_t width_s,
+                    kinbox__range_t **out, size_t *n, int64_t *catchall_rows);
+        /* Create table (absent), partitioned, with only its catch-all(s);
+         * first_s: where MySQL's p_past ends. */
+        int (*create)(kinbox__db_t *db, const char *table, int64_t first_s);
+        /* Add [start_s, start_s + width_s) above every range of table;
+         * rows of it that a catch-all holds move in. */
+        int (*add)(kinbox__db_t *db, const char *table, int64_t start_s,
+                   int64_t width_s);
+        /* Drop the lowest range r of kinbox_inbox, keeping the rows that
+         * an unresolved dead letter or a parked message still needs (they
+         * move to a catch-all, in the same transaction on PostgreSQL; on
+         * MySQL through the table kinbox_inbox_old_<start>, which
+         * finish() completes after a crash). *kept: rows kept. */
+        int (*drop)(kinbox__db_t *db, const kinbox__range_t *r,
+                    int64_t width_s, uint64_t *kept);
+        /* Complete drops a crash interrupted (MySQL); NULL elsewhere. */
+        int (*finish)(kinbox__db_t *db);
+        /* Conversion of a plain kinbox_inbox into kinbox_inbox_conv:
+         * mirror(on) makes every later insert (and delete) of
+         * kinbox_inbox reach kinbox_inbox_conv, with the part_at and the
+         * shadow row that the consumer would write; mirror(off) removes
+         * it and kinbox_inbox_conv. */
+        int (*mirror)(kinbox__db_t *db, bool on, int64_t width_s,
+                      int64_t skew_s);
+        /* Copy up to batch rows of kinbox_inbox after the key (consumer,
+         * message_id) = (*c, *m) ("" "" first) into kinbox_inbox_conv;
+         * moves *c, *m (malloc'ed, freed by the caller) to the last key
+         * copied; *copied 0 when done. */
+        int (*copy)(kinbox__db_t *db, int64_t width_s, int64_t skew_s,
+                    int64_t batch, char **c, char **m, size_t *mlen,
+                    uint64_t *copied);
+        /* Atomically: kinbox_inbox becomes kinbox_inbox_plain (kept for
+         * the operator), kinbox_inbox_conv becomes kinbox_inbox, the
+         * mirror goes, and kinbox_partitioning records width and skew. */
+        int (*swap)(kinbox__db_t *db, int64_t width_s, int64_t skew_s);
+        /* One batched delete of catch-all rows processed over age_ms ago:
+         * *n rows deleted. */
+        int (*prune_catchall)(kinbox__db_t *db, int64_t age_ms, int64_t batch,
+                              uint64_t *n);
+};
+
+extern const struct kinbox__part_ops kinbox__pg_part;
+extern const struct kinbox__part_ops kinbox__mysql_part;
+
+/* The name part of range start_s: YYYYMMDD, or YYYYMMDDHH when width_s
+ * is under a day. out holds 16 bytes. */
+void kinbox__range_label(char *out, int64_t start_s, int64_t width_s);
+/* The start of the range a partition name ends in (its label after the
+ * last 'p' or "p_"), or -1. */
+int64_t kinbox__range_parse(const char *name);
+
+/* The rows of table x that a dead letter still 'dead' or a parked
+ * message needs, found from the small side (their ids) through x's
+ * primary key: "SELECT <x.cols>" KINBOX__PART_NEEDED("tbl"). Both
+ * backends. */
+#define KINBOX__PART_NEEDED(tbl)                                              \
+        " FROM (SELECT consumer, message_id FROM kinbox_dead_letter WHERE"    \
+        " status = 'dead' AND message_id IS NOT NULL UNION SELECT consumer,"  \
+        " message_id FROM kinbox_parked) n JOIN " tbl " x ON x.consumer ="    \
+        " n.consumer AND x.message_id = n.message_id"
+#define KINBOX__INBOX_XCOLS                                                   \
+        "x.consumer, x.message_id, x.topic, x.kafka_partition,"               \
+        " x.kafka_offset, x.processed_at, x.msg_at, x.part_at, x.shadow"
+
+/* The columns of an inbox row, in the order every copy uses. */
+#define KINBOX__INBOX_COLS                                                    \
+        "consumer, message_id, topic, kafka_partition, kafka_offset,"         \
+        " processed_at, msg_at, part_at, shadow"
+
+#endif

@@ -1,0 +1,332 @@
+/*
+ * db/pg_part.c -- the partitioned inbox on PostgreSQL (db/part_ops.h):
+ * declarative RANGE partitions of part_at, a DEFAULT partition as the
+ * catch-all, and the online conversion of a plain inbox (a row trigger
+ * mirrors new rows while batches copy the old ones; one short ACCESS
+ * EXCLUSIVE transaction renames).
+ *
+ * Every DDL transaction sets lock_timeout: ATTACH needs SHARE UPDATE
+ * EXCLUSIVE on the parent, DETACH and the rename ACCESS EXCLUSIVE, and a
+ * waiting lock request queues the consumers' inserts behind it. Consumer
+ * transactions last milliseconds; a request that cannot be granted in 5 s
+ * gives up and the pruner tries again at its next run.
+ */
+#include "../db.h"
+#include "../internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOCK_WAIT "SET LOCAL lock_timeout = '5s'"
+
+/* "'YYYY-MM-DD HH:MM:SS+00'" of s. */
+static void
+lit(char *out, size_t sz, int64_t s)
+{
+        char t[32];
+        kinbox__utc_text(t, s, -1);
+        snprintf(out, sz, "'%s+00'", t);
+}
+
+/* Run the statements of v (NULL-terminated) in one transaction. */
+static int
+in_tx(kinbox__db_t *db, const char *const *v, struct kinbox_rows_s **last)
+{
+        int rc = db->ops->begin(db);
+        for (size_t i = 0; !rc && v[i]; i++)
+                rc = db->ops->query(db, v[i], 0, NULL, -1,
+                                    v[i + 1] ? NULL : last);
+        return kinbox__db_end(db, rc);
+}
+
+static int
+pg_list(kinbox__db_t *db, const char *table, int64_t width_s,
+        kinbox__range_t **out, size_t *n, int64_t *catchall_rows)
+{
+        (void)width_s;
+        *out = NULL;
+        *n = 0;
+        const char *v[1] = {table};
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_queryv(
+            db,
+            "SELECT c.relname, c.reltuples::bigint, "
+            "pg_total_relation_size(c.oid) FROM pg_inherits i JOIN pg_class "
+            "c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1) "
+            "AND c.relname LIKE 'kinbox\\_inbox\\_p%' ORDER BY c.relname",
+            1, v, &r);
+        if (rc)
+                return rc;
+        kinbox__range_t *a = calloc(r->nrows + 1, sizeof(*a));
+        if (!a) {
+                kinbox_rows_destroy(r);
+                return KINBOX_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < r->nrows; i++) {
+                char **c = &r->values[i * (size_t)r->ncols];
+                int64_t s = kinbox__range_parse(c[0]);
+                if (s < 0)
+                        continue;
+                kinbox__range_t *x = &a[(*n)++];
+                x->start_s = s;
+                snprintf(x->name, sizeof(x->name), "%s", c[0]);
+                x->rows = c[1] ? strtoll(c[1], NULL, 10) : -1;
+                x->bytes = c[2] ? strtoll(c[2], NULL, 10) : -1;
+        }
+        kinbox_rows_destroy(r);
+        *out = a;
+        if (!catchall_rows)
+                return KINBOX_OK;
+        char sql[160];
+        snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s_default", table);
+        rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        *catchall_rows = !rc && r->nrows && r->values[0]
+                             ? strtoll(r->values[0], NULL, 10)
+                             : -1;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+static int
+pg_create(kinbox__db_t *db, const char *table, int64_t first_s)
+{
+        (void)first_s;
+        char t[1024], d[160], i[200];
+        snprintf(t, sizeof(t),
+                 "CREATE TABLE %s (consumer text NOT NULL, message_id text "
+                 "NOT NULL, topic text NOT NULL, kafka_partition integer NOT "
+                 "NULL, kafka_offset bigint NOT NULL, processed_at "
+                 "timestamptz NOT NULL DEFAULT now(), msg_at timestamptz, "
+                 "part_at timestamptz NOT NULL, shadow boolean NOT NULL "
+                 "DEFAULT false, CONSTRAINT %s_pkey PRIMARY KEY (consumer, "
+                 "message_id, part_at), CHECK (octet_length(message_id) <= "
+                 "255)) PARTITION BY RANGE (part_at)",
+                 table, table);
+        snprintf(d, sizeof(d),
+                 "CREATE TABLE %s_default PARTITION OF %s DEFAULT", table,
+                 table);
+        /* Only the catch-all is pruned row by row, by processed_at. */
+        snprintf(i, sizeof(i),
+                 "CREATE INDEX %s_default_processed_at ON %s_default "
+                 "(processed_at)",
+                 table, table);
+        const char *v[] = {t, d, i, NULL};
+        return in_tx(db, v, NULL);
+}
+
+static int
+pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
+{
+        char lab[16], from[48], to[48];
+        kinbox__range_label(lab, start_s, width_s);
+        lit(from, sizeof(from), start_s);
+        lit(to, sizeof(to), start_s + width_s);
+        char c[256], m[512], d[256], a[320];
+        snprintf(c, sizeof(c),
+                 "CREATE TABLE kinbox_inbox_p%s (LIKE %s INCLUDING DEFAULTS "
+                 "INCLUDING CONSTRAINTS)",
+                 lab, table);
+        /* Rows that waited in the catch-all move in with it. */
+        snprintf(m, sizeof(m),
+                 "INSERT INTO kinbox_inbox_p%s (" KINBOX__INBOX_COLS
+                 ") SELECT " KINBOX__INBOX_COLS " FROM %s_default WHERE "
+                 "part_at >= %s AND part_at < %s",
+                 lab, table, from, to);
+        snprintf(d, sizeof(d),
+                 "DELETE FROM %s_default WHERE part_at >= %s AND part_at < %s",
+                 table, from, to);
+        snprintf(a, sizeof(a),
+                 "ALTER TABLE %s ATTACH PARTITION kinbox_inbox_p%s FOR VALUES "
+                 "FROM (%s) TO (%s)",
+                 table, lab, from, to);
+        const char *v[] = {LOCK_WAIT, c, m, d, a, NULL};
+        return in_tx(db, v, NULL);
+}
+
+static int
+pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
+        uint64_t *kept)
+{
+        (void)width_s;
+        char d[160], k[1024], x[160];
+        snprintf(d, sizeof(d), "ALTER TABLE kinbox_inbox DETACH PARTITION %s",
+                 r->name);
+        /* Detached, its range is the catch-all's: the rows still needed
+         * land there. */
+        snprintf(k, sizeof(k),
+                 "WITH i AS (INSERT INTO kinbox_inbox (" KINBOX__INBOX_COLS
+                 ") SELECT " KINBOX__INBOX_XCOLS KINBOX__PART_NEEDED(
+                     "%s") " ON CONFLICT DO NOTHING RETURNING 1) SELECT "
+                           "count(*) FROM i",
+                 r->name);
+        snprintf(x, sizeof(x), "DROP TABLE %s", r->name);
+        const char *v[] = {LOCK_WAIT, d};
+        int rc = db->ops->begin(db);
+        struct kinbox_rows_s *n = NULL;
+        for (size_t i = 0; !rc && i < 2; i++)
+                rc = db->ops->query(db, v[i], 0, NULL, -1, NULL);
+        if (!rc)
+                rc = db->ops->query(db, k, 0, NULL, -1, &n);
+        if (!rc)
+                rc = db->ops->query(db, x, 0, NULL, -1, NULL);
+        rc = kinbox__db_end(db, rc);
+        *kept = !rc && n && n->nrows && n->values[0]
+                    ? strtoull(n->values[0], NULL, 10)
+                    : 0;
+        kinbox_rows_destroy(n);
+        return rc;
+}
+
+static int
+pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
+{
+        if (!on) {
+                const char *v[] = {
+                    "DROP TRIGGER IF EXISTS kinbox_inbox_mirror ON "
+                    "kinbox_inbox",
+                    "DROP FUNCTION IF EXISTS kinbox_inbox_mirror()",
+                    "DROP TABLE IF EXISTS kinbox_inbox_conv", NULL};
+                return in_tx(db, v, NULL);
+        }
+        char f[2048];
+        snprintf(
+            f, sizeof(f),
+            "CREATE OR REPLACE FUNCTION kinbox_inbox_mirror() RETURNS trigger "
+            "LANGUAGE plpgsql AS $f$ DECLARE t timestamptz; p timestamptz; "
+            "BEGIN IF TG_OP = 'DELETE' THEN DELETE FROM kinbox_inbox_conv "
+            "WHERE consumer = OLD.consumer AND message_id = OLD.message_id "
+            "AND topic = OLD.topic AND kafka_partition = OLD.kafka_partition "
+            "AND kafka_offset = OLD.kafka_offset; RETURN NULL; END IF; "
+            "t := coalesce(NEW.msg_at, NEW.processed_at); "
+            "p := to_timestamp(floor(extract(epoch FROM t) / %" PRId64
+            ") * %" PRId64 "); "
+            "INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") VALUES "
+            "(NEW.consumer, NEW.message_id, NEW.topic, NEW.kafka_partition, "
+            "NEW.kafka_offset, NEW.processed_at, NEW.msg_at, p, false) ON "
+            "CONFLICT DO NOTHING; "
+            "IF %" PRId64 " > 0 AND extract(epoch FROM p + %" PRId64
+            " * interval '1 second' - t) <= %" PRId64 " THEN "
+            "INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") VALUES "
+            "(NEW.consumer, NEW.message_id, NEW.topic, NEW.kafka_partition, "
+            "NEW.kafka_offset, NEW.processed_at, NEW.msg_at, p + %" PRId64
+            " * interval '1 second', true) ON CONFLICT DO NOTHING; END IF; "
+            "RETURN NULL; END $f$",
+            width_s, width_s, skew_s, width_s, skew_s, width_s);
+        const char *v[] = {
+            f,
+            "CREATE TRIGGER kinbox_inbox_mirror AFTER INSERT OR DELETE ON "
+            "kinbox_inbox FOR EACH ROW EXECUTE FUNCTION kinbox_inbox_mirror()",
+            NULL};
+        return in_tx(db, v, NULL);
+}
+
+static int
+pg_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
+        char **c, char **m, size_t *mlen, uint64_t *copied)
+{
+        char sql[2048];
+        snprintf(
+            sql, sizeof(sql),
+            "WITH b AS (SELECT consumer, message_id, topic, kafka_partition, "
+            "kafka_offset, processed_at, msg_at, coalesce(msg_at, "
+            "processed_at) AS t FROM kinbox_inbox WHERE consumer > $1 OR "
+            "(consumer = $1 AND message_id > $2) ORDER BY consumer, "
+            "message_id LIMIT %" PRId64 "), "
+            "k AS (SELECT b.*, to_timestamp(floor(extract(epoch FROM t) / "
+            "%" PRId64 ") * %" PRId64 ") AS p FROM b), "
+            "i AS (INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") "
+            "SELECT consumer, message_id, topic, kafka_partition, "
+            "kafka_offset, processed_at, msg_at, p, false FROM k UNION ALL "
+            "SELECT consumer, message_id, topic, kafka_partition, "
+            "kafka_offset, processed_at, msg_at, p + %" PRId64
+            " * interval '1 second', true FROM k WHERE %" PRId64
+            " > 0 AND extract(epoch FROM p + %" PRId64
+            " * interval '1 second' - t) <= %" PRId64 " ON CONFLICT DO "
+            "NOTHING) "
+            "SELECT consumer, message_id, (SELECT count(*) FROM b) FROM b "
+            "ORDER BY consumer DESC, message_id DESC LIMIT 1",
+            batch, width_s, width_s, width_s, skew_s, width_s, skew_s);
+        kinbox__param_t p[2] = {{*c ? *c : "", 0, 0}, {*m ? *m : "", 0, 0}};
+        struct kinbox_rows_s *r = NULL;
+        int rc = db->ops->query(db, sql, 2, p, -1, &r);
+        *copied = 0;
+        if (!rc && r->nrows) {
+                char *nc = kinbox__strdup(r->values[0]);
+                char *nm = kinbox__strdup(r->values[1]);
+                if (!nc || !nm) {
+                        free(nc);
+                        free(nm);
+                        rc = KINBOX_ERR_NOMEM;
+                } else {
+                        free(*c);
+                        free(*m);
+                        *c = nc;
+                        *m = nm;
+                        *mlen = strlen(nm);
+                        *copied = strtoull(r->values[2], NULL, 10);
+                }
+        }
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+static int
+pg_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
+{
+        char rec[200];
+        snprintf(rec, sizeof(rec),
+                 "INSERT INTO kinbox_partitioning (table_name, width_s, "
+                 "skew_s) VALUES ('kinbox_inbox', %" PRId64 ", %" PRId64 ")",
+                 width_s, skew_s);
+        const char *v[] = {
+            "SET LOCAL lock_timeout = '10s'",
+            "LOCK TABLE kinbox_inbox IN ACCESS EXCLUSIVE MODE",
+            "DROP TRIGGER kinbox_inbox_mirror ON kinbox_inbox",
+            "DROP FUNCTION kinbox_inbox_mirror()",
+            "ALTER TABLE kinbox_inbox RENAME TO kinbox_inbox_plain",
+            "ALTER INDEX IF EXISTS kinbox_inbox_pkey RENAME TO "
+            "kinbox_inbox_plain_pkey",
+            "ALTER INDEX IF EXISTS kinbox_inbox_processed_at RENAME TO "
+            "kinbox_inbox_plain_processed_at",
+            "ALTER TABLE kinbox_inbox_conv RENAME TO kinbox_inbox",
+            "ALTER INDEX kinbox_inbox_conv_pkey RENAME TO kinbox_inbox_pkey",
+            "ALTER TABLE kinbox_inbox_conv_default RENAME TO "
+            "kinbox_inbox_default",
+            "ALTER INDEX kinbox_inbox_conv_default_processed_at RENAME TO "
+            "kinbox_inbox_default_processed_at",
+            rec,
+            NULL};
+        return in_tx(db, v, NULL);
+}
+
+static int
+pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
+{
+        char sql[400];
+        snprintf(sql, sizeof(sql),
+                 "WITH d AS (DELETE FROM kinbox_inbox_default WHERE ctid IN "
+                 "(SELECT ctid FROM kinbox_inbox_default WHERE processed_at "
+                 "< now() - %" PRId64 " * interval '1 millisecond' LIMIT "
+                 "%" PRId64 ") RETURNING 1) SELECT count(*) FROM d",
+                 age_ms, batch);
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        *n = !rc && r->nrows && r->values[0] ? strtoull(r->values[0], NULL, 10)
+                                             : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+const struct kinbox__part_ops kinbox__pg_part = {
+    .list = pg_list,
+    .create = pg_create,
+    .add = pg_add,
+    .drop = pg_drop,
+    .finish = NULL,
+    .mirror = pg_mirror,
+    .copy = pg_copy,
+    .swap = pg_swap,
+    .prune_catchall = pg_prune_catchall,
+};
