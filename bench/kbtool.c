@@ -707,7 +707,7 @@ cmd_latency(int argc, char **argv)
                 if (L.tr[i] && L.tc[i])
                         d[k++] = (L.tr[i] - L.tc[i]) * 1e3;
         qsort(d, (size_t)k, sizeof(double), cmp_d);
-#define PCT(q) (k ? d[(long)fmin((double)k - 1, floor((q) * k))] : 0)
+#define PCT(q) (k ? d[(long)fmin((double)k - 1, floor((q)*k))] : 0)
         printf("%.2f %.2f %.2f %.2f %lld %lld %.1f\n", PCT(0.5), PCT(0.99),
                PCT(0.999), k ? d[k - 1] : 0, L.received, L.dups,
                L.n / (L.t_write1 - L.t_write0));

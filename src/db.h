@@ -350,6 +350,12 @@ void kinbox__inbox_puts_fold(const kinbox__inbox_put_t *puts, size_t np,
                              const struct kinbox__inbox_row *rows,
                              const kinbox__idref_t *ix, size_t n,
                              bool *is_new);
+/* A message whose own row went in while its marker met another copy's
+ * row (or the reverse) is a duplicate: delete the rows it did insert, in
+ * the open transaction, so that no row names a delivery never applied. */
+int kinbox__inbox_undo(kinbox__db_t *db, const char *consumer,
+                       const struct kinbox__inbox_row *rows,
+                       const kinbox__inbox_put_t *puts, size_t np);
 /* "YYYY-MM-DD HH:MM:SS" (UTC) of s seconds since the epoch; with ms >= 0
  * ".mmm" appended. out holds 32 bytes. */
 void kinbox__utc_text(char *out, int64_t s, int ms);

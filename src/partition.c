@@ -267,7 +267,8 @@ copy_all(kinbox__db_t *db, int64_t w, int64_t skew, uint64_t *rows)
 }
 
 static int
-convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows)
+convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows,
+        int64_t *swap_ms)
 {
         const struct kinbox__part_ops *po = db->ops->part;
         int64_t w = s->inbox_partition_width / 1000;
@@ -285,8 +286,10 @@ convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows)
                 rc = po->mirror(db, true, w, skew);
         if (!rc)
                 rc = copy_all(db, w, skew, rows);
+        int64_t t0 = kinbox__now_ms();
         if (!rc)
                 rc = po->swap(db, w, skew);
+        *swap_ms = kinbox__now_ms() - t0;
         if (rc) {
                 int keep = rc;
                 po->mirror(db, false, w, skew);
@@ -399,8 +402,9 @@ kinbox__partition_apply(kinbox__db_t *db, const kinbox__settings_t *s,
                 return rc;
         bool locked = false;
         uint64_t rows = 0;
+        int64_t swap_ms = 0;
         if (!(rc = take_lock(db, &locked)))
-                rc = convert(db, s, &rows);
+                rc = convert(db, s, &rows, &swap_ms);
         if (locked)
                 unlock(db);
         if (rc) {
@@ -416,8 +420,9 @@ kinbox__partition_apply(kinbox__db_t *db, const kinbox__settings_t *s,
                 snprintf(note, note_sz, "partition kinbox_inbox");
         else
                 snprintf(note, note_sz,
-                         "partition kinbox_inbox (%" PRIu64 " rows copied; "
-                         "the plain table is kept as kinbox_inbox_plain)",
-                         rows);
+                         "partition kinbox_inbox (%" PRIu64 " rows copied "
+                         "online; the swap held writers %" PRId64 " ms; the "
+                         "plain table is kept as kinbox_inbox_plain)",
+                         rows, swap_ms);
         return layout(db, s);
 }

@@ -386,6 +386,14 @@ void
 kt_produce(kt_producer_t *p, const char *topic, int32_t partition,
            const char *key, const char *payload, const char *msgid)
 {
+        kt_produce_at(p, topic, partition, key, payload, msgid, 0);
+}
+
+void
+kt_produce_at(kt_producer_t *p, const char *topic, int32_t partition,
+              const char *key, const char *payload, const char *msgid,
+              int64_t ts_ms)
+{
         rd_kafka_headers_t *h = rd_kafka_headers_new(1);
         if (msgid)
                 rd_kafka_header_add(h, "message_id", -1, msgid, -1);
@@ -398,7 +406,8 @@ kt_produce(kt_producer_t *p, const char *topic, int32_t partition,
                     RD_KAFKA_V_VALUE((void *)payload,
                                      payload ? strlen(payload) : 0),
                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                    RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
+                    RD_KAFKA_V_TIMESTAMP(ts_ms), RD_KAFKA_V_HEADERS(h),
+                    RD_KAFKA_V_END);
                 if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
                         rd_kafka_poll(p->rk, 50);
                         continue;

@@ -72,6 +72,11 @@ typedef struct kt_producer kt_producer_t;
 kt_producer_t *kt_producer_new(void);
 void kt_produce(kt_producer_t *p, const char *topic, int32_t partition,
                 const char *key, const char *payload, const char *msgid);
+/* kt_produce() with the record's timestamp (ms since the epoch, UTC; 0:
+ * now). */
+void kt_produce_at(kt_producer_t *p, const char *topic, int32_t partition,
+                   const char *key, const char *payload, const char *msgid,
+                   int64_t ts_ms);
 void kt_producer_flush_destroy(kt_producer_t *p);
 
 /* Produce n points grants (ids m-<i>, orders <order_prefix>-<i>, users

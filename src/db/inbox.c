@@ -154,6 +154,47 @@ kinbox__inbox_puts_fold(const kinbox__inbox_put_t *puts, size_t np,
         (void)rows;
 }
 
+/* The puts of rows[i] that came back, of those that did not. */
+static void
+got(const kinbox__inbox_put_t *puts, size_t np, size_t i, size_t *back,
+    size_t *all)
+{
+        *back = *all = 0;
+        for (size_t k = 0; k < np; k++)
+                if (puts[k].row == i) {
+                        (*all)++;
+                        *back += puts[k].back;
+                }
+}
+
+int
+kinbox__inbox_undo(kinbox__db_t *db, const char *consumer,
+                   const struct kinbox__inbox_row *rows,
+                   const kinbox__inbox_put_t *puts, size_t np)
+{
+        for (size_t k = 0; k < np; k++) {
+                size_t back, all;
+                if (!puts[k].back)
+                        continue;
+                got(puts, np, puts[k].row, &back, &all);
+                if (back == all)
+                        continue;
+                const struct kinbox__inbox_row *r = &rows[puts[k].row];
+                char part[24], kp[16], ko[24];
+                snprintf(part, sizeof(part), "%lld",
+                         (long long)puts[k].part_s);
+                snprintf(kp, sizeof(kp), "%d", (int)r->partition);
+                snprintf(ko, sizeof(ko), "%lld", (long long)r->offset);
+                kinbox__param_t p[6] = {{consumer, 0, 0}, {r->id, 0, 0},
+                                        {part, 0, 0},     {r->topic, 0, 0},
+                                        {kp, 0, 0},       {ko, 0, 0}};
+                int rc = db->ops->exec(db, db->ops->sql->inbox_undo, 6, p, -1);
+                if (rc)
+                        return rc;
+        }
+        return KINBOX_OK;
+}
+
 int
 kinbox__inbox_layout_load(kinbox__db_t *db, int64_t conf_width_ms, bool force)
 {

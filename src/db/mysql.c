@@ -662,6 +662,7 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                     puts, np, rows,
                     (const char *const *)&r->values[k * (size_t)r->ncols]);
         kinbox__inbox_puts_fold(puts, np, rows, ix, n, is_new);
+        rc = kinbox__inbox_undo(db, consumer, rows, puts, np);
 out:
         free(puts);
         free(ix);
@@ -732,6 +733,10 @@ static const struct kinbox__sql my_sql = {
         "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
         "kafka_partition, kafka_offset, part_at) VALUES ($1, $2, $3, $4, "
         "$5, TIMESTAMP '1970-01-01 00:00:00' + INTERVAL $6 SECOND)",
+    .inbox_undo =
+        "DELETE FROM kinbox_inbox WHERE consumer = $1 AND message_id = $2 "
+        "AND part_at = TIMESTAMP '1970-01-01 00:00:00' + INTERVAL $3 SECOND "
+        "AND topic = $4 AND kafka_partition = $5 AND kafka_offset = $6",
     .dead_letter_replayed =
         "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = $1",
     .outbox_gauges =

@@ -20,7 +20,8 @@
         .outbox_resume =                                                      \
             "DELETE FROM kinbox_outbox_paused WHERE destination = $1",        \
         .consumer_status =                                                    \
-            "SELECT (SELECT count(*) FROM kinbox_inbox WHERE consumer = $1)," \
+            "SELECT (SELECT count(*) FROM kinbox_inbox WHERE consumer = $1 "  \
+            "AND NOT shadow),"                                                \
             " (SELECT count(*) FROM kinbox_dead_letter WHERE consumer = $1"   \
             "  AND status = 'dead'),"                                         \
             " (SELECT count(*) FROM kinbox_dead_letter WHERE consumer = $1"   \
@@ -31,7 +32,7 @@
             " (SELECT count(*) FROM kinbox_hold WHERE consumer = $1),"        \
             " (SELECT min(parked_at) FROM kinbox_parked WHERE consumer = "    \
             "$1)",                                                            \
-        .inbox_rows = "SELECT count(*) FROM kinbox_inbox",                    \
+        .inbox_rows = "SELECT count(*) FROM kinbox_inbox WHERE NOT shadow",   \
         .dead_list =                                                          \
             "SELECT id, consumer, topic, kafka_partition, kafka_offset,"      \
             " message_id, status, attempts, dead_at, error,"                  \
@@ -82,7 +83,8 @@
             "SELECT s.src, s.topic, s.kafka_partition, count(*),"             \
             " min(s.kafka_offset), max(s.kafka_offset), max(o.next_offset)"   \
             " FROM (SELECT 'inbox' AS src, consumer, topic, kafka_partition," \
-            "  kafka_offset FROM kinbox_inbox WHERE consumer = $1"            \
+            "  kafka_offset FROM kinbox_inbox WHERE consumer = $1 AND NOT"    \
+            "  shadow"                                                        \
             "  UNION ALL SELECT 'dead_letter', consumer, topic,"              \
             "  kafka_partition, kafka_offset FROM kinbox_dead_letter"         \
             "  WHERE consumer = $1) s"                                        \

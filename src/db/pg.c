@@ -909,6 +909,7 @@ pg_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                     puts, np, rows,
                     (const char *const *)&r->values[j * (size_t)r->ncols]);
         kinbox__inbox_puts_fold(puts, np, rows, ix, n, is_new);
+        rc = kinbox__inbox_undo(db, consumer, rows, puts, np);
 out:
         if (puts)
                 for (int c = 0; c < 7; c++)
@@ -968,6 +969,10 @@ static const struct kinbox__sql pg_sql = {
         "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
         "kafka_partition, kafka_offset, part_at) VALUES ($1, $2, $3, "
         "$4::integer, $5::bigint, to_timestamp($6::bigint))",
+    .inbox_undo =
+        "DELETE FROM kinbox_inbox WHERE consumer = $1 AND message_id = $2 "
+        "AND part_at = to_timestamp($3::bigint) AND topic = $4 AND "
+        "kafka_partition = $5::integer AND kafka_offset = $6::bigint",
     .dead_letter_replayed =
         "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = "
         "$1::bigint",

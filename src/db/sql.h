@@ -48,6 +48,10 @@ struct kinbox__sql {
         /* $1 consumer $2 message_id $3 topic $4 partition $5 offset $6
          * part_at in seconds since the epoch (kinbox__inbox_part_of()). */
         const char *inbox_insert_one;
+        /* $1 consumer $2 message_id $3 part_at (seconds since the epoch)
+         * $4 topic $5 partition $6 offset: delete that row
+         * (kinbox__inbox_undo()). */
+        const char *inbox_undo;
         /* $1 id: the dead letter is replayed. */
         const char *dead_letter_replayed;
         /* Per destination: pending rows, oldest pending age (s), dead rows
