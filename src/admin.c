@@ -111,7 +111,7 @@ hold_gauges(kinbox_admin_t *adm)
 }
 
 kinbox_err_t
-kinbox_admin_collect_metrics(kinbox_admin_t *adm)
+kinbox__admin_collect_metrics(kinbox_admin_t *adm)
 {
         kinbox_rows_t *rows = NULL;
         kinbox_err_t rc = kinbox__admin_query(

@@ -15,6 +15,13 @@ struct kinbox_admin_s {
 /* Put the database error of rc into adm->errstr, end a transaction, drop
  * a lost connection (the next call reconnects); returns the code. */
 kinbox_err_t kinbox__admin_fail(kinbox_admin_t *adm, int rc);
+/* Refresh the process's sampled gauges from the database (outbox pending,
+ * oldest pending age and dead per destination; dead letters, the oldest's
+ * age, parked messages and held keys per consumer): what `kinbox run`
+ * serves on /metrics at each scrape (docs/metrics.md). KINBOX_OK,
+ * KINBOX_ERR_DB_CONN (the next call reconnects), KINBOX_ERR_DB; the reason
+ * in kinbox_admin_errstr(). */
+kinbox_err_t kinbox__admin_collect_metrics(kinbox_admin_t *adm);
 
 /* Run one statement (autocommit) with $1..$n text parameters (NULL = SQL
  * NULL), its text from the backend's table; *rowsp receives the rows

@@ -369,18 +369,6 @@ KINBOX_API kinbox_err_t kinbox_outbox_list(kinbox_admin_t *adm,
                                            void *opaque);
 
 /**
- * @brief Refresh the process's sampled gauges from the database: outbox
- *        pending / oldest pending age / dead per destination, dead letters
- *        and the age of the oldest per consumer, parked messages and held
- *        keys per consumer (what `kinbox run` serves on `/metrics` at each
- *        scrape; docs/metrics.md).
- * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
- *          reconnects); ::KINBOX_ERR_DB; the reason in
- *          kinbox_admin_errstr().
- */
-KINBOX_API kinbox_err_t kinbox_admin_collect_metrics(kinbox_admin_t *adm);
-
-/**
  * @brief Whether the database answers: one trivial statement.
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (the reason in
  *          kinbox_admin_errstr(); the next call reconnects);
@@ -426,8 +414,8 @@ typedef struct kinbox_status {
 /**
  * @brief What the database holds for `kinbox status`: each consumer's
  *        counts (inbox rows, dead letters by status, parked messages,
- *        held keys; the same tables as the sampled gauges of
- *        kinbox_admin_collect_metrics()), the outbox per destination, and
+ *        held keys; the same tables as the gauges `kinbox run` samples at
+ *        each scrape), the outbox per destination, and
  *        the inbox's size. Kafka's lag is the caller's to ask
  *        (kinbox_kafka_new()).
  * @param consumers  @p nconsumers consumer names (a consumer with no rows

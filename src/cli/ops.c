@@ -7,6 +7,7 @@
 #include "schema.h"
 #include "confval.h"
 #include "hdrcodec.h"
+#include "admin_int.h"
 #include "http.h"
 #include "metrics.h"
 
@@ -151,7 +152,7 @@ collect_cb(void *opaque)
         kb_ops_t *ops = opaque;
         /* A database outage shows in /readyz; the gauges keep their last
          * values meanwhile. */
-        kinbox_admin_collect_metrics(ops->adm);
+        kinbox__admin_collect_metrics(ops->adm);
 }
 
 kb_ops_t *
