@@ -80,6 +80,29 @@ inbox_rows(kinbox_admin_t *adm, int64_t *rows)
         return rc;
 }
 
+/* The ranges of a partitioned inbox (nothing for the plain table). */
+static kinbox_err_t
+partitions(kinbox_admin_t *adm, kinbox_status_t *s)
+{
+        kinbox__db_t *db = adm->db;
+        int rc = kinbox__inbox_layout_load(db, 86400000, true);
+        if (rc || !db->inbox_partitioned)
+                return rc ? kinbox__admin_fail(adm, rc) : KINBOX_OK;
+        kinbox__range_t *r = NULL;
+        size_t n = 0;
+        rc = db->ops->part->list(db, "kinbox_inbox", db->inbox_width_s, &r, &n,
+                                 &s->catchall_rows);
+        if (!rc) {
+                s->partition_width_s = db->inbox_width_s;
+                s->npartitions = n;
+                s->partitions_from = n ? r[0].start_s : 0;
+                s->partitions_until =
+                    n ? r[n - 1].start_s + db->inbox_width_s : 0;
+        }
+        free(r);
+        return rc ? kinbox__admin_fail(adm, rc) : KINBOX_OK;
+}
+
 static kinbox_err_t
 consumers_status(kinbox_admin_t *adm, const char *const *names, size_t n,
                  kinbox_status_t *s)
@@ -118,6 +141,8 @@ kinbox_admin_status(kinbox_admin_t *adm, const char *const *consumers,
                 rc = destinations(adm, s);
         if (!rc)
                 rc = inbox_rows(adm, &s->inbox_rows);
+        if (!rc)
+                rc = partitions(adm, s);
         if (rc) {
                 if (rc == KINBOX_ERR_NOMEM && !adm->errstr[0])
                         snprintf(adm->errstr, sizeof(adm->errstr),

@@ -328,6 +328,7 @@ ParameterizedTest(int *backend, partition, lifecycle, .timeout = 180)
         uint64_t want = 0;
         for (int64_t s = first; s + w <= now - 2 * DAY_MS; s += w)
                 want++;
+        char e_buf[512];
         kinbox_prune_result_t res = prune(url, "2d", "3d");
         cr_assert(eq(u64, res.partitions_dropped, want));
         cr_assert(eq(u64, res.rows_kept, 1), "the dead letter's inbox row");
@@ -351,6 +352,21 @@ ParameterizedTest(int *backend, partition, lifecycle, .timeout = 180)
                                            "partition=\"catchall\""),
                      2.0),
                   "future and the kept old-2 in the catch-all");
+        /* What `kinbox status` shows. */
+        kinbox_conf_t *ac = kinbox_conf_new();
+        kt_set(ac, "database.url", url);
+        kinbox_admin_t *adm = kinbox_admin_new(ac, e_buf, sizeof(e_buf));
+        cr_assert(adm != NULL, "%s", e_buf);
+        kinbox_status_t *st = NULL;
+        cr_assert(eq(int, kinbox_admin_status(adm, NULL, 0, &st), KINBOX_OK),
+                  "%s", kinbox_admin_errstr(adm));
+        cr_expect(
+            eq(u64, st->npartitions, (uint64_t)(before - (long long)want)));
+        cr_expect(eq(i64, st->partition_width_s, 86400));
+        cr_expect(eq(i64, st->catchall_rows, 2));
+        kinbox_status_destroy(st);
+        kinbox_admin_destroy(adm);
+        kinbox_conf_destroy(ac);
         /* Two more days ahead; nothing more to drop. */
         res = prune(url, "2d", "5d");
         cr_assert(eq(u64, res.partitions_dropped, 0));

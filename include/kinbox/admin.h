@@ -409,15 +409,22 @@ typedef struct kinbox_status {
         size_t ndestinations;
         kinbox_destination_status_t *destinations; /**< by destination */
         int64_t inbox_rows; /**< inbox rows of all consumers */
+        /* A partitioned inbox (`inbox.layout = partitioned`; all 0 for
+         * the plain table): */
+        int64_t partition_width_s; /**< range width in seconds */
+        size_t npartitions; /**< range partitions */
+        int64_t partitions_from; /**< start of the oldest range, Unix s */
+        int64_t partitions_until; /**< end of the newest range, Unix s */
+        int64_t catchall_rows; /**< rows in the catch-all */
 } kinbox_status_t;
 
 /**
  * @brief What the database holds for `kinbox status`: each consumer's
  *        counts (inbox rows, dead letters by status, parked messages,
  *        held keys; the same tables as the gauges `kinbox run` samples at
- *        each scrape), the outbox per destination, and
- *        the inbox's size. Kafka's lag is the caller's to ask
- *        (kinbox_kafka_new()).
+ *        each scrape), the outbox per destination, the inbox's size
+ *        and, when it is partitioned, its ranges. Kafka's lag is the
+ *        caller's to ask (kinbox_kafka_new()).
  * @param consumers  @p nconsumers consumer names (a consumer with no rows
  *                   reads all 0); not kept.
  * @param statusp    receives the result (kinbox_status_destroy()), NULL on

@@ -132,6 +132,24 @@ status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
         free(highs);
 }
 
+/* A partitioned inbox's ranges (nothing for the plain table). */
+static void
+status_partitions(const kinbox_status_t *st)
+{
+        if (!st->npartitions)
+                return;
+        char from[32], until[32];
+        time_t f = (time_t)st->partitions_from;
+        time_t u = (time_t)st->partitions_until;
+        struct tm tm;
+        strftime(from, sizeof(from), "%Y-%m-%d %H:%M", gmtime_r(&f, &tm));
+        strftime(until, sizeof(until), "%Y-%m-%d %H:%M", gmtime_r(&u, &tm));
+        printf("Inbox partitions: %zu of %lld s, %s to %s UTC; %lld rows in "
+               "the catch-all\n",
+               st->npartitions, (long long)st->partition_width_s, from, until,
+               (long long)st->catchall_rows);
+}
+
 /* One consumer's line of `kinbox status`. */
 static void
 status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
@@ -235,9 +253,21 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
         for (size_t i = 0; i < st->ndestinations; i++)
                 status_destination(&st->destinations[i], jd, &td);
         if (x->o.json) {
-                json_out(json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox",
-                                   jd, "inbox_rows",
-                                   (json_int_t)st->inbox_rows));
+                json_t *j =
+                    json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox", jd,
+                              "inbox_rows", (json_int_t)st->inbox_rows);
+                if (st->npartitions)
+                        json_object_set_new(
+                            j, "inbox_partitions",
+                            json_pack("{s:I,s:I,s:I,s:I,s:I}", "width_s",
+                                      (json_int_t)st->partition_width_s,
+                                      "count", (json_int_t)st->npartitions,
+                                      "from", (json_int_t)st->partitions_from,
+                                      "until",
+                                      (json_int_t)st->partitions_until,
+                                      "catchall_rows",
+                                      (json_int_t)st->catchall_rows));
+                json_out(j);
                 tbl_print(&tc, NULL);
                 tbl_print(&td, NULL);
                 return;
@@ -251,6 +281,7 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
         printf("\nOutbox\n");
         tbl_print(&td, stdout);
         printf("\nInbox size: %lld rows\n", (long long)st->inbox_rows);
+        status_partitions(st);
 }
 
 int
