@@ -40,7 +40,8 @@ typedef struct kinbox_prune_result {
                                    lock, nothing was done */
         /* A partitioned inbox (`inbox.layout = partitioned`): */
         uint64_t partitions_dropped; /**< whole ranges dropped (their
-                                        rows count in inbox_rows) */
+                                        rows count in inbox_rows as the
+                                        catalog estimates them) */
         uint64_t partitions_created; /**< ranges created ahead */
         uint64_t rows_kept; /**< rows of dropped ranges kept because a dead
                                  letter or parked message needs them */

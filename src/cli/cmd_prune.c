@@ -78,8 +78,8 @@ kb_cmd_prune(int argc, char **argv)
                        "done\n");
         } else {
                 const char *verb = x.o.dry_run ? "would delete" : "deleted";
-                printf("inbox:  %s %" PRIu64 " rows older than %s\n", verb,
-                       res.inbox_rows,
+                printf("inbox:  %s %s%" PRIu64 " rows older than %s\n", verb,
+                       res.partitions_dropped ? "about " : "", res.inbox_rows,
                        kinbox_conf_get(x.cfg.base, "inbox.retention"));
                 if (res.partitions_dropped || res.partitions_created)
                         printf("inbox:  %s %" PRIu64 " partitions (%" PRIu64
