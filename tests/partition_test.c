@@ -101,6 +101,32 @@ migrate_ok(kinbox_conf_t *c)
         cr_assert(eq(int, rc, KINBOX_OK), "migrate: %s", e);
 }
 
+/* A fresh database with pt_applied, partitioned by kinbox migrate, and a
+ * topic of parts partitions: the consumer's configuration. */
+static kinbox_conf_t *
+setup(int backend, const char *name, int parts, char **url, char **topic)
+{
+        *url = kt_fresh_db(kt_backend(backend));
+        make_applied(*url, backend);
+        *topic = kt_unique(name);
+        kt_topic(*topic, parts);
+        kinbox_conf_t *c = part_conf(*url, name, *topic);
+        migrate_ok(c);
+        return c;
+}
+
+/* Wait until group has committed every message of topic; asserts it. */
+static void
+wait_committed(const char *group, const char *topic, int parts, int secs)
+{
+        long long want = kt_high_sum(topic, parts), got = 0;
+        for (int i = 0; i < secs * 10 && got < want; i++) {
+                usleep(100 * 1000);
+                got = kt_committed_sum(group, topic, parts);
+        }
+        cr_assert(eq(i64, got, want), "committed %lld of %lld", got, want);
+}
+
 /* Run the consumer until every produced message is committed. */
 static void
 consume_all(kinbox_conf_t *conf, const char *topic, int parts)
@@ -108,14 +134,8 @@ consume_all(kinbox_conf_t *conf, const char *topic, int parts)
         const char *group = kinbox_conf_get(conf, "group.id");
         char *g = strdup(group);
         kt_run_t *r = kt_run_start(conf, record, NULL, NULL);
-        long long want = kt_high_sum(topic, parts);
-        long long got = 0;
-        for (int i = 0; i < 600 && got < want; i++) {
-                usleep(100 * 1000);
-                got = kt_committed_sum(g, topic, parts);
-        }
+        wait_committed(g, topic, parts, 60);
         kt_run_stop(r);
-        cr_assert(eq(i64, got, want), "committed %lld of %lld", got, want);
         free(g);
 }
 
@@ -124,16 +144,12 @@ consume_all(kinbox_conf_t *conf, const char *topic, int parts)
 KT_BACKENDS_PARAMS(partition, boundaries)
 ParameterizedTest(int *backend, partition, boundaries, .timeout = 180)
 {
-        char *url = kt_fresh_db(kt_backend(*backend));
-        make_applied(url, *backend);
+        char *url, *topic;
+        kinbox_conf_t *c = setup(*backend, "ptb", 3, &url, &topic);
         if (!is_my(*backend)) /* kinbox stores UTC whatever the session's */
                 kt_exec(url, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I "
                              "SET timezone = %L', current_database(), "
                              "'America/New_York'); END $$");
-        char *topic = kt_unique("pt-b");
-        kt_topic(topic, 3);
-        kinbox_conf_t *c = part_conf(url, "ptb", topic);
-        migrate_ok(c);
         cr_assert(eq(
             i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_partitioning"), 1));
         int64_t m = next_midnight(), now = now_ms();
@@ -220,12 +236,8 @@ ParameterizedTest(int *backend, partition, boundaries, .timeout = 180)
 KT_BACKENDS_PARAMS(partition, relay_republish)
 ParameterizedTest(int *backend, partition, relay_republish, .timeout = 180)
 {
-        char *url = kt_fresh_db(kt_backend(*backend));
-        make_applied(url, *backend);
-        char *topic = kt_unique("pt-r");
-        kt_topic(topic, 1);
-        kinbox_conf_t *c = part_conf(url, "ptr", topic);
-        migrate_ok(c);
+        char *url, *topic;
+        kinbox_conf_t *c = setup(*backend, "ptr", 1, &url, &topic);
         char sql[512];
         snprintf(sql, sizeof(sql),
                  "INSERT INTO kinbox_outbox (destination, idem_key, "
@@ -298,12 +310,8 @@ prune(const char *url, const char *retention, const char *ahead)
 KT_BACKENDS_PARAMS(partition, lifecycle)
 ParameterizedTest(int *backend, partition, lifecycle, .timeout = 180)
 {
-        char *url = kt_fresh_db(kt_backend(*backend));
-        make_applied(url, *backend);
-        char *topic = kt_unique("pt-l");
-        kt_topic(topic, 1);
-        kinbox_conf_t *c = part_conf(url, "ptl", topic);
-        migrate_ok(c);
+        char *url, *topic;
+        kinbox_conf_t *c = setup(*backend, "ptl", 1, &url, &topic);
         int64_t now = now_ms();
         long long before = ranges(url, *backend);
         /* 14 days back (inbox.retention) to 3 ahead: 17 or 18 ranges. */
@@ -417,14 +425,9 @@ ParameterizedTest(int *backend, partition, convert_online, .timeout = 300)
         /* Past the consumers' 10 s look at the layout: every copy again. */
         sleep(11);
         produce_range(topic, 0, 300, base);
-        long long want = kt_high_sum(topic, 3), got = 0;
-        for (int i = 0; i < 600 && got < want; i++) {
-                usleep(100 * 1000);
-                got = kt_committed_sum(group, topic, 3);
-        }
+        wait_committed(group, topic, 3, 60);
         kt_run_stop(r);
         free(group);
-        cr_assert(eq(i64, got, want));
         cr_assert(
             eq(i64, kt_qint(url, "SELECT COUNT(*) FROM pt_applied"), 300));
         cr_assert(eq(i64,
@@ -512,14 +515,9 @@ ParameterizedTest(int *backend, partition, points_exact, .timeout = 240)
         char *group = strdup(kinbox_conf_get(c, "group.id"));
         kt_run_t *r =
             kt_run_start(c, NULL, kinbox_points_module.handle_batch, NULL);
-        long long want = kt_high_sum(topic, 4), got = 0;
-        for (int i = 0; i < 900 && got < want; i++) {
-                usleep(100 * 1000);
-                got = kt_committed_sum(group, topic, 4);
-        }
+        wait_committed(group, topic, 4, 90);
         kt_run_stop(r);
         free(group);
-        cr_assert(eq(i64, got, want));
         kt_assert_points(url, total, 600);
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "

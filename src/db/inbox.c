@@ -20,6 +20,7 @@
 #include "../db.h"
 #include "../internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -193,6 +194,72 @@ kinbox__inbox_undo(kinbox__db_t *db, const char *consumer,
                         return rc;
         }
         return KINBOX_OK;
+}
+
+int
+kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c, char **m,
+                 size_t *mlen)
+{
+        const char *v0 = r->values[row * (size_t)r->ncols];
+        const char *v1 = r->values[row * (size_t)r->ncols + 1];
+        size_t l1 = r->lens[row * (size_t)r->ncols + 1];
+        char *nc = v0 ? kinbox__strdup(v0) : NULL;
+        char *nm = v1 ? malloc(l1 + 1) : NULL;
+        if (!nc || !nm) {
+                free(nc);
+                free(nm);
+                return KINBOX_ERR_NOMEM;
+        }
+        memcpy(nm, v1, l1 + 1);
+        free(*c);
+        free(*m);
+        *c = nc;
+        *m = nm;
+        *mlen = l1;
+        return KINBOX_OK;
+}
+
+int
+kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
+                    const char *count_fmt, kinbox__range_t **out, size_t *n,
+                    int64_t *catchall_rows)
+{
+        *out = NULL;
+        *n = 0;
+        const char *v[1] = {table};
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_queryv(db, sql, 1, v, &r);
+        if (rc)
+                return rc;
+        kinbox__range_t *a = calloc(r->nrows + 1, sizeof(*a));
+        for (size_t i = 0; a && i < r->nrows; i++) {
+                char **c = &r->values[i * (size_t)r->ncols];
+                int64_t st = c[0] ? kinbox__range_parse(c[0]) : -1;
+                if (st < 0)
+                        continue;
+                kinbox__range_t *x = &a[(*n)++];
+                x->start_s = st;
+                snprintf(x->name, sizeof(x->name), "%s", c[0]);
+                x->rows = c[1] ? strtoll(c[1], NULL, 10) : -1;
+                x->bytes = c[2] ? strtoll(c[2], NULL, 10) : -1;
+        }
+        kinbox_rows_destroy(r);
+        if (!a)
+                return KINBOX_ERR_NOMEM;
+        *out = a;
+        if (!catchall_rows)
+                return KINBOX_OK;
+        char q[200];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(q, sizeof(q), count_fmt, table);
+#pragma GCC diagnostic pop
+        rc = kinbox__db_query(db, q, 0, NULL, &r);
+        *catchall_rows = !rc && r->nrows && r->values[0]
+                             ? strtoll(r->values[0], NULL, 10)
+                             : -1;
+        kinbox_rows_destroy(r);
+        return rc;
 }
 
 int

@@ -73,49 +73,14 @@ my_list(kinbox__db_t *db, const char *table, int64_t width_s,
         kinbox__range_t **out, size_t *n, int64_t *catchall_rows)
 {
         (void)width_s;
-        *out = NULL;
-        *n = 0;
-        const char *v[1] = {table};
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_queryv(
+        return kinbox__ranges_read(
             db,
             "SELECT PARTITION_NAME, TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH "
             "FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = "
             "DATABASE() AND TABLE_NAME = $1 AND PARTITION_NAME IS NOT NULL "
             "ORDER BY PARTITION_ORDINAL_POSITION",
-            1, v, &r);
-        if (rc)
-                return rc;
-        kinbox__range_t *a = calloc(r->nrows + 1, sizeof(*a));
-        if (!a) {
-                kinbox_rows_destroy(r);
-                return KINBOX_ERR_NOMEM;
-        }
-        for (size_t i = 0; i < r->nrows; i++) {
-                char **c = &r->values[i * (size_t)r->ncols];
-                int64_t s = c[0] ? kinbox__range_parse(c[0]) : -1;
-                if (s < 0)
-                        continue;
-                kinbox__range_t *x = &a[(*n)++];
-                x->start_s = s;
-                snprintf(x->name, sizeof(x->name), "%s", c[0]);
-                x->rows = c[1] ? strtoll(c[1], NULL, 10) : -1;
-                x->bytes = c[2] ? strtoll(c[2], NULL, 10) : -1;
-        }
-        kinbox_rows_destroy(r);
-        *out = a;
-        if (!catchall_rows)
-                return KINBOX_OK;
-        char sql[160];
-        snprintf(sql, sizeof(sql),
-                 "SELECT count(*) FROM %s PARTITION (p_past, p_future)",
-                 table);
-        rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *catchall_rows = !rc && r->nrows && r->values[0]
-                             ? strtoll(r->values[0], NULL, 10)
-                             : -1;
-        kinbox_rows_destroy(r);
-        return rc;
+            table, "SELECT count(*) FROM %s PARTITION (p_past, p_future)", out,
+            n, catchall_rows);
 }
 
 static int
@@ -318,22 +283,8 @@ my_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
                  "COALESCE(msg_at, processed_at)", where, width_s, skew_s);
         uint64_t n = 0;
         rc = run_count(db, sql, last ? 2 : 4, p, &n);
-        if (!rc && !last) {
-                char *nc = kinbox__strdup(r->values[0]);
-                char *nm = malloc(r->lens[1] + 1);
-                if (!nc || !nm) {
-                        free(nc);
-                        free(nm);
-                        rc = KINBOX_ERR_NOMEM;
-                } else {
-                        memcpy(nm, r->values[1], r->lens[1] + 1);
-                        free(*c);
-                        free(*m);
-                        *c = nc;
-                        *m = nm;
-                        *mlen = r->lens[1];
-                }
-        }
+        if (!rc && !last)
+                rc = kinbox__copy_key(r, 0, c, m, mlen);
         /* The tail (no boundary) is copied once more, finding nothing. */
         *copied = last ? n : (uint64_t)batch;
         kinbox_rows_destroy(r);

@@ -83,6 +83,19 @@ struct kinbox__part_ops {
 extern const struct kinbox__part_ops kinbox__pg_part;
 extern const struct kinbox__part_ops kinbox__mysql_part;
 
+/* list() for both backends: sql ($1 table) returns each partition's
+ * name, estimated rows and bytes; count_fmt (a printf format of the
+ * table) counts the catch-all. */
+int kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
+                        const char *count_fmt, kinbox__range_t **out,
+                        size_t *n, int64_t *catchall_rows);
+
+/* copy(): the key (consumer, message_id) in columns 0 and 1 of row of r
+ * replaces *c, *m (freed), *mlen. KINBOX_ERR_NOMEM (or a NULL column):
+ * *c, *m unchanged. */
+int kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c,
+                     char **m, size_t *mlen);
+
 /* The name part of range start_s: YYYYMMDD, or YYYYMMDDHH when width_s
  * is under a day. out holds 16 bytes. */
 void kinbox__range_label(char *out, int64_t start_s, int64_t width_s);

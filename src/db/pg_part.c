@@ -46,47 +46,13 @@ pg_list(kinbox__db_t *db, const char *table, int64_t width_s,
         kinbox__range_t **out, size_t *n, int64_t *catchall_rows)
 {
         (void)width_s;
-        *out = NULL;
-        *n = 0;
-        const char *v[1] = {table};
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_queryv(
+        return kinbox__ranges_read(
             db,
             "SELECT c.relname, c.reltuples::bigint, "
             "pg_total_relation_size(c.oid) FROM pg_inherits i JOIN pg_class "
             "c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1) "
             "AND c.relname LIKE 'kinbox\\_inbox\\_p%' ORDER BY c.relname",
-            1, v, &r);
-        if (rc)
-                return rc;
-        kinbox__range_t *a = calloc(r->nrows + 1, sizeof(*a));
-        if (!a) {
-                kinbox_rows_destroy(r);
-                return KINBOX_ERR_NOMEM;
-        }
-        for (size_t i = 0; i < r->nrows; i++) {
-                char **c = &r->values[i * (size_t)r->ncols];
-                int64_t s = kinbox__range_parse(c[0]);
-                if (s < 0)
-                        continue;
-                kinbox__range_t *x = &a[(*n)++];
-                x->start_s = s;
-                snprintf(x->name, sizeof(x->name), "%s", c[0]);
-                x->rows = c[1] ? strtoll(c[1], NULL, 10) : -1;
-                x->bytes = c[2] ? strtoll(c[2], NULL, 10) : -1;
-        }
-        kinbox_rows_destroy(r);
-        *out = a;
-        if (!catchall_rows)
-                return KINBOX_OK;
-        char sql[160];
-        snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s_default", table);
-        rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *catchall_rows = !rc && r->nrows && r->values[0]
-                             ? strtoll(r->values[0], NULL, 10)
-                             : -1;
-        kinbox_rows_destroy(r);
-        return rc;
+            table, "SELECT count(*) FROM %s_default", out, n, catchall_rows);
 }
 
 static int
@@ -253,20 +219,8 @@ pg_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
         int rc = db->ops->query(db, sql, 2, p, -1, &r);
         *copied = 0;
         if (!rc && r->nrows) {
-                char *nc = kinbox__strdup(r->values[0]);
-                char *nm = kinbox__strdup(r->values[1]);
-                if (!nc || !nm) {
-                        free(nc);
-                        free(nm);
-                        rc = KINBOX_ERR_NOMEM;
-                } else {
-                        free(*c);
-                        free(*m);
-                        *c = nc;
-                        *m = nm;
-                        *mlen = strlen(nm);
-                        *copied = strtoull(r->values[2], NULL, 10);
-                }
+                rc = kinbox__copy_key(r, 0, c, m, mlen);
+                *copied = rc ? 0 : strtoull(r->values[2], NULL, 10);
         }
         kinbox_rows_destroy(r);
         return rc;
