@@ -347,7 +347,6 @@ void kinbox__inbox_put_back(kinbox__inbox_put_t *puts, size_t np,
 /* is_new[i]: the first occurrence of its id in ix and every put of it
  * came back. */
 void kinbox__inbox_puts_fold(const kinbox__inbox_put_t *puts, size_t np,
-                             const struct kinbox__inbox_row *rows,
                              const kinbox__idref_t *ix, size_t n,
                              bool *is_new);
 /* A message whose own row went in while its marker met another copy's
@@ -359,6 +358,9 @@ int kinbox__inbox_undo(kinbox__db_t *db, const char *consumer,
 /* "YYYY-MM-DD HH:MM:SS" (UTC) of s seconds since the epoch; with ms >= 0
  * ".mmm" appended. out holds 32 bytes. */
 void kinbox__utc_text(char *out, int64_t s, int ms);
+/* The range start (seconds, UTC) of now in db's inbox layout (a day when
+ * it was never read): where a re-inserted row goes whose own is gone. */
+int64_t kinbox__inbox_part_now(const kinbox__db_t *db);
 /* The range start (seconds, UTC) that ms falls in, for width_s. */
 int64_t kinbox__inbox_part_of(int64_t ms, int64_t width_s);
 /* Read the inbox layout into db (kinbox_partitioning; conf for a plain

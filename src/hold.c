@@ -428,9 +428,7 @@ rel_inbox(relkey_t *k, struct kinbox_rows_s *r, bool *dup)
         /* A pruned row comes back in the range of now (db/inbox.c). */
         char part[24];
         snprintf(part, sizeof(part), "%lld",
-                 (long long)kinbox__inbox_part_of(
-                     kinbox__wall_ms(),
-                     db->inbox_width_s > 0 ? db->inbox_width_s : 86400));
+                 (long long)kinbox__inbox_part_now(db));
         kinbox__param_t p[6] = {{k->c->name, 0, 0},  {HV(r, 2), 0, 0},
                                 {k->p->topic, 0, 0}, {k->part, 0, 0},
                                 {HV(r, 1), 0, 0},    {part, 0, 0}};

@@ -193,8 +193,7 @@ kinbox__partition_prune(kinbox__db_t *db, const kinbox__settings_t *s,
         kinbox__range_t *r = NULL;
         size_t n = 0;
         int64_t catchall = 0;
-        if ((rc = po->list(db, "kinbox_inbox", db->inbox_width_s, &r, &n,
-                           &catchall)))
+        if ((rc = po->list(db, "kinbox_inbox", &r, &n, NULL)))
                 return rc;
         rc = drop_old(db, lg, r, n, s->inbox_retention, dry, stop, res);
         if (!rc && !dry)
@@ -207,8 +206,8 @@ kinbox__partition_prune(kinbox__db_t *db, const kinbox__settings_t *s,
         free(r);
         r = NULL;
         n = 0;
-        int lrc =
-            po->list(db, "kinbox_inbox", db->inbox_width_s, &r, &n, &catchall);
+        /* After the run, for the gauges. */
+        int lrc = po->list(db, "kinbox_inbox", &r, &n, &catchall);
         if (!lrc)
                 publish(db, r, n, catchall, s->inbox_retention);
         free(r);
@@ -218,13 +217,14 @@ kinbox__partition_prune(kinbox__db_t *db, const kinbox__settings_t *s,
 /* ------------------------------------------------------------------ */
 /* kinbox migrate */
 
-static int
-take_lock(kinbox__db_t *db, bool *locked)
+int
+kinbox__prune_lock(kinbox__db_t *db, int tries, bool *locked)
 {
         const char *name = PRUNE_LOCK;
         *locked = false;
-        /* The pruner's run is short; wait for it rather than fail. */
-        for (int i = 0; i < 600 && !*locked; i++) {
+        for (int i = 0; i < tries && !*locked; i++) {
+                if (i)
+                        kinbox__sleep_ms(100);
                 struct kinbox_rows_s *rows = NULL;
                 int rc = kinbox__db_queryv(db, db->ops->sql->try_lock, 1,
                                            &name, &rows);
@@ -234,14 +234,12 @@ take_lock(kinbox__db_t *db, bool *locked)
                 kinbox_rows_destroy(rows);
                 if (rc)
                         return rc;
-                if (!*locked)
-                        kinbox__sleep_ms(100);
         }
-        return *locked ? KINBOX_OK : KINBOX_ERR_STATE;
+        return KINBOX_OK;
 }
 
-static void
-unlock(kinbox__db_t *db)
+void
+kinbox__prune_unlock(kinbox__db_t *db)
 {
         const char *name = PRUNE_LOCK;
         kinbox__db_queryv(db, db->ops->sql->unlock, 1, &name, NULL);
@@ -347,8 +345,7 @@ swapped(kinbox__db_t *db, const kinbox__settings_t *s, char *errstr, size_t sz)
 {
         kinbox__range_t *r = NULL;
         size_t n = 0;
-        int rc = db->ops->part->list(
-            db, "kinbox_inbox", s->inbox_partition_width / 1000, &r, &n, NULL);
+        int rc = db->ops->part->list(db, "kinbox_inbox", &r, &n, NULL);
         free(r);
         if (!rc && !n)
                 return KINBOX_ERR_NOT_FOUND;
@@ -403,10 +400,12 @@ kinbox__partition_apply(kinbox__db_t *db, const kinbox__settings_t *s,
         bool locked = false;
         uint64_t rows = 0;
         int64_t swap_ms = 0;
-        if (!(rc = take_lock(db, &locked)))
-                rc = convert(db, s, &rows, &swap_ms);
+        /* The pruner's run is short: wait for it (60 s) rather than fail. */
+        if (!(rc = kinbox__prune_lock(db, 600, &locked)))
+                rc = locked ? convert(db, s, &rows, &swap_ms)
+                            : KINBOX_ERR_STATE;
         if (locked)
-                unlock(db);
+                kinbox__prune_unlock(db);
         if (rc) {
                 kinbox__errstr(errstr, sz, "partitioning kinbox_inbox: %s",
                                rc == KINBOX_ERR_STATE ? "the pruner's lock "

@@ -17,6 +17,12 @@
 int kinbox__partition_check(kinbox__db_t *db, const kinbox__settings_t *s,
                             char *errstr, size_t sz);
 
+/* The pruner's single-instance lock (PostgreSQL advisory lock, MySQL
+ * GET_LOCK) on db's session: up to tries attempts 100 ms apart; *locked
+ * whether it was taken. Held by kinbox_prune() and by a conversion. */
+int kinbox__prune_lock(kinbox__db_t *db, int tries, bool *locked);
+void kinbox__prune_unlock(kinbox__db_t *db);
+
 /* The pruner's inbox step for a partitioned inbox, under the pruning lock
  * (dry: count only): finish interrupted drops, drop ranges past the
  * retention, create ranges ahead, prune the catch-all, set the gauges.

@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PRUNE_LOCK "kinbox_prune"
 #define PRUNE_PAUSE_MS 20
 
 /* Which of the dialect's prune statements (db.h). */
@@ -66,13 +65,6 @@ prune_table(kinbox__db_t *db, int t, int64_t age_ms, int64_t batch, bool dry,
 }
 #pragma GCC diagnostic pop
 
-static bool
-lock_taken(struct kinbox_rows_s *rows)
-{
-        const char *v = rows && rows->nrows ? rows->values[0] : NULL;
-        return v && (!strcmp(v, "t") || !strcmp(v, "1"));
-}
-
 kinbox_err_t
 kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
              kinbox_prune_result_t *out, char *errstr, size_t sz)
@@ -89,13 +81,7 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
         if (rc)
                 goto fail;
         if (!dry_run) {
-                const char *name = PRUNE_LOCK;
-                struct kinbox_rows_s *rows = NULL;
-                rc = kinbox__db_queryv(db, db->ops->sql->try_lock, 1, &name,
-                                       &rows);
-                locked = !rc && lock_taken(rows);
-                kinbox_rows_destroy(rows);
-                if (rc)
+                if ((rc = kinbox__prune_lock(db, 1, &locked)))
                         goto fail;
                 if (!locked) {
                         res.skipped = 1;
@@ -128,10 +114,8 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                                                "done", (char *)NULL),
                               1);
 done:
-        if (locked) {
-                const char *name = PRUNE_LOCK;
-                kinbox__db_queryv(db, db->ops->sql->unlock, 1, &name, NULL);
-        }
+        if (locked)
+                kinbox__prune_unlock(db);
         kinbox__db_destroy(db);
         if (out)
                 *out = res;

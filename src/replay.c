@@ -124,9 +124,7 @@ replay_inbox(kinbox_admin_t *adm, int64_t id, char **v, size_t *len, int *rcp)
          * back in the range of now. */
         char part[24];
         snprintf(part, sizeof(part), "%lld",
-                 (long long)kinbox__inbox_part_of(
-                     kinbox__wall_ms(),
-                     db->inbox_width_s > 0 ? db->inbox_width_s : 86400));
+                 (long long)kinbox__inbox_part_now(db));
         kinbox__param_t p6[6] = {{v[0], 0, 0}, {v[1], len[1], 0},
                                  {v[2], 0, 0}, {v[3], 0, 0},
                                  {v[4], 0, 0}, {part, 0, 0}};

@@ -90,8 +90,8 @@ partitions(kinbox_admin_t *adm, kinbox_status_t *s)
                 return rc ? kinbox__admin_fail(adm, rc) : KINBOX_OK;
         kinbox__range_t *r = NULL;
         size_t n = 0;
-        rc = db->ops->part->list(db, "kinbox_inbox", db->inbox_width_s, &r, &n,
-                                 &s->catchall_rows);
+        rc =
+            db->ops->part->list(db, "kinbox_inbox", &r, &n, &s->catchall_rows);
         if (!rc) {
                 s->partition_width_s = db->inbox_width_s;
                 s->npartitions = n;

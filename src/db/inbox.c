@@ -81,6 +81,27 @@ kinbox__utc_text(char *out, int64_t s, int ms)
                 snprintf(out + n, 32 - n, ".%03d", ms % 1000);
 }
 
+/* The range width of db's inbox: the layout read, else a day. */
+void
+kinbox__utc_quoted(char *out, size_t sz, const char *zone, int64_t s)
+{
+        char t[32];
+        kinbox__utc_text(t, s, -1);
+        snprintf(out, sz, "'%s%s'", t, zone);
+}
+
+static int64_t
+width_of(const kinbox__db_t *db)
+{
+        return db->inbox_width_s > 0 ? db->inbox_width_s : 86400;
+}
+
+int64_t
+kinbox__inbox_part_now(const kinbox__db_t *db)
+{
+        return kinbox__inbox_part_of(kinbox__wall_ms(), width_of(db));
+}
+
 kinbox__inbox_put_t *
 kinbox__inbox_puts(const kinbox__db_t *db,
                    const struct kinbox__inbox_row *rows,
@@ -89,7 +110,7 @@ kinbox__inbox_puts(const kinbox__db_t *db,
         kinbox__inbox_put_t *p = malloc((2 * n + 1) * sizeof(*p));
         if (!p)
                 return NULL;
-        int64_t w = db->inbox_width_s > 0 ? db->inbox_width_s : 86400;
+        int64_t w = width_of(db);
         int64_t skew_ms = db->inbox_partitioned ? db->inbox_skew_s * 1000 : 0;
         int64_t now = kinbox__wall_ms();
         size_t k = 0;
@@ -124,48 +145,54 @@ kinbox__inbox_put_back(kinbox__inbox_put_t *puts, size_t np,
         long long part = strtoll(v[2], NULL, 10);
         long long off = strtoll(v[3], NULL, 10);
         bool shadow = is_true(v[4]);
-        for (size_t k = 0; k < np; k++) {
+        /* Puts are in id order (kinbox__inbox_sorted()): the first put of
+         * the id, then its run. */
+        size_t lo = 0, hi = np;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(rows[puts[mid].row].id, v[0]) < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        for (size_t k = lo; k < np && !strcmp(rows[puts[k].row].id, v[0]);
+             k++) {
                 const struct kinbox__inbox_row *r = &rows[puts[k].row];
                 if (puts[k].back || puts[k].shadow != shadow ||
                     r->partition != part || r->offset != off ||
-                    strcmp(r->id, v[0]) || strcmp(r->topic, v[1]))
+                    strcmp(r->topic, v[1]))
                         continue;
                 puts[k].back = true;
                 return;
         }
 }
 
+/* The end of the run of puts of one message that starts at k. */
+static size_t
+run_end(const kinbox__inbox_put_t *puts, size_t np, size_t k)
+{
+        size_t e = k + 1;
+        while (e < np && puts[e].row == puts[k].row)
+                e++;
+        return e;
+}
+
 void
 kinbox__inbox_puts_fold(const kinbox__inbox_put_t *puts, size_t np,
-                        const struct kinbox__inbox_row *rows,
                         const kinbox__idref_t *ix, size_t n, bool *is_new)
 {
         for (size_t i = 0; i < n; i++)
                 is_new[i] = false;
         /* Puts follow ix: a message's puts are consecutive. */
         size_t k = 0;
-        for (size_t j = 0; j < n; j++) {
-                size_t i = ix[j].idx;
-                bool first = j == 0 || strcmp(ix[j - 1].id, ix[j].id);
+        for (size_t j = 0; j < n && k < np; j++) {
+                size_t e = run_end(puts, np, k);
                 bool all = true;
-                for (; k < np && puts[k].row == i; k++)
+                for (; k < e; k++)
                         all = all && puts[k].back;
-                is_new[i] = first && all;
+                is_new[ix[j].idx] =
+                    all && (j == 0 || strcmp(ix[j - 1].id, ix[j].id));
         }
-        (void)rows;
-}
-
-/* The puts of rows[i] that came back, of those that did not. */
-static void
-got(const kinbox__inbox_put_t *puts, size_t np, size_t i, size_t *back,
-    size_t *all)
-{
-        *back = *all = 0;
-        for (size_t k = 0; k < np; k++)
-                if (puts[k].row == i) {
-                        (*all)++;
-                        *back += puts[k].back;
-                }
 }
 
 int
@@ -173,25 +200,30 @@ kinbox__inbox_undo(kinbox__db_t *db, const char *consumer,
                    const struct kinbox__inbox_row *rows,
                    const kinbox__inbox_put_t *puts, size_t np)
 {
-        for (size_t k = 0; k < np; k++) {
-                size_t back, all;
-                if (!puts[k].back)
-                        continue;
-                got(puts, np, puts[k].row, &back, &all);
-                if (back == all)
+        for (size_t k = 0, e; k < np; k = e) {
+                e = run_end(puts, np, k);
+                size_t back = 0;
+                for (size_t x = k; x < e; x++)
+                        back += puts[x].back;
+                if (!back || back == e - k)
                         continue;
                 const struct kinbox__inbox_row *r = &rows[puts[k].row];
                 char part[24], kp[16], ko[24];
-                snprintf(part, sizeof(part), "%lld",
-                         (long long)puts[k].part_s);
                 snprintf(kp, sizeof(kp), "%d", (int)r->partition);
                 snprintf(ko, sizeof(ko), "%lld", (long long)r->offset);
-                kinbox__param_t p[6] = {{consumer, 0, 0}, {r->id, 0, 0},
-                                        {part, 0, 0},     {r->topic, 0, 0},
-                                        {kp, 0, 0},       {ko, 0, 0}};
-                int rc = db->ops->exec(db, db->ops->sql->inbox_undo, 6, p, -1);
-                if (rc)
-                        return rc;
+                for (size_t x = k; x < e; x++) {
+                        if (!puts[x].back)
+                                continue;
+                        snprintf(part, sizeof(part), "%lld",
+                                 (long long)puts[x].part_s);
+                        kinbox__param_t p[6] = {
+                            {consumer, 0, 0}, {r->id, 0, 0}, {part, 0, 0},
+                            {r->topic, 0, 0}, {kp, 0, 0},    {ko, 0, 0}};
+                        int rc = db->ops->exec(db, db->ops->sql->inbox_undo, 6,
+                                               p, -1);
+                        if (rc)
+                                return rc;
+                }
         }
         return KINBOX_OK;
 }

@@ -661,7 +661,7 @@ my_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 kinbox__inbox_put_back(
                     puts, np, rows,
                     (const char *const *)&r->values[k * (size_t)r->ncols]);
-        kinbox__inbox_puts_fold(puts, np, rows, ix, n, is_new);
+        kinbox__inbox_puts_fold(puts, np, ix, n, is_new);
         rc = kinbox__inbox_undo(db, consumer, rows, puts, np);
 out:
         free(puts);

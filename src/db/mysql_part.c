@@ -32,15 +32,6 @@ bucket(char *out, size_t sz, const char *t, int64_t width_s)
                  t, width_s, width_s);
 }
 
-/* 'YYYY-MM-DD HH:MM:SS' of s. */
-static void
-lit(char *out, size_t sz, int64_t s)
-{
-        char t[32];
-        kinbox__utc_text(t, s, -1);
-        snprintf(out, sz, "'%s'", t);
-}
-
 static int
 run(kinbox__db_t *db, const char *sql)
 {
@@ -69,10 +60,9 @@ run_count(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
 }
 
 static int
-my_list(kinbox__db_t *db, const char *table, int64_t width_s,
-        kinbox__range_t **out, size_t *n, int64_t *catchall_rows)
+my_list(kinbox__db_t *db, const char *table, kinbox__range_t **out, size_t *n,
+        int64_t *catchall_rows)
 {
-        (void)width_s;
         return kinbox__ranges_read(
             db,
             "SELECT PARTITION_NAME, TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH "
@@ -87,7 +77,7 @@ static int
 my_create(kinbox__db_t *db, const char *table, int64_t first_s)
 {
         char first[40], sql[1600];
-        lit(first, sizeof(first), first_s);
+        kinbox__utc_quoted(first, sizeof(first), "", first_s);
         snprintf(
             sql, sizeof(sql),
             "CREATE TABLE %s (consumer VARCHAR(200) CHARACTER SET utf8mb4 "
@@ -113,7 +103,7 @@ my_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
 {
         char lab[16], end[40], sql[400];
         kinbox__range_label(lab, start_s, width_s);
-        lit(end, sizeof(end), start_s + width_s);
+        kinbox__utc_quoted(end, sizeof(end), "", start_s + width_s);
         /* Copies p_future's rows (none while partitions are kept ahead). */
         snprintf(sql, sizeof(sql),
                  "ALTER TABLE %s REORGANIZE PARTITION p_future INTO "
@@ -163,7 +153,7 @@ my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
 {
         char lab[16], end[40], t[64], sql[400];
         kinbox__range_label(lab, r->start_s, width_s);
-        lit(end, sizeof(end), r->start_s + width_s);
+        kinbox__utc_quoted(end, sizeof(end), "", r->start_s + width_s);
         snprintf(t, sizeof(t), "kinbox_inbox_old_%s", lab);
         *kept = 0;
         snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE kinbox_inbox", t);
@@ -247,9 +237,11 @@ static int
 my_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
         char **c, char **m, size_t *mlen, uint64_t *copied)
 {
-        /* processed_at (a TIMESTAMP) reads as UTC in this session. */
-        int rc = run(db, "SET time_zone = '+00:00'");
-        if (!rc)
+        /* Once, at the first batch (no key yet): processed_at (a
+         * TIMESTAMP) reads as UTC in this session, and the copy's reads
+         * take no locks on the source rows. */
+        int rc = KINBOX_OK;
+        if (!*c && !(rc = run(db, "SET time_zone = '+00:00'")))
                 rc = run(db, "SET SESSION TRANSACTION ISOLATION LEVEL READ "
                              "COMMITTED");
         if (rc)

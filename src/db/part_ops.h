@@ -36,10 +36,10 @@ typedef struct kinbox__range {
  */
 struct kinbox__part_ops {
         /* The range partitions of table, ascending, with their sizes:
-         * *out malloc'ed, *n. width_s is their length. *catchall_rows: the
-         * rows in the catch-all(s), counted (NULL: not wanted). */
-        int (*list)(kinbox__db_t *db, const char *table, int64_t width_s,
-                    kinbox__range_t **out, size_t *n, int64_t *catchall_rows);
+         * *out malloc'ed, *n. *catchall_rows: the rows in the
+         * catch-all(s), counted (NULL: not wanted). */
+        int (*list)(kinbox__db_t *db, const char *table, kinbox__range_t **out,
+                    size_t *n, int64_t *catchall_rows);
         /* Create table (absent), partitioned, with only its catch-all(s);
          * first_s: where MySQL's p_past ends. */
         int (*create)(kinbox__db_t *db, const char *table, int64_t first_s);
@@ -95,6 +95,9 @@ int kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
  * *c, *m unchanged. */
 int kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c,
                      char **m, size_t *mlen);
+
+/* "'YYYY-MM-DD HH:MM:SS<zone>'" of s seconds (UTC): a bound literal. */
+void kinbox__utc_quoted(char *out, size_t sz, const char *zone, int64_t s);
 
 /* The name part of range start_s: YYYYMMDD, or YYYYMMDDHH when width_s
  * is under a day. out holds 16 bytes. */

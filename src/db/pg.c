@@ -908,7 +908,7 @@ pg_inbox_insert(kinbox__db_t *db, const char *consumer, size_t n,
                 kinbox__inbox_put_back(
                     puts, np, rows,
                     (const char *const *)&r->values[j * (size_t)r->ncols]);
-        kinbox__inbox_puts_fold(puts, np, rows, ix, n, is_new);
+        kinbox__inbox_puts_fold(puts, np, ix, n, is_new);
         rc = kinbox__inbox_undo(db, consumer, rows, puts, np);
 out:
         if (puts)

@@ -21,31 +21,20 @@
 
 #define LOCK_WAIT "SET LOCAL lock_timeout = '5s'"
 
-/* "'YYYY-MM-DD HH:MM:SS+00'" of s. */
-static void
-lit(char *out, size_t sz, int64_t s)
-{
-        char t[32];
-        kinbox__utc_text(t, s, -1);
-        snprintf(out, sz, "'%s+00'", t);
-}
-
 /* Run the statements of v (NULL-terminated) in one transaction. */
 static int
-in_tx(kinbox__db_t *db, const char *const *v, struct kinbox_rows_s **last)
+in_tx(kinbox__db_t *db, const char *const *v)
 {
         int rc = db->ops->begin(db);
         for (size_t i = 0; !rc && v[i]; i++)
-                rc = db->ops->query(db, v[i], 0, NULL, -1,
-                                    v[i + 1] ? NULL : last);
+                rc = db->ops->query(db, v[i], 0, NULL, -1, NULL);
         return kinbox__db_end(db, rc);
 }
 
 static int
-pg_list(kinbox__db_t *db, const char *table, int64_t width_s,
-        kinbox__range_t **out, size_t *n, int64_t *catchall_rows)
+pg_list(kinbox__db_t *db, const char *table, kinbox__range_t **out, size_t *n,
+        int64_t *catchall_rows)
 {
-        (void)width_s;
         return kinbox__ranges_read(
             db,
             "SELECT c.relname, c.reltuples::bigint, "
@@ -79,7 +68,7 @@ pg_create(kinbox__db_t *db, const char *table, int64_t first_s)
                  "(processed_at)",
                  table, table);
         const char *v[] = {t, d, i, NULL};
-        return in_tx(db, v, NULL);
+        return in_tx(db, v);
 }
 
 static int
@@ -87,8 +76,8 @@ pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
 {
         char lab[16], from[48], to[48];
         kinbox__range_label(lab, start_s, width_s);
-        lit(from, sizeof(from), start_s);
-        lit(to, sizeof(to), start_s + width_s);
+        kinbox__utc_quoted(from, sizeof(from), "+00", start_s);
+        kinbox__utc_quoted(to, sizeof(to), "+00", start_s + width_s);
         char c[256], m[512], d[256], a[320];
         snprintf(c, sizeof(c),
                  "CREATE TABLE kinbox_inbox_p%s (LIKE %s INCLUDING DEFAULTS "
@@ -108,7 +97,7 @@ pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
                  "FROM (%s) TO (%s)",
                  table, lab, from, to);
         const char *v[] = {LOCK_WAIT, c, m, d, a, NULL};
-        return in_tx(db, v, NULL);
+        return in_tx(db, v);
 }
 
 static int
@@ -154,7 +143,7 @@ pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
                     "kinbox_inbox",
                     "DROP FUNCTION IF EXISTS kinbox_inbox_mirror()",
                     "DROP TABLE IF EXISTS kinbox_inbox_conv", NULL};
-                return in_tx(db, v, NULL);
+                return in_tx(db, v);
         }
         char f[2048];
         snprintf(
@@ -185,7 +174,7 @@ pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
             "CREATE TRIGGER kinbox_inbox_mirror AFTER INSERT OR DELETE ON "
             "kinbox_inbox FOR EACH ROW EXECUTE FUNCTION kinbox_inbox_mirror()",
             NULL};
-        return in_tx(db, v, NULL);
+        return in_tx(db, v);
 }
 
 static int
@@ -252,7 +241,7 @@ pg_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
             "kinbox_inbox_default_processed_at",
             rec,
             NULL};
-        return in_tx(db, v, NULL);
+        return in_tx(db, v);
 }
 
 static int
