@@ -145,16 +145,27 @@ kt_qintf(const char *url, const char *fmt, ...)
 }
 
 long long
+kt_clock_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+long long
 kt_wait_qint(const char *url, const char *sql, long long want, int timeout_s)
 {
+        /* A deadline by the clock, not a count of rounds: on a loaded
+         * machine each query takes a while, and the test's own timeout
+         * would end it before this one says what it saw. */
+        long long end = kt_clock_ms() + timeout_s * 1000LL;
         long long v = -1;
-        for (int i = 0; i < timeout_s * 10; i++) {
+        for (;;) {
                 v = kt_qint(url, sql);
-                if (v == want)
+                if (v == want || kt_clock_ms() >= end)
                         return v;
                 usleep(100000);
         }
-        return v;
 }
 
 /* Replace the database name of url with db. */
@@ -543,17 +554,101 @@ kt_run_stop(kt_run_t *r)
         kt_run_stop_stats(r, NULL);
 }
 
+/* Every thread's stack of this process, on stderr (gdb, when the machine
+ * has it): what a hung stop was waiting for. */
+static void
+kt_print_stacks(const char *why)
+{
+        fprintf(stderr, "kt: %s: the stacks of process %d follow\n", why,
+                (int)getpid());
+        char pid[16];
+        snprintf(pid, sizeof(pid), "%d", (int)getpid());
+        pid_t g = fork();
+        if (g == 0) {
+                dup2(2, 1);
+                execlp("gdb", "gdb", "-q", "-batch", "-p", pid, "-ex",
+                       "thread apply all bt", (char *)NULL);
+                fprintf(stderr, "kt: no gdb on PATH: no stacks\n");
+                _exit(127);
+        }
+        if (g > 0)
+                waitpid(g, NULL, 0);
+}
+
+/* A watchdog over a step that must not hang: after secs it prints every
+ * thread's stack once (the test's own timeout then ends it). */
+typedef struct kt_watch {
+        pthread_t thr;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool done;
+        int secs;
+        const char *what;
+} kt_watch_t;
+
+static void *
+kt_watch_main(void *arg)
+{
+        kt_watch_t *w = arg;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += w->secs;
+        pthread_mutex_lock(&w->lock);
+        int rc = 0;
+        while (!w->done && rc != ETIMEDOUT)
+                rc = pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+        bool late = !w->done;
+        pthread_mutex_unlock(&w->lock);
+        if (late) {
+                char why[160];
+                snprintf(why, sizeof(why), "%s took over %d s", w->what,
+                         w->secs);
+                kt_print_stacks(why);
+        }
+        return NULL;
+}
+
+static void
+kt_watch_start(kt_watch_t *w, const char *what, int secs)
+{
+        *w = (kt_watch_t){.done = false, .secs = secs, .what = what};
+        pthread_mutex_init(&w->lock, NULL);
+        pthread_cond_init(&w->cond, NULL);
+        pthread_create(&w->thr, NULL, kt_watch_main, w);
+}
+
+static void
+kt_watch_end(kt_watch_t *w)
+{
+        pthread_mutex_lock(&w->lock);
+        w->done = true;
+        pthread_cond_signal(&w->cond);
+        pthread_mutex_unlock(&w->lock);
+        pthread_join(w->thr, NULL);
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+}
+
 void
 kt_run_stop_stats(kt_run_t *r, kinbox_consumer_stats_t *st)
 {
+        /* The consumer bounds its own shutdown (the group leave at 10 s,
+         * the final commit): a stop past 45 s is a bug, and its stacks
+         * say where. */
+        kt_watch_t wd;
+        kt_watch_start(&wd, "stopping the consumer", 45);
         kinbox_consumer_stop(r->c);
         pthread_join(r->thr, NULL);
-        cr_assert(r->rc == KINBOX_OK, "consumer run: %s: %s",
-                  kinbox_err_name(r->rc), kinbox_consumer_errstr(r->c));
         if (st)
                 kinbox_consumer_stats(r->c, st);
+        kinbox_err_t rc = r->rc;
+        char err[512];
+        snprintf(err, sizeof(err), "%s", kinbox_consumer_errstr(r->c));
         kinbox_consumer_destroy(r->c);
+        kt_watch_end(&wd);
         free(r);
+        cr_assert(rc == KINBOX_OK, "consumer run: %s: %s", kinbox_err_name(rc),
+                  err);
 }
 
 struct kt_relay {

@@ -141,7 +141,11 @@ void kt_exec(const char *url, const char *sql);
  * for statements that may fail in an expected way. */
 int kt_exec_err(const char *url, const char *sql);
 
-/* Poll until kt_qint(url, sql) == want or timeout; returns last value. */
+/* Milliseconds of CLOCK_MONOTONIC: for deadlines of waits. */
+long long kt_clock_ms(void);
+
+/* Poll until kt_qint(url, sql) == want or timeout_s seconds of the clock
+ * passed; returns the last value. */
 long long kt_wait_qint(const char *url, const char *sql, long long want,
                        int timeout_s);
 

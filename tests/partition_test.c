@@ -120,7 +120,8 @@ static void
 wait_committed(const char *group, const char *topic, int parts, int secs)
 {
         long long want = kt_high_sum(topic, parts), got = 0;
-        for (int i = 0; i < secs * 10 && got < want; i++) {
+        long long end = kt_clock_ms() + secs * 1000LL;
+        while (got < want && kt_clock_ms() < end) {
                 usleep(100 * 1000);
                 got = kt_committed_sum(group, topic, parts);
         }

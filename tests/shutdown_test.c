@@ -63,7 +63,8 @@ start_consuming(const char *ini, const char *url, const char *log,
 {
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         long long n = *seen;
-        for (int i = 0; i < resume_s * 10 && n <= *seen; i++) {
+        long long end = kt_clock_ms() + resume_s * 1000LL;
+        while (n <= *seen && kt_clock_ms() < end) {
                 usleep(100000);
                 n = kt_qint(url, SQL_INBOX);
         }
