@@ -152,6 +152,26 @@ parse_duration_ms(const char *s, int64_t *ms)
                                         0);
 }
 
+bool
+kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond, const volatile int *stop,
+       int64_t ms)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += ms / 1000;
+        ts.tv_nsec += (ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(lock);
+        while (!*stop && pthread_cond_timedwait(cond, lock, &ts) == 0)
+                ;
+        bool stopped = *stop;
+        pthread_mutex_unlock(lock);
+        return stopped;
+}
+
 int
 kb_duration_ms(const char *s, int64_t *ms)
 {

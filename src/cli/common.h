@@ -11,6 +11,7 @@
 #include <kinbox/kinbox.h>
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,6 +53,11 @@ const kinbox_module_t *find_module_named(const kinbox_conf_t *conf,
  * same schema (points-single is the points handler per message: one
  * schema, recorded as points); m itself otherwise. */
 const kinbox_module_t *kb_schema_owner(const kinbox_module_t *m);
+
+/* A background thread's pause: waits up to ms on cond (lock taken here)
+ * or until *stop, set under lock with cond signalled. True when stopped. */
+bool kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond,
+            const volatile int *stop, int64_t ms);
 
 /* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
 int kb_duration_ms(const char *s, int64_t *ms);

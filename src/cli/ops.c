@@ -82,23 +82,7 @@ pruner_main(void *arg)
         const char *iv = kinbox_conf_get(ops->conf, "prune.interval");
         if (iv)
                 parse_duration_ms(iv, &interval);
-        for (;;) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_sec += interval / 1000;
-                ts.tv_nsec += (interval % 1000) * 1000000L;
-                if (ts.tv_nsec >= 1000000000L) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000L;
-                }
-                pthread_mutex_lock(&ops->lock);
-                while (!ops->stop && pthread_cond_timedwait(
-                                         &ops->cond, &ops->lock, &ts) == 0)
-                        ;
-                int stop = ops->stop;
-                pthread_mutex_unlock(&ops->lock);
-                if (stop)
-                        return NULL;
+        while (!kb_nap(&ops->lock, &ops->cond, &ops->stop, interval)) {
                 char err[1024];
                 kinbox_prune_result_t res;
                 if (kinbox_prune(ops->conf, 0, &ops->stop, &res, err,
@@ -110,6 +94,7 @@ pruner_main(void *arg)
                                 " inbox and %" PRIu64 " outbox rows\n",
                                 res.inbox_rows, res.outbox_rows);
         }
+        return NULL;
 }
 
 static int

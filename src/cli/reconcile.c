@@ -80,7 +80,7 @@ struct kb_reconciler {
         pthread_t thr;
         pthread_mutex_t lock;
         pthread_cond_t cond;
-        bool stop;
+        volatile int stop;
 };
 
 static void
@@ -103,28 +103,14 @@ reconciler_main(void *arg)
          * restarted process exports the gauge (and the alert can fire)
          * without waiting a whole interval. */
         int64_t wait_ms = r->interval_ms < 60000 ? r->interval_ms : 60000;
-        for (;; wait_ms = r->interval_ms) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_sec += wait_ms / 1000;
-                ts.tv_nsec += (wait_ms % 1000) * 1000000L;
-                if (ts.tv_nsec >= 1000000000L) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000L;
-                }
-                pthread_mutex_lock(&r->lock);
-                while (!r->stop &&
-                       pthread_cond_timedwait(&r->cond, &r->lock, &ts) == 0)
-                        ;
-                bool stop = r->stop;
-                pthread_mutex_unlock(&r->lock);
-                if (stop)
-                        return NULL;
+        for (; !kb_nap(&r->lock, &r->cond, &r->stop, wait_ms);
+             wait_ms = r->interval_ms) {
                 char err[1024];
                 if (kinbox_reconcile(r->conf, r->checks, r->n, 1, log_check,
                                      NULL, NULL, err, sizeof(err)))
                         fprintf(stderr, "kinbox run: %s\n", err);
         }
+        return NULL;
 }
 
 kb_reconciler_t *
@@ -174,7 +160,7 @@ kb_reconciler_stop(kb_reconciler_t *r)
         if (!r)
                 return;
         pthread_mutex_lock(&r->lock);
-        r->stop = true;
+        r->stop = 1;
         pthread_cond_broadcast(&r->cond);
         pthread_mutex_unlock(&r->lock);
         pthread_join(r->thr, NULL);
