@@ -18,6 +18,7 @@
 
 #include <kinbox/kinbox.h>
 
+#include "harness.h"
 #include "metrics.h" /* internal: the body of /metrics */
 
 #ifndef KINBOX_SOURCE_DIR
@@ -136,17 +137,8 @@ Test(dashboard, queries_use_exported_metrics_and_cover_them)
 static char *
 slurp(const char *path)
 {
-        FILE *fp = fopen(path, "r");
-        cr_assert(fp != NULL, "cannot open %s", path);
-        char *s = NULL;
-        size_t n = 0;
-        FILE *m = open_memstream(&s, &n);
-        char buf[4096];
-        size_t r;
-        while ((r = fread(buf, 1, sizeof(buf), fp)) > 0)
-                fwrite(buf, 1, r, m);
-        fclose(m);
-        fclose(fp);
+        char *s = kt_slurp(path);
+        cr_assert(s != NULL, "cannot open %s", path);
         return s;
 }
 

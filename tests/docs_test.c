@@ -17,29 +17,13 @@
 
 #include <kinbox/kinbox.h>
 
+#include "harness.h"
+
 #ifndef KINBOX_SOURCE_DIR
 #error "KINBOX_SOURCE_DIR must be defined"
 #endif
 
 /* Whole file, or NULL. */
-static char *
-slurp(const char *path)
-{
-        FILE *fp = fopen(path, "r");
-        if (!fp)
-                return NULL;
-        char *s = NULL;
-        size_t n = 0;
-        FILE *m = open_memstream(&s, &n);
-        char buf[4096];
-        size_t r;
-        while ((r = fread(buf, 1, sizeof(buf), fp)) > 0)
-                fwrite(buf, 1, r, m);
-        fclose(m);
-        fclose(fp);
-        return s;
-}
-
 Test(docs, configuration_reference_matches_code)
 {
         char *gen = NULL;
@@ -47,7 +31,7 @@ Test(docs, configuration_reference_matches_code)
         FILE *mem = open_memstream(&gen, &glen);
         kinbox_conf_write_reference(mem);
         fclose(mem);
-        char *doc = slurp(KINBOX_SOURCE_DIR "/docs/configuration.md");
+        char *doc = kt_slurp(KINBOX_SOURCE_DIR "/docs/configuration.md");
         cr_assert(doc != NULL, "docs/configuration.md not found");
         const char *b = strstr(doc, "<!-- BEGIN CONFIG REFERENCE -->\n");
         const char *e = strstr(doc, "<!-- END CONFIG REFERENCE -->");
@@ -171,7 +155,7 @@ has_anchor(const char *md, const char *frag)
 static int
 check_links(const char *path, const char *rel, FILE *bad)
 {
-        char *md = slurp(path);
+        char *md = kt_slurp(path);
         cr_assert(md != NULL, "%s: cannot read", path);
         char dir[4096];
         snprintf(dir, sizeof(dir), "%s", path);
@@ -228,7 +212,7 @@ check_links(const char *path, const char *rel, FILE *bad)
                         size_t fl = strlen(file);
                         if (fl < 3 || strcmp(file + fl - 3, ".md"))
                                 continue;
-                        char *target_md = slurp(file);
+                        char *target_md = kt_slurp(file);
                         if (!target_md || !has_anchor(target_md, frag))
                                 fprintf(bad,
                                         "%s:%d: %.*s: no heading with "
@@ -325,7 +309,7 @@ assert_man_renders(const char *path)
  * describes every key of the reference, and renders without warnings. */
 Test(docs, conf_man_page_matches_code)
 {
-        char *man = slurp(KINBOX_BINARY_DIR "/man/kinbox.conf.5");
+        char *man = kt_slurp(KINBOX_BINARY_DIR "/man/kinbox.conf.5");
         cr_assert(man != NULL, "kinbox.conf.5 was not generated in %s/man",
                   KINBOX_BINARY_DIR);
         char *gen = NULL;
@@ -354,7 +338,7 @@ Test(docs, conf_man_page_matches_code)
 /* kinbox(1) has every command `kinbox help` lists and every exit status. */
 Test(docs, kinbox_man_page_has_every_command)
 {
-        char *man = slurp(KINBOX_SOURCE_DIR "/dist/man/kinbox.1");
+        char *man = kt_slurp(KINBOX_SOURCE_DIR "/dist/man/kinbox.1");
         cr_assert(man != NULL);
         char cmd[1024];
         snprintf(cmd, sizeof(cmd), "\"%s\" help", getenv("KINBOX_BIN"));
@@ -399,7 +383,7 @@ Test(docs, kinbox_man_page_has_every_command)
  * the newcomer's way in: a file it does not name is a file nobody finds). */
 Test(docs, architecture_names_every_source_file)
 {
-        char *arch = slurp(KINBOX_SOURCE_DIR "/docs/architecture.md");
+        char *arch = kt_slurp(KINBOX_SOURCE_DIR "/docs/architecture.md");
         cr_assert(arch != NULL);
         static const char *const pats[] = {KINBOX_SOURCE_DIR "/src/*.[ch]",
                                            KINBOX_SOURCE_DIR "/src/db/*.[ch]",

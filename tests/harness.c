@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -839,6 +841,19 @@ kt_high_sum(const char *topic, int partitions)
         return sum;
 }
 
+int
+kt_free_port(void)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t l = sizeof(a);
+        cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&a, &l) == 0);
+        close(fd);
+        return ntohs(a.sin_port);
+}
+
 char *
 kt_slurp(const char *path)
 {
@@ -848,7 +863,11 @@ kt_slurp(const char *path)
         fseek(fp, 0, SEEK_END);
         long n = ftell(fp);
         fseek(fp, 0, SEEK_SET);
-        char *b = malloc((size_t)n + 1);
+        char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+        if (!b) {
+                fclose(fp);
+                return NULL;
+        }
         size_t r = fread(b, 1, (size_t)n, fp);
         b[r] = '\0';
         fclose(fp);

@@ -166,6 +166,9 @@ int kt_kinboxv(char **out, char **err, bool merge, const char *fmt,
 /* Read a whole file (malloc'ed, NUL-terminated) or NULL. */
 char *kt_slurp(const char *path);
 
+/* A TCP port free on 127.0.0.1 right now (bound, read, closed). */
+int kt_free_port(void);
+
 /* The last `lines` lines of a file (malloc'ed; "(no log)" when it cannot
  * be read): for failure messages, since CI keeps only the test output. */
 char *kt_tail(const char *path, int lines);

@@ -114,19 +114,6 @@ wait_status(int port, const char *path, int want, char **body)
         return st;
 }
 
-static int
-free_port(void)
-{
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t l = sizeof(a);
-        cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&a, &l) == 0);
-        close(fd);
-        return ntohs(a.sin_port);
-}
-
 static double
 metric(const char *text, const char *series)
 {
@@ -173,7 +160,7 @@ ParameterizedTest(int *backend, metrics, endpoints, .timeout = 180)
                                  "topics = %s\nhandler = points\n"
                                  "[relay]\nenabled = true\n"
                                  "[metrics]\nlisten = 127.0.0.1:%d\n",
-                                 group, topic, free_port());
+                                 group, topic, kt_free_port());
         char *log = kt_tmp("metrics");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
@@ -319,7 +306,7 @@ ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
                                  "[consumer.points]\ngroup.id = %s\n"
                                  "topics = %s\nhandler = points\n"
                                  "[metrics]\nlisten = 127.0.0.1:%d\n",
-                                 group, topic, free_port());
+                                 group, topic, kt_free_port());
         char *log = kt_tmp("readyz");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
@@ -434,7 +421,8 @@ ParameterizedTest(int *backend, metrics, stderr_only_log_lines, .timeout = 180)
                  "VALUES ('%s', 'e1', NULL)",
                  out_topic);
         kt_exec(url, sql);
-        char *ini = run_ini(url, topic, "debug = all\n", "debug", free_port());
+        char *ini =
+            run_ini(url, topic, "debug = all\n", "debug", kt_free_port());
         char *log = kt_tmp("metrics_stderr");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
@@ -485,7 +473,7 @@ ParameterizedTest(int *backend, metrics, readyz_uses_kafka_settings,
         char *url = kt_fresh_db(kt_backend(*backend));
         /* No consumer: the broker check alone decides. */
         char *ini = run_ini(url, NULL, "security.protocol = ssl\n", "info",
-                            free_port());
+                            kt_free_port());
         char *log = kt_tmp("readyz_tls");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
@@ -506,7 +494,7 @@ ParameterizedTest(int *backend, metrics, readyz_uses_kafka_settings,
         cr_assert(eq(int, kt_wait(pid, 60), 0));
 
         ini = run_ini(url, NULL, "client.id = kinbox-readyz\n", "info",
-                      free_port());
+                      kt_free_port());
         log = kt_tmp("readyz_plain");
         pid = kt_spawn_kinbox(ini, NULL, log);
         port = wait_port(log);
@@ -647,7 +635,7 @@ ParameterizedTest(int *backend, metrics, health_during_database_hang,
         char *url = kt_fresh_db(kt_backend(*backend));
         struct freezer f = {0};
         char *furl = freezer_url(&f, url);
-        char *ini = run_ini(furl, NULL, "", "info", free_port());
+        char *ini = run_ini(furl, NULL, "", "info", kt_free_port());
         char *log = kt_tmp("health_hang");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         int port = wait_port(log);
@@ -743,7 +731,7 @@ Test(metrics, health_during_broker_outage_and_slowloris, .timeout = 180)
                 "[database]\nurl = %s\n[kafka]\nbootstrap.servers = "
                 "127.0.0.1:%d\n[log]\nlevel = info\n[relay]\nenabled = "
                 "true\n[metrics]\nlisten = 127.0.0.1:%d\n",
-                url, free_port(), free_port());
+                url, kt_free_port(), kt_free_port());
         fclose(fp);
         char *log = kt_tmp("health_slow");
         pid_t pid = kt_spawn_kinbox(path, NULL, log);

@@ -88,19 +88,6 @@ otelcol_bin(void)
         return path;
 }
 
-static int
-free_port(void)
-{
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t l = sizeof(a);
-        cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&a, &l) == 0);
-        close(fd);
-        return ntohs(a.sin_port);
-}
-
 /* Does 127.0.0.1:port answer HTTP? (GET /v1/traces: 405 from the OTLP
  * receiver; any status line will do.) */
 static bool
@@ -209,7 +196,7 @@ kt_otelcol_start(pid_t *pid_out, char **spans_file)
         /* The port is free when picked but may be taken before the
          * collector binds it: then another one. */
         for (int attempt = 0; attempt < 3; attempt++) {
-                int port = free_port();
+                int port = kt_free_port();
                 write_config(cfg, port, spans);
                 pid_t pid = spawn(bin, cfg, log_path);
                 if (ncollectors < sizeof(collectors) / sizeof(collectors[0]))
