@@ -42,6 +42,8 @@ static exporter_t *g_ex; /* NULL while no one traces */
 /* tracing.sample.ratio as a threshold on 53 random bits (2^53: every
  * root sampled, 0: none or no exporter), read without the lock. */
 static _Atomic uint64_t g_sample;
+/* g_ex != NULL, for the hot paths' "is anyone tracing?" without the lock */
+static atomic_bool g_active;
 
 int64_t
 kinbox__tracing_now_ns(void)
@@ -552,6 +554,7 @@ kinbox__tracing_acquire(const kinbox_conf_t *conf, bool *on, char *errstr,
         }
         ex->refs = 1;
         g_ex = ex;
+        atomic_store(&g_active, true);
         atomic_store(&g_sample,
                      (uint64_t)(ex->ratio * (double)(UINT64_C(1) << 53)));
         pthread_mutex_unlock(&g_lock);
@@ -576,6 +579,7 @@ kinbox__tracing_release(bool on)
         pthread_join(ex->thr, NULL);
         pthread_mutex_lock(&g_lock);
         g_ex = NULL;
+        atomic_store(&g_active, false);
         atomic_store(&g_sample, 0);
         pthread_mutex_unlock(&g_lock);
         exporter_free(ex);
@@ -584,10 +588,7 @@ kinbox__tracing_release(bool on)
 bool
 kinbox__tracing_active(void)
 {
-        pthread_mutex_lock(&g_lock);
-        bool on = g_ex != NULL;
-        pthread_mutex_unlock(&g_lock);
-        return on;
+        return atomic_load(&g_active);
 }
 
 bool
