@@ -6,6 +6,8 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -613,4 +615,72 @@ ParameterizedTest(int *backend, consumer, batched_statements_keep_order,
                      count));
         cr_assert(eq(
             i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+}
+
+/* ---- kinbox_consumer_destroy() is bounded ---- */
+
+static _Atomic int destroy_errors;
+
+static void
+count_destroy_errors(int level, const char *facility, const char *message,
+                     void *opaque)
+{
+        (void)facility;
+        (void)opaque;
+        if (level <= KINBOX_LOG_ERR &&
+            strstr(message, "Kafka client did not shut down"))
+                destroy_errors++;
+}
+
+static void *
+run_consumer(void *arg)
+{
+        return (void *)(intptr_t)kinbox_consumer_run(arg);
+}
+
+/* librdkafka's rd_kafka_destroy() that never returns (a termination hang
+ * of some librdkafka releases, simulated by a fault point that holds it
+ * past the bound): kinbox_consumer_destroy() returns after its 10 s
+ * bound and says why; what was consumed stays applied, its offsets
+ * committed. Then the held destroy finishes in its thread while the
+ * process goes on (nothing of the consumer was freed under it). */
+Test(consumer, destroy_bounded_when_librdkafka_hangs, .timeout = 120)
+{
+        char *url = kt_fresh_db("postgresql");
+        char *topic = kt_unique("tdh");
+        char *group = kt_unique("gdh");
+        kt_topic(topic, 2);
+        long long total = produce_grants(topic, 0, 200, 0, NULL);
+        kinbox_conf_t *conf = kt_conf(url, "points", group, topic);
+        kinbox_conf_set_log_cb(conf, count_destroy_errors, NULL);
+        char e[512];
+        kinbox_consumer_t *c = kinbox_consumer_new(conf, e, sizeof(e));
+        cr_assert(c != NULL, "consumer: %s", e);
+        kinbox_consumer_set_batch_handler(c, kinbox_points_module.handle_batch,
+                                          NULL);
+        pthread_t thr;
+        pthread_create(&thr, NULL, run_consumer, c);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(next_offset) FROM "
+                                  "kinbox_offsets",
+                                  200, 60),
+                     200));
+        kinbox_consumer_stop(c);
+        void *rc;
+        pthread_join(thr, &rc);
+        cr_assert(eq(int, (int)(intptr_t)rc, KINBOX_OK));
+        setenv("KINBOX_FAULT", "consumer_destroy_stall", 1);
+        long long t0 = kt_clock_ms();
+        kinbox_consumer_destroy(c);
+        long long took = kt_clock_ms() - t0;
+        cr_assert(took >= 9000 && took < 30000,
+                  "destroy returned after %lld ms, not at its 10 s bound",
+                  took);
+        cr_assert(eq(int, destroy_errors, 1));
+        assert_points(url, total, 200);
+        cr_assert(eq(i64, kt_committed_sum(group, topic, 2), 200));
+        /* The held rd_kafka_destroy() runs 3 s past the bound. */
+        sleep(5);
+        unsetenv("KINBOX_FAULT");
 }

@@ -98,7 +98,18 @@ KINBOX_API const char *kinbox_consumer_name(const kinbox_consumer_t *c);
 /** @brief Last fatal error text, "" if none. Owned by @p c. */
 KINBOX_API const char *kinbox_consumer_errstr(const kinbox_consumer_t *c);
 
-/** @brief Free a stopped (or never run) consumer. NULL is a no-op. */
+/**
+ * @brief Free a stopped (or never run) consumer. NULL is a no-op.
+ *
+ * Not while kinbox_consumer_run() runs (stop it and let run() return
+ * first). Bounded: librdkafka's rd_kafka_destroy() waits for its threads,
+ * which some librdkafka releases (2.0 among them) can leave waiting for
+ * ever under load. If they have not ended within 10 s, an error is logged
+ * ("Kafka client did not shut down") and the consumer's memory and the
+ * librdkafka handle are left to those threads instead of hanging the
+ * caller: nothing is lost (offsets were committed, the database watermark
+ * covers them), a little memory is.
+ */
 KINBOX_API void kinbox_consumer_destroy(kinbox_consumer_t *c);
 
 KINBOX_END_DECLS
