@@ -28,14 +28,24 @@
  *
  *   kbtool latency (--pg URL | --mysql URL) --table kinbox|debezium
  *         -b BOOTSTRAP -t TOPIC -n N --rate R [-a AGGREGATES]
+ *         [-w WRITERS] [--tx ROWS] [--dump FILE]
  *       Commit-to-receive latency of whatever relays the table to TOPIC:
- *       one thread appends N rows at R rows/s, each its own autocommitted
- *       INSERT (kinbox_outbox, or Debezium's outbox table outboxevent),
- *       shaped like bench/run's fill, and notes the time the COMMIT
- *       returned; another reads TOPIC from the start and notes when each
- *       row (the number after "o-") first arrives. Prints "p50_ms p99_ms
- *       p999_ms max_ms received duplicates rate" (rate: the appends'
- *       achieved rows/s); exit 1 if not every row arrived.
+ *       a writer thread appends N rows at R rows/s, each its own
+ *       autocommitted INSERT (kinbox_outbox, or Debezium's outbox table
+ *       outboxevent), shaped like bench/run's fill, and notes the time the
+ *       COMMIT returned; another reads TOPIC from the start and notes when
+ *       each row (the number after "o-") first arrives. Row i is due at
+ *       i / R s from the start and is never written before. -w: WRITERS
+ *       threads, each on its own connection, each with the aggregates
+ *       whose number modulo WRITERS is its own (so every aggregate's rows
+ *       are committed by one connection, in order). --tx: ROWS rows of a
+ *       writer in one multi-row INSERT (one commit; sent when its last row
+ *       is due; each row's latency is counted from that commit). Prints
+ *       "p50_ms p99_ms p999_ms max_ms received duplicates rate" (rate: the
+ *       appends' achieved rows/s, N over the first row's due time to the
+ *       last commit); exit 1 if not every row arrived. --dump: one line a
+ *       row to FILE, "seq due_s latency_ms" (due_s: seconds from the
+ *       first row's due time; latency -1 if it never arrived).
  *
  *   kbtool produce -b BOOTSTRAP -t TOPIC -n N [-a AGGREGATES]
  *       A plain librdkafka idempotent producer pushing N messages shaped as
@@ -50,6 +60,7 @@
 #include "mysql_url.h"
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,19 +542,41 @@ cmd_hw(int argc, char **argv)
 
 /* ---- latency: appends at a steady rate, receive times from the topic */
 static struct {
-        const char *pgurl, *myurl, *table, *b, *t;
-        long n, aggs;
+        const char *pgurl, *myurl, *table, *b, *t, *dump;
+        long n, aggs, writers, tx;
         double rate;
         double *tc, *tr; /* commit returned / first received, per row 1..n */
-        volatile int writer_done;
+        volatile int writers_done;
         long long received, dups;
         double t_write0, t_write1;
+        pthread_mutex_t mu;
 } L;
+
+/* appends one row's VALUES tuple to sql (cap bytes) */
+static size_t
+lat_values(char *sql, size_t at, size_t cap, int dbz, int my, long i)
+{
+        char payload[160];
+        snprintf(payload, sizeof(payload),
+                 "{\"order_id\":\"o-%ld\",\"user_id\":%ld,"
+                 "\"grant_points\":%ld}",
+                 i, i % 100 + 1, i % 13 + 1);
+        int k;
+        if (dbz)
+                k = snprintf(sql + at, cap - at,
+                             "(%s'%s', 'agg-%ld', 'grant', '%s')",
+                             my ? "UUID(), " : "", L.t, i % L.aggs, payload);
+        else
+                k = snprintf(sql + at, cap - at,
+                             "('%s', 'l-%ld', 'agg-%ld', '%s')", L.t, i,
+                             i % L.aggs, payload);
+        return at + (size_t)k;
+}
 
 static void *
 lat_writer(void *arg)
 {
-        (void)arg;
+        long w = (long)(intptr_t)arg;
         PGconn *pg = NULL;
         MYSQL *my = NULL;
         if (L.pgurl) {
@@ -556,28 +589,42 @@ lat_writer(void *arg)
                 exit(1);
         }
         int dbz = !strcmp(L.table, "debezium");
-        char sql[768], payload[160];
-        L.t_write0 = now_rt();
-        for (long i = 1; i <= L.n; i++) {
-                double due = L.t_write0 + (i - 1) / L.rate, now = now_rt();
+        size_t cap = 256 + (size_t)L.tx * 320;
+        char *sql = malloc(cap);
+        long *rows = malloc(sizeof(long) * (size_t)L.tx);
+        long i = 0;
+        for (;;) {
+                /* this writer's next tx rows: aggregate % writers == w */
+                long nr = 0;
+                while (nr < L.tx) {
+                        for (i++; i <= L.n && (i % L.aggs) % L.writers != w;
+                             i++)
+                                ;
+                        if (i > L.n)
+                                break;
+                        rows[nr++] = i;
+                }
+                if (!nr)
+                        break;
+                double due = L.t_write0 + (rows[nr - 1] - 1) / L.rate,
+                       now = now_rt();
                 if (due > now)
                         usleep((useconds_t)((due - now) * 1e6));
-                snprintf(payload, sizeof(payload),
-                         "{\"order_id\":\"o-%ld\",\"user_id\":%ld,"
-                         "\"grant_points\":%ld}",
-                         i, i % 100 + 1, i % 13 + 1);
-                if (dbz)
-                        snprintf(sql, sizeof(sql),
-                                 "INSERT INTO outboxevent (aggregatetype, "
-                                 "aggregateid, type, payload) VALUES ('%s', "
-                                 "'agg-%ld', 'grant', '%s')",
-                                 L.t, i % L.aggs, payload);
-                else
-                        snprintf(sql, sizeof(sql),
-                                 "INSERT INTO kinbox_outbox (destination, "
-                                 "idem_key, aggregate_id, payload) VALUES "
-                                 "('%s', 'l-%ld', 'agg-%ld', '%s')",
-                                 L.t, i, i % L.aggs, payload);
+                size_t at = (size_t)snprintf(
+                    sql, cap, "%s",
+                    dbz ? (my ? "INSERT INTO outboxevent (id, aggregatetype, "
+                                "aggregateid, type, payload) VALUES "
+                              : "INSERT INTO outboxevent (aggregatetype, "
+                                "aggregateid, type, payload) VALUES ")
+                        : "INSERT INTO kinbox_outbox (destination, idem_key, "
+                          "aggregate_id, payload) VALUES ");
+                for (long r = 0; r < nr; r++) {
+                        if (r)
+                                at +=
+                                    (size_t)snprintf(sql + at, cap - at, ", ");
+                        at =
+                            lat_values(sql, at, cap, dbz, my != NULL, rows[r]);
+                }
                 if (pg) {
                         PGresult *r = PQexec(pg, sql);
                         if (PQresultStatus(r) != PGRES_COMMAND_OK) {
@@ -590,14 +637,23 @@ lat_writer(void *arg)
                         fprintf(stderr, "kbtool: %s\n", mysql_error(my));
                         exit(1);
                 }
-                L.tc[i] = now_rt();
+                double tc = now_rt();
+                for (long r = 0; r < nr; r++)
+                        L.tc[rows[r]] = tc;
+                pthread_mutex_lock(&L.mu);
+                if (tc > L.t_write1)
+                        L.t_write1 = tc;
+                pthread_mutex_unlock(&L.mu);
         }
-        L.t_write1 = now_rt();
-        L.writer_done = 1;
+        free(rows);
+        free(sql);
         if (pg)
                 PQfinish(pg);
         if (my)
                 mysql_close(my);
+        pthread_mutex_lock(&L.mu);
+        L.writers_done++;
+        pthread_mutex_unlock(&L.mu);
         return NULL;
 }
 
@@ -614,6 +670,8 @@ cmd_latency(int argc, char **argv)
         L.table = "kinbox";
         L.aggs = 10000;
         L.rate = 1000;
+        L.writers = 1;
+        L.tx = 1;
         for (int i = 0; i + 1 < argc; i += 2) {
                 const char *a = argv[i], *v = argv[i + 1];
                 if (!strcmp(a, "--pg"))
@@ -632,13 +690,23 @@ cmd_latency(int argc, char **argv)
                         L.aggs = atol(v);
                 else if (!strcmp(a, "--rate"))
                         L.rate = atof(v);
+                else if (!strcmp(a, "-w"))
+                        L.writers = atol(v);
+                else if (!strcmp(a, "--tx"))
+                        L.tx = atol(v);
+                else if (!strcmp(a, "--dump"))
+                        L.dump = v;
                 else {
                         fprintf(stderr, "kbtool latency: unknown %s\n", a);
                         return 2;
                 }
         }
-        if ((!L.pgurl == !L.myurl) || !L.b || !L.t || L.n <= 0 || L.rate <= 0)
+        if ((!L.pgurl == !L.myurl) || !L.b || !L.t || L.n <= 0 ||
+            L.rate <= 0 || L.aggs <= 0 || L.writers <= 0 || L.tx <= 0)
                 return 2;
+        if (L.writers > L.aggs)
+                L.writers = L.aggs;
+        pthread_mutex_init(&L.mu, NULL);
         L.tc = calloc((size_t)L.n + 1, sizeof(double));
         L.tr = calloc((size_t)L.n + 1, sizeof(double));
         char err[512];
@@ -667,13 +735,18 @@ cmd_latency(int argc, char **argv)
                 if (m)
                         rd_kafka_message_destroy(m);
         }
-        pthread_t th;
-        pthread_create(&th, NULL, lat_writer, NULL);
+        pthread_t *th = calloc((size_t)L.writers, sizeof(*th));
+        L.t_write0 = now_rt();
+        for (long w = 0; w < L.writers; w++)
+                pthread_create(&th[w], NULL, lat_writer, (void *)(intptr_t)w);
         double tdone = 0;
         while (L.received < L.n) {
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 50);
                 double now = now_rt();
-                if (L.writer_done && !tdone)
+                pthread_mutex_lock(&L.mu);
+                int done = L.writers_done == L.writers;
+                pthread_mutex_unlock(&L.mu);
+                if (done && !tdone)
                         tdone = now;
                 if (tdone && now - tdone > 60)
                         break;
@@ -698,9 +771,23 @@ cmd_latency(int argc, char **argv)
                 L.tr[seq] = now;
                 L.received++;
         }
-        pthread_join(th, NULL);
+        for (long w = 0; w < L.writers; w++)
+                pthread_join(th[w], NULL);
+        free(th);
         rd_kafka_consumer_close(rk);
         rd_kafka_destroy(rk);
+        if (L.dump) {
+                FILE *f = fopen(L.dump, "w");
+                if (!f) {
+                        perror(L.dump);
+                        return 1;
+                }
+                for (long i = 1; i <= L.n; i++)
+                        fprintf(f, "%ld %.4f %.3f\n", i, (i - 1) / L.rate,
+                                L.tr[i] && L.tc[i] ? (L.tr[i] - L.tc[i]) * 1e3
+                                                   : -1.0);
+                fclose(f);
+        }
         double *d = malloc(sizeof(double) * (size_t)L.n);
         long k = 0;
         for (long i = 1; i <= L.n; i++)
