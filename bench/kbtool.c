@@ -664,8 +664,9 @@ cmp_d(const void *a, const void *b)
         return x < y ? -1 : x > y;
 }
 
+/* kbtool latency's arguments into L; 2 on a bad one. */
 static int
-cmd_latency(int argc, char **argv)
+latency_args(int argc, char **argv)
 {
         L.table = "kinbox";
         L.aggs = 10000;
@@ -706,6 +707,53 @@ cmd_latency(int argc, char **argv)
                 return 2;
         if (L.writers > L.aggs)
                 L.writers = L.aggs;
+        return 0;
+}
+
+/* Read TOPIC until every row arrived, or 60 s after the last append. */
+static void
+latency_receive(rd_kafka_t *rk)
+{
+        double tdone = 0;
+        while (L.received < L.n) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 50);
+                double now = now_rt();
+                pthread_mutex_lock(&L.mu);
+                int done = L.writers_done == L.writers;
+                pthread_mutex_unlock(&L.mu);
+                if (done && !tdone)
+                        tdone = now;
+                if (tdone && now - tdone > 60)
+                        break;
+                if (!m)
+                        continue;
+                if (m->err || !m->payload) {
+                        rd_kafka_message_destroy(m);
+                        continue;
+                }
+                char val[512];
+                snprintf(val, sizeof(val), "%.*s", (int)m->len,
+                         (const char *)m->payload);
+                rd_kafka_message_destroy(m);
+                const char *o = strstr(val, "o-");
+                long seq = o ? atol(o + 2) : 0;
+                if (seq < 1 || seq > L.n)
+                        continue;
+                if (L.tr[seq]) {
+                        L.dups++;
+                        continue;
+                }
+                L.tr[seq] = now;
+                L.received++;
+        }
+}
+
+static int
+cmd_latency(int argc, char **argv)
+{
+        int bad = latency_args(argc, argv);
+        if (bad)
+                return bad;
         pthread_mutex_init(&L.mu, NULL);
         L.tc = calloc((size_t)L.n + 1, sizeof(double));
         L.tr = calloc((size_t)L.n + 1, sizeof(double));
@@ -739,38 +787,7 @@ cmd_latency(int argc, char **argv)
         L.t_write0 = now_rt();
         for (long w = 0; w < L.writers; w++)
                 pthread_create(&th[w], NULL, lat_writer, (void *)(intptr_t)w);
-        double tdone = 0;
-        while (L.received < L.n) {
-                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 50);
-                double now = now_rt();
-                pthread_mutex_lock(&L.mu);
-                int done = L.writers_done == L.writers;
-                pthread_mutex_unlock(&L.mu);
-                if (done && !tdone)
-                        tdone = now;
-                if (tdone && now - tdone > 60)
-                        break;
-                if (!m)
-                        continue;
-                if (m->err || !m->payload) {
-                        rd_kafka_message_destroy(m);
-                        continue;
-                }
-                char val[512];
-                snprintf(val, sizeof(val), "%.*s", (int)m->len,
-                         (const char *)m->payload);
-                rd_kafka_message_destroy(m);
-                const char *o = strstr(val, "o-");
-                long seq = o ? atol(o + 2) : 0;
-                if (seq < 1 || seq > L.n)
-                        continue;
-                if (L.tr[seq]) {
-                        L.dups++;
-                        continue;
-                }
-                L.tr[seq] = now;
-                L.received++;
-        }
+        latency_receive(rk);
         for (long w = 0; w < L.writers; w++)
                 pthread_join(th[w], NULL);
         free(th);
