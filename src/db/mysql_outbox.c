@@ -33,6 +33,13 @@
 #include "../db.h"
 #include "../internal.h"
 
+/* The probe for an older pending row of the same aggregate (p) is pinned
+ * to kinbox_outbox_aggregate (aggregate_id, status, id): a range of that
+ * aggregate's rows. Left to itself MariaDB's optimizer, once its estimate
+ * of the pending rows is low, reads the probe from kinbox_outbox_pending
+ * ('pending' prefix, every aggregate) instead: under a steady 10,000
+ * appends/s that was one scan of the whole backlog per candidate, 126 M
+ * page reads and a 44 s claim (docs/benchmarks.md). */
 #define HEADS_SCAN                                                            \
         "SELECT o.id FROM kinbox_outbox o"                                    \
         " FORCE INDEX (kinbox_outbox_pending)"                                \
@@ -40,6 +47,7 @@
         " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"                      \
         " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                        \
         "  SELECT 1 FROM kinbox_outbox p"                                     \
+        "  FORCE INDEX (kinbox_outbox_aggregate)"                             \
         "  WHERE p.aggregate_id = o.aggregate_id"                             \
         "  AND p.status = 'pending' AND p.id < o.id))"                        \
         " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
@@ -57,6 +65,7 @@
         " ORDER BY w.id LIMIT %" PRId64 ") v) o"                              \
         " WHERE (o.aggregate_id IS NULL OR (o.rn = 1 AND NOT EXISTS ("        \
         "  SELECT 1 FROM kinbox_outbox p"                                     \
+        "  FORCE INDEX (kinbox_outbox_aggregate)"                             \
         "  WHERE p.aggregate_id = o.aggregate_id"                             \
         "  AND p.status = 'pending' AND p.id < o.id)))"                       \
         " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
