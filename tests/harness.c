@@ -23,6 +23,7 @@
 
 #include "../handlers/points/points.h"
 #include "db.h"
+#include "internal.h"
 
 const char *
 kt_env(const char *name)
@@ -593,8 +594,7 @@ kt_watch_main(void *arg)
 {
         kt_watch_t *w = arg;
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += w->secs;
+        kinbox__deadline(w->secs * 1000LL, &ts);
         pthread_mutex_lock(&w->lock);
         int rc = 0;
         while (!w->done && rc != ETIMEDOUT)

@@ -8,6 +8,7 @@
 #include "schema.h"
 #include "confval.h"
 #include "hdrcodec.h"
+#include "internal.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -157,13 +158,7 @@ kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond, const volatile int *stop,
        int64_t ms)
 {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += ms / 1000;
-        ts.tv_nsec += (ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-        }
+        kinbox__deadline(ms, &ts);
         pthread_mutex_lock(lock);
         while (!*stop && pthread_cond_timedwait(cond, lock, &ts) == 0)
                 ;
