@@ -23,7 +23,7 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
-#include "ops.h"
+#include "services.h"
 
 /* ------------------------------------------------------------------ */
 /* prune */

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <kinbox/kinbox.h>
 #include "common.h"
-#include "ops.h"
+#include "services.h"
 #include "watchdog.h"
 #include "config.h"
 #include "sdnotify.h"
@@ -337,8 +337,8 @@ kb_cmd_run(int argc, char **argv)
                         status = KB_EX_USAGE;
                 }
         }
-        kb_ops_t *ops = NULL; /* pruner thread, [metrics] listen */
-        if (!status && !(ops = kb_ops_start(&cfg, err, sizeof(err)))) {
+        kb_services_t *svc = NULL; /* pruner thread, [metrics] listen */
+        if (!status && !(svc = kb_services_start(&cfg, err, sizeof(err)))) {
                 fprintf(stderr, "kinbox run: %s\n", err);
                 status = KB_EX_USAGE;
         }
@@ -385,7 +385,7 @@ kb_cmd_run(int argc, char **argv)
         g_nrunners = 0;
         g_relay = NULL;
         kb_watchdog_step("stopping the pruner and the metrics listener");
-        kb_ops_stop(ops);
+        kb_services_stop(svc);
         kb_watchdog_step("closing the relay (flushing its producer)");
         kinbox_relay_destroy(relay);
         kb_watchdog_done();

@@ -62,7 +62,7 @@ bool kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond,
 /* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
 int kb_duration_ms(const char *s, int64_t *ms);
 
-/* Options of the operator commands (common.c). */
+/* Options of the operator commands (opts.c). */
 typedef struct opts {
         const char *cmd; /* "status", "dead", ... for messages */
         const char *config;
@@ -90,7 +90,7 @@ int parse_duration_ms(const char *s, int64_t *ms);
 int subcommand(const char *cmd, int argc, char **argv, const char *const *subs,
                int *exitp);
 
-/* Output (common.c). */
+/* Output (out.c). */
 /* A simple column-aligned table. */
 typedef struct table {
         int ncols;

@@ -194,20 +194,20 @@ kv_failed(load_t *L, char *v)
 }
 
 static int
-too_many(load_t *L, const char *lineno, char *v)
+too_many(load_t *L, const char *where, char *v)
 {
         snprintf(L->err, L->errsz, "%s: %s: too many settings", L->path,
-                 lineno);
+                 where);
         return kv_failed(L, v);
 }
 
 /* [metrics]: listen only. Takes v. */
 static int
-on_metrics(load_t *L, const char *name, char *v, const char *lineno)
+on_metrics(load_t *L, const char *name, char *v, const char *where)
 {
         if (strcmp(name, "listen")) {
                 snprintf(L->err, L->errsz, "%s: %s: [metrics] has no such key",
-                         L->path, lineno);
+                         L->path, where);
                 return kv_failed(L, v);
         }
         free(L->cfg->metrics_listen);
@@ -217,7 +217,7 @@ on_metrics(load_t *L, const char *name, char *v, const char *lineno)
 
 /* [relay]: enabled here, the rest kept for the relay's conf. Takes v. */
 static int
-on_relay(load_t *L, const char *name, char *v, const char *lineno)
+on_relay(load_t *L, const char *name, char *v, const char *where)
 {
         if (!strcmp(name, "enabled")) {
                 char e[300];
@@ -231,7 +231,7 @@ on_relay(load_t *L, const char *name, char *v, const char *lineno)
                 return 1;
         }
         if (L->nrelay == 64)
-                return too_many(L, lineno, v);
+                return too_many(L, where, v);
         char key[256];
         snprintf(key, sizeof(key), "%s%s",
                  strcmp(name, "name") ? "relay." : "", name);
@@ -245,9 +245,9 @@ on_kv(void *user, const char *section, const char *name, const char *value)
 {
         /* Debian's libinih reports no line numbers to handlers: errors
          * name the section and key instead. */
-        char lineno_buf[200];
-        snprintf(lineno_buf, sizeof(lineno_buf), "[%s] %s", section, name);
-        const char *lineno = lineno_buf;
+        char where_buf[200];
+        snprintf(where_buf, sizeof(where_buf), "[%s] %s", section, name);
+        const char *where = where_buf;
         load_t *L = user;
         kb_config_t *cfg = L->cfg;
         if (L->failed)
@@ -262,7 +262,7 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                         snprintf(L->err, L->errsz,
                                  "%s: %s: environment variable %s is not "
                                  "set (write ${%s:-default} for a default)",
-                                 L->path, lineno, unset, unset);
+                                 L->path, where, unset, unset);
                 else
                         snprintf(L->err, L->errsz, "out of memory");
                 free(unset);
@@ -279,9 +279,9 @@ on_kv(void *user, const char *section, const char *name, const char *value)
         } else if (!strcmp(section, "reconcile")) {
                 snprintf(key, sizeof(key), "reconcile.%s", name);
         } else if (!strcmp(section, "metrics")) {
-                return on_metrics(L, name, v, lineno);
+                return on_metrics(L, name, v, where);
         } else if (!strcmp(section, "relay")) {
-                return on_relay(L, name, v, lineno);
+                return on_relay(L, name, v, where);
         } else if (!strncmp(section, "consumer.", 9) && section[9]) {
                 int c = find_consumer(cfg, section + 9);
                 if (c < 0) {
@@ -298,7 +298,7 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                 return 1;
         } else {
                 snprintf(L->err, L->errsz, "%s: %s: unknown section", L->path,
-                         lineno);
+                         where);
                 L->failed = true;
                 free(v);
                 return 0;
@@ -317,7 +317,7 @@ on_kv(void *user, const char *section, const char *name, const char *value)
         return 1;
 toomany:
         snprintf(L->err, L->errsz, "%s: %s: too many settings", L->path,
-                 lineno);
+                 where);
         L->failed = true;
         free(v);
         return 0;

@@ -18,7 +18,7 @@
 #include <kinbox/kinbox.h>
 
 #include "common.h"
-#include "ops.h"
+#include "services.h"
 #include "config.h"
 
 #define MAX_CHECKS 64

@@ -1,5 +1,5 @@
 /*
- * ops.c -- the operations side of `kinbox run` (and `kinbox prune`'s
+ * services.c -- the operations side of `kinbox run` (and `kinbox prune`'s
  * retention check): the start-up retention check, the pruner thread and
  * the metrics / health endpoint.
  */
@@ -28,7 +28,7 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
-#include "ops.h"
+#include "services.h"
 
 /* ------------------------------------------------------------------ */
 /* kinbox run: retention check, pruner thread, metrics endpoint */
@@ -57,7 +57,7 @@ kb_retention_check(kb_config_t *cfg, const char *cmd)
         return KB_EX_OK;
 }
 
-struct kb_ops {
+struct kb_services {
         kinbox_conf_t *conf; /* base: database, [prune] */
         pthread_t pruner;
         bool pruner_started;
@@ -77,15 +77,15 @@ struct kb_ops {
 static void *
 pruner_main(void *arg)
 {
-        kb_ops_t *ops = arg;
+        kb_services_t *svc = arg;
         int64_t interval = 600000;
-        const char *iv = kinbox_conf_get(ops->conf, "prune.interval");
+        const char *iv = kinbox_conf_get(svc->conf, "prune.interval");
         if (iv)
                 parse_duration_ms(iv, &interval);
-        while (!kb_nap(&ops->lock, &ops->cond, &ops->stop, interval)) {
+        while (!kb_nap(&svc->lock, &svc->cond, &svc->stop, interval)) {
                 char err[1024];
                 kinbox_prune_result_t res;
-                if (kinbox_prune(ops->conf, 0, &ops->stop, &res, err,
+                if (kinbox_prune(svc->conf, 0, &svc->stop, &res, err,
                                  sizeof(err)))
                         fprintf(stderr, "kinbox run: pruner: %s\n", err);
                 else if (res.inbox_rows || res.outbox_rows)
@@ -100,31 +100,31 @@ pruner_main(void *arg)
 static int
 ready_cb(char *why, size_t sz, void *opaque)
 {
-        kb_ops_t *ops = opaque;
-        if (kinbox_admin_ping(ops->adm)) {
+        kb_services_t *svc = opaque;
+        if (kinbox_admin_ping(svc->adm)) {
                 snprintf(why, sz, "database: %s",
-                         kinbox_admin_errstr(ops->adm));
+                         kinbox_admin_errstr(svc->adm));
                 return 1;
         }
         char kw[512];
-        if (!ops->kafka && ops->kafka_err[0]) {
-                snprintf(why, sz, "broker: %s", ops->kafka_err);
+        if (!svc->kafka && svc->kafka_err[0]) {
+                snprintf(why, sz, "broker: %s", svc->kafka_err);
                 return 1;
         }
-        if (ops->kafka &&
-            kinbox_kafka_ready(ops->kafka, 2000, kw, sizeof(kw))) {
+        if (svc->kafka &&
+            kinbox_kafka_ready(svc->kafka, 2000, kw, sizeof(kw))) {
                 snprintf(why, sz, "broker: %s", kw);
                 return 1;
         }
-        for (int i = 0; i < ops->nconsumers; i++) {
+        for (int i = 0; i < svc->nconsumers; i++) {
                 char l[300];
-                snprintf(l, sizeof(l), "consumer=\"%s\"", ops->consumers[i]);
+                snprintf(l, sizeof(l), "consumer=\"%s\"", svc->consumers[i]);
                 double v = kinbox__metrics_value(
                     "kinbox_consumer_assigned_partitions", l);
                 if (isnan(v) || v < 0) {
                         snprintf(why, sz,
                                  "consumer %s: no partition assignment yet",
-                                 ops->consumers[i]);
+                                 svc->consumers[i]);
                         return 1;
                 }
         }
@@ -134,49 +134,49 @@ ready_cb(char *why, size_t sz, void *opaque)
 static void
 collect_cb(void *opaque)
 {
-        kb_ops_t *ops = opaque;
+        kb_services_t *svc = opaque;
         /* A database outage shows in /readyz; the gauges keep their last
          * values meanwhile. */
-        kinbox__admin_collect_metrics(ops->adm);
+        kinbox__admin_collect_metrics(svc->adm);
 }
 
-kb_ops_t *
-kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
+kb_services_t *
+kb_services_start(kb_config_t *cfg, char *err, size_t sz)
 {
-        kb_ops_t *ops = calloc(1, sizeof(*ops));
-        if (!ops) {
+        kb_services_t *svc = calloc(1, sizeof(*svc));
+        if (!svc) {
                 snprintf(err, sz, "out of memory");
                 return NULL;
         }
-        pthread_mutex_init(&ops->lock, NULL);
-        pthread_cond_init(&ops->cond, NULL);
-        ops->conf = kinbox_conf_dup(cfg->base);
-        if (!ops->conf) {
+        pthread_mutex_init(&svc->lock, NULL);
+        pthread_cond_init(&svc->cond, NULL);
+        svc->conf = kinbox_conf_dup(cfg->base);
+        if (!svc->conf) {
                 snprintf(err, sz, "out of memory");
-                kb_ops_stop(ops);
+                kb_services_stop(svc);
                 return NULL;
         }
-        if (pthread_create(&ops->pruner, NULL, pruner_main, ops)) {
+        if (pthread_create(&svc->pruner, NULL, pruner_main, svc)) {
                 snprintf(err, sz, "cannot start the pruner thread");
-                kb_ops_stop(ops);
+                kb_services_stop(svc);
                 return NULL;
         }
-        ops->pruner_started = true;
-        ops->reconciler = kb_reconciler_start(cfg, err, sz);
-        if (!ops->reconciler && err[0]) {
-                kb_ops_stop(ops);
+        svc->pruner_started = true;
+        svc->reconciler = kb_reconciler_start(cfg, err, sz);
+        if (!svc->reconciler && err[0]) {
+                kb_services_stop(svc);
                 return NULL;
         }
         if (!cfg->metrics_listen)
-                return ops;
-        ops->adm = kinbox_admin_new(cfg->base, err, sz);
-        if (!ops->adm) {
-                kb_ops_stop(ops);
+                return svc;
+        svc->adm = kinbox_admin_new(cfg->base, err, sz);
+        if (!svc->adm) {
+                kb_services_stop(svc);
                 return NULL;
         }
-        ops->consumers = calloc((size_t)cfg->nconsumers + 1, sizeof(char *));
-        for (int i = 0; ops->consumers && i < cfg->nconsumers; i++)
-                ops->consumers[ops->nconsumers++] =
+        svc->consumers = calloc((size_t)cfg->nconsumers + 1, sizeof(char *));
+        for (int i = 0; svc->consumers && i < cfg->nconsumers; i++)
+                svc->consumers[svc->nconsumers++] =
                     strdup(cfg->consumers[i].name);
         const char *bs = kinbox_conf_get(cfg->base, "kafka.bootstrap.servers");
         if (bs) {
@@ -184,42 +184,42 @@ kb_ops_start(kb_config_t *cfg, char *err, size_t sz)
                  * SASL); its connection errors show in /readyz, not in
                  * the log. */
                 static const char *const quiet[] = {"log_level", "0", NULL};
-                ops->kafka = kinbox_kafka_new(cfg->base, quiet, ops->kafka_err,
-                                              sizeof(ops->kafka_err));
+                svc->kafka = kinbox_kafka_new(cfg->base, quiet, svc->kafka_err,
+                                              sizeof(svc->kafka_err));
         }
-        ops->http = kinbox__http_start(cfg->metrics_listen, cfg->base,
-                                       ready_cb, collect_cb, ops, err, sz);
-        if (!ops->http) {
-                kb_ops_stop(ops);
+        svc->http = kinbox__http_start(cfg->metrics_listen, cfg->base,
+                                       ready_cb, collect_cb, svc, err, sz);
+        if (!svc->http) {
+                kb_services_stop(svc);
                 return NULL;
         }
         fprintf(stderr,
                 "kinbox run: metrics on http://%s (port %d): "
                 "/metrics /healthz /readyz\n",
-                cfg->metrics_listen, kinbox__http_port(ops->http));
-        return ops;
+                cfg->metrics_listen, kinbox__http_port(svc->http));
+        return svc;
 }
 
 void
-kb_ops_stop(kb_ops_t *ops)
+kb_services_stop(kb_services_t *svc)
 {
-        if (!ops)
+        if (!svc)
                 return;
-        kinbox__http_stop(ops->http);
-        pthread_mutex_lock(&ops->lock);
-        ops->stop = 1;
-        pthread_cond_broadcast(&ops->cond);
-        pthread_mutex_unlock(&ops->lock);
-        if (ops->pruner_started)
-                pthread_join(ops->pruner, NULL);
-        kb_reconciler_stop(ops->reconciler);
-        kinbox_kafka_destroy(ops->kafka);
-        kinbox_admin_destroy(ops->adm);
-        for (int i = 0; i < ops->nconsumers; i++)
-                free(ops->consumers[i]);
-        free(ops->consumers);
-        kinbox_conf_destroy(ops->conf);
-        pthread_mutex_destroy(&ops->lock);
-        pthread_cond_destroy(&ops->cond);
-        free(ops);
+        kinbox__http_stop(svc->http);
+        pthread_mutex_lock(&svc->lock);
+        svc->stop = 1;
+        pthread_cond_broadcast(&svc->cond);
+        pthread_mutex_unlock(&svc->lock);
+        if (svc->pruner_started)
+                pthread_join(svc->pruner, NULL);
+        kb_reconciler_stop(svc->reconciler);
+        kinbox_kafka_destroy(svc->kafka);
+        kinbox_admin_destroy(svc->adm);
+        for (int i = 0; i < svc->nconsumers; i++)
+                free(svc->consumers[i]);
+        free(svc->consumers);
+        kinbox_conf_destroy(svc->conf);
+        pthread_mutex_destroy(&svc->lock);
+        pthread_cond_destroy(&svc->cond);
+        free(svc);
 }

@@ -1,11 +1,11 @@
 /*
- * ops.h -- the services `kinbox run` starts beside its consumers (ops.c:
+ * services.h -- the services `kinbox run` starts beside its consumers (services.c:
  * retention check, pruner thread, metrics endpoint; reconcile.c: the
  * reconciliation checks and their thread), also used by `kinbox prune`
  * and `kinbox reconcile`.
  */
-#ifndef KINBOX_CLI_OPS_H
-#define KINBOX_CLI_OPS_H
+#ifndef KINBOX_CLI_SERVICES_H
+#define KINBOX_CLI_SERVICES_H
 
 #include <kinbox/kinbox.h>
 
@@ -18,9 +18,9 @@
 int kb_retention_check(kb_config_t *cfg, const char *cmd);
 
 /* The pruner thread and the metrics endpoint of `kinbox run`. */
-typedef struct kb_ops kb_ops_t;
-kb_ops_t *kb_ops_start(kb_config_t *cfg, char *err, size_t sz);
-void kb_ops_stop(kb_ops_t *ops);
+typedef struct kb_services kb_services_t;
+kb_services_t *kb_services_start(kb_config_t *cfg, char *err, size_t sz);
+void kb_services_stop(kb_services_t *svc);
 
 /* The reconciliation checks of cfg's modules (consumers' handlers, then
  * relay.modules), each module once, into out (max entries). Returns their

@@ -1,0 +1,178 @@
+/*
+ * opts.c -- the operator commands' options: the declarative option set of
+ * opts_t (parse_opts() takes the letters a command accepts), ids,
+ * durations and the subcommand of `kinbox CMD SUB ...`.
+ */
+#include "common.h"
+#include "confval.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int
+parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
+{
+        static const struct option lo[] = {
+            {"config", required_argument, NULL, 'c'},
+            {"json", no_argument, NULL, 'j'},
+            {"dry-run", no_argument, NULL, 'n'},
+            {"wait", no_argument, NULL, 'w'},
+            {"consumer", required_argument, NULL, 'C'},
+            {"status", required_argument, NULL, 's'},
+            {"destination", required_argument, NULL, 'd'},
+            {"older-than", required_argument, NULL, 'o'},
+            {"limit", required_argument, NULL, 'l'},
+            {"after", required_argument, NULL, 'a'},
+            {"help", no_argument, NULL, 'h'},
+            {NULL, 0, NULL, 0}};
+        o->limit = 100;
+        optind = 1;
+        opterr = 0;
+        int ch;
+        while ((ch = getopt_long(argc, argv, "c:h", lo, NULL)) != -1) {
+                if (ch == 'h') {
+                        kb_usage_of(o->cmd, stdout);
+                        exit(KB_EX_OK);
+                }
+                if (ch == '?' || ch == ':' ||
+                    (ch != 'c' && !strchr(allowed, ch))) {
+                        const char *bad = argv[optind - 1];
+                        fprintf(stderr,
+                                "kinbox %s: unknown or misplaced "
+                                "option \"%s\"\n\n",
+                                o->cmd, bad);
+                        kb_usage_of(o->cmd, stderr);
+                        return -1;
+                }
+                char *end;
+                switch (ch) {
+                case 'c':
+                        o->config = optarg;
+                        break;
+                case 'j':
+                        o->json = true;
+                        break;
+                case 'n':
+                        o->dry_run = true;
+                        break;
+                case 'w':
+                        o->wait = true;
+                        break;
+                case 'C':
+                        o->consumer = optarg;
+                        break;
+                case 's':
+                        o->status = optarg;
+                        break;
+                case 'd':
+                        o->destination = optarg;
+                        break;
+                case 'o':
+                        o->older_than = optarg;
+                        break;
+                case 'l':
+                        o->limit = strtol(optarg, &end, 10);
+                        if (*end || o->limit <= 0) {
+                                fprintf(stderr,
+                                        "kinbox %s: --limit \"%s\": expected "
+                                        "a positive number\n",
+                                        o->cmd, optarg);
+                                return -1;
+                        }
+                        break;
+                case 'a':
+                        o->after = strtoll(optarg, &end, 10);
+                        if (*end || o->after < 0) {
+                                fprintf(stderr,
+                                        "kinbox %s: --after \"%s\": expected "
+                                        "an id\n",
+                                        o->cmd, optarg);
+                                return -1;
+                        }
+                        break;
+                }
+                /* getopt permutes: positional arguments are collected
+                 * after the loop. */
+        }
+        for (int i = optind; i < argc; i++) {
+                if (o->nargs == 4) {
+                        fprintf(stderr, "kinbox %s: too many arguments\n",
+                                o->cmd);
+                        return -1;
+                }
+                o->args[o->nargs++] = argv[i];
+        }
+        if (!o->config) {
+                fprintf(stderr, "kinbox %s: -c FILE is required\n", o->cmd);
+                return -1;
+        }
+        return 0;
+}
+
+int
+parse_id(const opts_t *o, const char *s, int64_t *id)
+{
+        char *end;
+        long long v = s ? strtoll(s, &end, 10) : 0;
+        if (!s || *end || v <= 0) {
+                fprintf(stderr, "kinbox %s: \"%s\" is not an id\n", o->cmd,
+                        s ? s : "");
+                return -1;
+        }
+        *id = v;
+        return 0;
+}
+
+/* 5m, 30s, 2h, 1d, 500ms; bare numbers are seconds. */
+int
+parse_duration_ms(const char *s, int64_t *ms)
+{
+        return kinbox__confval_duration("duration", s, 0, INT64_MAX, ms, NULL,
+                                        0);
+}
+
+int
+kb_duration_ms(const char *s, int64_t *ms)
+{
+        return parse_duration_ms(s, ms);
+}
+
+/*
+ * The subcommand of `kinbox CMD SUB ...`: its 1-based index in subs
+ * (NULL-terminated), or 0 with *exitp set: help shown, or a usage error
+ * naming what was expected.
+ */
+int
+subcommand(const char *cmd, int argc, char **argv, const char *const *subs,
+           int *exitp)
+{
+        if (argc >= 2 &&
+            (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+                kb_usage_of(cmd, stdout);
+                *exitp = KB_EX_OK;
+                return 0;
+        }
+        if (argc >= 2 && argv[1][0] != '-') {
+                for (int i = 0; subs[i]; i++)
+                        if (!strcmp(argv[1], subs[i]))
+                                return i + 1;
+                fprintf(stderr, "kinbox %s: unknown subcommand \"%s\"\n\n",
+                        cmd, argv[1]);
+        } else {
+                fprintf(stderr, "kinbox %s: expected", cmd);
+                for (int i = 0; subs[i]; i++)
+                        fprintf(stderr, "%s %s",
+                                !i            ? ""
+                                : subs[i + 1] ? ","
+                                              : " or",
+                                subs[i]);
+                fprintf(stderr, "\n\n");
+        }
+        kb_usage_of(cmd, stderr);
+        *exitp = KB_EX_USAGE;
+        return 0;
+}
