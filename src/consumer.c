@@ -25,6 +25,7 @@
 #include "partition.h"
 #include "tx.h"
 #include "hdrcodec.h"
+#include "rkdestroy.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -326,109 +327,6 @@ part_free(kinbox__part_t *p)
         free(p);
 }
 
-/* How long rd_kafka_destroy() may take. It joins librdkafka's threads,
- * which wait for every reference to the handle's partitions and brokers;
- * librdkafka releases before 2.6 (Debian 12 ships 2.0.2) can keep such a
- * reference for ever under load (librdkafka PR #4724: a fetch queue op
- * that holds its own partition), and the caller would hang with them. */
-#define RK_DESTROY_MS 10000
-
-struct rk_destroy {
-        rd_kafka_t *rk;
-        int flags;
-        pthread_mutex_t lock;
-        pthread_cond_t cond;
-        bool done;
-        int refs; /* the waiter and the thread: the last one frees */
-};
-
-static void
-rk_destroy_unref(struct rk_destroy *d)
-{
-        pthread_mutex_lock(&d->lock);
-        bool last = --d->refs == 0;
-        pthread_mutex_unlock(&d->lock);
-        if (!last)
-                return;
-        pthread_mutex_destroy(&d->lock);
-        pthread_cond_destroy(&d->cond);
-        free(d);
-}
-
-static void *
-rk_destroy_main(void *arg)
-{
-        struct rk_destroy *d = arg;
-        /* Tests: a librdkafka that takes longer than the bound. */
-        if (kinbox__fault("consumer_destroy_stall"))
-                usleep((RK_DESTROY_MS + 3000) * 1000);
-        rd_kafka_destroy_flags(d->rk, d->flags);
-        pthread_mutex_lock(&d->lock);
-        d->done = true;
-        pthread_cond_signal(&d->cond);
-        pthread_mutex_unlock(&d->lock);
-        rk_destroy_unref(d);
-        return NULL;
-}
-
-/* rd_kafka_destroy_flags() within RK_DESTROY_MS; false when it did not
- * finish (it goes on in a detached thread, which still owns rk). */
-static bool
-rk_destroy_bounded(rd_kafka_t *rk, int flags)
-{
-        struct rk_destroy *d = calloc(1, sizeof(*d));
-        pthread_attr_t attr;
-        pthread_t thr;
-        if (!d || pthread_attr_init(&attr)) {
-                free(d);
-                rd_kafka_destroy_flags(rk, flags);
-                return true;
-        }
-        *d = (struct rk_destroy){.rk = rk, .flags = flags, .refs = 2};
-        pthread_mutex_init(&d->lock, NULL);
-        pthread_cond_init(&d->cond, NULL);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        bool started = !pthread_create(&thr, &attr, rk_destroy_main, d);
-        pthread_attr_destroy(&attr);
-        if (!started) {
-                d->refs = 1;
-                rk_destroy_unref(d);
-                rd_kafka_destroy_flags(rk, flags);
-                return true;
-        }
-        struct timespec ts;
-        kinbox__deadline(RK_DESTROY_MS, &ts);
-        pthread_mutex_lock(&d->lock);
-        int rc = 0;
-        while (!d->done && rc != ETIMEDOUT)
-                rc = pthread_cond_timedwait(&d->cond, &d->lock, &ts);
-        bool done = d->done;
-        pthread_mutex_unlock(&d->lock);
-        rk_destroy_unref(d);
-        return done;
-}
-
-/* Consumers whose librdkafka handle did not shut down in time: librdkafka's
- * threads may still call back with them, so they are never freed, and
- * they stay reachable (a leak checker sees memory kept on purpose). */
-static struct abandoned {
-        kinbox_consumer_t *c;
-        struct abandoned *next;
-} * g_abandoned;
-static pthread_mutex_t g_abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void
-abandon(kinbox_consumer_t *c)
-{
-        struct abandoned *a = malloc(sizeof(*a));
-        if (!a)
-                return;
-        pthread_mutex_lock(&g_abandoned_lock);
-        *a = (struct abandoned){c, g_abandoned};
-        g_abandoned = a;
-        pthread_mutex_unlock(&g_abandoned_lock);
-}
-
 void
 kinbox_consumer_destroy(kinbox_consumer_t *c)
 {
@@ -443,9 +341,10 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
                 rd_kafka_queue_destroy(c->cq);
         c->cq = NULL;
         if (c->rk &&
-            !rk_destroy_bounded(
+            !kinbox__rk_destroy_bounded(
                 c->rk,
-                c->left_unclosed ? RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE : 0)) {
+                c->left_unclosed ? RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE : 0,
+                "consumer_destroy_stall")) {
                 /* librdkafka's threads may still call back with c (its
                  * log callback's opaque): c stays theirs. */
                 kinbox__log(&c->lg, KINBOX_LOG_ERR, "consumer",
@@ -453,8 +352,8 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
                             "s (a librdkafka termination hang); leaving it "
                             "and this consumer's memory behind: offsets "
                             "are committed, nothing is lost",
-                            c->name, RK_DESTROY_MS / 1000);
-                abandon(c);
+                            c->name, KINBOX__RK_DESTROY_MS / 1000);
+                kinbox__rk_abandon(c);
                 return;
         }
         if (c->topics)

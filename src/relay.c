@@ -48,6 +48,7 @@
 #include "confval.h"
 #include "migrate.h"
 #include "relay_int.h"
+#include "rkdestroy.h"
 #include "wake.h"
 
 /* Finish every batch whose reports are all in (or whose deadline passed).
@@ -99,6 +100,24 @@ resize(kinbox_relay_t *r, int64_t claimed)
                 r->cur_batch = r->batch;
         if (r->cur_batch < BATCH_MIN)
                 r->cur_batch = r->batch < BATCH_MIN ? r->batch : BATCH_MIN;
+}
+
+/* The producer's rd_kafka_destroy() within its bound; past it, the
+ * handle is left to librdkafka's threads, and the relay's memory with it
+ * (kinbox_relay_destroy() keeps it). Nothing is lost: a row is marked sent
+ * only on its delivery report. */
+static void
+producer_destroy(kinbox_relay_t *r)
+{
+        if (!kinbox__rk_destroy_bounded(r->rk, 0, "relay_destroy_stall")) {
+                rlog(r, KINBOX_LOG_ERR,
+                     "relay %s: Kafka producer did not shut down within %d s "
+                     "(a librdkafka termination hang); leaving it behind: "
+                     "rows without a delivery report stay pending",
+                     r->owner, KINBOX__RK_DESTROY_MS / 1000);
+                r->rk_left = true;
+        }
+        r->rk = NULL;
 }
 
 static bool
@@ -193,7 +212,7 @@ step(kinbox_relay_t *r, bool *more)
         if (!r->inflight && producer_fatal(r)) {
                 /* The idempotent producer cannot continue: new one. */
                 rd_kafka_flush(r->rk, 1000);
-                rd_kafka_destroy(r->rk);
+                producer_destroy(r);
                 r->rk = kinbox__relay_producer_new(r);
                 if (!r->rk)
                         return KINBOX_ERR_KAFKA;
@@ -461,7 +480,7 @@ out:
         kinbox__relay_listen_close(r);
         if (r->rk) {
                 rd_kafka_flush(r->rk, 5000);
-                rd_kafka_destroy(r->rk);
+                producer_destroy(r);
                 r->rk = NULL;
         }
         if (r->db)
@@ -510,8 +529,29 @@ kinbox_relay_destroy(kinbox_relay_t *r)
                 pthread_cond_wait(&r->jobs_cv, &r->lock);
         pthread_mutex_unlock(&r->lock);
         kinbox__relay_listen_close(r);
+        if (r->checker_started) {
+                pthread_mutex_lock(&r->checks_mu);
+                r->checker_stop = true;
+                pthread_cond_signal(&r->checks_cv);
+                pthread_mutex_unlock(&r->checks_mu);
+                pthread_join(r->checker, NULL);
+                r->checker_started = false;
+        }
         if (r->rk)
-                rd_kafka_destroy(r->rk);
+                producer_destroy(r);
+        if (r->admin_rk &&
+            !kinbox__rk_destroy_bounded(r->admin_rk, 0, "relay_destroy_stall"))
+                r->rk_left = true;
+        if (r->rk_left) {
+                /* Its librdkafka threads may still call back with r (the
+                 * handles' opaque): r stays theirs. */
+                rlog(r, KINBOX_LOG_ERR,
+                     "relay %s: leaving its memory behind: a Kafka client "
+                     "did not shut down",
+                     r->owner);
+                kinbox__rk_abandon(r);
+                return;
+        }
         if (r->rkconf)
                 rd_kafka_conf_destroy(r->rkconf);
         if (r->db)
@@ -528,21 +568,12 @@ kinbox_relay_destroy(kinbox_relay_t *r)
         kinbox_conf_destroy(r->conf);
         for (int i = 0; i < r->nlimits; i++)
                 free(r->limits[i].topic);
-        if (r->checker_started) {
-                pthread_mutex_lock(&r->checks_mu);
-                r->checker_stop = true;
-                pthread_cond_signal(&r->checks_cv);
-                pthread_mutex_unlock(&r->checks_mu);
-                pthread_join(r->checker, NULL);
-        }
         for (int i = 0; i < r->nchecked; i++)
                 free(r->checked[i]);
         for (int i = 0; i < r->nto_check; i++)
                 free(r->to_check[i]);
         pthread_mutex_destroy(&r->checks_mu);
         pthread_cond_destroy(&r->checks_cv);
-        if (r->admin_rk)
-                rd_kafka_destroy(r->admin_rk);
         kinbox__tracing_release(r->tracing);
         free(r);
 }

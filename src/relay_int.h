@@ -185,6 +185,7 @@ struct kinbox_relay_s {
         int nto_check;
         pthread_t checker;
         bool checker_started, checker_stop;
+        bool rk_left; /* a Kafka client outlived its destroy bound: r stays */
         bool compressed; /* kafka.compression.type is set, not none */
 };
 

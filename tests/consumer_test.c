@@ -674,13 +674,13 @@ Test(consumer, destroy_bounded_when_librdkafka_hangs, .timeout = 120)
         long long t0 = kt_clock_ms();
         kinbox_consumer_destroy(c);
         long long took = kt_clock_ms() - t0;
-        cr_assert(took >= 9000 && took < 30000,
+        cr_assert(took >= 9000 && took < 17000,
                   "destroy returned after %lld ms, not at its 10 s bound",
                   took);
         cr_assert(eq(int, destroy_errors, 1));
         assert_points(url, total, 200);
         cr_assert(eq(i64, kt_committed_sum(group, topic, 2), 200));
-        /* The held rd_kafka_destroy() runs 3 s past the bound. */
-        sleep(5);
+        /* The held rd_kafka_destroy() runs 8 s past the bound. */
+        sleep(10);
         unsetenv("KINBOX_FAULT");
 }

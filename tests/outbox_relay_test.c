@@ -890,3 +890,82 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
         cr_assert(eq(sz, gp.n, 1));
         msgs_free(&gp);
 }
+
+/* ------------------------------------------------------------ test 10 */
+
+/*
+ * A librdkafka producer that does not shut down (a termination hang, as
+ * librdkafka before 2.6 can have) cannot hang the relay's caller: the run
+ * returns after its 10 s bound for rd_kafka_destroy(), saying so, and
+ * kinbox_relay_destroy() returns at once; every row was published and
+ * marked before, and the topic holds each once.
+ */
+static atomic_int relay_left_errors;
+
+static void
+count_left(int level, const char *facility, const char *message, void *opaque)
+{
+        (void)facility;
+        (void)opaque;
+        if (level <= KINBOX_LOG_ERR && strstr(message, "did not shut down"))
+                atomic_fetch_add(&relay_left_errors, 1);
+}
+
+Test(outbox_relay, destroy_bounded_when_librdkafka_hangs, .timeout = 120)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db("postgresql");
+        char *topic = kt_unique("obx_left");
+        kt_topic(topic, 2);
+        enum { N = 50 };
+        tconn_t c;
+        tc_open(&c, "postgresql", url);
+        tc_sql(&c, "BEGIN");
+        for (int i = 0; i < N; i++) {
+                char key[32], agg[32];
+                snprintf(key, sizeof(key), "left-%d", i);
+                snprintf(agg, sizeof(agg), "a-%d", i % 7);
+                kinbox_outbox_msg_t m = {.destination = topic,
+                                         .idem_key = key,
+                                         .aggregate_id = agg,
+                                         .payload = "x",
+                                         .payload_size = 1};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+        }
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        kinbox_conf_t *conf = relay_conf(url, bootstrap);
+        kinbox_conf_set_log_cb(conf, count_left, NULL);
+        kinbox_relay_t *r = relay_new(conf);
+        trelay_t tr;
+        relay_start(&tr, r);
+        bool ok = wait_q(url, N, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "status = 'sent'");
+        cr_assert(ok, "rows not sent in time");
+        setenv("KINBOX_FAULT", "relay_destroy_stall", 1);
+        long long t0 = kt_clock_ms();
+        relay_stop(&tr);
+        long long took = kt_clock_ms() - t0;
+        unsetenv("KINBOX_FAULT");
+        cr_assert(took >= 9000 && took < 17000,
+                  "the run returned after %lld ms, not at its 10 s bound",
+                  took);
+        cr_assert(eq(int, atomic_load(&relay_left_errors), 1));
+        t0 = kt_clock_ms();
+        kinbox_relay_destroy(r);
+        took = kt_clock_ms() - t0;
+        cr_assert(took < 5000, "destroy took %lld ms", took);
+        cr_assert(eq(int, atomic_load(&relay_left_errors), 2));
+        tmsgs_t got;
+        consume(bootstrap, topic, N, 30, 500, &got);
+        cr_assert(eq(sz, got.n, N), "got %zu messages", got.n);
+        for (int i = 0; i < N; i++) {
+                char want[128];
+                snprintf(want, sizeof(want), "%s:left-%d", topic, i);
+                cr_assert(eq(sz, count_msgid(&got, want), 1), "%s", want);
+        }
+        msgs_free(&got);
+        /* The held rd_kafka_destroy() runs 8 s past the bound. */
+        sleep(10);
+}

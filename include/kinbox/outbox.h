@@ -241,6 +241,13 @@ KINBOX_API kinbox_err_t kinbox_relay_register_action(kinbox_relay_t *r,
  *          unreachable at start; ::KINBOX_ERR_KAFKA when the producer could
  *          not be created; ::KINBOX_ERR_STATE when already running. Details
  *          in kinbox_relay_errstr().
+ * @remark Returning is bounded: the producer's rd_kafka_destroy() gets
+ *         10 s (some librdkafka releases, 2.0 among them, can wait for
+ *         ever for their own threads under load). Past that an error is
+ *         logged ("Kafka producer did not shut down"), the handle is left
+ *         to those threads and run() returns; nothing is lost (a row is
+ *         marked sent only on its delivery report), and
+ *         kinbox_relay_destroy() then keeps the relay's memory.
  */
 KINBOX_API kinbox_err_t kinbox_relay_run(kinbox_relay_t *r);
 
@@ -261,6 +268,11 @@ KINBOX_API const char *kinbox_relay_errstr(const kinbox_relay_t *r);
 /**
  * @brief Free a stopped (or never run) relay. NULL is a no-op. Waits for
  *        abandoned (timed-out) action callbacks to return.
+ *
+ * Not while kinbox_relay_run() runs. Bounded like run()'s return: a
+ * librdkafka handle that does not shut down within 10 s is left to its
+ * threads with the relay's memory (an error is logged: "a Kafka client
+ * did not shut down"), instead of hanging the caller.
  */
 KINBOX_API void kinbox_relay_destroy(kinbox_relay_t *r);
 
