@@ -8,14 +8,16 @@ bench/partition's phase C, from its metrics endpoint. Standard library only.
       kinbox_consumer_messages_total (every result) and the cumulative
       buckets of kinbox_consumer_transaction_seconds.
 
-  partition_consumer.py report OUT TOTAL BF BT DF DT AF AT
-      Prints "key value" lines for the windows before [BF, BT), during
-      [DF, DT) and after [AF, AT) the prune: messages/s, and the p50 / p99
-      of the consumer's transactions (BEGIN to COMMIT) by linear
-      interpolation inside the histogram's buckets, as Prometheus'
-      histogram_quantile() does; "without" is before and after together.
-      ran_dry is 1 when the consumer had consumed all TOTAL messages before
-      AT (the windows are then not saturated and the ratio means nothing).
+  partition_consumer.py report OUT TOTAL T0 T1 [T0 T1 ...]
+      Prints "key value" lines for the windows [T0, T1) given, which
+      alternate: without pruning, during a prune, without, during, ...,
+      without. Per round k (a prune's window against the windows either
+      side of it) and over all rounds: messages/s and the p50 / p99 of the
+      consumer's transactions (BEGIN to COMMIT) by linear interpolation
+      inside the histogram's buckets, as Prometheus' histogram_quantile()
+      does. ran_dry is 1 when the consumer had consumed all TOTAL messages
+      before the last window ended (the windows are then not saturated and
+      the ratios mean nothing).
 """
 import json
 import math
@@ -100,33 +102,52 @@ def window(s, spans):
     return msgs, secs, hist
 
 
-def report(out, total, bf, bt, df, dt, af, at_):
+def stats(s, spans):
+    m, secs, h = window(s, spans)
+    return (m / secs if secs > 0 else float("nan"), secs,
+            quantile(0.50, h) * 1000, quantile(0.99, h) * 1000)
+
+
+def ratio(a, b):
+    return a / b if b > 0 else float("nan")
+
+
+def report(out, total, times):
     s = load(out)
-    if not s:
-        print("samples 0")
-        return
     print("samples %d" % len(s))
+    if not s:
+        return
+    spans = list(zip(times[0::2], times[1::2]))
+    without, during = spans[0::2], spans[1::2]
+    for k, d in enumerate(during, 1):
+        w = [without[k - 1], without[k]]
+        dr, ds, _, dq = stats(s, [d])
+        wr, _, _, wq = stats(s, w)
+        print("r%d_window_s %.1f" % (k, ds))
+        print("r%d_without_msg_per_s %.0f" % (k, wr))
+        print("r%d_during_msg_per_s %.0f" % (k, dr))
+        print("r%d_ratio_msg_per_s %.3f" % (k, ratio(dr, wr)))
+        print("r%d_without_tx_p99_ms %.2f" % (k, wq))
+        print("r%d_during_tx_p99_ms %.2f" % (k, dq))
     res = {}
-    for name, spans in (("before", [(bf, bt)]), ("during", [(df, dt)]),
-                        ("after", [(af, at_)]),
-                        ("without", [(bf, bt), (af, at_)])):
-        m, secs, h = window(s, spans)
-        rate = m / secs if secs > 0 else float("nan")
-        res[name] = rate
+    for name, sp in (("without", without), ("during", during)):
+        r, secs, p50, p99 = stats(s, sp)
+        res[name] = r
         print("%s_window_s %.1f" % (name, secs))
-        print("%s_msg_per_s %.0f" % (name, rate))
-        print("%s_tx_p50_ms %.2f" % (name, quantile(0.50, h) * 1000))
-        print("%s_tx_p99_ms %.2f" % (name, quantile(0.99, h) * 1000))
-    ratio = res["during"] / res["without"] if res["without"] > 0 else float("nan")
-    print("ratio_msg_per_s %.3f" % ratio)
-    print("ran_dry %d" % (1 if at(s, at_)[1] >= total else 0))
+        print("%s_msg_per_s %.0f" % (name, r))
+        print("%s_tx_p50_ms %.2f" % (name, p50))
+        print("%s_tx_p99_ms %.2f" % (name, p99))
+    print("ratio_msg_per_s %.3f" % ratio(res["during"], res["without"]))
+    print("ran_dry %d" % (1 if at(s, spans[-1][1])[1] >= total else 0))
 
 
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "sample":
         sample(sys.argv[2], sys.argv[3])
-    elif len(sys.argv) == 10 and sys.argv[1] == "report":
-        report(sys.argv[2], float(sys.argv[3]), *map(float, sys.argv[4:]))
+    elif (len(sys.argv) >= 10 and sys.argv[1] == "report" and
+          len(sys.argv[4:]) % 4 == 2):
+        report(sys.argv[2], float(sys.argv[3]),
+               [float(x) for x in sys.argv[4:]])
     else:
         sys.exit(__doc__)
 
