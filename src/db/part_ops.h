@@ -49,12 +49,14 @@ struct kinbox__part_ops {
                    int64_t width_s);
         /* Drop the lowest range r of kinbox_inbox, keeping the rows that
          * an unresolved dead letter or a parked message still needs (they
-         * move to a catch-all, in the same transaction on PostgreSQL; on
-         * MySQL through the table kinbox_inbox_old_<start>, which
-         * finish() completes after a crash). *kept: rows kept. */
+         * move to a catch-all: on PostgreSQL in the DETACH's transaction,
+         * the detached table dropped in one of its own; on MySQL through
+         * the table kinbox_inbox_old_<start>). A crash between the steps
+         * leaves that table, which finish() completes. *kept: rows
+         * kept. */
         int (*drop)(kinbox__db_t *db, const kinbox__range_t *r,
                     int64_t width_s, uint64_t *kept);
-        /* Complete drops a crash interrupted (MySQL); NULL elsewhere. */
+        /* Complete the drops a crash interrupted. */
         int (*finish)(kinbox__db_t *db);
         /* Conversion of a plain kinbox_inbox into kinbox_inbox_conv:
          * mirror(on) makes every later insert (and delete) of
