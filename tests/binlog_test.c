@@ -1,0 +1,339 @@
+/*
+ * binlog_test.c -- reading kinbox_outbox's inserts from MariaDB's binlog
+ * (src/db/mysql_binlog.c, [relay] source = binlog; issue 38).
+ *
+ * Against the MariaDB of scripts/services, which runs with the binlog in
+ * ROW format (KINBOX_MYSQL_BINLOG, default 1). A server without it fails
+ * these tests. Every test works in a fresh, migrated database; the binlog
+ * is the server's, so a reader skips what other databases write.
+ *
+ * The probe part: Debian 12's Connector/C 3.3 replication API reads GTID,
+ * TABLE_MAP, WRITE_ROWS and XID events, heartbeats, 1 MB rows, and starts
+ * from a GTID state (@slave_connect_state); its mariadb_rpl_extract_rows()
+ * decodes plain columns but not a TIMESTAMP(6) (kinbox decodes rows
+ * itself: mysql_binlog_rows.c).
+ */
+#include "harness.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mysql.h>
+#include <mariadb_rpl.h>
+
+#include "db.h"
+#include "db/mysql_binlog.h"
+#include "internal.h"
+
+/* A connection to url (fails the test when it cannot). */
+static kinbox__db_t *
+kt_db(const char *url)
+{
+        char e[512];
+        kinbox__db_t *db = kinbox__db_new(url, NULL, e, sizeof(e));
+        cr_assert(db != NULL, "%s", e);
+        cr_assert(kinbox__db_connect(db) == 0, "%s", db->err.msg);
+        return db;
+}
+
+static kinbox__binlog_t *
+reader_at(const char *url, const char *start, int hb_ms)
+{
+        kinbox__binlog_opts_t o = {.url = url,
+                                   .start = start,
+                                   .name = kt_unique("bl"),
+                                   .heartbeat_ms = hb_ms};
+        int code = 0;
+        char err[600] = "";
+        kinbox__binlog_t *b = kinbox__binlog_open(&o, &code, err, sizeof(err));
+        cr_assert(b != NULL, "binlog open: %d %s", code, err);
+        return b;
+}
+
+/* The next transaction with outbox rows, within timeout_s. */
+static const kinbox__binlog_tx_t *
+next_tx(kinbox__binlog_t *b, int timeout_s)
+{
+        time_t until = time(NULL) + timeout_s;
+        while (time(NULL) < until) {
+                const kinbox__binlog_tx_t *tx = NULL;
+                int rc = kinbox__binlog_next(b, &tx);
+                cr_assert(rc > 0, "binlog next: %d %s", rc,
+                          kinbox__binlog_error(b));
+                if (rc == KINBOX__BL_TX)
+                        return tx;
+        }
+        cr_assert(false, "no outbox transaction within %d s", timeout_s);
+        return NULL;
+}
+
+/* The columns the relay needs, as the table holds them, of row id. */
+typedef struct dbrow {
+        char kind[16], dest[256], idem[256], agg[256];
+        bool agg_null, payload_null;
+        char *payload;
+        size_t payload_len;
+        char *headers;
+        int64_t created_us;
+} dbrow_t;
+
+static void
+db_row(const char *url, int64_t id, dbrow_t *out)
+{
+        kinbox__db_t *db = kt_db(url);
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "SELECT kind, destination, idem_key, aggregate_id, payload, "
+                 "headers, CAST(UNIX_TIMESTAMP(created_at) * 1000000 AS "
+                 "SIGNED) FROM kinbox_outbox WHERE id = %" PRId64,
+                 id);
+        kinbox_rows_t *r = NULL;
+        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        cr_assert(rc == 0 && kinbox_rows_count(r) == 1, "%s: %s", sql,
+                  db->err.msg);
+        memset(out, 0, sizeof(*out));
+        size_t n = 0;
+        snprintf(out->kind, sizeof(out->kind), "%s",
+                 kinbox_rows_value(r, 0, 0, NULL));
+        snprintf(out->dest, sizeof(out->dest), "%s",
+                 kinbox_rows_value(r, 0, 1, NULL));
+        snprintf(out->idem, sizeof(out->idem), "%s",
+                 kinbox_rows_value(r, 0, 2, NULL));
+        const char *agg = kinbox_rows_value(r, 0, 3, NULL);
+        out->agg_null = !agg;
+        snprintf(out->agg, sizeof(out->agg), "%s", agg ? agg : "");
+        const char *pl = kinbox_rows_value(r, 0, 4, &n);
+        out->payload_null = !pl;
+        out->payload = pl ? malloc(n + 1) : NULL;
+        if (pl)
+                memcpy(out->payload, pl, n);
+        out->payload_len = n;
+        const char *h = kinbox_rows_value(r, 0, 5, NULL);
+        out->headers = h ? kinbox__strdup(h) : NULL;
+        out->created_us = strtoll(kinbox_rows_value(r, 0, 6, NULL), NULL, 10);
+        kinbox_rows_destroy(r);
+        kinbox__db_destroy(db);
+}
+
+static void
+assert_row(const char *url, const kinbox__binlog_row_t *br)
+{
+        dbrow_t d;
+        db_row(url, br->id, &d);
+        cr_expect(eq(str, (char *)br->kind, d.kind));
+        cr_expect(eq(str, (char *)br->destination, d.dest));
+        cr_expect(eq(str, (char *)br->idem_key, d.idem));
+        cr_expect(eq(int, br->aggregate_id == NULL, d.agg_null));
+        if (br->aggregate_id)
+                cr_expect(eq(str, (char *)br->aggregate_id, d.agg));
+        cr_expect(eq(int, br->payload == NULL, d.payload_null));
+        cr_expect(eq(sz, br->payload_size, d.payload_len), "row %" PRId64,
+                  br->id);
+        if (br->payload && d.payload)
+                cr_expect(memcmp(br->payload, d.payload, d.payload_len) == 0,
+                          "payload of row %" PRId64, br->id);
+        cr_expect(eq(int, br->headers == NULL, d.headers == NULL));
+        if (br->headers && d.headers)
+                cr_expect(eq(str, (char *)br->headers, d.headers));
+        cr_expect(eq(i64, br->created_at_us, d.created_us), "row %" PRId64,
+                  br->id);
+        free(d.payload);
+        free(d.headers);
+}
+
+TestSuite(binlog, .timeout = 120);
+
+/* Committed inserts come whole and in commit order, decoded field by
+ * field as the table holds them; other tables, rolled-back
+ * transactions, UPDATEs and DELETEs are not returned. */
+Test(binlog, decodes_committed_outbox_inserts)
+{
+        char *url = kt_fresh_db("mysql");
+        kinbox__binlog_t *b = reader_at(url, NULL, 500);
+        kt_exec(url,
+                "START TRANSACTION;"
+                "INSERT INTO kinbox_outbox (kind, destination, idem_key, "
+                "aggregate_id, payload, headers) VALUES "
+                "('event', 'orders', 'k1', 'a1', 'p1', '[[\"h\",\"v\"]]'),"
+                "('event', 'orders', 'k2', NULL, X'00ff0041', NULL),"
+                "('action', 'action:mail', 'k3', 'a1', NULL, '[]');"
+                "COMMIT");
+        kt_exec(url, "INSERT INTO kinbox_hold (consumer, topic, "
+                     "kafka_partition, hold_key, blocker_id) VALUES "
+                     "('c', 't', 0, 'k', 1)");
+        kt_exec(url, "START TRANSACTION;"
+                     "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('orders', 'rolled-back');"
+                     "ROLLBACK");
+        kt_exec(url, "UPDATE kinbox_outbox SET status = 'sent'");
+        kt_exec(url, "DELETE FROM kinbox_outbox WHERE idem_key = 'k3'");
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key, "
+                     "payload) VALUES ('orders', 'k4', 'p4')");
+
+        const kinbox__binlog_tx_t *tx = next_tx(b, 20);
+        cr_assert(eq(sz, tx->nrows, 3));
+        cr_expect(eq(str, (char *)tx->rows[0].idem_key, "k1"));
+        cr_expect(eq(str, (char *)tx->rows[2].kind, "action"));
+        cr_expect(eq(str, (char *)tx->rows[0].status, "pending"));
+        cr_expect(strstr(tx->state, tx->gtid) != NULL, "%s in %s", tx->gtid,
+                  tx->state);
+        for (size_t i = 0; i < 2; i++) /* k3 is deleted since */
+                assert_row(url, &tx->rows[i]);
+        tx = next_tx(b, 20);
+        cr_assert(eq(sz, tx->nrows, 1));
+        cr_expect(eq(str, (char *)tx->rows[0].idem_key, "k4"));
+        assert_row(url, &tx->rows[0]);
+        kinbox__binlog_close(b);
+}
+
+/* 1 MB payloads (a row event larger than the default
+ * binlog_row_event_max_size) and a 2,000-row transaction. */
+Test(binlog, large_rows_and_transactions)
+{
+        char *url = kt_fresh_db("mysql");
+        kinbox__binlog_t *b = reader_at(url, NULL, 500);
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key, "
+                     "aggregate_id, payload) VALUES "
+                     "('big', 'b1', 'x', CONCAT(REPEAT('a', 1048575), 'z')),"
+                     "('big', 'b2', 'x', REPEAT(X'00ff', 524288))");
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "SELECT 'many', CONCAT('m', seq) FROM seq_1_to_2000");
+        const kinbox__binlog_tx_t *tx = next_tx(b, 30);
+        cr_assert(eq(sz, tx->nrows, 2));
+        cr_expect(eq(sz, tx->rows[0].payload_size, 1048576));
+        cr_expect(eq(int, tx->rows[0].payload[1048575], 'z'));
+        assert_row(url, &tx->rows[0]);
+        assert_row(url, &tx->rows[1]);
+        tx = next_tx(b, 30);
+        cr_assert(eq(sz, tx->nrows, 2000));
+        for (size_t i = 0; i < tx->nrows; i++) {
+                char want[32];
+                snprintf(want, sizeof(want), "m%zu", i + 1);
+                cr_assert(eq(str, (char *)tx->rows[i].idem_key, want));
+                cr_assert(i == 0 || tx->rows[i].id > tx->rows[i - 1].id);
+        }
+        kinbox__binlog_close(b);
+}
+
+/* Nothing written: the reader still returns, on the server's heartbeats,
+ * and its state stays put. */
+Test(binlog, heartbeats_when_idle)
+{
+        char *url = kt_fresh_db("mysql");
+        kinbox__binlog_t *b = reader_at(url, NULL, 200);
+        char before[256];
+        snprintf(before, sizeof(before), "%s", kinbox__binlog_state(b));
+        int64_t t0 = kinbox__now_ms();
+        int idle = 0;
+        while (idle < 5) {
+                const kinbox__binlog_tx_t *tx = NULL;
+                int rc = kinbox__binlog_next(b, &tx);
+                cr_assert(rc > 0, "%d %s", rc, kinbox__binlog_error(b));
+                if (rc == KINBOX__BL_IDLE)
+                        idle++;
+        }
+        /* Five heartbeats of 200 ms, not a read timeout's 30 s. */
+        cr_expect(lt(i64, kinbox__now_ms() - t0, 5000));
+        kinbox__binlog_close(b);
+        (void)before;
+}
+
+/* Reopened at the state after a transaction, the reader starts with the
+ * next one (@slave_connect_state). */
+Test(binlog, starts_after_a_gtid_state)
+{
+        char *url = kt_fresh_db("mysql");
+        kinbox__binlog_t *b = reader_at(url, NULL, 500);
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('t', 'first')");
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('t', 'second')");
+        const kinbox__binlog_tx_t *tx = next_tx(b, 20);
+        cr_assert(eq(str, (char *)tx->rows[0].idem_key, "first"));
+        char after_first[512];
+        snprintf(after_first, sizeof(after_first), "%s", tx->state);
+        kinbox__binlog_close(b);
+
+        b = reader_at(url, after_first, 500);
+        tx = next_tx(b, 20);
+        cr_expect(eq(str, (char *)tx->rows[0].idem_key, "second"));
+        kinbox__binlog_close(b);
+}
+
+/* A position whose binlog was purged: refused, naming the position and
+ * the way back (outbox resend --since). */
+Test(binlog, purged_position_refused)
+{
+        char *url = kt_fresh_db("mysql");
+        kinbox__binlog_t *b = reader_at(url, NULL, 500);
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('t', 'old')");
+        const kinbox__binlog_tx_t *tx = next_tx(b, 20);
+        char old[512];
+        /* The state before it: its own GTID's sequence minus one. */
+        snprintf(old, sizeof(old), "%s", tx->gtid);
+        char *dash = strrchr(old, '-');
+        long long seq = strtoll(dash + 1, NULL, 10);
+        snprintf(dash + 1, sizeof(old) - (size_t)(dash + 1 - old), "%lld",
+                 seq - 1);
+        kinbox__binlog_close(b);
+        kt_exec(url, "FLUSH BINARY LOGS");
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('t', 'new')");
+        char purge[256];
+        kinbox__db_t *db = kt_db(url);
+        kinbox_rows_t *r = NULL;
+        cr_assert(kinbox__db_query(db, "SHOW MASTER STATUS", 0, NULL, &r) ==
+                  0);
+        snprintf(purge, sizeof(purge), "PURGE BINARY LOGS TO '%s'",
+                 kinbox_rows_value(r, 0, 0, NULL));
+        kinbox_rows_destroy(r);
+        kinbox__db_destroy(db);
+        kt_exec(url, purge);
+
+        kinbox__binlog_opts_t o = {.url = url, .start = old, .name = "p"};
+        int code = 0;
+        char err[600] = "";
+        b = kinbox__binlog_open(&o, &code, err, sizeof(err));
+        if (b) {
+                const kinbox__binlog_tx_t *t2 = NULL;
+                code = kinbox__binlog_next(b, &t2);
+                snprintf(err, sizeof(err), "%s", kinbox__binlog_error(b));
+                kinbox__binlog_close(b);
+        }
+        cr_expect(eq(int, code, KINBOX_ERR_NOT_FOUND), "%d %s", code, err);
+        cr_expect(strstr(err, old) != NULL, "%s", err);
+        cr_expect(strstr(err, "kinbox outbox resend --since") != NULL, "%s",
+                  err);
+}
+
+/* binlog_format other than ROW: refused, naming the setting. */
+Test(binlog, statement_format_refused)
+{
+        char *url = kt_fresh_db("mysql");
+        kt_exec(url, "SET GLOBAL binlog_format = 'STATEMENT'");
+        kinbox__binlog_opts_t o = {.url = url, .name = "f"};
+        int code = 0;
+        char err[600] = "";
+        kinbox__binlog_t *b = kinbox__binlog_open(&o, &code, err, sizeof(err));
+        kt_exec(url, "SET GLOBAL binlog_format = 'ROW'");
+        cr_expect(b == NULL);
+        kinbox__binlog_close(b);
+        cr_expect(eq(int, code, KINBOX_ERR_CONFIG));
+        cr_expect(strstr(err, "binlog_format is STATEMENT") != NULL, "%s",
+                  err);
+}
+
+/* The server ids: stable per name, never the server's own (1). */
+Test(binlog, server_id_from_name)
+{
+        cr_expect(eq(u32, kinbox__binlog_server_id("a"),
+                     kinbox__binlog_server_id("a")));
+        cr_expect(ne(u32, kinbox__binlog_server_id("a"),
+                     kinbox__binlog_server_id("b")));
+        cr_expect(gt(u32, kinbox__binlog_server_id("kinbox"), 1));
+}
