@@ -124,6 +124,7 @@ struct kinbox__logsrc {
 
 /* The sources (NULL ops where the backend is not built). */
 extern const kinbox__logsrc_ops_t kinbox__pg_repl_ops;
+extern const kinbox__logsrc_ops_t kinbox__binlog_src_ops; /* relay_binlog.c */
 
 /* relay_log.c: run the log relay of r until kinbox_relay_stop(). */
 struct kinbox_relay_s;

@@ -145,6 +145,42 @@ assert_row(const char *url, const kinbox__binlog_row_t *br)
         free(d.headers);
 }
 
+/* Purge the binlog up to the current file, until the oldest file starts
+ * after GTID sequence seq of domain 0 (a file the binlog checkpoint
+ * still needs is kept for a moment: PURGE skips it). */
+static void
+purge_after(const char *url, long long seq)
+{
+        int64_t until = kinbox__now_ms() + 20000;
+        while (kinbox__now_ms() < until) {
+                kt_exec(url, "FLUSH BINARY LOGS");
+                kinbox__db_t *db = kt_db(url);
+                kinbox_rows_t *r = NULL;
+                cr_assert(kinbox__db_query(db, "SHOW MASTER STATUS", 0, NULL,
+                                           &r) == 0);
+                char q[256];
+                snprintf(q, sizeof(q), "PURGE BINARY LOGS TO '%s'",
+                         kinbox_rows_value(r, 0, 0, NULL));
+                kinbox_rows_destroy(r);
+                kinbox__db_destroy(db);
+                kt_exec(url, q);
+                db = kt_db(url);
+                r = NULL;
+                cr_assert(kinbox__db_query(db, "SHOW BINARY LOGS", 0, NULL,
+                                           &r) == 0);
+                snprintf(q, sizeof(q),
+                         "SELECT SUBSTRING_INDEX(BINLOG_GTID_POS('%s', 4), "
+                         "'-', -1)",
+                         kinbox_rows_value(r, 0, 0, NULL));
+                kinbox_rows_destroy(r);
+                kinbox__db_destroy(db);
+                if (kt_qint(url, q) > seq)
+                        return;
+                usleep(200000);
+        }
+        cr_assert(false, "the binlog was not purged past %lld", seq);
+}
+
 TestSuite(binlog, .timeout = 120);
 
 /* Committed inserts come whole and in commit order, decoded field by
@@ -281,19 +317,9 @@ Test(binlog, purged_position_refused)
         snprintf(dash + 1, sizeof(old) - (size_t)(dash + 1 - old), "%lld",
                  seq - 1);
         kinbox__binlog_close(b);
-        kt_exec(url, "FLUSH BINARY LOGS");
         kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
                      "VALUES ('t', 'new')");
-        char purge[256];
-        kinbox__db_t *db = kt_db(url);
-        kinbox_rows_t *r = NULL;
-        cr_assert(kinbox__db_query(db, "SHOW MASTER STATUS", 0, NULL, &r) ==
-                  0);
-        snprintf(purge, sizeof(purge), "PURGE BINARY LOGS TO '%s'",
-                 kinbox_rows_value(r, 0, 0, NULL));
-        kinbox_rows_destroy(r);
-        kinbox__db_destroy(db);
-        kt_exec(url, purge);
+        purge_after(url, seq);
 
         kinbox__binlog_opts_t o = {.url = url, .start = old, .name = "p"};
         int code = 0;
@@ -336,4 +362,144 @@ Test(binlog, server_id_from_name)
         cr_expect(ne(u32, kinbox__binlog_server_id("a"),
                      kinbox__binlog_server_id("b")));
         cr_expect(gt(u32, kinbox__binlog_server_id("kinbox"), 1));
+}
+
+/* ---- the source of the log relay (relay_binlog.c) */
+
+#include "relay_log.h"
+
+typedef struct src {
+        kinbox__logsrc_t s;
+        kinbox_conf_t *conf;
+        kinbox__log_t log;
+} src_t;
+
+static src_t *
+src_new(const char *url, const char *name)
+{
+        src_t *x = calloc(1, sizeof(*x));
+        x->conf = kinbox_conf_new();
+        char e[256];
+        cr_assert(kinbox_conf_set(x->conf, "database.url", url, e,
+                                  sizeof(e)) == KINBOX_OK);
+        kinbox__conf_logger(x->conf, &x->log);
+        x->s.ops = &kinbox__binlog_src_ops;
+        x->s.conf = x->conf;
+        x->s.log = &x->log;
+        x->s.slot = name;
+        return x;
+}
+
+static void
+src_free(src_t *x)
+{
+        if (x->s.impl)
+                x->s.ops->close(&x->s);
+        kinbox_conf_destroy(x->conf);
+        free(x);
+}
+
+/* The next event other than KEEPALIVE, within 20 s. */
+static kinbox__logev_t
+src_next(src_t *x)
+{
+        int64_t until = kinbox__now_ms() + 20000;
+        while (kinbox__now_ms() < until) {
+                kinbox__logev_t ev;
+                int rc = x->s.ops->next(&x->s, &ev, 200);
+                cr_assert(rc >= 0, "next: %d %s", rc, x->s.err);
+                if (rc == 1 && ev.kind != KINBOX__LOGEV_KEEPALIVE)
+                        return ev;
+        }
+        cr_assert(false, "no event within 20 s");
+        return (kinbox__logev_t){0};
+}
+
+/* Confirmed positions are stored and a new source starts after them;
+ * action rows come marked as such. */
+Test(binlog, source_resumes_after_confirmed)
+{
+        char *url = kt_fresh_db("mysql");
+        const char *name = kt_unique("rel");
+        src_t *x = src_new(url, name);
+        cr_assert(eq(int, x->s.ops->open(&x->s), 0), "%s", x->s.err);
+        cr_assert(eq(int, x->s.ops->start(&x->s), 0), "%s", x->s.err);
+        kt_exec(url, "INSERT INTO kinbox_outbox (kind, destination, "
+                     "idem_key, aggregate_id, payload) VALUES "
+                     "('event', 'orders', 'one', 'agg', 'p1'),"
+                     "('action', 'action:mail', 'two', NULL, NULL)");
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "
+                     "VALUES ('orders', 'three')");
+        kinbox__logev_t ev = src_next(x);
+        cr_assert(eq(int, ev.kind, KINBOX__LOGEV_BEGIN));
+        ev = src_next(x);
+        cr_assert(eq(int, ev.kind, KINBOX__LOGEV_ROW));
+        cr_expect(eq(str, (char *)ev.row.idem_key, "one"));
+        cr_expect(eq(str, (char *)ev.row.aggregate_id, "agg"));
+        cr_expect(eq(int, ev.row.action, 0));
+        ev = src_next(x);
+        cr_expect(eq(str, (char *)ev.row.idem_key, "two"));
+        cr_expect(eq(int, ev.row.action, 1));
+        ev = src_next(x);
+        cr_assert(eq(int, ev.kind, KINBOX__LOGEV_COMMIT));
+        cr_assert(eq(int, x->s.ops->confirm(&x->s, &ev.pos), 0));
+        char pos[128];
+        snprintf(pos, sizeof(pos), "%s", ev.pos.text);
+        src_free(x); /* close() stores the confirmed position */
+        char q[256];
+        snprintf(q, sizeof(q),
+                 "SELECT COUNT(*) FROM kinbox_relay_position WHERE relay = "
+                 "'%s' AND gtid = '%s'",
+                 name, pos);
+        cr_expect(eq(i64, kt_qint(url, q), 1), "%s", pos);
+
+        x = src_new(url, name);
+        cr_assert(eq(int, x->s.ops->open(&x->s), 0), "%s", x->s.err);
+        cr_assert(eq(int, x->s.ops->start(&x->s), 0), "%s", x->s.err);
+        ev = src_next(x);
+        cr_assert(eq(int, ev.kind, KINBOX__LOGEV_BEGIN));
+        ev = src_next(x);
+        cr_expect(eq(str, (char *)ev.row.idem_key, "three"));
+        src_free(x);
+}
+
+/* Two sources of one name: the second waits (open() says why) until the
+ * first's session ends, then takes over. */
+Test(binlog, source_one_reader_per_name)
+{
+        char *url = kt_fresh_db("mysql");
+        const char *name = kt_unique("rel");
+        src_t *a = src_new(url, name), *b = src_new(url, name);
+        cr_assert(eq(int, a->s.ops->open(&a->s), 0), "%s", a->s.err);
+        cr_expect(eq(int, b->s.ops->open(&b->s), KINBOX_ERR_DB_CONN));
+        cr_expect(strstr(b->s.err, "waiting to take over") != NULL, "%s",
+                  b->s.err);
+        src_free(a);
+        cr_expect(eq(int, b->s.ops->open(&b->s), 0), "%s", b->s.err);
+        src_free(b);
+}
+
+/* A stored position whose binlog is gone: open() refuses (exit 2),
+ * naming the position and outbox resend --since. */
+Test(binlog, source_refuses_purged_position)
+{
+        char *url = kt_fresh_db("mysql");
+        const char *name = kt_unique("rel");
+        long long seq = kt_qint(url, "SELECT SUBSTRING_INDEX("
+                                     "@@gtid_binlog_pos, '-', -1)");
+        char old[128], q[512];
+        snprintf(old, sizeof(old), "0-1-%lld", seq - 1);
+        snprintf(q, sizeof(q),
+                 "INSERT INTO kinbox_relay_position (relay, gtid) VALUES "
+                 "('%s', '%s')",
+                 name, old);
+        kt_exec(url, q);
+        purge_after(url, seq);
+
+        src_t *x = src_new(url, name);
+        cr_expect(eq(int, x->s.ops->open(&x->s), KINBOX_ERR_CONFIG));
+        cr_expect(strstr(x->s.err, old) != NULL, "%s", x->s.err);
+        cr_expect(strstr(x->s.err, "kinbox outbox resend --since") != NULL,
+                  "%s", x->s.err);
+        src_free(x);
 }

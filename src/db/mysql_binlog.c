@@ -67,6 +67,10 @@ struct kinbox__binlog {
         size_t ndom;
         kinbox__buf_t state;
         bool in_tx, standalone, got_event;
+        /* The transaction read wrote a table other than the position
+         * table (kinbox_relay_position); foreign: one did since
+         * kinbox__binlog_take_foreign(). */
+        bool tx_foreign, foreign;
         gtid_t cur;
         kinbox__binlog_row_t *rows;
         size_t nrows, caprows;
@@ -111,10 +115,9 @@ state_render(kinbox__binlog_t *b)
 {
         kinbox__buf_reset(&b->state);
         for (size_t i = 0; i < b->ndom; i++)
-                kinbox__buf_printf(&b->state, "%s%" PRIu32 "-%" PRIu32
-                                              "-%" PRIu64,
-                                   i ? "," : "", b->dom[i].d, b->dom[i].s,
-                                   b->dom[i].n);
+                kinbox__buf_printf(
+                    &b->state, "%s%" PRIu32 "-%" PRIu32 "-%" PRIu64,
+                    i ? "," : "", b->dom[i].d, b->dom[i].s, b->dom[i].n);
         kinbox__buf_add(&b->state, "", 1);
         b->state.len--;
 }
@@ -141,6 +144,14 @@ const char *
 kinbox__binlog_state(const kinbox__binlog_t *b)
 {
         return b->state.p ? b->state.p : "";
+}
+
+bool
+kinbox__binlog_take_foreign(kinbox__binlog_t *b)
+{
+        bool f = b->foreign;
+        b->foreign = false;
+        return f;
 }
 
 const char *
@@ -221,8 +232,9 @@ read_columns(kinbox__binlog_t *b)
                 kinbox__errstr(b->err, sizeof(b->err),
                                "binlog: reading the columns of %s: %s",
                                b->table,
-                               rc ? b->db->err.msg : "no such table (run "
-                                                     "kinbox migrate)");
+                               rc ? b->db->err.msg
+                                  : "no such table (run "
+                                    "kinbox migrate)");
                 kinbox_rows_destroy(r);
                 return rc ? rc : KINBOX_ERR_SCHEMA;
         }
@@ -239,8 +251,8 @@ read_columns(kinbox__binlog_t *b)
         for (int f = 0; f < NF; f++)
                 if (b->ix[f] < 0 && f != F_MAXATT && f != F_STATUS) {
                         kinbox__errstr(b->err, sizeof(b->err),
-                                       "binlog: %s has no column %s",
-                                       b->table, field_names[f]);
+                                       "binlog: %s has no column %s", b->table,
+                                       field_names[f]);
                         return KINBOX_ERR_SCHEMA;
                 }
         return b->cols ? KINBOX_OK : KINBOX_ERR_NOMEM;
@@ -271,20 +283,19 @@ start_dump(kinbox__binlog_t *b, const kinbox__binlog_opts_t *o)
                 return KINBOX_ERR_DB;
         }
         b->rpl = mariadb_rpl_init(b->m);
-        uint32_t sid = o->server_id ? o->server_id
-                                    : kinbox__binlog_server_id(o->name);
+        uint32_t sid =
+            o->server_id ? o->server_id : kinbox__binlog_server_id(o->name);
         if (!b->rpl ||
             mariadb_rpl_optionsv(b->rpl, MARIADB_RPL_SERVER_ID, sid) ||
             mariadb_rpl_optionsv(b->rpl, MARIADB_RPL_FILENAME, "", 0) ||
             mariadb_rpl_optionsv(b->rpl, MARIADB_RPL_START, 4UL) ||
             mariadb_rpl_optionsv(b->rpl, MARIADB_RPL_FLAGS, 0) ||
             mariadb_rpl_open(b->rpl)) {
-                kinbox__errstr(b->err, sizeof(b->err),
-                               "binlog: opening the dump (server id %" PRIu32
-                               "): %s",
-                               sid,
-                               b->rpl ? mariadb_rpl_error(b->rpl)
-                                      : mysql_error(b->m));
+                kinbox__errstr(
+                    b->err, sizeof(b->err),
+                    "binlog: opening the dump (server id %" PRIu32 "): %s",
+                    sid,
+                    b->rpl ? mariadb_rpl_error(b->rpl) : mysql_error(b->m));
                 return KINBOX_ERR_DB_CONN;
         }
         return KINBOX_OK;
@@ -418,9 +429,8 @@ row_keep(kinbox__binlog_t *b)
                 return -1;
         kinbox__binlog_row_t *r = &b->rows[b->nrows];
         memset(r, 0, sizeof(*r));
-        const char **dst[] = {&r->kind,         &r->destination,
-                              &r->idem_key,     &r->aggregate_id,
-                              &r->headers,      &r->status};
+        const char **dst[] = {&r->kind,         &r->destination, &r->idem_key,
+                              &r->aggregate_id, &r->headers,     &r->status};
         char *at = blk;
         /* kind first: rows_clear() frees the block through it. */
         for (size_t i = 0; i < sizeof(strs) / sizeof(*strs); i++) {
@@ -470,9 +480,8 @@ on_rows(kinbox__binlog_t *b, MARIADB_RPL_EVENT *ev)
         const unsigned char *p = re->row_data;
         const unsigned char *end = p + re->row_data_size;
         while (p < end) {
-                if (kinbox__bl_row_decode(&b->tmap, re->column_bitmap, &p,
-                                          end, b->cols, b->err,
-                                          sizeof(b->err)))
+                if (kinbox__bl_row_decode(&b->tmap, re->column_bitmap, &p, end,
+                                          b->cols, b->err, sizeof(b->err)))
                         return KINBOX_ERR_DB;
                 if (b->in_tx && row_keep(b)) {
                         kinbox__errstr(b->err, sizeof(b->err),
@@ -488,12 +497,18 @@ static int
 on_table_map(kinbox__binlog_t *b, MARIADB_RPL_EVENT *ev)
 {
         struct st_mariadb_rpl_table_map_event *tm = &ev->event.table_map;
-        bool ours = tm->database.length == strlen(b->schema) &&
-                    !memcmp(tm->database.str, b->schema, tm->database.length) &&
-                    tm->table.length == strlen(b->table) &&
-                    !memcmp(tm->table.str, b->table, tm->table.length);
-        if (!ours)
+        bool ours =
+            tm->database.length == strlen(b->schema) &&
+            !memcmp(tm->database.str, b->schema, tm->database.length) &&
+            tm->table.length == strlen(b->table) &&
+            !memcmp(tm->table.str, b->table, tm->table.length);
+        if (!ours) {
+                if (!(tm->table.length == 21 &&
+                      !memcmp(tm->table.str, "kinbox_relay_position", 21)))
+                        b->tx_foreign = true;
                 return 0;
+        }
+        b->tx_foreign = true;
         if (b->have_tmap && b->tmap.table_id == tm->table_id &&
             b->tmap.ncols == tm->column_count)
                 return 0;
@@ -517,8 +532,10 @@ on_commit(kinbox__binlog_t *b, uint32_t when, bool rolled_back)
                 kinbox__errstr(b->err, sizeof(b->err), "out of memory");
                 return KINBOX_ERR_NOMEM;
         }
+        if (b->tx_foreign || b->standalone)
+                b->foreign = true;
         if (rolled_back || !b->nrows)
-                return KINBOX__BL_IDLE;
+                return b->tx_foreign || b->standalone ? KINBOX__BL_IDLE : 0;
         snprintf(b->tx.gtid, sizeof(b->tx.gtid),
                  "%" PRIu32 "-%" PRIu32 "-%" PRIu64, b->cur.d, b->cur.s,
                  b->cur.n);
@@ -574,6 +591,7 @@ on_event(kinbox__binlog_t *b, MARIADB_RPL_EVENT *ev)
         case GTID_EVENT:
                 rows_clear(b);
                 b->in_tx = true;
+                b->tx_foreign = false;
                 b->standalone = ev->event.gtid.flags & FL_STANDALONE;
                 b->cur.d = ev->event.gtid.domain_id;
                 b->cur.s = ev->server_id;
@@ -617,4 +635,121 @@ kinbox__binlog_next(kinbox__binlog_t *b, const kinbox__binlog_tx_t **tx)
                 if (rc)
                         return rc;
         }
+}
+
+/* ---- the position table, the reader's lock, the purge check */
+
+int
+kinbox__binlog_lock(kinbox__db_t *db, const char *name, int wait_s, char *err,
+                    size_t sz)
+{
+        char lk[65], ws[16];
+        snprintf(lk, sizeof(lk), "kinbox_binlog_%08" PRIx32 "_%.40s",
+                 kinbox__binlog_server_id(name), name);
+        snprintf(ws, sizeof(ws), "%d", wait_s);
+        kinbox__param_t p[2] = {{.v = lk}, {.v = ws}};
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, "SELECT GET_LOCK($1, $2)", 2, p, &r);
+        int got = !rc && r && r->nrows == 1 && r->values[0] &&
+                  !strcmp(r->values[0], "1");
+        kinbox_rows_destroy(r);
+        if (rc) {
+                kinbox__errstr(err, sz, "binlog: the reader's lock %s: %s", lk,
+                               db->err.msg);
+                return rc;
+        }
+        if (!got)
+                kinbox__errstr(err, sz,
+                               "binlog: another relay named %s reads the "
+                               "binlog (it holds the lock %s): waiting to "
+                               "take over",
+                               name, lk);
+        return got;
+}
+
+int
+kinbox__binlog_pos_load(kinbox__db_t *db, const char *name, char **out)
+{
+        kinbox__param_t p = {.v = name};
+        struct kinbox_rows_s *r = NULL;
+        *out = NULL;
+        int rc = kinbox__db_query(
+            db, "SELECT gtid FROM kinbox_relay_position WHERE relay = $1", 1,
+            &p, &r);
+        if (!rc && r->nrows == 1 && r->values[0])
+                *out = kinbox__strdup(r->values[0]);
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+int
+kinbox__binlog_pos_store(kinbox__db_t *db, const char *name, const char *state)
+{
+        kinbox__param_t p[2] = {{.v = name}, {.v = state}};
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(
+            db,
+            "INSERT INTO kinbox_relay_position (relay, gtid) VALUES ($1, $2) "
+            "ON DUPLICATE KEY UPDATE gtid = VALUES(gtid), updated_at = "
+            "CURRENT_TIMESTAMP(6)",
+            2, p, &r);
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+int
+kinbox__binlog_pos_now(kinbox__db_t *db, char **out)
+{
+        int rc;
+        *out = query_one(db, "SELECT @@gtid_binlog_pos", &rc);
+        if (!rc && !*out)
+                *out = kinbox__strdup("");
+        return rc;
+}
+
+int
+kinbox__binlog_pos_check(kinbox__db_t *db, const char *state, char *err,
+                         size_t sz)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, "SHOW BINARY LOGS", 0, NULL, &r);
+        if (rc || !r->nrows) {
+                kinbox__errstr(err, sz, "binlog: SHOW BINARY LOGS: %s",
+                               rc ? db->err.msg : "no binlog");
+                kinbox_rows_destroy(r);
+                return rc ? rc : KINBOX_ERR_CONFIG;
+        }
+        kinbox__param_t p = {.v = r->values[0]};
+        char first[256];
+        snprintf(first, sizeof(first), "%s", r->values[0]);
+        struct kinbox_rows_s *g = NULL;
+        rc = kinbox__db_query(db, "SELECT BINLOG_GTID_POS($1, 4)", 1, &p, &g);
+        kinbox_rows_destroy(r);
+        kinbox__binlog_t have = {0}, oldest = {0};
+        int bad = rc || state_parse(&have, state) ||
+                  state_parse(&oldest, g->nrows ? g->values[0] : NULL);
+        kinbox_rows_destroy(g);
+        int out = bad ? (rc ? rc : KINBOX_ERR_INVALID) : KINBOX_OK;
+        for (size_t i = 0; !bad && i < oldest.ndom; i++)
+                for (size_t j = 0; j < have.ndom; j++)
+                        if (have.dom[j].d == oldest.dom[i].d &&
+                            have.dom[j].n < oldest.dom[i].n)
+                                out = KINBOX_ERR_NOT_FOUND;
+        if (bad)
+                kinbox__errstr(err, sz,
+                               "binlog: reading the oldest binlog's "
+                               "position: %s",
+                               rc ? db->err.msg : "bad GTID state");
+        else if (out)
+                kinbox__errstr(
+                    err, sz,
+                    "binlog: the relay's position %s was purged (the oldest "
+                    "binlog, %s, starts after it): the outbox rows committed "
+                    "since are only in the table; publish them again with "
+                    "`kinbox outbox resend --since TIME` (a time before the "
+                    "relay stopped), which also moves the position to now",
+                    state, first);
+        free(have.dom);
+        free(oldest.dom);
+        return out;
 }

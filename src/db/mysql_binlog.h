@@ -64,7 +64,8 @@ typedef struct kinbox__binlog_opts {
 
 /* kinbox__binlog_next() results. */
 #define KINBOX__BL_TX 1 /* *tx is a transaction with outbox rows */
-#define KINBOX__BL_IDLE 2 /* a heartbeat or a transaction without
+#define KINBOX__BL_IDLE                                                       \
+        2 /* a heartbeat or a transaction without
                            * outbox rows: kinbox__binlog_state() moved */
 
 /* The server id a relay named name registers with when none is set:
@@ -99,6 +100,34 @@ const char *kinbox__binlog_state(const kinbox__binlog_t *b);
 
 /* The last error's text ("" when none). */
 const char *kinbox__binlog_error(const kinbox__binlog_t *b);
+
+/* Whether a transaction writing some table other than
+ * kinbox_relay_position (or DDL) was read since the last call. The relay
+ * stores a position advanced only by its own position writes nowhere
+ * (that would write again, for ever). */
+bool kinbox__binlog_take_foreign(kinbox__binlog_t *b);
+
+/* The SQL side, on an open MariaDB session db (not the reader's):
+ *
+ * kinbox__binlog_lock(): GET_LOCK of the readers named name, waiting up
+ * to wait_s; held while db's session lives. 1 taken, 0 another session
+ * holds it (err says so), <0 a database error (err).
+ * kinbox__binlog_pos_load(): the stored GTID state of relay name (*out
+ * malloc'ed, NULL when none). kinbox__binlog_pos_store(): store it.
+ * kinbox__binlog_pos_now(): @@gtid_binlog_pos (*out malloc'ed).
+ * kinbox__binlog_pos_check(): KINBOX_OK when the binlog still holds every
+ * transaction after state, KINBOX_ERR_NOT_FOUND when some were purged
+ * (err names state, the oldest binlog and the recovery), <0 otherwise.
+ * Return database error codes otherwise (db->err). */
+int kinbox__binlog_lock(struct kinbox__db *db, const char *name, int wait_s,
+                        char *err, size_t sz);
+int kinbox__binlog_pos_load(struct kinbox__db *db, const char *name,
+                            char **out);
+int kinbox__binlog_pos_store(struct kinbox__db *db, const char *name,
+                             const char *state);
+int kinbox__binlog_pos_now(struct kinbox__db *db, char **out);
+int kinbox__binlog_pos_check(struct kinbox__db *db, const char *state,
+                             char *err, size_t sz);
 
 /* Close the connection and free everything; NULL is a no-op. */
 void kinbox__binlog_close(kinbox__binlog_t *b);

@@ -97,8 +97,8 @@ kinbox__bl_tmap_set(kinbox__bl_tmap_t *t, uint64_t table_id,
 {
         kinbox__bl_tmap_free(t);
         t->types = malloc(ncols ? ncols : 1);
-        t->meta = kinbox__calloc(2 * (size_t)(ncols ? ncols : 1),
-                                 sizeof(uint16_t));
+        t->meta =
+            kinbox__calloc(2 * (size_t)(ncols ? ncols : 1), sizeof(uint16_t));
         if (!t->types || !t->meta) {
                 kinbox__errstr(err, sz, "out of memory");
                 return -1;
@@ -307,8 +307,8 @@ kinbox__bl_row_decode(const kinbox__bl_tmap_t *t, const unsigned char *present,
                 if (isnull)
                         continue;
                 col->null = false;
-                if (col_decode(t->types[c], t->meta[2 * c],
-                               t->meta[2 * c + 1], &p, end, col)) {
+                if (col_decode(t->types[c], t->meta[2 * c], t->meta[2 * c + 1],
+                               &p, end, col)) {
                         kinbox__errstr(err, sz,
                                        "binlog: column %u (type %u) of a "
                                        "row image cannot be read",
