@@ -6,7 +6,7 @@
  * open(): a SQL session of its own that lives as long as the source: it
  * checks the server (log_bin, binlog_format = ROW, binlog_row_image =
  * FULL: KINBOX_ERR_CONFIG naming the setting), takes the named lock of
- * the relays called s->slot (one reads, the others wait in open() and
+ * the relays of its name (relay.slot, else name; one reads, the others wait in open() and
  * take over when its session dies), reads the stored position
  * (kinbox_relay_position; none: the binlog's end now, stored at once)
  * and refuses a position whose binlog was purged (KINBOX_ERR_CONFIG: the
@@ -28,6 +28,7 @@
 #include "db.h"
 #include "db/mysql_binlog.h"
 #include "internal.h"
+#include "relay_int.h"
 #include "relay_log.h"
 
 #define STORE_EVERY_MS 1000
@@ -35,6 +36,7 @@
 #define HEARTBEAT_MS 500
 
 typedef struct blsrc {
+        const char *name; /* the readers' name (kinbox__relay_binlog_name) */
         kinbox__db_t *db; /* the position and the lock */
         kinbox__binlog_t *rd;
         char *url, *password;
@@ -47,6 +49,46 @@ typedef struct blsrc {
         size_t row; /* next row of tx to deliver */
         int phase; /* 0: none, 1: BEGIN given, 2: rows given */
 } blsrc_t;
+
+const char *
+kinbox__relay_binlog_name(const kinbox_conf_t *conf)
+{
+        const kinbox__settings_t *st = kinbox__settings_of(conf);
+        return st->relay_slot && *st->relay_slot ? st->relay_slot : st->name;
+}
+
+int
+kinbox__relay_binlog_hold(kinbox__db_t *db, const char *name, char **pos,
+                          char *err, size_t sz)
+{
+        *pos = NULL;
+        int rc = kinbox__binlog_lock(db, name, 0, err, sz);
+        if (rc == 0) {
+                kinbox__errstr(err, sz,
+                               "a relay named %s reads the binlog: stop it "
+                               "before outbox resend",
+                               name);
+                return KINBOX_ERR_STATE;
+        }
+        if (rc < 0)
+                return rc;
+        rc = kinbox__binlog_pos_now(db, pos);
+        if (rc)
+                kinbox__errstr(err, sz, "reading @@gtid_binlog_pos: %s",
+                               db->err.msg);
+        return rc;
+}
+
+int
+kinbox__relay_binlog_set(kinbox__db_t *db, const char *name, const char *pos,
+                         char *err, size_t sz)
+{
+        int rc = kinbox__binlog_pos_store(db, name, pos);
+        if (rc)
+                kinbox__errstr(err, sz, "storing the position %s: %s", pos,
+                               db->err.msg);
+        return rc;
+}
 
 static void
 bl_free(blsrc_t *b)
@@ -74,15 +116,15 @@ static int
 bl_position(kinbox__logsrc_t *s, blsrc_t *b)
 {
         char *pos = NULL;
-        int rc = kinbox__binlog_pos_load(b->db, s->slot, &pos);
+        int rc = kinbox__binlog_pos_load(b->db, b->name, &pos);
         if (!rc && !pos) {
                 if (!(rc = kinbox__binlog_pos_now(b->db, &pos)))
-                        rc = kinbox__binlog_pos_store(b->db, s->slot, pos);
+                        rc = kinbox__binlog_pos_store(b->db, b->name, pos);
                 if (!rc)
                         kinbox__log(s->log, KINBOX_LOG_NOTICE, "relay",
                                     "binlog: no position stored for relay "
                                     "%s: reading from the binlog's end, %s",
-                                    s->slot, pos);
+                                    b->name, pos);
         }
         if (rc) {
                 free(pos);
@@ -110,6 +152,7 @@ bl_open(kinbox__logsrc_t *s)
                 bl_free(b);
                 return KINBOX_ERR_CONFIG;
         }
+        b->name = kinbox__relay_binlog_name(s->conf);
         b->url = kinbox__strdup(st->database_url);
         b->server_id = (uint32_t)st->relay_server_id;
         b->db = kinbox__db_new(b->url, b->password, e, sizeof(e));
@@ -122,7 +165,7 @@ bl_open(kinbox__logsrc_t *s)
         }
         rc = kinbox__binlog_check(b->db, s->err, sizeof(s->err));
         if (!rc) {
-                rc = kinbox__binlog_lock(b->db, s->slot, LOCK_WAIT_S, s->err,
+                rc = kinbox__binlog_lock(b->db, b->name, LOCK_WAIT_S, s->err,
                                          sizeof(s->err));
                 /* Held elsewhere: the loop opens again after its wait. */
                 rc = rc == 1 ? KINBOX_OK : rc == 0 ? KINBOX_ERR_DB_CONN : rc;
@@ -149,7 +192,7 @@ bl_start(kinbox__logsrc_t *s)
                                    .password = b->password,
                                    .start = b->confirmed,
                                    .server_id = b->server_id,
-                                   .name = s->slot,
+                                   .name = b->name,
                                    .heartbeat_ms = HEARTBEAT_MS};
         int code = 0;
         b->rd = kinbox__binlog_open(&o, &code, s->err, sizeof(s->err));
@@ -166,7 +209,7 @@ bl_store(kinbox__logsrc_t *s, blsrc_t *b, bool force)
                 b->store_due = 0;
                 return 0;
         }
-        int rc = kinbox__binlog_pos_store(b->db, s->slot, b->confirmed);
+        int rc = kinbox__binlog_pos_store(b->db, b->name, b->confirmed);
         if (rc) {
                 kinbox__errstr(s->err, sizeof(s->err),
                                "binlog: storing the position %s: %s",

@@ -27,6 +27,7 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
             {"older-than", required_argument, NULL, 'o'},
             {"limit", required_argument, NULL, 'l'},
             {"after", required_argument, NULL, 'a'},
+            {"since", required_argument, NULL, 'S'},
             {"help", no_argument, NULL, 'h'},
             {NULL, 0, NULL, 0}};
         o->limit = 100;
@@ -73,6 +74,9 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                         break;
                 case 'o':
                         o->older_than = optarg;
+                        break;
+                case 'S':
+                        o->since = optarg;
                         break;
                 case 'l':
                         o->limit = strtol(optarg, &end, 10);

@@ -65,7 +65,7 @@ kb_usage(FILE *fp)
             "per destination\n"
             "  dead list|show|replay|discard   inspect and replay dead "
             "letters\n"
-            "  outbox list|requeue|cancel|pause|resume   operate the "
+            "  outbox list|requeue|cancel|pause|resume|resend   operate the "
             "outbox\n"
             "  verify -c FILE     audit watermarks, inbox rows and the "
             "outbox (exit 1 on a gap)\n"
@@ -164,7 +164,11 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "-c FILE    pending -> canceled\n"
                         "       kinbox outbox pause DESTINATION -c FILE      "
                         "      relays stop claiming it\n"
-                        "       kinbox outbox resume DESTINATION -c FILE\n");
+                        "       kinbox outbox resume DESTINATION -c FILE\n"
+                        "       kinbox outbox resend --since TIME -c FILE    "
+                        "      publish again rows created since\n"
+                        "         TIME (UTC, 2026-12-06T05:00:00, or a "
+                        "duration back from now: 2h)\n");
         else if (!strcmp(cmd, "verify"))
                 fprintf(fp,
                         "usage: kinbox verify -c FILE [--consumer NAME] "

@@ -681,6 +681,12 @@ const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
             "FROM kinbox_outbox WHERE id > $1 "
             "AND ($2 = '' OR status = $2) "
             "AND ($3 = '' OR destination = $3) ORDER BY id",
+    .resend = "SELECT id, destination, idem_key, aggregate_id, payload, "
+              "headers, FLOOR(UNIX_TIMESTAMP(created_at) * 1000) "
+              "FROM kinbox_outbox WHERE kind = 'event' "
+              "AND status <> 'canceled' "
+              "AND created_at >= FROM_UNIXTIME($1 / 1000) AND id > $2 "
+              "ORDER BY id",
 };
 
 /* ------------------------------------------------ on the caller's MYSQL */

@@ -147,6 +147,12 @@ struct kinbox__outbox_ops {
          * next_attempt_at (NULL unless pending), payload size, sent_at,
          * version. */
         const char *list;
+        /* outbox resend: the rows of Kafka destinations (kind event, not
+         * canceled) created at or after $1 (ms since the epoch, UTC) with
+         * id > $2, in id order; the caller appends " LIMIT n". Columns:
+         * id, destination, idem_key, aggregate_id, payload, headers,
+         * created_at (floor, ms since the epoch). */
+        const char *resend;
 };
 
 extern const struct kinbox__outbox_ops kinbox__pg_outbox_ops;
