@@ -185,6 +185,12 @@ static void topic_durability(kinbox_relay_t *r, const char *topic);
 void
 kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
 {
+        kinbox__relay_produce_on(r, r->rk, it);
+}
+
+void
+kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it)
+{
         char err[256];
         topic_durability(r, it->destination);
         rd_kafka_headers_t *kh = build_headers(r, it, err, sizeof(err));
@@ -202,7 +208,7 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
         }
         for (int tries = 0;; tries++) {
                 rd_kafka_resp_err_t e = rd_kafka_producev(
-                    r->rk, RD_KAFKA_V_TOPIC(it->destination),
+                    rk, RD_KAFKA_V_TOPIC(it->destination),
                     RD_KAFKA_V_KEY(it->aggregate_id,
                                    it->aggregate_id ? strlen(it->aggregate_id)
                                                     : 0),
@@ -216,7 +222,7 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
                         return;
                 }
                 if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL && tries < 50) {
-                        rd_kafka_poll(r->rk, 100);
+                        rd_kafka_poll(rk, 100);
                         continue;
                 }
                 rd_kafka_headers_destroy(kh);
