@@ -120,12 +120,15 @@ add_cloudevents(const kinbox_relay_t *r, const item_t *it, const hdrs_t *h,
                                     -1);
         if (!hdrs_has(h, "ce_time")) {
                 char t[40];
-                time_t sec = (time_t)(it->created_ms / 1000);
+                /* created_at on the database's clock: the record's
+                 * timestamp, the same at every re-publish and from either
+                 * relay (poll or log). */
+                time_t sec = (time_t)(it->created_at_ms / 1000);
                 struct tm tm;
                 gmtime_r(&sec, &tm);
                 size_t n = strftime(t, sizeof(t), "%Y-%m-%dT%H:%M:%S", &tm);
                 snprintf(t + n, sizeof(t) - n, ".%03dZ",
-                         (int)(it->created_ms % 1000));
+                         (int)(it->created_at_ms % 1000));
                 rd_kafka_header_add(kh, "ce_time", -1, t, -1);
         }
         if (r->ce_content_type && !hdrs_has(h, "content-type"))

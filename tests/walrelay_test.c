@@ -1,0 +1,220 @@
+/*
+ * walrelay_test.c -- the log relay on PostgreSQL (relay.source = wal),
+ * against the real server (wal_level = logical, scripts/services) and the
+ * broker of the run (dev broker, or real Apache Kafka: walrelay_test@kafka):
+ * the same records as the polling relay, nothing updated in the table;
+ * two writers with rollbacks and a SIGKILL of `kinbox run`; a 100,000-row
+ * transaction, 1 MB TOASTed payloads and an ALTER TABLE mid-stream; an
+ * idle outbox while other tables write (the slot's retained WAL stays
+ * bounded); the refusals (exit 2 naming the setting).
+ *
+ * Each test makes its own database (kt_fresh_db), its own topics and its
+ * own slot (dropped at the end: slots outlive databases' connections).
+ */
+#include "outbox_common.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *PG = "postgresql";
+
+/* A wal relay's configuration with its own slot. */
+static kinbox_conf_t *
+wal_conf(const char *url, const char *bootstrap, const char *slot)
+{
+        kinbox_conf_t *c = relay_conf(url, bootstrap);
+        cset(c, "relay.source", "wal");
+        cset(c, "relay.slot", slot);
+        return c;
+}
+
+static void
+drop_slot(const char *url, const char *slot)
+{
+        for (int i = 0; i < 100; i++) {
+                if (!kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s' AND NOT active",
+                              slot) &&
+                    !kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s'",
+                              slot))
+                        return;
+                char sql[300];
+                snprintf(sql, sizeof(sql),
+                         "SELECT pg_drop_replication_slot(slot_name) FROM "
+                         "pg_replication_slots WHERE slot_name = '%s' AND "
+                         "NOT active",
+                         slot);
+                if (!kt_exec_err(url, sql) &&
+                    !kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s'",
+                              slot))
+                        return;
+                usleep(100 * 1000);
+        }
+        cr_assert(false, "slot %s still active", slot);
+}
+
+/* Whether the slot confirmed everything written so far (within s). */
+static bool
+slot_caught_up(const char *url, const char *slot, int timeout_s)
+{
+        char *lsn = qtext(url, "SELECT pg_current_wal_lsn()::text");
+        bool ok = wait_q(url, 1, timeout_s,
+                         "SELECT count(*) FROM pg_replication_slots WHERE "
+                         "slot_name = '%s' AND confirmed_flush_lsn >= '%s'",
+                         slot, lsn);
+        free(lsn);
+        return ok;
+}
+
+static bool
+same_headers(const tmsg_t *a, const tmsg_t *b)
+{
+        size_t n = rd_kafka_header_cnt(a->hdrs);
+        if (n != rd_kafka_header_cnt(b->hdrs))
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                const char *na, *nb;
+                const void *va, *vb;
+                size_t sa, sb;
+                rd_kafka_header_get_all(a->hdrs, i, &na, &va, &sa);
+                rd_kafka_header_get_all(b->hdrs, i, &nb, &vb, &sb);
+                if (strcmp(na, nb) || sa != sb || (!va) != (!vb) ||
+                    (sa && memcmp(va, vb, sa)))
+                        return false;
+        }
+        return true;
+}
+
+/*
+ * The wal relay publishes what the polling relay publishes for the same
+ * rows: key, value, headers (message_id, user headers, CloudEvents),
+ * timestamp, partition. A rolled-back row is never published; an action
+ * row is left to the polling relay; no outbox row is updated.
+ */
+Test(walrelay, parity_with_polling, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_par");
+        char *slot = kt_unique("kbt_par");
+        kt_topic(topic, 4);
+        /* The slot first: the log keeps what is appended from here on. */
+        kinbox_conf_t *wc = wal_conf(url, bootstrap, slot);
+        cset(wc, "relay.cloudevents.source", "/walrelay-test");
+        tconn_t c;
+        tc_open(&c, PG, url);
+        static const unsigned char bin[] = {0x00, 0xff, 0x80, 'x'};
+        kinbox_header_t hdrs[] = {{"trace", "abc-123", 7},
+                                  {"binary", bin, sizeof(bin)},
+                                  {"nullhdr", NULL, 0}};
+        kinbox_relay_t *r = relay_new(wc);
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        tc_sql(&c, "BEGIN");
+        kinbox_outbox_msg_t rb = {.destination = topic,
+                                  .idem_key = "rolled-back",
+                                  .aggregate_id = "a-1",
+                                  .payload = "nope",
+                                  .payload_size = 4};
+        cr_assert(eq(int, tc_append(&c, &rb, NULL), KINBOX_OK));
+        tc_sql(&c, "ROLLBACK");
+        const int n = 40;
+        tc_sql(&c, "BEGIN");
+        for (int i = 0; i < n; i++) {
+                char idem[32], agg[32], pay[64];
+                snprintf(idem, sizeof(idem), "e-%d", i);
+                snprintf(agg, sizeof(agg), "a-%d", i % 5);
+                int pn = snprintf(pay, sizeof(pay), "{\"i\":%d}", i);
+                kinbox_outbox_msg_t m = {
+                    .destination = topic,
+                    .idem_key = idem,
+                    .aggregate_id = i % 7 == 3 ? NULL : agg,
+                    .payload = i % 11 == 5 ? NULL : pay,
+                    .payload_size = i % 11 == 5 ? 0 : (size_t)pn,
+                    .headers = i % 2 ? hdrs : NULL,
+                    .header_count = i % 2 ? 3 : 0};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                if (i == n / 2) { /* a second transaction */
+                        tc_sql(&c, "COMMIT");
+                        tc_sql(&c, "BEGIN");
+                }
+        }
+        kinbox_outbox_msg_t act = {.destination = "action:nothing",
+                                   .idem_key = "act-1"};
+        cr_assert(eq(int, tc_append(&c, &act, NULL), KINBOX_OK));
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_stats_t st;
+        kinbox_relay_stats(r, &st);
+        cr_assert(eq(u64, st.published, (uint64_t)n));
+        kinbox_relay_destroy(r);
+        /* Not one row was updated: all still pending, version 0. */
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                                   "WHERE status = 'pending' AND version = 0"),
+                     n + 1));
+        tmsgs_t wal;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &wal);
+        cr_assert(eq(sz, wal.n, (size_t)n), "wal relay: %zu messages", wal.n);
+        msgs_free(&wal);
+
+        /* The polling relay publishes the same rows again. */
+        kinbox_conf_t *pc = relay_conf(url, bootstrap);
+        cset(pc, "relay.cloudevents.source", "/walrelay-test");
+        r = relay_new(pc);
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, (long long)n, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "status = 'sent'"));
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t all;
+        consume(bootstrap, topic, 2 * (size_t)n, 30, 1500, &all);
+        cr_assert(eq(sz, all.n, 2 * (size_t)n), "%zu messages", all.n);
+        for (size_t i = 0; i < all.n; i++) {
+                const tmsg_t *a = &all.v[i];
+                cr_assert(a->msgid != NULL);
+                cr_assert(strstr(a->msgid, "rolled-back") == NULL);
+                cr_assert(eq(sz, count_msgid(&all, a->msgid), 2), "%s",
+                          a->msgid);
+                const tmsg_t *b = NULL;
+                for (size_t k = 0; k < all.n && !b; k++)
+                        if (k != i && !strcmp(all.v[k].msgid, a->msgid))
+                                b = &all.v[k];
+                cr_assert(b != NULL);
+                bool same_key = (!a->key) == (!b->key) &&
+                                (!a->key || !strcmp(a->key, b->key));
+                bool same_value =
+                    a->value_size == b->value_size &&
+                    (!a->value) == (!b->value) &&
+                    (!a->value_size ||
+                     !memcmp(a->value, b->value, a->value_size));
+                cr_assert(same_key, "%s: keys differ", a->msgid);
+                cr_assert(same_value, "%s: values differ", a->msgid);
+                cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
+                          a->msgid);
+                if (a->key)
+                        cr_assert(eq(int, a->partition, b->partition));
+                cr_assert(same_headers(a, b), "%s: headers differ",
+                          a->msgid);
+        }
+        msgs_free(&all);
+        drop_slot(url, slot);
+}
