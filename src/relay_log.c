@@ -50,7 +50,6 @@ typedef struct wrec {
 struct wtx {
         kinbox__logpos_t end;
         int64_t commit_ms;
-        int64_t seen_ms; /* read at (monotonic), for the deadline */
         wrec_t **recs;
         size_t n, cap;
         size_t done; /* recs[0 .. done) acknowledged or dead */
@@ -64,6 +63,8 @@ typedef struct lrelay {
         rd_kafka_t *rk;
         wtx_t *head, *tail;
         size_t inflight; /* records produced, not yet acknowledged */
+        int64_t progress_ms; /* the last acknowledgement (or the first
+                              * record in flight after none), monotonic */
         int ntx;
         bool failed; /* restart from the confirmed position */
         bool opened, started;
@@ -187,7 +188,8 @@ publish(lrelay_t *L, wtx_t *t, wrec_t *w, const kinbox__logpos_t *pos)
                 kinbox__relay_produce_on(L->r, L->rk, &w->it);
         }
         if (w->it.produced) {
-                L->inflight++;
+                if (!L->inflight++)
+                        L->progress_ms = kinbox__now_ms();
                 return 0;
         }
         if (w->it.out == OUT_DEAD) {
@@ -237,7 +239,6 @@ on_event(lrelay_t *L, const kinbox__logev_t *ev)
                 if (!t)
                         return KINBOX_ERR_NOMEM;
                 t->commit_ms = ev->commit_ms;
-                t->seen_ms = kinbox__now_ms();
                 if (L->tail)
                         L->tail->next = t;
                 else
@@ -293,6 +294,7 @@ advance(lrelay_t *L)
                                         return KINBOX_ERR_KAFKA;
                                 }
                                 STAT_ADD(L->r, published, 1);
+                                L->progress_ms = kinbox__now_ms();
                         }
                         t->done++;
                 }
@@ -310,13 +312,14 @@ advance(lrelay_t *L)
         return 0;
 }
 
-/* The oldest transaction in flight has waited past the delivery deadline. */
+/* Records are in flight and none was acknowledged within the delivery
+ * deadline (kafka.message.timeout.ms): librdkafka never times a record
+ * out (the producer template), the log relay does, as a whole. */
 static bool
 overdue(const lrelay_t *L)
 {
-        return L->head && L->inflight &&
-               kinbox__now_ms() - L->head->seen_ms >
-                   L->r->msg_timeout_ms + MARGIN_MS;
+        return L->inflight && kinbox__now_ms() - L->progress_ms >
+                                  L->r->msg_timeout_ms + MARGIN_MS;
 }
 
 /* Records produced whose delivery report has not come. */

@@ -405,3 +405,119 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
         msgs_free(&got);
         drop_slot(url, slot);
 }
+
+/* ------------------------------------ large transaction, TOAST, DDL */
+
+static char *
+hex_of(const char *p, size_t n)
+{
+        char *h = malloc(2 * n + 1);
+        cr_assert(h != NULL);
+        for (size_t i = 0; i < n; i++)
+                sprintf(h + 2 * i, "%02x", (unsigned char)p[i]);
+        h[2 * n] = '\0';
+        return h;
+}
+
+/*
+ * A 100,000-row transaction; ~900 kB incompressible payloads (TOASTed)
+ * published byte for byte; a 1.2 MB one dead (larger than the producer
+ * takes) while the relay goes on; an ALTER TABLE on the outbox mid-stream
+ * (a new Relation message) and rows after it.
+ */
+Test(walrelay, big_toast_ddl, .timeout = 400)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_big");
+        char *slot = kt_unique("kbt_big");
+        kt_topic(topic, 4);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        const int big = 100000;
+        char sql[1200];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'big-' || g,"
+                 " 'agg-' || (g %% 16), convert_to(g::text, 'UTF8')"
+                 " FROM generate_series(0, %d) g",
+                 topic, big - 1);
+        kt_exec(url, sql);
+        /* TOASTed payloads: random hex decoded, incompressible. */
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'toast-' || k, 't',"
+                 " (SELECT decode(string_agg(md5(random()::text || g::text ||"
+                 " k::text), ''), 'hex') FROM generate_series(1,"
+                 " CASE WHEN k = 2 THEN 75000 ELSE 56250 END) g)"
+                 " FROM generate_series(1, 3) k",
+                 topic);
+        kt_exec(url, sql);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "idem_key LIKE 'toast-%' AND "
+                                  "pg_column_size(payload) > 800000"),
+                     3));
+        kt_exec(url, "ALTER TABLE kinbox_outbox ADD COLUMN walrelay_extra "
+                     "text DEFAULT 'x'");
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'after-' || g,"
+                 " 'agg-after', convert_to(g::text, 'UTF8')"
+                 " FROM generate_series(0, 9) g",
+                 topic);
+        kt_exec(url, sql);
+        cr_assert(slot_caught_up(url, slot, 200), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        /* The 1.2 MB row is dead, with the reason; nothing else changed. */
+        char *err = qtext(url, "SELECT status || ': ' || last_error FROM "
+                               "kinbox_outbox WHERE idem_key = 'toast-2'");
+        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
+                      strstr(err, "SIZE_TOO_LARGE") != NULL,
+                  "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'pending'"),
+                     1));
+        size_t want = (size_t)big + 2 + 10;
+        tmsgs_t got;
+        consume(bootstrap, topic, want, 120, 2000, &got);
+        cr_assert(eq(sz, got.n, want), "%zu of %zu", got.n, want);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int last[17];
+        for (int i = 0; i < 17; i++)
+                last[i] = -1;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a;
+                if (sscanf(m->key, "agg-%d", &a) == 1) {
+                        int v = atoi(m->value);
+                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
+                                  last[a]);
+                        last[a] = v;
+                } else if (!strcmp(m->key, "t")) {
+                        cr_assert(strstr(m->msgid, "toast-2") == NULL);
+                        char q[200];
+                        snprintf(q, sizeof(q),
+                                 "SELECT encode(payload, 'hex') FROM "
+                                 "kinbox_outbox WHERE idem_key = '%s'",
+                                 strchr(m->msgid, ':') + 1);
+                        char *want_hex = qtext(url, q);
+                        char *got_hex = hex_of(m->value, m->value_size);
+                        cr_assert(m->value_size > 800000);
+                        cr_assert(strcmp(want_hex, got_hex) == 0,
+                                  "%s: payload differs", m->msgid);
+                        free(want_hex);
+                        free(got_hex);
+                }
+        }
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
