@@ -521,3 +521,79 @@ Test(walrelay, big_toast_ddl, .timeout = 400)
         msgs_free(&got);
         drop_slot(url, slot);
 }
+
+/* ------------------------------------------------------- idle slot */
+
+static long long
+slot_lag(const char *url, const char *slot, const char *col)
+{
+        return kt_qintf(url,
+                        "SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(),"
+                        " %s), -1)::bigint FROM pg_replication_slots WHERE "
+                        "slot_name = '%s'",
+                        col, slot);
+}
+
+/*
+ * An idle outbox on a busy database pins no WAL: other tables write about
+ * 200 MB while the wal relay has nothing to publish; the slot's confirmed
+ * and restart positions follow the server (keepalives confirmed when
+ * nothing is in flight), so the WAL it retains stays bounded.
+ */
+Test(walrelay, idle_slot_bounded, .timeout = 400)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_idle");
+        char *slot = kt_unique("kbt_idle");
+        kt_topic(topic, 1);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        kt_exec(url, "CREATE TABLE walrelay_filler (b bytea)");
+        char *start = qtext(url, "SELECT pg_current_wal_lsn()::text");
+        long long max_lag = 0;
+        const long long mb = 1024 * 1024;
+        for (int i = 0; i < 20; i++) {
+                /* ~10 MB per statement: rows below the TOAST threshold,
+                 * written to the WAL whole. */
+                kt_exec(url, "INSERT INTO walrelay_filler SELECT "
+                             "convert_to(repeat('x', 1900) || g::text, "
+                             "'UTF8') FROM generate_series(1, 5500) g");
+                long long lag = slot_lag(url, slot, "confirmed_flush_lsn");
+                if (lag > max_lag)
+                        max_lag = lag;
+        }
+        long long written = kt_qintf(url,
+                                     "SELECT pg_wal_lsn_diff("
+                                     "pg_current_wal_lsn(), '%s')::bigint",
+                                     start);
+        free(start);
+        cr_assert(written > 190 * mb, "only %lld MB of WAL", written / mb);
+        kt_exec(url, "CHECKPOINT");
+        /* Within a few seconds of the last write the slot holds next to
+         * nothing. */
+        long long lag = -1, rlag = -1;
+        for (int i = 0; i < 60; i++) {
+                lag = slot_lag(url, slot, "confirmed_flush_lsn");
+                rlag = slot_lag(url, slot, "restart_lsn");
+                if (lag >= 0 && lag < 1 * mb && rlag < 16 * mb)
+                        break;
+                usleep(500 * 1000);
+                if (i % 10 == 9)
+                        kt_exec(url, "CHECKPOINT");
+        }
+        cr_log_info("WAL written %lld MB; slot lag at most %lld MB while "
+                    "writing, then %lld bytes (restart %lld bytes)",
+                    written / mb, max_lag / mb, lag, rlag);
+        cr_assert(lag >= 0 && lag < 1 * mb, "confirmed lag %lld", lag);
+        cr_assert(rlag >= 0 && rlag < 16 * mb, "restart lag %lld", rlag);
+        cr_assert(max_lag < 64 * mb, "the slot pinned %lld MB", max_lag / mb);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        drop_slot(url, slot);
+}
