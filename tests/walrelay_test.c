@@ -16,6 +16,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -596,4 +597,158 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
         relay_stop(&tr);
         kinbox_relay_destroy(r);
         drop_slot(url, slot);
+}
+
+/* -------------------------------------------------------- refusals */
+
+static int
+sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int
+sh(const char *fmt, ...)
+{
+        char cmd[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof(cmd), fmt, ap);
+        va_end(ap);
+        int st = system(cmd);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `kinbox CMD -c ini`: its exit status; *out its output (stderr too). */
+static int
+kinbox_cmd(const char *cmd, const char *ini, char **out)
+{
+        return kt_kinbox(out, NULL, true, "%s -c %s", cmd, ini);
+}
+
+/* `kinbox run` of ini: its exit status within 30 s, its log in *out. */
+static int
+run_refused(const char *ini, char **out)
+{
+        char *log = kt_tmp("wal_refuse_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int rc = kt_wait_exit(pid, 30);
+        *out = kt_slurp(log);
+        return rc;
+}
+
+/*
+ * A role without REPLICATION, and no free replication slot: kinbox run
+ * and kinbox migrate exit 2 naming the setting.
+ */
+Test(walrelay, refuse_role_and_slots, .timeout = 180)
+{
+        char *url = kt_fresh_db(PG);
+        char *role = kt_unique("norepl");
+        char sql[600];
+        snprintf(sql, sizeof(sql),
+                 "CREATE ROLE %s LOGIN PASSWORD 'pw'; GRANT SELECT ON ALL "
+                 "TABLES IN SCHEMA public TO %s",
+                 role, role);
+        kt_exec(url, sql);
+        /* The same database as that role. */
+        const char *at = strchr(url, '@');
+        cr_assert(at != NULL);
+        char rurl[600];
+        snprintf(rurl, sizeof(rurl), "postgresql://%s:pw%s", role, at);
+        char *ini = kt_write_ini(rurl, "[relay]\nenabled = true\n"
+                                       "source = wal\nslot = %s\n",
+                                 role);
+        char *out = NULL;
+        cr_assert(eq(int, run_refused(ini, &out), 2), "%s", out);
+        cr_assert(strstr(out, "relay.source = wal") &&
+                      strstr(out, "REPLICATION"),
+                  "%s", out);
+        free(out);
+        cr_assert(eq(int, kinbox_cmd("migrate", ini, &out), 2), "%s", out);
+        cr_assert(strstr(out, "REPLICATION") != NULL, "%s", out);
+        free(out);
+
+        /* Every slot in use. */
+        long long free_slots = kt_qint(
+            url, "SELECT current_setting('max_replication_slots')::int - "
+                 "(SELECT count(*) FROM pg_replication_slots)");
+        char *fill = kt_unique("kbt_fill");
+        for (long long i = 0; i < free_slots; i++) {
+                snprintf(sql, sizeof(sql),
+                         "SELECT 1 FROM pg_create_logical_replication_slot("
+                         "'%s_%lld', 'pgoutput')",
+                         fill, i);
+                kt_exec(url, sql);
+        }
+        char *slot = kt_unique("kbt_none");
+        ini = kt_write_ini(url, "[relay]\nenabled = true\nsource = wal\n"
+                                "slot = %s\n",
+                           slot);
+        int run_rc = run_refused(ini, &out);
+        int mig_rc = kinbox_cmd("migrate", ini, &out);
+        char *mig_out = out;
+        for (long long i = 0; i < free_slots; i++) {
+                char s[200];
+                snprintf(s, sizeof(s), "%s_%lld", fill, i);
+                drop_slot(url, s);
+        }
+        cr_assert(eq(int, run_rc, 2));
+        cr_assert(eq(int, mig_rc, 2), "%s", mig_out);
+        cr_assert(strstr(mig_out, "max_replication_slots") != NULL, "%s",
+                  mig_out);
+        free(mig_out);
+}
+
+/*
+ * wal_level = replica (a second PostgreSQL of this test's own): kinbox
+ * migrate applies the schema (the publication can be made anyway) and
+ * exits 2 naming wal_level; kinbox run exits 2 too.
+ */
+Test(walrelay, refuse_wal_level, .timeout = 180)
+{
+        const char *ctl = kt_env("KINBOX_PG_CTL");
+        const char *p = strstr(ctl, "/pg_ctl");
+        const char *b = p;
+        while (b > ctl && b[-1] != ' ')
+                b--;
+        cr_assert(p != NULL);
+        char bin[300];
+        snprintf(bin, sizeof(bin), "%.*s", (int)(p - b), b);
+        char *dir = kt_tmp("pg_replica");
+        int port = kt_free_port();
+        cr_assert(eq(int,
+                     sh("mkdir -p %s && chown postgres %s && runuser -u "
+                        "postgres -- %s/initdb -D %s/data -A trust "
+                        ">%s.initdb.log 2>&1",
+                        dir, dir, bin, dir, dir),
+                     0));
+        cr_assert(eq(int,
+                     sh("printf \"port = %d\\nlisten_addresses = "
+                        "'127.0.0.1'\\nunix_socket_directories = '%s'\\n"
+                        "wal_level = replica\\n\" >> %s/data/postgresql.conf "
+                        "&& runuser -u postgres -- %s/pg_ctl -D %s/data -l "
+                        "%s/log -w start >/dev/null 2>&1",
+                        port, dir, dir, bin, dir, dir),
+                     0));
+        int rc = sh("%s/psql -X -q -h 127.0.0.1 -p %d -U postgres -d postgres "
+                    "-c \"CREATE ROLE kinbox LOGIN SUPERUSER\" -c \"CREATE "
+                    "DATABASE kinbox OWNER kinbox\" >/dev/null 2>&1",
+                    bin, port);
+        char url[200];
+        snprintf(url, sizeof(url), "postgresql://kinbox@127.0.0.1:%d/kinbox",
+                 port);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "source = wal\n");
+        char *mig = NULL, *run = NULL;
+        int mig_rc = rc ? -1 : kinbox_cmd("migrate", ini, &mig);
+        int run_rc = rc ? -1 : run_refused(ini, &run);
+        sh("runuser -u postgres -- %s/pg_ctl -D %s/data -m immediate -w stop "
+           ">/dev/null 2>&1; rm -rf %s",
+           bin, dir, dir);
+        cr_assert(eq(int, rc, 0));
+        cr_assert(eq(int, mig_rc, 2), "%s", mig);
+        cr_assert(strstr(mig, "applied") && strstr(mig, "wal_level = logical"),
+                  "%s", mig);
+        cr_assert(eq(int, run_rc, 2), "%s", run);
+        cr_assert(strstr(run, "wal_level = logical") != NULL, "%s", run);
+        free(mig);
+        free(run);
 }
