@@ -48,6 +48,7 @@
 #include "confval.h"
 #include "migrate.h"
 #include "relay_int.h"
+#include "relay_log.h"
 #include "rkdestroy.h"
 #include "wake.h"
 
@@ -415,6 +416,11 @@ kinbox_relay_run(kinbox_relay_t *r)
                 ret = (kinbox_err_t)rc;
                 goto out;
         }
+        if (kinbox__settings_of(r->conf)->relay_source != KINBOX__SOURCE_POLL &&
+            (rc = kinbox__relay_log_start(r))) {
+                ret = (kinbox_err_t)rc;
+                goto out;
+        }
         r->rk = kinbox__relay_producer_new(r);
         if (!r->rk) {
                 ret = KINBOX_ERR_KAFKA;
@@ -434,6 +440,11 @@ kinbox_relay_run(kinbox_relay_t *r)
 
         int failures = 0;
         bool connected = true, more = true;
+        /* The log relay publishes the events; with no local action to
+         * run there is nothing to claim. */
+        while (kinbox__relay_log_active(r) && !r->nactions &&
+               !atomic_load(&r->stop))
+                kinbox__relay_wait(r, 1000);
         while (!atomic_load(&r->stop)) {
                 if (!connected) {
                         rc = kinbox__db_connect(r->db);
@@ -476,6 +487,12 @@ kinbox_relay_run(kinbox_relay_t *r)
         }
         drain(r);
 out:
+        if (kinbox__relay_log_active(r)) {
+                kinbox_relay_stop(r);
+                rc = kinbox__relay_log_join(r);
+                if (rc && ret == KINBOX_OK)
+                        ret = (kinbox_err_t)rc;
+        }
         kinbox__wake_unregister(r->pipefd[1]);
         kinbox__relay_listen_close(r);
         if (r->rk) {

@@ -187,6 +187,7 @@ struct kinbox_relay_s {
         bool checker_started, checker_stop;
         bool rk_left; /* a Kafka client outlived its destroy bound: r stays */
         bool compressed; /* kafka.compression.type is set, not none */
+        struct lrelay *logr; /* relay.source = wal | binlog (relay_log.c) */
 };
 
 static inline void rlog(kinbox_relay_t *r, int level, const char *fmt, ...)
@@ -259,6 +260,10 @@ void kinbox__relay_trace_spans(kinbox_relay_t *r, const batch_t *b);
 
 /* Publish one claimed event row (its delivery report sets it->dr_done). */
 void kinbox__relay_produce(kinbox_relay_t *r, item_t *it);
+/* The same on producer rk (the log relay's own, relay_log.c): the key,
+ * headers (message_id, trace context, CloudEvents) and timestamp of the
+ * polling relay. */
+void kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it);
 /* A topic's max.message.bytes as the broker says (-1: unknown), asked
  * again after LIMIT_TTL_MS. */
 int64_t kinbox__relay_topic_max_bytes(kinbox_relay_t *r, const char *topic);

@@ -28,7 +28,7 @@
  *    COMMIT; KEEPALIVE between transactions. Pointers in *ev stay valid
  *    until the next call of next() or close(): the loop copies what it
  *    keeps.
- *      ROW: an INSERT into kinbox_outbox, decoded into kinbox__logrow_t
+ *      ROW: an INSERT of a pending row into kinbox_outbox, decoded into kinbox__logrow_t
  *        (other tables and statements are not delivered).
  *      MESSAGE: a transactional logical message whose prefix starts with
  *        "kinbox." (PostgreSQL pg_logical_emit_message); raw bytes.
@@ -43,6 +43,11 @@
  *    events, never decreasing. May be buffered and sent with the next
  *    feedback; must be sent before close() returns when possible.
  *    Returns 0 or <0 (connection lost: as next()).
+ *  - dead(): record a record that can never be published as written
+ *    (row_id > 0: that outbox row goes dead with reason, one UPDATE of
+ *    that row only; row_id == 0: a bad logical message, kept with its raw
+ *    bytes where an operator sees it: a dead kinbox_outbox row). The
+ *    source's own connection, not the stream. 0 or <0.
  *  - lag(): optional (NULL): the operator's figures (bytes retained for
  *    the reader, its state); 0 when filled.
  *  - close(): end the stream and free what open() made (not the struct).
@@ -109,14 +114,19 @@ typedef struct kinbox__logsrc_ops {
         int (*start)(kinbox__logsrc_t *s);
         int (*next)(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms);
         int (*confirm)(kinbox__logsrc_t *s, const kinbox__logpos_t *pos);
+        int (*dead)(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
+                    const kinbox__logpos_t *pos, const void *bytes,
+                    size_t size);
         int (*lag)(kinbox__logsrc_t *s, kinbox__loglag_t *out);
         void (*close)(kinbox__logsrc_t *s);
 } kinbox__logsrc_ops_t;
 
 struct kinbox__logsrc {
         const kinbox__logsrc_ops_t *ops;
-        const struct kinbox_conf_s *conf; /* database.url, relay.slot ... */
-        kinbox__log_t *log;
+        const struct kinbox_conf_s *conf; /* the relay's settings */
+        const kinbox__log_t *log;
+        const char *url; /* database.url (the relay's db->url) */
+        const char *password; /* database.password_file's, or NULL */
         const char *slot; /* slot name (PostgreSQL) / reader name */
         void *impl; /* the source's own state (open() .. close()) */
         char err[512]; /* the last failure, one line */
@@ -126,8 +136,21 @@ struct kinbox__logsrc {
 extern const kinbox__logsrc_ops_t kinbox__pg_repl_ops;
 extern const kinbox__logsrc_ops_t kinbox__binlog_src_ops; /* relay_binlog.c */
 
-/* relay_log.c: run the log relay of r until kinbox_relay_stop(). */
+/* ---- relay_log.c: the log relay of a kinbox_relay_t */
 struct kinbox_relay_s;
-int kinbox__relay_log_run(struct kinbox_relay_s *r);
+/* relay.source is not poll: open the source (its prerequisites checked:
+ * KINBOX_ERR_CONFIG / KINBOX_ERR_SCHEMA with r->errstr naming the setting)
+ * and run the log relay on a thread of its own, with a producer of its
+ * own, until kinbox_relay_stop(). */
+int kinbox__relay_log_start(struct kinbox_relay_s *r);
+/* Wait for that thread: 0, or why it stopped the relay (r->errstr). */
+int kinbox__relay_log_join(struct kinbox_relay_s *r);
+/* Whether the log relay runs (the polling relay then claims only local
+ * actions). */
+bool kinbox__relay_log_active(const struct kinbox_relay_s *r);
+/* kinbox migrate: the checks of relay.source's source on conf's database
+ * (the slot made when missing). 0, or as kinbox__relay_log_start(). */
+int kinbox__relay_log_check(const struct kinbox_conf_s *conf, char *errstr,
+                            size_t errsz);
 
 #endif

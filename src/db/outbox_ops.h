@@ -53,6 +53,11 @@ typedef struct kinbox__claim_req {
          * claims: other relays' held rows look due and are skipped, so
          * more candidates than limit are needed); 0: the backend's own. */
         int64_t cand;
+        /* Local action rows only (relay.source = wal | binlog: the log
+         * relay publishes the events, which stay pending): event rows are
+         * not claimed and do not hold back an action of their aggregate.
+         * PostgreSQL; MariaDB's claim reads it with relay.source = binlog. */
+        bool actions_only;
 } kinbox__claim_req_t;
 
 /* Columns of a claim result row, in this order. */
