@@ -492,18 +492,16 @@ pick_source(const kinbox_conf_t *conf, kinbox_backend_t backend,
         kinbox__source_t src = kinbox__settings_of(conf)->relay_source;
         if (src == KINBOX__SOURCE_WAL && backend == KINBOX_BACKEND_POSTGRESQL)
                 return &kinbox__pg_repl_ops;
+        if (src == KINBOX__SOURCE_BINLOG && backend == KINBOX_BACKEND_MYSQL)
+                return &kinbox__binlog_src_ops;
         if (src == KINBOX__SOURCE_WAL)
                 kinbox__errstr(errstr, sz,
                                "relay.source = wal needs PostgreSQL (MariaDB: "
                                "relay.source = binlog)");
-        else if (src == KINBOX__SOURCE_BINLOG &&
-                 backend != KINBOX_BACKEND_MYSQL)
+        else
                 kinbox__errstr(errstr, sz,
                                "relay.source = binlog needs MariaDB "
                                "(PostgreSQL: relay.source = wal)");
-        else
-                kinbox__errstr(errstr, sz,
-                               "relay.source = binlog is not built yet");
         return NULL;
 }
 

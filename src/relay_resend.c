@@ -49,9 +49,9 @@ page_publish(kinbox_relay_t *r, item_t *v, size_t n, char *errstr, size_t sz)
         for (size_t i = 0; i < n; i++) {
                 kinbox__relay_produce(r, &v[i]);
                 if (!v[i].produced) {
-                        kinbox__errstr(errstr, sz, "outbox row %" PRId64
-                                                   ": %s",
-                                       v[i].id, v[i].err);
+                        kinbox__errstr(errstr, sz,
+                                       "outbox row %" PRId64 ": %s", v[i].id,
+                                       v[i].err);
                         rd_kafka_flush(r->rk, (int)r->msg_timeout_ms);
                         return KINBOX_ERR_KAFKA;
                 }
@@ -59,12 +59,11 @@ page_publish(kinbox_relay_t *r, item_t *v, size_t n, char *errstr, size_t sz)
         rd_kafka_flush(r->rk, (int)r->msg_timeout_ms + 5000);
         for (size_t i = 0; i < n; i++)
                 if (!v[i].dr_done || v[i].dr_err) {
-                        kinbox__errstr(errstr, sz,
-                                       "outbox row %" PRId64 " to %s: %s",
-                                       v[i].id, v[i].destination,
-                                       v[i].dr_done
-                                           ? rd_kafka_err2str(v[i].dr_err)
-                                           : "no delivery report");
+                        kinbox__errstr(
+                            errstr, sz, "outbox row %" PRId64 " to %s: %s",
+                            v[i].id, v[i].destination,
+                            v[i].dr_done ? rd_kafka_err2str(v[i].dr_err)
+                                         : "no delivery report");
                         return KINBOX_ERR_KAFKA;
                 }
         return 0;
@@ -108,8 +107,8 @@ resend_rows(kinbox_relay_t *r, int64_t since_ms, int64_t *published,
 }
 
 kinbox_err_t
-kinbox_outbox_resend(kinbox_conf_t *conf, int64_t since_ms,
-                     int64_t *published, char *errstr, size_t errstr_size)
+kinbox_outbox_resend(kinbox_conf_t *conf, int64_t since_ms, int64_t *published,
+                     char *errstr, size_t errstr_size)
 {
         int64_t dummy = 0;
         if (!published)
@@ -117,9 +116,14 @@ kinbox_outbox_resend(kinbox_conf_t *conf, int64_t since_ms,
         *published = 0;
         if (!conf)
                 return KINBOX_ERR_INVALID;
-        kinbox_relay_t *r = kinbox_relay_new(conf, errstr, errstr_size);
-        if (!r)
+        kinbox_conf_t *own = kinbox_conf_dup(conf);
+        if (!own)
+                return KINBOX_ERR_NOMEM;
+        kinbox_relay_t *r = kinbox_relay_new(own, errstr, errstr_size);
+        if (!r) {
+                kinbox_conf_destroy(own);
                 return KINBOX_ERR_CONFIG;
+        }
         const kinbox__settings_t *st = kinbox__settings_of(conf);
         const char *name = kinbox__relay_binlog_name(conf);
         bool binlog = st->relay_source == KINBOX__SOURCE_BINLOG;

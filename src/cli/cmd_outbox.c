@@ -271,11 +271,12 @@ outbox_resend(ctx_t *x)
         }
         char err[1024] = "";
         kinbox_conf_t *conf = x->cfg.relay ? x->cfg.relay : x->cfg.base;
-        kinbox_err_t rc = kinbox_outbox_resend(conf, since, &n, err,
-                                               sizeof(err));
+        kinbox_err_t rc =
+            kinbox_outbox_resend(conf, since, &n, err, sizeof(err));
         if (rc) {
-                fprintf(stderr, "kinbox outbox resend: %s (%" PRId64
-                                " rows published first)\n",
+                fprintf(stderr,
+                        "kinbox outbox resend: %s (%" PRId64
+                        " rows published first)\n",
                         err, n);
                 return rc == KINBOX_ERR_CONFIG || rc == KINBOX_ERR_STATE
                            ? KB_EX_USAGE
@@ -292,9 +293,8 @@ int
 kb_cmd_outbox(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "outbox"}};
-        static const char *const subs[] = {"list",   "requeue", "cancel",
-                                           "pause",  "resume",  "resend",
-                                           NULL};
+        static const char *const subs[] = {
+            "list", "requeue", "cancel", "pause", "resume", "resend", NULL};
         int ex, kind = subcommand("outbox", argc, argv, subs, &ex);
         if (!kind)
                 return ex;

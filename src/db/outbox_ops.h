@@ -56,7 +56,7 @@ typedef struct kinbox__claim_req {
         /* Local action rows only (relay.source = wal | binlog: the log
          * relay publishes the events, which stay pending): event rows are
          * not claimed and do not hold back an action of their aggregate.
-         * PostgreSQL; MariaDB's claim reads it with relay.source = binlog. */
+         * Both backends (MariaDB: one action per aggregate per claim). */
         bool actions_only;
 } kinbox__claim_req_t;
 

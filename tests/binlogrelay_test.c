@@ -1,0 +1,352 @@
+/*
+ * binlogrelay_test.c -- the log relay on MariaDB (relay.source = binlog),
+ * `kinbox run` against the real server (binlog in ROW format,
+ * scripts/services) and the broker of the run (dev broker, or real Apache
+ * Kafka: binlogrelay_test@kafka): two writers with rollbacks and a SIGKILL
+ * of the relay; a second relay waiting on the readers' lock taking over
+ * after a kill -9 of the first; a position whose binlog was purged refused
+ * (exit 2) and `kinbox outbox resend --since` exact afterwards.
+ *
+ * Each test makes its own database (kt_fresh_db), topic and relay name
+ * (relay.slot): the binlog and the readers' locks are the server's.
+ */
+#include "outbox_common.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *MY = "mysql";
+
+#define AGGS 8
+
+typedef struct writer {
+        const char *url, *topic;
+        int w, ntx;
+        int committed, rolled; /* rows */
+        int *seq; /* per aggregate: the next sequence number committed */
+} writer_t;
+
+/* Transactions of 1..20 rows on the writer's aggregates, every fifth
+ * rolled back; payload the aggregate's sequence number, idem
+ * "wW-aA-sS-tT" (rolled back: "rb-..."). */
+static void *
+writer_main(void *arg)
+{
+        writer_t *w = arg;
+        tconn_t c;
+        tc_open(&c, MY, w->url);
+        unsigned seed = (unsigned)w->w * 7919u + 1;
+        for (int t = 0; t < w->ntx; t++) {
+                bool rollback = t % 5 == 4;
+                int rows = 1 + (int)(rand_r(&seed) % 20);
+                int next[AGGS];
+                memcpy(next, w->seq, sizeof(next));
+                tc_sql(&c, "BEGIN");
+                for (int i = 0; i < rows; i++) {
+                        int a = (int)(rand_r(&seed) % AGGS);
+                        char idem[64], agg[32], pay[32];
+                        snprintf(agg, sizeof(agg), "w%d-a%d", w->w, a);
+                        snprintf(idem, sizeof(idem), "%sw%d-a%d-s%d-t%d",
+                                 rollback ? "rb-" : "", w->w, a, next[a], t);
+                        int pn = snprintf(pay, sizeof(pay), "%d", next[a]);
+                        kinbox_outbox_msg_t m = {.destination = w->topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = agg,
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        next[a]++;
+                }
+                tc_sql(&c, rollback ? "ROLLBACK" : "COMMIT");
+                if (rollback) {
+                        w->rolled += rows;
+                } else {
+                        w->committed += rows;
+                        memcpy(w->seq, next, sizeof(next));
+                }
+                usleep(2000);
+        }
+        tc_close(&c);
+        return NULL;
+}
+
+/* Every committed row at least once, no rolled-back row, and per
+ * aggregate the first occurrences in sequence order with no gap. */
+static void
+check_stream(const tmsgs_t *got, const writer_t *ws, int nw, int *dups)
+{
+        *dups = 0;
+        int expect = 0;
+        for (int k = 0; k < nw; k++)
+                expect += ws[k].committed;
+        int seen[4][AGGS];
+        memset(seen, 0, sizeof(seen));
+        int firsts = 0;
+        for (size_t i = 0; i < got->n; i++) {
+                const tmsg_t *m = &got->v[i];
+                cr_assert(m->msgid && !strstr(m->msgid, ":rb-"),
+                          "rolled-back row published: %s", m->msgid);
+                int w = -1, a = -1;
+                cr_assert(m->key && sscanf(m->key, "w%d-a%d", &w, &a) == 2);
+                int s = atoi(m->value);
+                cr_assert(w >= 0 && w < nw && a >= 0 && a < AGGS);
+                if (s < seen[w][a]) {
+                        (*dups)++;
+                        continue;
+                }
+                cr_assert(eq(int, s, seen[w][a]),
+                          "aggregate %s: %d after %d (order or a gap)", m->key,
+                          s, seen[w][a] - 1);
+                seen[w][a]++;
+                firsts++;
+        }
+        for (int w = 0; w < nw; w++)
+                for (int a = 0; a < AGGS; a++)
+                        cr_assert(eq(int, seen[w][a], ws[w].seq[a]),
+                                  "w%d-a%d: %d of %d on the topic", w, a,
+                                  seen[w][a], ws[w].seq[a]);
+        cr_assert(eq(int, firsts, expect));
+}
+
+static int
+by_offset(const void *x, const void *y)
+{
+        const tmsg_t *a = x, *b = y;
+        if (a->partition != b->partition)
+                return a->partition < b->partition ? -1 : 1;
+        return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+static char *
+binlog_ini(const char *url, const char *name)
+{
+        return kt_write_ini(url,
+                            "[relay]\nenabled = true\nsource = binlog\n"
+                            "slot = %s\n",
+                            name);
+}
+
+/* The relay named name has read from the binlog (its position row). */
+static bool
+relay_reading(const char *url, const char *name, int timeout_s)
+{
+        return wait_q(url, 1, timeout_s,
+                      "SELECT count(*) FROM kinbox_relay_position WHERE "
+                      "relay = '%s'",
+                      name);
+}
+
+/* Rows inserted as one transaction each: destination topic, idem
+ * "PREFIX-i", aggregate "agg", payload i. */
+static void
+append_rows(const char *url, const char *topic, const char *prefix, int from,
+            int n)
+{
+        tconn_t c;
+        tc_open(&c, MY, url);
+        for (int i = from; i < from + n; i++) {
+                char idem[64], pay[16];
+                snprintf(idem, sizeof(idem), "%s-%d", prefix, i);
+                int pn = snprintf(pay, sizeof(pay), "%d", i);
+                kinbox_outbox_msg_t m = {.destination = topic,
+                                         .idem_key = idem,
+                                         .aggregate_id = "agg",
+                                         .payload = pay,
+                                         .payload_size = (size_t)pn};
+                tc_sql(&c, "BEGIN");
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                tc_sql(&c, "COMMIT");
+        }
+        tc_close(&c);
+}
+
+/* Every row PREFIX-from .. PREFIX-(from+n-1) at least once on got. */
+static void
+assert_all(const tmsgs_t *got, const char *topic, const char *prefix, int from,
+           int n)
+{
+        for (int i = from; i < from + n; i++) {
+                char id[128];
+                snprintf(id, sizeof(id), "%s:%s-%d", topic, prefix, i);
+                cr_assert(count_msgid(got, id) >= 1, "%s not on the topic",
+                          id);
+        }
+}
+
+/*
+ * Two writers (rollbacks included) while `kinbox run` (relay.source =
+ * binlog) is SIGKILLed mid-stream and started again: every committed row
+ * on the topic at least once, no rolled-back row, per-aggregate order;
+ * no outbox row updated.
+ */
+Test(binlogrelay, two_writers_sigkill, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_kill");
+        char *name = kt_unique("blk");
+        kt_topic(topic, 4);
+        char *ini = binlog_ini(url, name);
+        char *log = kt_tmp("bl_kill_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
+        writer_t ws[2];
+        int seqs[2][AGGS];
+        memset(seqs, 0, sizeof(seqs));
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+                ws[k] = (writer_t){url, topic, k, 150, 0, 0, seqs[k]};
+                pthread_create(&th[k], NULL, writer_main, &ws[k]);
+        }
+        usleep(700 * 1000);
+        kill(pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(pid, 10), -SIGKILL));
+        usleep(500 * 1000);
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        for (int k = 0; k < 2; k++)
+                pthread_join(th[k], NULL);
+        int expect = ws[0].committed + ws[1].committed;
+        cr_assert(ws[0].rolled + ws[1].rolled > 0);
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)expect, 90, 2000, &got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int dups = 0;
+        check_stream(&got, ws, 2, &dups);
+        cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
+                    expect, got.n, dups);
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                             "WHERE status <> 'pending' OR version <> 0"),
+               0));
+        msgs_free(&got);
+}
+
+/*
+ * Two `kinbox run` of one relay name: the second waits on the readers'
+ * lock; after a kill -9 of the first it takes over, from the first's
+ * stored position: every row on the topic.
+ */
+Test(binlogrelay, takeover_after_kill9, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_take");
+        char *name = kt_unique("blt");
+        kt_topic(topic, 2);
+        char *ini = binlog_ini(url, name);
+        char *log1 = kt_tmp("bl_take1"), *log2 = kt_tmp("bl_take2");
+        pid_t a = kt_spawn_kinbox(ini, NULL, log1);
+        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log1, 20));
+        pid_t b = kt_spawn_kinbox(ini, NULL, log2);
+        append_rows(url, topic, "one", 0, 50);
+        tmsgs_t got;
+        consume(bootstrap, topic, 50, 60, 500, &got);
+        assert_all(&got, topic, "one", 0, 50);
+        msgs_free(&got);
+        /* b waits: it says so, and has published nothing. */
+        char *t2 = kt_tail(log2, 40);
+        cr_assert(strstr(t2, "waiting to take over") != NULL, "%s", t2);
+        kill(a, SIGKILL);
+        cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
+        append_rows(url, topic, "two", 0, 50);
+        consume(bootstrap, topic, 100, 90, 2000, &got);
+        assert_all(&got, topic, "one", 0, 50);
+        assert_all(&got, topic, "two", 0, 50);
+        kill(b, SIGTERM);
+        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(log2, 30));
+        cr_log_info("%zu messages for 100 rows", got.n);
+        msgs_free(&got);
+}
+
+/* Purge the binlog until its oldest file starts after the current
+ * position (PURGE keeps a file the binlog checkpoint still needs). */
+static void
+purge_all(const char *url)
+{
+        long long seq = kt_qint(url, "SELECT SUBSTRING_INDEX("
+                                     "@@gtid_binlog_pos, '-', -1)");
+        long long until = kt_clock_ms() + 20000;
+        while (kt_clock_ms() < until) {
+                kt_exec(url, "FLUSH BINARY LOGS");
+                char *cur = qtext(url, "SHOW MASTER STATUS");
+                char q[256];
+                snprintf(q, sizeof(q), "PURGE BINARY LOGS TO '%s'", cur);
+                kt_exec(url, q);
+                char *first = qtext(url, "SHOW BINARY LOGS");
+                snprintf(q, sizeof(q),
+                         "SELECT SUBSTRING_INDEX(BINLOG_GTID_POS('%s', 4), "
+                         "'-', -1)",
+                         first);
+                if (kt_qint(url, q) >= seq)
+                        return;
+                usleep(200 * 1000);
+        }
+        cr_assert(false, "the binlog was not purged");
+}
+
+/*
+ * The relay stopped, rows committed meanwhile, the binlog purged past its
+ * position: `kinbox run` exits 2 naming the position and `kinbox outbox
+ * resend --since`; after the resend the relay starts again and every row
+ * is on the topic (the ones the binlog lost from the resend).
+ */
+Test(binlogrelay, purged_then_resend, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_purge");
+        char *name = kt_unique("blp");
+        kt_topic(topic, 2);
+        char *ini = binlog_ini(url, name);
+        char *log = kt_tmp("bl_purge_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
+        append_rows(url, topic, "a", 0, 20);
+        tmsgs_t got;
+        consume(bootstrap, topic, 20, 60, 500, &got);
+        assert_all(&got, topic, "a", 0, 20);
+        msgs_free(&got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+
+        char *since = qtext(url, "SELECT DATE_FORMAT(UTC_TIMESTAMP() - "
+                                 "INTERVAL 1 SECOND, '%Y-%m-%dT%H:%i:%s')");
+        append_rows(url, topic, "b", 0, 30);
+        purge_all(url);
+
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(int, kt_wait(pid, 60), 2), "%s", kt_tail(log, 30));
+        char *t = kt_tail(log, 30);
+        cr_assert(strstr(t, "was purged") != NULL, "%s", t);
+        cr_assert(strstr(t, "kinbox outbox resend --since") != NULL, "%s", t);
+
+        char *out = NULL;
+        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
+                           since, ini);
+        cr_assert(eq(int, rc, 0), "%s", out);
+        long long n = 0;
+        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
+                  out);
+        cr_assert(ge(i64, n, 30), "%s", out);
+
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        append_rows(url, topic, "c", 0, 10);
+        consume(bootstrap, topic, (size_t)(20 + n + 10), 90, 2000, &got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        assert_all(&got, topic, "a", 0, 20);
+        assert_all(&got, topic, "b", 0, 30);
+        assert_all(&got, topic, "c", 0, 10);
+        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
+        msgs_free(&got);
+}
