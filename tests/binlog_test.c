@@ -382,8 +382,8 @@ src_new(const char *url, const char *name)
         char e[256];
         cr_assert(kinbox_conf_set(x->conf, "database.url", url, e,
                                   sizeof(e)) == KINBOX_OK);
-        cr_assert(kinbox_conf_set(x->conf, "relay.slot", name, e,
-                                  sizeof(e)) == KINBOX_OK);
+        cr_assert(kinbox_conf_set(x->conf, "relay.slot", name, e, sizeof(e)) ==
+                  KINBOX_OK);
         kinbox__conf_logger(x->conf, &x->log);
         x->s.ops = &kinbox__binlog_src_ops;
         x->s.conf = x->conf;
