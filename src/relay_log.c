@@ -492,16 +492,12 @@ pick_source(const kinbox_conf_t *conf, kinbox_backend_t backend,
         kinbox__source_t src = kinbox__settings_of(conf)->relay_source;
         if (src == KINBOX__SOURCE_WAL && backend == KINBOX_BACKEND_POSTGRESQL)
                 return &kinbox__pg_repl_ops;
-        if (src == KINBOX__SOURCE_BINLOG && backend == KINBOX_BACKEND_MYSQL)
+        /* binlog: its open() refuses another backend than MariaDB. */
+        if (src == KINBOX__SOURCE_BINLOG)
                 return &kinbox__binlog_src_ops;
-        if (src == KINBOX__SOURCE_WAL)
-                kinbox__errstr(errstr, sz,
-                               "relay.source = wal needs PostgreSQL (MariaDB: "
-                               "relay.source = binlog)");
-        else
-                kinbox__errstr(errstr, sz,
-                               "relay.source = binlog needs MariaDB "
-                               "(PostgreSQL: relay.source = wal)");
+        kinbox__errstr(errstr, sz,
+                       "relay.source = wal needs PostgreSQL (MariaDB: "
+                       "relay.source = binlog)");
         return NULL;
 }
 

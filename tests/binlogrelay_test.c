@@ -146,11 +146,11 @@ relay_reading(const char *url, const char *name, int timeout_s)
 /* Rows inserted as one transaction each: destination topic, idem
  * "PREFIX-i", aggregate "agg", payload i. */
 static void
-append_rows(const char *url, const char *topic, const char *prefix, int from,
-            int n)
+append_rows(const char *backend, const char *url, const char *topic,
+            const char *prefix, int from, int n)
 {
         tconn_t c;
-        tc_open(&c, MY, url);
+        tc_open(&c, backend, url);
         for (int i = from; i < from + n; i++) {
                 char idem[64], pay[16];
                 snprintf(idem, sizeof(idem), "%s-%d", prefix, i);
@@ -248,7 +248,7 @@ Test(binlogrelay, takeover_after_kill9, .timeout = 300)
         pid_t a = kt_spawn_kinbox(ini, NULL, log1);
         cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log1, 20));
         pid_t b = kt_spawn_kinbox(ini, NULL, log2);
-        append_rows(url, topic, "one", 0, 50);
+        append_rows(MY, url, topic, "one", 0, 50);
         tmsgs_t got;
         consume(bootstrap, topic, 50, 60, 500, &got);
         assert_all(&got, topic, "one", 0, 50);
@@ -258,7 +258,7 @@ Test(binlogrelay, takeover_after_kill9, .timeout = 300)
         cr_assert(strstr(t2, "waiting to take over") != NULL, "%s", t2);
         kill(a, SIGKILL);
         cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
-        append_rows(url, topic, "two", 0, 50);
+        append_rows(MY, url, topic, "two", 0, 50);
         consume(bootstrap, topic, 100, 90, 2000, &got);
         assert_all(&got, topic, "one", 0, 50);
         assert_all(&got, topic, "two", 0, 50);
@@ -311,7 +311,7 @@ Test(binlogrelay, purged_then_resend, .timeout = 300)
         char *log = kt_tmp("bl_purge_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
-        append_rows(url, topic, "a", 0, 20);
+        append_rows(MY, url, topic, "a", 0, 20);
         tmsgs_t got;
         consume(bootstrap, topic, 20, 60, 500, &got);
         assert_all(&got, topic, "a", 0, 20);
@@ -321,7 +321,7 @@ Test(binlogrelay, purged_then_resend, .timeout = 300)
 
         char *since = qtext(url, "SELECT DATE_FORMAT(UTC_TIMESTAMP() - "
                                  "INTERVAL 1 SECOND, '%Y-%m-%dT%H:%i:%s')");
-        append_rows(url, topic, "b", 0, 30);
+        append_rows(MY, url, topic, "b", 0, 30);
         purge_all(url);
 
         pid = kt_spawn_kinbox(ini, NULL, log);
@@ -340,7 +340,7 @@ Test(binlogrelay, purged_then_resend, .timeout = 300)
         cr_assert(ge(i64, n, 30), "%s", out);
 
         pid = kt_spawn_kinbox(ini, NULL, log);
-        append_rows(url, topic, "c", 0, 10);
+        append_rows(MY, url, topic, "c", 0, 10);
         consume(bootstrap, topic, (size_t)(20 + n + 10), 90, 2000, &got);
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
@@ -348,5 +348,73 @@ Test(binlogrelay, purged_then_resend, .timeout = 300)
         assert_all(&got, topic, "b", 0, 30);
         assert_all(&got, topic, "c", 0, 10);
         cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
+        msgs_free(&got);
+}
+
+/*
+ * kinbox_outbox_resend() on both backends (relay.source = poll): every
+ * Kafka row created since the time, in id order, with the relay's key
+ * and message id; older rows, action rows and canceled rows are not
+ * sent; no row is updated.
+ */
+ParameterizedTestParameters(binlogrelay, resend_both_backends)
+{
+        static int b[] = {0, 1};
+        return cr_make_param_array(int, b, 2);
+}
+
+ParameterizedTest(int *bk, binlogrelay, resend_both_backends, .timeout = 120)
+{
+        const char *backend = kt_backend(*bk);
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(backend);
+        char *topic = kt_unique("resend");
+        kt_topic(topic, 2);
+        tconn_t c;
+        tc_open(&c, backend, url);
+        kinbox_outbox_msg_t old = {.destination = topic,
+                                   .idem_key = "old",
+                                   .aggregate_id = "k",
+                                   .payload = "o",
+                                   .payload_size = 1};
+        tc_sql(&c, "BEGIN");
+        cr_assert(eq(int, tc_append(&c, &old, NULL), KINBOX_OK));
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        usleep(1100 * 1000);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        int64_t since = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+        usleep(20 * 1000);
+        append_rows(backend, url, topic, "new", 0, 25);
+        kt_exec(url, "UPDATE kinbox_outbox SET status = 'canceled' WHERE "
+                     "idem_key = 'new-24'");
+
+        kinbox_conf_t *conf = relay_conf(url, bootstrap);
+        int64_t n = -1;
+        char err[512] = "";
+        cr_assert(eq(int,
+                     kinbox_outbox_resend(conf, since, &n, err, sizeof(err)),
+                     KINBOX_OK),
+                  "%s", err);
+        kinbox_conf_destroy(conf);
+        cr_expect(eq(i64, n, 24));
+        tmsgs_t got;
+        consume(bootstrap, topic, 24, 60, 1000, &got);
+        cr_expect(eq(sz, got.n, 24));
+        assert_all(&got, topic, "new", 0, 24);
+        char id[128];
+        snprintf(id, sizeof(id), "%s:old", topic);
+        cr_expect(eq(sz, count_msgid(&got, id), 0));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        for (size_t i = 0; i < got.n; i++) {
+                cr_expect(eq(str, got.v[i].key, "agg"));
+                cr_expect(eq(int, atoi(got.v[i].value), (int)i));
+        }
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "version <> 0 OR (status <> 'pending' AND "
+                                  "idem_key <> 'new-24')"),
+                     0));
         msgs_free(&got);
 }

@@ -178,6 +178,12 @@ query_one(kinbox__db_t *db, const char *sql, int *rc)
 int
 kinbox__binlog_check(kinbox__db_t *db, char *errstr, size_t sz)
 {
+        if (db->backend != KINBOX_BACKEND_MYSQL) {
+                kinbox__errstr(errstr, sz,
+                               "relay.source = binlog needs MariaDB "
+                               "(PostgreSQL: relay.source = wal)");
+                return KINBOX_ERR_CONFIG;
+        }
         struct kinbox_rows_s *r = NULL;
         int rc = kinbox__db_query(db,
                                   "SELECT @@log_bin, @@binlog_format, "
