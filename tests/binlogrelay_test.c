@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,4 +418,78 @@ ParameterizedTest(int *bk, binlogrelay, resend_both_backends, .timeout = 120)
                                   "idem_key <> 'new-24')"),
                      0));
         msgs_free(&got);
+}
+
+/* -------------------------------------------------------- refusals */
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int
+sh(const char *fmt, ...)
+{
+        char cmd[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof(cmd), fmt, ap);
+        va_end(ap);
+        int st = system(cmd);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/*
+ * log_bin off (a second MariaDB of this test's own, without --log-bin):
+ * kinbox migrate and kinbox run exit 2 naming log_bin.
+ */
+Test(binlogrelay, refuse_log_bin_off, .timeout = 180)
+{
+        char *dir = kt_tmp("my_nobinlog");
+        int port = kt_free_port();
+        cr_assert(eq(int,
+                     sh("mkdir -p %s/data && chown -R mysql:mysql %s && "
+                        "mariadb-install-db --no-defaults --user=mysql "
+                        "--datadir=%s/data --skip-test-db "
+                        "--auth-root-authentication-method=socket "
+                        ">%s.install.log 2>&1",
+                        dir, dir, dir, dir),
+                     0));
+        cr_assert(eq(int,
+                     sh("(setsid mariadbd --no-defaults --user=mysql "
+                        "--datadir=%s/data --socket=%s/sock "
+                        "--pid-file=%s/pid --port=%d "
+                        "--bind-address=127.0.0.1 --skip-name-resolve "
+                        ">%s.log 2>&1 </dev/null &) && for i in $(seq 100); "
+                        "do mariadb-admin --no-defaults -u root -S %s/sock "
+                        "ping >/dev/null 2>&1 && exit 0; sleep 0.2; done; "
+                        "exit 1",
+                        dir, dir, dir, port, dir, dir),
+                     0));
+        int rc = sh("mariadb --no-defaults -u root -S %s/sock -e \"CREATE "
+                    "USER 'kinbox'@'127.0.0.1' IDENTIFIED BY 'kinbox'; GRANT "
+                    "ALL ON *.* TO 'kinbox'@'127.0.0.1'; CREATE DATABASE "
+                    "kinbox\"",
+                    dir);
+        char url[200];
+        snprintf(url, sizeof(url), "mysql://kinbox:kinbox@127.0.0.1:%d/kinbox",
+                 port);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "source = binlog\n");
+        char *mig = NULL, *run = NULL;
+        int mig_rc =
+            rc ? -1 : kt_kinbox(&mig, NULL, true, "migrate -c %s", ini);
+        int run_rc = -1;
+        if (!rc) {
+                char *log = kt_tmp("bl_refuse_log");
+                pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+                run_rc = kt_wait_exit(pid, 30);
+                run = kt_slurp(log);
+        }
+        sh("kill -9 $(cat %s/pid) >/dev/null 2>&1; sleep 0.5; rm -rf %s", dir,
+           dir);
+        cr_assert(eq(int, rc, 0));
+        cr_assert(eq(int, mig_rc, 2), "%s", mig);
+        cr_assert(strstr(mig, "log_bin is OFF") != NULL, "%s", mig);
+        cr_assert(eq(int, run_rc, 2), "%s", run);
+        cr_assert(strstr(run, "log_bin is OFF") != NULL, "%s", run);
+        free(mig);
+        free(run);
 }
