@@ -142,6 +142,8 @@ bl_position(kinbox__logsrc_t *s, blsrc_t *b)
 static int
 bl_open(kinbox__logsrc_t *s)
 {
+        if (s->impl) /* open already (the loop's first open() is kept) */
+                return KINBOX_OK;
         const kinbox__settings_t *st = kinbox__settings_of(s->conf);
         blsrc_t *b = kinbox__calloc(1, sizeof(*b));
         if (!b)
