@@ -10,8 +10,8 @@
  * The probe part: Debian 12's Connector/C 3.3 replication API reads GTID,
  * TABLE_MAP, WRITE_ROWS and XID events, heartbeats, 1 MB rows, and starts
  * from a GTID state (@slave_connect_state); its mariadb_rpl_extract_rows()
- * decodes plain columns but not a TIMESTAMP(6) (kinbox decodes rows
- * itself: mysql_binlog_rows.c).
+ * decodes kinbox_outbox's column types, and so does kinbox's own decoder
+ * (mysql_binlog_rows.c), which the reader uses.
  */
 #include "harness.h"
 
@@ -27,6 +27,7 @@
 
 #include "db.h"
 #include "db/mysql_binlog.h"
+#include "db/mysql_binlog_int.h"
 #include "internal.h"
 
 /* A connection to url (fails the test when it cannot). */
@@ -503,4 +504,128 @@ Test(binlog, source_refuses_purged_position)
         cr_expect(strstr(x->s.err, "kinbox outbox resend --since") != NULL,
                   "%s", x->s.err);
         src_free(x);
+}
+
+/* ---- Connector/C's own row decoder, for the record */
+
+/*
+ * The probe of Debian 12's Connector/C 3.3 API by itself: a dump opened
+ * with mariadb_rpl_init_ex / _optionsv / _open from a GTID state, fetched
+ * with mariadb_rpl_fetch (GTID, TABLE_MAP, WRITE_ROWS, XID), and
+ * mariadb_rpl_extract_rows() on a row (BIGINT, VARCHAR, BLOB, TIMESTAMP(6),
+ * VARCHAR): in 3.3.20 it decodes every column, the TIMESTAMP(6) into
+ * val.ts (earlier 3.3 sources read its fraction with the precision as its
+ * width and every later column wrong); kinbox's decoder
+ * (mysql_binlog_rows.c) reads the same row image alike.
+ */
+Test(binlog, connector_api_probe)
+{
+        char *url = kt_fresh_db("mysql");
+        kt_exec(url, "CREATE TABLE probe_t (id BIGINT PRIMARY KEY, v "
+                     "VARCHAR(20), b BLOB, t TIMESTAMP(6) NULL, w "
+                     "VARCHAR(20))");
+        kinbox__db_t *db = kt_db(url);
+        kinbox_rows_t *r = NULL;
+        cr_assert(kinbox__db_query(db, "SELECT @@gtid_binlog_pos", 0, NULL,
+                                   &r) == 0);
+        char set[512];
+        snprintf(set, sizeof(set),
+                 "SET @mariadb_slave_capability = 4, "
+                 "@master_binlog_checksum = @@global.binlog_checksum, "
+                 "@slave_connect_state = '%s'",
+                 kinbox_rows_value(r, 0, 0, NULL));
+        kinbox_rows_destroy(r);
+        bool down = false;
+        MYSQL *m = kinbox__db_mysql(db, &down);
+        cr_assert(m != NULL && mysql_query(m, set) == 0, "%s", set);
+        MARIADB_RPL *rpl = mariadb_rpl_init_ex(m, MARIADB_RPL_VERSION);
+        cr_assert(rpl != NULL);
+        cr_assert(mariadb_rpl_optionsv(rpl, MARIADB_RPL_SERVER_ID,
+                                       kinbox__binlog_server_id("probe")) ==
+                  0);
+        cr_assert(mariadb_rpl_optionsv(rpl, MARIADB_RPL_FILENAME, "", 0) == 0);
+        cr_assert(mariadb_rpl_optionsv(rpl, MARIADB_RPL_START, 4UL) == 0);
+        cr_assert(mariadb_rpl_open(rpl) == 0, "%s", mariadb_rpl_error(rpl));
+        kt_exec(url, "INSERT INTO probe_t VALUES (42, 'vee', X'00ff', "
+                     "'2026-12-06 01:02:03.000456', 'after')");
+
+        MARIADB_RPL_EVENT *ev = NULL, *tm = NULL;
+        bool gtid = false, xid = false, rows = false;
+        int64_t until = kinbox__now_ms() + 20000;
+        while (!xid && kinbox__now_ms() < until) {
+                ev = mariadb_rpl_fetch(rpl, ev);
+                cr_assert(ev != NULL, "%s", mariadb_rpl_error(rpl));
+                if (ev->event_type == GTID_EVENT)
+                        gtid = true;
+                if (ev->event_type == TABLE_MAP_EVENT &&
+                    ev->event.table_map.table.length == 7 &&
+                    !memcmp(ev->event.table_map.table.str, "probe_t", 7)) {
+                        tm = ev;
+                        ev = NULL; /* keep the table map */
+                        continue;
+                }
+                if (tm && (ev->event_type == WRITE_ROWS_EVENT_V1 ||
+                           ev->event_type == WRITE_ROWS_EVENT)) {
+                        rows = true;
+                        MARIADB_RPL_ROW *row =
+                            mariadb_rpl_extract_rows(rpl, tm, ev);
+                        cr_assert(row != NULL, "%s", mariadb_rpl_error(rpl));
+                        cr_expect(eq(i64, row->columns[0].val.ll, 42));
+                        cr_expect(eq(sz, row->columns[1].val.str.length, 3));
+                        cr_expect(memcmp(row->columns[1].val.str.str, "vee",
+                                         3) == 0);
+                        cr_expect(eq(sz, row->columns[2].val.str.length, 2));
+                        const MARIADB_STRING *w = &row->columns[4].val.str;
+                        cr_expect(eq(sz, w->length, 5));
+                        cr_expect(w->str && !memcmp(w->str, "after", 5));
+                        cr_expect(
+                            eq(u32, row->columns[3].val.ts.second_part, 456));
+                        cr_log_info(
+                            "extract_rows: t (type %d) = '%.*s' "
+                            "(as a number %llu, as a timestamp "
+                            "%u.%u), w = %.*s",
+                            (int)row->columns[3].field_type,
+                            (int)row->columns[3].val.str.length,
+                            row->columns[3].val.str.str,
+                            (unsigned long long)row->columns[3].val.ull,
+                            row->columns[3].val.ts.second,
+                            row->columns[3].val.ts.second_part,
+                            w->str ? (int)w->length : 0, w->str ? w->str : "");
+                        /* kinbox's own decoder on the same bytes. */
+                        kinbox__bl_tmap_t t = {0};
+                        char err[256];
+                        struct st_mariadb_rpl_table_map_event *x =
+                            &tm->event.table_map;
+                        cr_assert(
+                            kinbox__bl_tmap_set(
+                                &t, x->table_id,
+                                (const unsigned char *)x->column_types.str,
+                                x->column_count,
+                                (const unsigned char *)x->metadata.str,
+                                x->metadata.length, err, sizeof(err)) == 0,
+                            "%s", err);
+                        kinbox__bl_col_t cols[5];
+                        const unsigned char *p = ev->event.rows.row_data;
+                        cr_assert(kinbox__bl_row_decode(
+                                      &t, ev->event.rows.column_bitmap, &p,
+                                      p + ev->event.rows.row_data_size, cols,
+                                      err, sizeof(err)) == 0,
+                                  "%s", err);
+                        cr_expect(eq(i64, cols[0].i, 42));
+                        cr_expect(eq(i64, cols[3].us,
+                                     kt_qint(url, "SELECT CAST(UNIX_TIMESTAMP("
+                                                  "t) * 1000000 AS SIGNED) "
+                                                  "FROM probe_t")));
+                        cr_expect(eq(sz, cols[4].n, 5));
+                        cr_expect(memcmp(cols[4].p, "after", 5) == 0);
+                        kinbox__bl_tmap_free(&t);
+                }
+                if (ev->event_type == XID_EVENT && rows)
+                        xid = true;
+        }
+        cr_expect(gtid && rows && xid);
+        mariadb_free_rpl_event(ev);
+        mariadb_free_rpl_event(tm);
+        mariadb_rpl_close(rpl);
+        kinbox__db_destroy(db);
 }

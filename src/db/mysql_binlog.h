@@ -7,10 +7,9 @@
  * transactions, in commit order, holding the rows their WRITE_ROWS events
  * inserted into kinbox_outbox (every other table and every UPDATE or
  * DELETE is skipped), each with the GTID state after it. Rows are decoded
- * here from the table map's column types (mysql_binlog_rows.c): Connector/C
- * 3.3's mariadb_rpl_extract_rows() reads a TIMESTAMP(6) with the wrong
- * width (its precision as a byte count), which shifts every column after
- * one.
+ * here from the table map's column types (mysql_binlog_rows.c), not with
+ * mariadb_rpl_extract_rows(), whose TIMESTAMP(n) decoding differs between
+ * Connector/C 3.3 releases (see that file).
  *
  * Nothing outside src/db/ sees a MariaDB type: the reader is opaque, the
  * rows are plain bytes. Not thread-safe: one thread uses a reader.

@@ -4,12 +4,13 @@
  * sql/log_event.cc, sql/field.cc; fixed-width integers little-endian,
  * temporal types big-endian).
  *
- * Not mariadb_rpl_extract_rows(): in Connector/C 3.3 it takes a
- * TIMESTAMP2's metadata (its precision, 6) as its fraction's byte count
- * (3) and the seconds as little-endian, so every column after a
- * TIMESTAMP(6) is read from the wrong bytes (tests/binlog_test.c shows it).
- * Only skipping needs every type; the values kinbox reads are integers,
- * strings, blobs and TIMESTAMP(n).
+ * Not mariadb_rpl_extract_rows(): Debian 12's Connector/C 3.3.20 decodes
+ * kinbox_outbox right (tests/binlog_test.c, connector_api_probe), but
+ * earlier 3.3 sources take a TIMESTAMP2's metadata (its precision, 6) as
+ * its fraction's byte count (3), which shifts every later column, and it
+ * copies every column of every row into the event's memory. Here the
+ * row image is read in place, and only skipping needs every type; the
+ * values kinbox reads are integers, strings, blobs and TIMESTAMP(n).
  */
 #include "mysql_binlog_int.h"
 
