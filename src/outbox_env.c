@@ -57,8 +57,7 @@ kinbox__outbox_env_encode(const kinbox_outbox_msg_t *m, kinbox__buf_t *b,
         put_field(b, m->idem_key, strlen(m->idem_key));
         put_field(b, pr.has_headers ? pr.headers.p : NULL,
                   pr.has_headers ? pr.headers.len : 0);
-        put_field(b, m->payload,
-                  m->payload_size);
+        put_field(b, m->payload, m->payload_size);
         kinbox__outbox_prepared_free(&pr);
         if (b->oom) {
                 kinbox__errstr(why, whysz, "out of memory");
@@ -80,9 +79,8 @@ text_ok(const unsigned char *p, uint32_t len, bool required, size_t max)
 }
 
 int
-kinbox__outbox_env_decode(const char *prefix, const unsigned char *p,
-                          size_t n, kinbox__outbox_env_t *out, char *why,
-                          size_t whysz)
+kinbox__outbox_env_decode(const char *prefix, const unsigned char *p, size_t n,
+                          kinbox__outbox_env_t *out, char *why, size_t whysz)
 {
         memset(out, 0, sizeof(*out));
         if (!prefix || strcmp(prefix, KINBOX__ENV_PREFIX)) {

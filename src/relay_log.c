@@ -135,10 +135,9 @@ static int
 rec_dead(lrelay_t *L, int64_t row_id, const char *why,
          const kinbox__logpos_t *pos, const void *bytes, size_t size)
 {
-        rlog(L->r, KINBOX_LOG_WARNING,
-             "relay (%s): %s %" PRId64 " dead: %s", L->src.ops->name,
-             row_id ? "outbox row" : "message at", row_id ? row_id : (int64_t)
-             pos->lsn, why);
+        rlog(L->r, KINBOX_LOG_WARNING, "relay (%s): %s %" PRId64 " dead: %s",
+             L->src.ops->name, row_id ? "outbox row" : "message at",
+             row_id ? row_id : (int64_t)pos->lsn, why);
         int rc = L->src.ops->dead(&L->src, row_id, why, pos, bytes, size);
         if (rc) {
                 rlog(L->r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
@@ -196,7 +195,8 @@ publish(lrelay_t *L, wtx_t *t, wrec_t *w, const kinbox__logpos_t *pos)
                 w->it.dr_done = true; /* done: dead, not published */
                 return rec_dead(L, w->it.id, w->it.err, pos, NULL, 0);
         }
-        rlog(L->r, KINBOX_LOG_WARNING, "relay (%s): outbox row %" PRId64
+        rlog(L->r, KINBOX_LOG_WARNING,
+             "relay (%s): outbox row %" PRId64
              ": %s; starting again from the confirmed position",
              L->src.ops->name, w->it.id, w->it.err[0] ? w->it.err : "produce");
         return KINBOX_ERR_KAFKA;
@@ -329,8 +329,8 @@ unreported(const lrelay_t *L)
         size_t n = 0;
         for (const wtx_t *t = L->head; t; t = t->next)
                 for (size_t i = t->done; i < t->n; i++)
-                        n += t->recs[i]->it.produced &&
-                             !t->recs[i]->it.dr_done;
+                        n +=
+                            t->recs[i]->it.produced && !t->recs[i]->it.dr_done;
         return n;
 }
 
@@ -454,9 +454,8 @@ log_main(void *arg)
                         break;
                 }
                 STAT_ADD(r, db_errors, 1);
-                kinbox__relay_wait(r, kinbox__backoff_ms(failures++,
-                                                         r->base_ms,
-                                                         r->cap_ms));
+                kinbox__relay_wait(
+                    r, kinbox__backoff_ms(failures++, r->base_ms, r->cap_ms));
         }
         wind_down(L);
         return NULL;
@@ -476,34 +475,29 @@ slot_name(const kinbox_conf_t *conf)
                 char c = *p;
                 if (c >= 'A' && c <= 'Z')
                         c = (char)(c - 'A' + 'a');
-                buf[o++] = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
-                               ? c
-                               : '_';
+                buf[o++] =
+                    (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
         }
         buf[o] = '\0';
         return kinbox__strdup(buf);
 }
 
-/* The source relay.source names on this backend; NULL with errstr. */
+/* The source relay.source names, when the backend has it; NULL with
+ * errstr. */
 static const kinbox__logsrc_ops_t *
-pick_source(const kinbox_conf_t *conf, kinbox_backend_t backend,
-            char *errstr, size_t sz)
+pick_source(const kinbox_conf_t *conf, const kinbox__db_t *db, char *errstr,
+            size_t sz)
 {
+        static const char *const names[] = {"poll", "wal", "binlog"};
         kinbox__source_t src = kinbox__settings_of(conf)->relay_source;
-        if (src == KINBOX__SOURCE_WAL && backend == KINBOX_BACKEND_POSTGRESQL)
-                return &kinbox__pg_repl_ops;
-        if (src == KINBOX__SOURCE_WAL)
-                kinbox__errstr(errstr, sz,
-                               "relay.source = wal needs PostgreSQL (MariaDB: "
-                               "relay.source = binlog)");
-        else if (src == KINBOX__SOURCE_BINLOG &&
-                 backend != KINBOX_BACKEND_MYSQL)
-                kinbox__errstr(errstr, sz,
-                               "relay.source = binlog needs MariaDB "
-                               "(PostgreSQL: relay.source = wal)");
-        else
-                kinbox__errstr(errstr, sz,
-                               "relay.source = binlog is not built yet");
+        const kinbox__logsrc_ops_t *ops = db->ops->logsrc;
+        if (ops && !strcmp(ops->name, names[src]))
+                return ops;
+        kinbox__errstr(errstr, sz,
+                       "relay.source = %s: not available on %s (wal: "
+                       "PostgreSQL; binlog: MariaDB%s)",
+                       names[src], db->ops->name,
+                       ops ? "" : "; not built yet");
         return NULL;
 }
 
@@ -526,14 +520,13 @@ log_new(kinbox_relay_t *r, const kinbox_conf_t *conf, kinbox__db_t *db,
                 return NULL;
         }
         L->r = r;
-        L->src.ops = pick_source(conf, db->backend, r->errstr,
-                                 sizeof(r->errstr));
+        L->src.ops = pick_source(conf, db, r->errstr, sizeof(r->errstr));
         L->src.conf = conf;
         L->src.log = &r->log;
         L->src.url = db->url;
         L->src.password = db->password;
         L->src.slot = slot_name(conf);
-        *rc = !L->src.ops ? KINBOX_ERR_CONFIG
+        *rc = !L->src.ops    ? KINBOX_ERR_CONFIG
               : !L->src.slot ? KINBOX_ERR_NOMEM
                              : KINBOX_OK;
         if (*rc) {

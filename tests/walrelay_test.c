@@ -132,10 +132,9 @@ Test(walrelay, parity_with_polling, .timeout = 180)
                                   {"binary", bin, sizeof(bin)},
                                   {"nullhdr", NULL, 0}};
         kinbox_relay_t *r = relay_new(wc);
-        cr_assert(eq(int,
-                     kinbox_relay_register_action(r, "count", count_action,
-                                                  NULL),
-                     KINBOX_OK));
+        cr_assert(eq(
+            int, kinbox_relay_register_action(r, "count", count_action, NULL),
+            KINBOX_OK));
         trelay_t tr;
         relay_start(&tr, r);
         cr_assert(wait_q(url, 1, 30,
@@ -224,19 +223,17 @@ Test(walrelay, parity_with_polling, .timeout = 180)
                 cr_assert(b != NULL);
                 bool same_key = (!a->key) == (!b->key) &&
                                 (!a->key || !strcmp(a->key, b->key));
-                bool same_value =
-                    a->value_size == b->value_size &&
-                    (!a->value) == (!b->value) &&
-                    (!a->value_size ||
-                     !memcmp(a->value, b->value, a->value_size));
+                bool same_value = a->value_size == b->value_size &&
+                                  (!a->value) == (!b->value) &&
+                                  (!a->value_size ||
+                                   !memcmp(a->value, b->value, a->value_size));
                 cr_assert(same_key, "%s: keys differ", a->msgid);
                 cr_assert(same_value, "%s: values differ", a->msgid);
                 cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
                           a->msgid);
                 if (a->key)
                         cr_assert(eq(int, a->partition, b->partition));
-                cr_assert(same_headers(a, b), "%s: headers differ",
-                          a->msgid);
+                cr_assert(same_headers(a, b), "%s: headers differ", a->msgid);
         }
         msgs_free(&all);
         drop_slot(url, slot);
@@ -362,8 +359,8 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
                                  "[relay]\nenabled = true\nsource = wal\n"
                                  "slot = %s\n",
                                  slot);
-        cr_assert(eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini),
-                     0));
+        cr_assert(
+            eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini), 0));
         char *log = kt_tmp("wal_kill_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(wait_q(url, 1, 30,
@@ -399,10 +396,11 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
         cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
                     expect, got.n, dups);
         /* Nothing in the table was touched. */
-        cr_assert(eq(i64,
-                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
-                                   "WHERE status <> 'pending' OR version <> 0"),
-                     0));
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                             "WHERE status <> 'pending' OR version <> 0"),
+               0));
         msgs_free(&got);
         drop_slot(url, slot);
 }
@@ -601,8 +599,7 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
 
 /* -------------------------------------------------------- refusals */
 
-static int
-sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static int
 sh(const char *fmt, ...)
@@ -653,8 +650,9 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
         cr_assert(at != NULL);
         char rurl[600];
         snprintf(rurl, sizeof(rurl), "postgresql://%s:pw%s", role, at);
-        char *ini = kt_write_ini(rurl, "[relay]\nenabled = true\n"
-                                       "source = wal\nslot = %s\n",
+        char *ini = kt_write_ini(rurl,
+                                 "[relay]\nenabled = true\n"
+                                 "source = wal\nslot = %s\n",
                                  role);
         char *out = NULL;
         cr_assert(eq(int, run_refused(ini, &out), 2), "%s", out);
@@ -679,8 +677,9 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
                 kt_exec(url, sql);
         }
         char *slot = kt_unique("kbt_none");
-        ini = kt_write_ini(url, "[relay]\nenabled = true\nsource = wal\n"
-                                "slot = %s\n",
+        ini = kt_write_ini(url,
+                           "[relay]\nenabled = true\nsource = wal\n"
+                           "slot = %s\n",
                            slot);
         int run_rc = run_refused(ini, &out);
         int mig_rc = kinbox_cmd("migrate", ini, &out);
