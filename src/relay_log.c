@@ -135,9 +135,14 @@ static int
 rec_dead(lrelay_t *L, int64_t row_id, const char *why,
          const kinbox__logpos_t *pos, const void *bytes, size_t size)
 {
-        rlog(L->r, KINBOX_LOG_WARNING, "relay (%s): %s %" PRId64 " dead: %s",
-             L->src.ops->name, row_id ? "outbox row" : "message at",
-             row_id ? row_id : (int64_t)pos->lsn, why);
+        if (row_id)
+                rlog(L->r, KINBOX_LOG_WARNING,
+                     "relay (%s): outbox row %" PRId64 " dead: %s",
+                     L->src.ops->name, row_id, why);
+        else
+                rlog(L->r, KINBOX_LOG_WARNING,
+                     "relay (%s): message at %X/%X dead: %s", L->src.ops->name,
+                     (unsigned)(pos->lsn >> 32), (unsigned)pos->lsn, why);
         int rc = L->src.ops->dead(&L->src, row_id, why, pos, bytes, size);
         if (rc) {
                 rlog(L->r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);

@@ -751,3 +751,141 @@ Test(walrelay, refuse_wal_level, .timeout = 180)
         free(mig);
         free(run);
 }
+
+/* ------------------------------------------------ table-less events */
+
+static void
+emit(PGconn *c, const char *topic, const char *idem, const char *agg,
+     const char *payload, const kinbox_header_t *h, size_t nh)
+{
+        kinbox_outbox_msg_t m = {.destination = topic,
+                                 .idem_key = idem,
+                                 .aggregate_id = agg,
+                                 .payload = payload,
+                                 .payload_size = payload ? strlen(payload) : 0,
+                                 .headers = h,
+                                 .header_count = nh};
+        char err[300];
+        cr_assert(
+            eq(int, kinbox_outbox_emit_pg(c, &m, err, sizeof(err)), KINBOX_OK),
+            "%s", err);
+}
+
+/*
+ * kinbox_outbox_emit_pg(): published like a table row (key, payload,
+ * headers, message_id), never when rolled back, with no table row; bad
+ * envelopes under kinbox's prefix (unknown version, truncated, another
+ * writer's) are dead-lettered with their bytes while the relay goes on.
+ */
+Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_emit");
+        char *slot = kt_unique("kbt_emit");
+        kt_topic(topic, 4);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        tconn_t c;
+        tc_open(&c, PG, url);
+        kinbox_header_t hdrs[] = {{"h1", "v1", 2}, {"nul", NULL, 0}};
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "m-1", "agg-1", "one", hdrs, 2);
+        emit(c.pg, topic, "m-2", "agg-1", NULL, NULL, 0);
+        kinbox_outbox_msg_t row = {.destination = topic,
+                                   .idem_key = "row-3",
+                                   .aggregate_id = "agg-1",
+                                   .payload = "three",
+                                   .payload_size = 5};
+        cr_assert(eq(int, tc_append(&c, &row, NULL), KINBOX_OK));
+        emit(c.pg, topic, "m-4", NULL, "four", NULL, 0);
+        tc_sql(&c, "COMMIT");
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "rolled-back", "agg-1", "no", NULL, 0);
+        tc_sql(&c, "ROLLBACK");
+        /* An action needs the table. */
+        kinbox_outbox_msg_t act = {.destination = "action:x", .idem_key = "a"};
+        char err[300];
+        cr_assert(eq(int, kinbox_outbox_emit_pg(c.pg, &act, err, sizeof(err)),
+                     KINBOX_ERR_INVALID));
+        /* Bad envelopes: unknown version, truncated, another writer's. */
+        tc_sql(&c, "BEGIN");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1',"
+                   " '\\x02000000'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1',"
+                   " '\\x0100000010616263'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.audit',"
+                   " 'hello'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'someone.else',"
+                   " 'ignored'::bytea)");
+        tc_sql(&c, "COMMIT");
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "m-5", "agg-1", "five", NULL, 0);
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+
+        tmsgs_t got;
+        consume(bootstrap, topic, 5, 30, 1500, &got);
+        cr_assert(eq(sz, got.n, 5), "%zu messages", got.n);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        char id[300];
+        const char *agg1[] = {"m-1", "m-2", "row-3", "m-5"};
+        int k = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                cr_assert(strstr(m->msgid, "rolled-back") == NULL);
+                if (m->key && !strcmp(m->key, "agg-1")) {
+                        snprintf(id, sizeof(id), "%s:%s", topic, agg1[k++]);
+                        cr_assert(eq(str, m->msgid, id), "order");
+                }
+        }
+        cr_assert(eq(int, k, 4));
+        snprintf(id, sizeof(id), "%s:m-1", topic);
+        const tmsg_t *m1 = find_msgid(&got, id);
+        cr_assert(m1 && m1->value_size == 3 && !memcmp(m1->value, "one", 3));
+        cr_assert(eq(sz, rd_kafka_header_cnt(m1->hdrs), 3));
+        const void *hv;
+        size_t hn;
+        bool h1 = !rd_kafka_header_get_last(m1->hdrs, "h1", &hv, &hn) &&
+                  hn == 2 && !memcmp(hv, "v1", 2);
+        cr_assert(h1, "header h1");
+        snprintf(id, sizeof(id), "%s:m-2", topic);
+        const tmsg_t *m2 = find_msgid(&got, id);
+        cr_assert(m2 && m2->value == NULL, "m-2: null value");
+        snprintf(id, sizeof(id), "%s:m-4", topic);
+        const tmsg_t *m4 = find_msgid(&got, id);
+        cr_assert(m4 && m4->key == NULL);
+        msgs_free(&got);
+        /* One table row (row-3, pending, untouched); the three bad
+         * envelopes dead with their bytes and the reason. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status = 'pending'"),
+                     1));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND destination = "
+                            "'kinbox.invalid' AND idem_key LIKE 'wal:%'"),
+               3));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND ("
+                            "(payload = '\\x02000000'::bytea AND "
+                            "last_error LIKE '%unknown version 2%') OR "
+                            "(payload = '\\x0100000010616263'::bytea AND "
+                            "last_error LIKE '%truncated%') OR "
+                            "(payload = 'hello'::bytea AND "
+                            "last_error LIKE '%kinbox.audit%'))"),
+               3));
+        drop_slot(url, slot);
+}

@@ -572,6 +572,7 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .heads_scan = HEADS_SCAN "1000",
     .affected = pg_affected,
     .append = append_sql,
+    .emit = KINBOX__PG_EMIT_SQL,
     .append_id = pg_append_id,
     .requeue_id =
         "WITH u AS (" REQUEUE_SET "WHERE id = $1::bigint AND status IN "

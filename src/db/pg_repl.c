@@ -904,6 +904,32 @@ repl_close(kinbox__logsrc_t *s)
         s->impl = NULL;
 }
 
+kinbox_err_t
+kinbox__pg_outbox_emit(struct pg_conn *conn, const void *env, size_t n,
+                       char *errstr, size_t errstr_size)
+{
+        const char *v[1] = {env};
+        int len[1] = {(int)n}, fmt[1] = {1};
+        PGresult *res =
+            PQexecParams(conn, KINBOX__PG_EMIT_SQL, 1, NULL, v, len, fmt, 0);
+        if (res && PQresultStatus(res) == PGRES_TUPLES_OK) {
+                PQclear(res);
+                return KINBOX_OK;
+        }
+        const char *st =
+            res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+        kinbox__errstr(errstr, errstr_size, "outbox emit: SQLSTATE %s: %s",
+                       st ? st : "?????",
+                       res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
+        PQclear(res);
+        if (PQstatus(conn) != CONNECTION_OK)
+                return KINBOX_ERR_DB_CONN;
+        if (st && (!strcmp(st, "40P01") || !strcmp(st, "40001") ||
+                   !strcmp(st, "55P03")))
+                return KINBOX_ERR_TRANSIENT;
+        return KINBOX_ERR_DB;
+}
+
 const kinbox__logsrc_ops_t kinbox__pg_repl_ops = {
     .name = "wal",
     .open = repl_open,
