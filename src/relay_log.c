@@ -37,6 +37,7 @@
 #define LOG_INFLIGHT_MAX 50000 /* records in flight before reading waits */
 #define LOG_BURST 2000 /* events read before serving delivery reports */
 #define LOG_WAIT_MS 100 /* a read's wait while nothing is in flight */
+#define LAG_EVERY_MS 10000 /* the slot's figures, this often */
 
 typedef struct wtx wtx_t;
 
@@ -70,6 +71,9 @@ typedef struct lrelay {
         bool opened, started;
         pthread_t thr;
         int rc; /* why the thread stopped the relay (0: it did not) */
+        char labels[300]; /* relay="NAME" */
+        uint64_t acked, dead; /* not yet added to the metrics */
+        int64_t lag_at; /* the slot's figures sampled at (monotonic) */
 } lrelay_t;
 
 static void
@@ -149,6 +153,7 @@ rec_dead(lrelay_t *L, int64_t row_id, const char *why,
                 return rc;
         }
         STAT_ADD(L->r, dead, 1);
+        L->dead++;
         return 0;
 }
 
@@ -298,8 +303,14 @@ advance(lrelay_t *L)
                                         it->produced = false;
                                         return KINBOX_ERR_KAFKA;
                                 }
-                                STAT_ADD(L->r, published, 1);
+                                L->acked++;
                                 L->progress_ms = kinbox__now_ms();
+                                kinbox__m_observe(
+                                    "kinbox_relay_commit_to_publish_seconds",
+                                    L->labels,
+                                    (double)(kinbox__wall_ms() -
+                                             it->created_at_ms) /
+                                        1000.0);
                         }
                         t->done++;
                 }
@@ -339,6 +350,51 @@ unreported(const lrelay_t *L)
         return n;
 }
 
+/* The counters of the last round, and every LAG_EVERY_MS the slot's
+ * figures (a query on the source's own connection). */
+static void
+log_metrics(lrelay_t *L)
+{
+        if (L->acked) {
+                STAT_ADD(L->r, published, L->acked);
+                kinbox__m_add("kinbox_relay_published_total", L->labels,
+                              (double)L->acked);
+                L->acked = 0;
+        }
+        if (L->dead) {
+                kinbox__m_add("kinbox_relay_dead_total", L->labels,
+                              (double)L->dead);
+                L->dead = 0;
+        }
+        int64_t now = kinbox__now_ms();
+        if (now - L->lag_at < LAG_EVERY_MS)
+                return;
+        L->lag_at = now;
+        kinbox__m_set("kinbox_relay_inflight_transactions", L->labels, L->ntx);
+        kinbox__m_set("kinbox_relay_oldest_unconfirmed_seconds", L->labels,
+                      L->head && L->head->commit_ms
+                          ? (double)(kinbox__wall_ms() - L->head->commit_ms) /
+                                1000.0
+                          : 0);
+        kinbox__loglag_t lag;
+        if (!L->src.ops->lag || L->src.ops->lag(&L->src, &lag))
+                return;
+        char sl[400];
+        snprintf(sl, sizeof(sl), "%s,slot=\"%s\"", L->labels, L->src.slot);
+        if (lag.retained_bytes >= 0)
+                kinbox__m_set("kinbox_relay_slot_lag_bytes", sl,
+                              (double)lag.retained_bytes);
+        static const char *const states[] = {"reserved", "extended",
+                                             "unreserved", "lost"};
+        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(states) && lag.state[0];
+             i++) {
+                char st[500];
+                snprintf(st, sizeof(st), "%s,status=\"%s\"", sl, states[i]);
+                kinbox__m_set("kinbox_relay_slot_wal_status", st,
+                              !strcmp(lag.state, states[i]));
+        }
+}
+
 /* Read a burst of events, serve delivery reports, confirm what is done.
  * <0: restart from the confirmed position. */
 static int
@@ -372,6 +428,7 @@ pump(lrelay_t *L)
         }
         if (rc >= 0 && rd_kafka_fatal_error(L->rk, NULL, 0))
                 rc = KINBOX_ERR_KAFKA;
+        log_metrics(L);
         return rc;
 }
 
@@ -531,6 +588,9 @@ log_new(kinbox_relay_t *r, const kinbox_conf_t *conf, kinbox__db_t *db,
         L->src.url = db->url;
         L->src.password = db->password;
         L->src.slot = slot_name(conf);
+        const char *name = kinbox__settings_of(conf)->name;
+        kinbox__m_labels(L->labels, sizeof(L->labels), "relay",
+                         name ? name : "", (char *)NULL);
         *rc = !L->src.ops    ? KINBOX_ERR_CONFIG
               : !L->src.slot ? KINBOX_ERR_NOMEM
                              : KINBOX_OK;

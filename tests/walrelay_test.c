@@ -13,6 +13,8 @@
  */
 #include "outbox_common.h"
 
+#include "metrics.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -186,6 +188,18 @@ Test(walrelay, parity_with_polling, .timeout = 180)
         kinbox_relay_stats(r, &st);
         cr_assert(eq(u64, st.published, (uint64_t)n));
         kinbox_relay_destroy(r);
+        /* The operator's figures: the slot sampled at the start. */
+        char lb[300];
+        snprintf(lb, sizeof(lb),
+                 "relay=\"outbox-test\",slot=\"%s\",status=\"reserved\"",
+                 slot);
+        cr_assert(kinbox__metrics_value("kinbox_relay_slot_wal_status", lb) ==
+                  1.0);
+        snprintf(lb, sizeof(lb), "relay=\"outbox-test\",slot=\"%s\"", slot);
+        cr_assert(kinbox__metrics_value("kinbox_relay_slot_lag_bytes", lb) >=
+                  0.0);
+        cr_assert(kinbox__metrics_value("kinbox_relay_published_total",
+                                        "relay=\"outbox-test\"") >= n);
         /* Not one event row was updated: all still pending, version 0. */
         cr_assert(eq(i64,
                      kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "

@@ -805,23 +805,16 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
         return KINBOX_ERR_DB_CONN;
 }
 
+static PGconn *plain(kinbox__logsrc_t *s, repl_t *x, int *rc);
+
 static int
 repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
           const kinbox__logpos_t *pos, const void *bytes, size_t size)
 {
         repl_t *x = s->impl;
-        if (x->plain && PQstatus(x->plain) != CONNECTION_OK) {
-                PQfinish(x->plain);
-                x->plain = NULL;
-        }
-        if (!x->plain) {
-                x->plain = connect_pg(s, false);
-                if (!x->plain || PQstatus(x->plain) != CONNECTION_OK) {
-                        int rc = conn_failed(s, x->plain, "cannot connect");
-                        x->plain = NULL;
-                        return rc;
-                }
-        }
+        int rc = KINBOX_ERR_DB;
+        if (!plain(s, x, &rc))
+                return rc;
         char id[24], key[160];
         PGresult *res;
         if (row_id > 0) {
@@ -847,7 +840,7 @@ repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
                     " ON CONFLICT DO NOTHING",
                     3, NULL, p, len, fmt, 0);
         }
-        int rc = KINBOX_OK;
+        rc = KINBOX_OK;
         if (PQresultStatus(res) != PGRES_COMMAND_OK) {
                 seterr(s, "relay.source = wal: recording a dead record: %s",
                        PQerrorMessage(x->plain));
@@ -858,17 +851,35 @@ repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
         return rc;
 }
 
+/* The source's plain connection (dead records, the slot's figures),
+ * made on first need and again after it was lost; NULL with s->err. */
+static PGconn *
+plain(kinbox__logsrc_t *s, repl_t *x, int *rc)
+{
+        if (x->plain && PQstatus(x->plain) != CONNECTION_OK) {
+                PQfinish(x->plain);
+                x->plain = NULL;
+        }
+        if (!x->plain) {
+                x->plain = connect_pg(s, false);
+                if (!x->plain || PQstatus(x->plain) != CONNECTION_OK) {
+                        *rc = conn_failed(s, x->plain, "cannot connect");
+                        x->plain = NULL;
+                }
+        }
+        return x->plain;
+}
+
 static int
 repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
 {
         out->retained_bytes = -1;
         out->state[0] = '\0';
-        PGconn *c = connect_pg(s, false);
-        if (!c || PQstatus(c) != CONNECTION_OK) {
-                if (c)
-                        PQfinish(c);
-                return KINBOX_ERR_DB_CONN;
-        }
+        repl_t *x = s->impl;
+        int rc = KINBOX_ERR_DB;
+        PGconn *c = x ? plain(s, x, &rc) : NULL;
+        if (!c)
+                return rc;
         const char *p[1] = {s->slot};
         PGresult *res = PQexecParams(
             c,
@@ -877,7 +888,6 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
             " coalesce(wal_status, '') FROM pg_replication_slots"
             " WHERE slot_name = $1",
             1, NULL, p, NULL, NULL, 0);
-        int rc = KINBOX_ERR_DB;
         if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
                 out->retained_bytes =
                     PQgetisnull(res, 0, 0)
@@ -888,7 +898,6 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
                 rc = KINBOX_OK;
         }
         PQclear(res);
-        PQfinish(c);
         return rc;
 }
 
