@@ -672,3 +672,28 @@ kinbox__relay_log_check(const kinbox_conf_t *conf, char *errstr, size_t sz)
         kinbox__db_destroy(db);
         return rc;
 }
+
+int
+kinbox__relay_log_lag(const kinbox_conf_t *conf, char *slot, size_t slotsz,
+                      kinbox__loglag_t *out, char *errstr, size_t sz)
+{
+        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
+        if (!db)
+                return KINBOX_ERR_CONFIG;
+        kinbox_relay_t fake;
+        memset(&fake, 0, sizeof(fake));
+        kinbox__conf_logger(conf, &fake.log);
+        int rc;
+        lrelay_t *L = log_new(&fake, conf, db, &rc);
+        if (L) {
+                snprintf(slot, slotsz, "%s", L->src.slot);
+                rc = L->src.ops->lag ? L->src.ops->lag(&L->src, out)
+                                     : KINBOX_ERR_INVALID;
+                kinbox__errstr(errstr, sz, "%s", L->src.err);
+                log_free(L);
+        } else {
+                kinbox__errstr(errstr, sz, "%s", fake.errstr);
+        }
+        kinbox__db_destroy(db);
+        return rc;
+}

@@ -32,4 +32,11 @@ bool kinbox__relay_log_active(const struct kinbox_relay_s *r);
 int kinbox__relay_log_check(const struct kinbox_conf_s *conf, char *errstr,
                             size_t errsz);
 
+/* kinbox status: the name of relay.source's slot (reader) and its
+ * figures (-1 / "" unknown), on a connection of its own. 0, or an error
+ * with errstr. */
+int kinbox__relay_log_lag(const struct kinbox_conf_s *conf, char *slot,
+                          size_t slotsz, kinbox__loglag_t *out, char *errstr,
+                          size_t errsz);
+
 #endif

@@ -409,6 +409,15 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
         check_stream(&got, ws, 2, &dups);
         cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
                     expect, got.n, dups);
+        /* kinbox status names the slot and what it keeps. */
+        char *st = NULL;
+        cr_assert(eq(int, kt_kinbox(&st, NULL, true, "status -c %s", ini), 0),
+                  "%s", st);
+        char want[300];
+        snprintf(want, sizeof(want), "Log relay: slot %s, wal_status reserved",
+                 slot);
+        cr_assert(strstr(st, want) != NULL, "%s", st);
+        free(st);
         /* Nothing in the table was touched. */
         cr_assert(
             eq(i64,

@@ -875,9 +875,13 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
 {
         out->retained_bytes = -1;
         out->state[0] = '\0';
-        repl_t *x = s->impl;
+        repl_t *x = s->impl, tmp;
         int rc = KINBOX_ERR_DB;
-        PGconn *c = x ? plain(s, x, &rc) : NULL;
+        if (!x) { /* not opened (kinbox status): a connection for this */
+                memset(&tmp, 0, sizeof(tmp));
+                x = &tmp;
+        }
+        PGconn *c = plain(s, x, &rc);
         if (!c)
                 return rc;
         const char *p[1] = {s->slot};
@@ -896,8 +900,13 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
                 snprintf(out->state, sizeof(out->state), "%s",
                          PQgetvalue(res, 0, 1));
                 rc = KINBOX_OK;
+        } else {
+                seterr(s, "relay.source = wal: reading slot %s: %s", s->slot,
+                       PQntuples(res) ? PQerrorMessage(c) : "no such slot");
         }
         PQclear(res);
+        if (x == &tmp)
+                PQfinish(tmp.plain);
         return rc;
 }
 
