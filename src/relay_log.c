@@ -172,7 +172,8 @@ too_large(lrelay_t *L, const item_t *it, char *err, size_t errsz)
         if (limit <= 0 || (int64_t)sz <= limit)
                 return false;
         snprintf(err, errsz,
-                 "the record (%zu bytes of key and value) is larger than "
+                 "MSG_SIZE_TOO_LARGE: the record (%zu bytes of key and "
+                 "value) is larger than "
                  "topic %s's max.message.bytes (%" PRId64
                  "): it cannot be published as written",
                  sz, it->destination, limit);
