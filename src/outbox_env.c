@@ -11,6 +11,8 @@
 
 #include "outbox_env.h"
 #include "outbox_int.h"
+#include "tx.h"
+#include "wake.h"
 
 #define NULL_LEN 0xFFFFFFFFu
 #define NFIELDS 5
@@ -57,8 +59,7 @@ kinbox__outbox_env_encode(const kinbox_outbox_msg_t *m, kinbox__buf_t *b,
         put_field(b, m->idem_key, strlen(m->idem_key));
         put_field(b, pr.has_headers ? pr.headers.p : NULL,
                   pr.has_headers ? pr.headers.len : 0);
-        put_field(b, m->payload,
-                  m->payload_size);
+        put_field(b, m->payload, m->payload_size);
         kinbox__outbox_prepared_free(&pr);
         if (b->oom) {
                 kinbox__errstr(why, whysz, "out of memory");
@@ -80,9 +81,8 @@ text_ok(const unsigned char *p, uint32_t len, bool required, size_t max)
 }
 
 int
-kinbox__outbox_env_decode(const char *prefix, const unsigned char *p,
-                          size_t n, kinbox__outbox_env_t *out, char *why,
-                          size_t whysz)
+kinbox__outbox_env_decode(const char *prefix, const unsigned char *p, size_t n,
+                          kinbox__outbox_env_t *out, char *why, size_t whysz)
 {
         memset(out, 0, sizeof(*out));
         if (!prefix || strcmp(prefix, KINBOX__ENV_PREFIX)) {
@@ -172,4 +172,60 @@ kinbox__outbox_env_free(kinbox__outbox_env_t *e)
 {
         free(e->mem);
         e->mem = NULL;
+}
+
+/* ------------------------------------------------------- the writers */
+
+kinbox_err_t
+kinbox_outbox_emit_pg(struct pg_conn *conn, const kinbox_outbox_msg_t *m,
+                      char *errstr, size_t errstr_size)
+{
+        if (!conn) {
+                kinbox__errstr(errstr, errstr_size, "no connection");
+                return KINBOX_ERR_INVALID;
+        }
+        kinbox__outbox_trace_t ot;
+        m = kinbox__outbox_trace_begin(&ot, m, NULL);
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox_err_t rc = KINBOX_ERR_INVALID;
+        if (!kinbox__outbox_env_encode(m, &b, errstr, errstr_size))
+                rc = kinbox__pg_outbox_emit(conn, b.p, b.len, errstr,
+                                            errstr_size);
+        kinbox__buf_free(&b);
+        kinbox__outbox_trace_end(&ot, rc, 0);
+        return rc;
+}
+
+kinbox_err_t
+kinbox_outbox_emit(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m)
+{
+        if (!tx)
+                return KINBOX_ERR_INVALID;
+        kinbox__db_t *db = kinbox__tx_db(tx);
+        int tag = kinbox__tx_tag(tx);
+        char err[256];
+        if (!db->ops->outbox->emit) {
+                kinbox__db_seterr(db, KINBOX_ERR_INVALID, "", 0, tag,
+                                  "outbox emit: needs PostgreSQL (%s has no "
+                                  "logical messages): use "
+                                  "kinbox_outbox_append()",
+                                  db->ops->name);
+                return KINBOX_ERR_INVALID;
+        }
+        kinbox__outbox_trace_t ot;
+        m = kinbox__outbox_trace_begin(&ot, m, kinbox__tx_msg(tx));
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        kinbox_err_t rc = KINBOX_ERR_INVALID;
+        if (kinbox__outbox_env_encode(m, &b, err, sizeof(err))) {
+                kinbox__db_seterr(db, rc, "", 0, tag, "%s", err);
+        } else {
+                kinbox__param_t p[1] = {{b.p, b.len, 1}};
+                rc = (kinbox_err_t)db->ops->exec(db, db->ops->outbox->emit, 1,
+                                                 p, tag);
+        }
+        kinbox__buf_free(&b);
+        kinbox__outbox_trace_end(&ot, rc, 0);
+        return rc;
 }

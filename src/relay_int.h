@@ -302,15 +302,4 @@ bool kinbox__relay_wait(kinbox_relay_t *r, int64_t ms);
 /* Nothing in flight, the last claim found nothing: wait for work. */
 void kinbox__relay_idle(kinbox_relay_t *r, bool *more, bool last_claim_empty);
 
-/* ---- relay_binlog.c: relay.source = binlog, for outbox resend */
-/* The binlog readers' name: relay.slot, else name. */
-const char *kinbox__relay_binlog_name(const kinbox_conf_t *conf);
-/* Take the readers' lock on db (KINBOX_ERR_STATE: a relay holds it) and
- * give the binlog's position now (*pos malloc'ed). */
-int kinbox__relay_binlog_hold(kinbox__db_t *db, const char *name, char **pos,
-                              char *err, size_t sz);
-/* Store pos as the readers' position. */
-int kinbox__relay_binlog_set(kinbox__db_t *db, const char *name,
-                             const char *pos, char *err, size_t sz);
-
 #endif

@@ -37,6 +37,7 @@
 #define LOG_INFLIGHT_MAX 50000 /* records in flight before reading waits */
 #define LOG_BURST 2000 /* events read before serving delivery reports */
 #define LOG_WAIT_MS 100 /* a read's wait while nothing is in flight */
+#define LAG_EVERY_MS 10000 /* the slot's figures, this often */
 
 typedef struct wtx wtx_t;
 
@@ -70,6 +71,9 @@ typedef struct lrelay {
         bool opened, started;
         pthread_t thr;
         int rc; /* why the thread stopped the relay (0: it did not) */
+        char labels[300]; /* relay="NAME" */
+        uint64_t acked, dead; /* not yet added to the metrics */
+        int64_t lag_at; /* the slot's figures sampled at (monotonic) */
 } lrelay_t;
 
 static void
@@ -135,16 +139,21 @@ static int
 rec_dead(lrelay_t *L, int64_t row_id, const char *why,
          const kinbox__logpos_t *pos, const void *bytes, size_t size)
 {
-        rlog(L->r, KINBOX_LOG_WARNING,
-             "relay (%s): %s %" PRId64 " dead: %s", L->src.ops->name,
-             row_id ? "outbox row" : "message at", row_id ? row_id : (int64_t)
-             pos->lsn, why);
+        if (row_id)
+                rlog(L->r, KINBOX_LOG_WARNING,
+                     "relay (%s): outbox row %" PRId64 " dead: %s",
+                     L->src.ops->name, row_id, why);
+        else
+                rlog(L->r, KINBOX_LOG_WARNING,
+                     "relay (%s): message at %X/%X dead: %s", L->src.ops->name,
+                     (unsigned)(pos->lsn >> 32), (unsigned)pos->lsn, why);
         int rc = L->src.ops->dead(&L->src, row_id, why, pos, bytes, size);
         if (rc) {
                 rlog(L->r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
                 return rc;
         }
         STAT_ADD(L->r, dead, 1);
+        L->dead++;
         return 0;
 }
 
@@ -163,7 +172,8 @@ too_large(lrelay_t *L, const item_t *it, char *err, size_t errsz)
         if (limit <= 0 || (int64_t)sz <= limit)
                 return false;
         snprintf(err, errsz,
-                 "the record (%zu bytes of key and value) is larger than "
+                 "MSG_SIZE_TOO_LARGE: the record (%zu bytes of key and "
+                 "value) is larger than "
                  "topic %s's max.message.bytes (%" PRId64
                  "): it cannot be published as written",
                  sz, it->destination, limit);
@@ -196,7 +206,8 @@ publish(lrelay_t *L, wtx_t *t, wrec_t *w, const kinbox__logpos_t *pos)
                 w->it.dr_done = true; /* done: dead, not published */
                 return rec_dead(L, w->it.id, w->it.err, pos, NULL, 0);
         }
-        rlog(L->r, KINBOX_LOG_WARNING, "relay (%s): outbox row %" PRId64
+        rlog(L->r, KINBOX_LOG_WARNING,
+             "relay (%s): outbox row %" PRId64
              ": %s; starting again from the confirmed position",
              L->src.ops->name, w->it.id, w->it.err[0] ? w->it.err : "produce");
         return KINBOX_ERR_KAFKA;
@@ -293,8 +304,14 @@ advance(lrelay_t *L)
                                         it->produced = false;
                                         return KINBOX_ERR_KAFKA;
                                 }
-                                STAT_ADD(L->r, published, 1);
+                                L->acked++;
                                 L->progress_ms = kinbox__now_ms();
+                                kinbox__m_observe(
+                                    "kinbox_relay_commit_to_publish_seconds",
+                                    L->labels,
+                                    (double)(kinbox__wall_ms() -
+                                             it->created_at_ms) /
+                                        1000.0);
                         }
                         t->done++;
                 }
@@ -329,9 +346,54 @@ unreported(const lrelay_t *L)
         size_t n = 0;
         for (const wtx_t *t = L->head; t; t = t->next)
                 for (size_t i = t->done; i < t->n; i++)
-                        n += t->recs[i]->it.produced &&
-                             !t->recs[i]->it.dr_done;
+                        n +=
+                            t->recs[i]->it.produced && !t->recs[i]->it.dr_done;
         return n;
+}
+
+/* The counters of the last round, and every LAG_EVERY_MS the slot's
+ * figures (a query on the source's own connection). */
+static void
+log_metrics(lrelay_t *L)
+{
+        if (L->acked) {
+                STAT_ADD(L->r, published, L->acked);
+                kinbox__m_add("kinbox_relay_published_total", L->labels,
+                              (double)L->acked);
+                L->acked = 0;
+        }
+        if (L->dead) {
+                kinbox__m_add("kinbox_relay_dead_total", L->labels,
+                              (double)L->dead);
+                L->dead = 0;
+        }
+        int64_t now = kinbox__now_ms();
+        if (now - L->lag_at < LAG_EVERY_MS)
+                return;
+        L->lag_at = now;
+        kinbox__m_set("kinbox_relay_inflight_transactions", L->labels, L->ntx);
+        kinbox__m_set("kinbox_relay_oldest_unconfirmed_seconds", L->labels,
+                      L->head && L->head->commit_ms
+                          ? (double)(kinbox__wall_ms() - L->head->commit_ms) /
+                                1000.0
+                          : 0);
+        kinbox__loglag_t lag;
+        if (!L->src.ops->lag || L->src.ops->lag(&L->src, &lag))
+                return;
+        char sl[400];
+        snprintf(sl, sizeof(sl), "%s,slot=\"%s\"", L->labels, L->src.slot);
+        if (lag.retained_bytes >= 0)
+                kinbox__m_set("kinbox_relay_slot_lag_bytes", sl,
+                              (double)lag.retained_bytes);
+        static const char *const states[] = {"reserved", "extended",
+                                             "unreserved", "lost"};
+        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(states) && lag.state[0];
+             i++) {
+                char st[500];
+                snprintf(st, sizeof(st), "%s,status=\"%s\"", sl, states[i]);
+                kinbox__m_set("kinbox_relay_slot_wal_status", st,
+                              !strcmp(lag.state, states[i]));
+        }
 }
 
 /* Read a burst of events, serve delivery reports, confirm what is done.
@@ -367,6 +429,7 @@ pump(lrelay_t *L)
         }
         if (rc >= 0 && rd_kafka_fatal_error(L->rk, NULL, 0))
                 rc = KINBOX_ERR_KAFKA;
+        log_metrics(L);
         return rc;
 }
 
@@ -454,9 +517,8 @@ log_main(void *arg)
                         break;
                 }
                 STAT_ADD(r, db_errors, 1);
-                kinbox__relay_wait(r, kinbox__backoff_ms(failures++,
-                                                         r->base_ms,
-                                                         r->cap_ms));
+                kinbox__relay_wait(
+                    r, kinbox__backoff_ms(failures++, r->base_ms, r->cap_ms));
         }
         wind_down(L);
         return NULL;
@@ -476,28 +538,29 @@ slot_name(const kinbox_conf_t *conf)
                 char c = *p;
                 if (c >= 'A' && c <= 'Z')
                         c = (char)(c - 'A' + 'a');
-                buf[o++] = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
-                               ? c
-                               : '_';
+                buf[o++] =
+                    (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
         }
         buf[o] = '\0';
         return kinbox__strdup(buf);
 }
 
-/* The source relay.source names on this backend; NULL with errstr. */
+/* The source relay.source names, when the backend has it; NULL with
+ * errstr. */
 static const kinbox__logsrc_ops_t *
-pick_source(const kinbox_conf_t *conf, kinbox_backend_t backend,
-            char *errstr, size_t sz)
+pick_source(const kinbox_conf_t *conf, const kinbox__db_t *db, char *errstr,
+            size_t sz)
 {
+        static const char *const names[] = {"poll", "wal", "binlog"};
         kinbox__source_t src = kinbox__settings_of(conf)->relay_source;
-        if (src == KINBOX__SOURCE_WAL && backend == KINBOX_BACKEND_POSTGRESQL)
-                return &kinbox__pg_repl_ops;
-        /* binlog: its open() refuses another backend than MariaDB. */
-        if (src == KINBOX__SOURCE_BINLOG)
-                return &kinbox__binlog_src_ops;
+        const kinbox__logsrc_ops_t *ops = db->ops->logsrc;
+        if (ops && !strcmp(ops->name, names[src]))
+                return ops;
         kinbox__errstr(errstr, sz,
-                       "relay.source = wal needs PostgreSQL (MariaDB: "
-                       "relay.source = binlog)");
+                       "relay.source = %s: not available on %s (wal: "
+                       "PostgreSQL; binlog: MariaDB%s)",
+                       names[src], db->ops->name,
+                       ops ? "" : "; not built yet");
         return NULL;
 }
 
@@ -520,14 +583,16 @@ log_new(kinbox_relay_t *r, const kinbox_conf_t *conf, kinbox__db_t *db,
                 return NULL;
         }
         L->r = r;
-        L->src.ops = pick_source(conf, db->backend, r->errstr,
-                                 sizeof(r->errstr));
+        L->src.ops = pick_source(conf, db, r->errstr, sizeof(r->errstr));
         L->src.conf = conf;
         L->src.log = &r->log;
         L->src.url = db->url;
         L->src.password = db->password;
         L->src.slot = slot_name(conf);
-        *rc = !L->src.ops ? KINBOX_ERR_CONFIG
+        const char *name = kinbox__settings_of(conf)->name;
+        kinbox__m_labels(L->labels, sizeof(L->labels), "relay",
+                         name ? name : "", (char *)NULL);
+        *rc = !L->src.ops    ? KINBOX_ERR_CONFIG
               : !L->src.slot ? KINBOX_ERR_NOMEM
                              : KINBOX_OK;
         if (*rc) {
@@ -600,6 +665,31 @@ kinbox__relay_log_check(const kinbox_conf_t *conf, char *errstr, size_t sz)
                 rc = L->src.ops->open(&L->src);
                 if (!rc)
                         L->src.ops->close(&L->src);
+                kinbox__errstr(errstr, sz, "%s", L->src.err);
+                log_free(L);
+        } else {
+                kinbox__errstr(errstr, sz, "%s", fake.errstr);
+        }
+        kinbox__db_destroy(db);
+        return rc;
+}
+
+int
+kinbox__relay_log_lag(const kinbox_conf_t *conf, char *slot, size_t slotsz,
+                      kinbox__loglag_t *out, char *errstr, size_t sz)
+{
+        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
+        if (!db)
+                return KINBOX_ERR_CONFIG;
+        kinbox_relay_t fake;
+        memset(&fake, 0, sizeof(fake));
+        kinbox__conf_logger(conf, &fake.log);
+        int rc;
+        lrelay_t *L = log_new(&fake, conf, db, &rc);
+        if (L) {
+                snprintf(slot, slotsz, "%s", L->src.slot);
+                rc = L->src.ops->lag ? L->src.ops->lag(&L->src, out)
+                                     : KINBOX_ERR_INVALID;
                 kinbox__errstr(errstr, sz, "%s", L->src.err);
                 log_free(L);
         } else {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "db/mysql_binlog.h"
 #include "relay_int.h"
 
 #define RESEND_PAGE 500
@@ -125,15 +126,15 @@ kinbox_outbox_resend(kinbox_conf_t *conf, int64_t since_ms, int64_t *published,
                 return KINBOX_ERR_CONFIG;
         }
         const kinbox__settings_t *st = kinbox__settings_of(conf);
-        const char *name = kinbox__relay_binlog_name(conf);
+        const char *name = kinbox__binlog_name(conf);
         bool binlog = st->relay_source == KINBOX__SOURCE_BINLOG;
         char *pos = NULL;
         int rc = kinbox__db_connect(r->db);
         if (rc)
                 kinbox__errstr(errstr, errstr_size, "%s", r->db->err.msg);
         if (!rc && binlog)
-                rc = kinbox__relay_binlog_hold(r->db, name, &pos, errstr,
-                                               errstr_size);
+                rc = kinbox__binlog_hold(r->db, name, &pos, errstr,
+                                         errstr_size);
         if (!rc && !(r->rk = kinbox__relay_producer_new(r))) {
                 kinbox__errstr(errstr, errstr_size, "%s", r->errstr);
                 rc = KINBOX_ERR_KAFKA;
@@ -141,8 +142,7 @@ kinbox_outbox_resend(kinbox_conf_t *conf, int64_t since_ms, int64_t *published,
         if (!rc)
                 rc = resend_rows(r, since_ms, published, errstr, errstr_size);
         if (!rc && binlog)
-                rc = kinbox__relay_binlog_set(r->db, name, pos, errstr,
-                                              errstr_size);
+                rc = kinbox__binlog_set(r->db, name, pos, errstr, errstr_size);
         free(pos);
         kinbox_relay_destroy(r);
         return rc;

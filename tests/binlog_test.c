@@ -365,9 +365,7 @@ Test(binlog, server_id_from_name)
         cr_expect(gt(u32, kinbox__binlog_server_id("kinbox"), 1));
 }
 
-/* ---- the source of the log relay (relay_binlog.c) */
-
-#include "relay_log.h"
+/* ---- the source of the log relay (mysql_binlog_src.c) */
 
 typedef struct src {
         kinbox__logsrc_t s;

@@ -13,6 +13,8 @@
  */
 #include "outbox_common.h"
 
+#include "metrics.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -132,10 +134,9 @@ Test(walrelay, parity_with_polling, .timeout = 180)
                                   {"binary", bin, sizeof(bin)},
                                   {"nullhdr", NULL, 0}};
         kinbox_relay_t *r = relay_new(wc);
-        cr_assert(eq(int,
-                     kinbox_relay_register_action(r, "count", count_action,
-                                                  NULL),
-                     KINBOX_OK));
+        cr_assert(eq(
+            int, kinbox_relay_register_action(r, "count", count_action, NULL),
+            KINBOX_OK));
         trelay_t tr;
         relay_start(&tr, r);
         cr_assert(wait_q(url, 1, 30,
@@ -187,6 +188,18 @@ Test(walrelay, parity_with_polling, .timeout = 180)
         kinbox_relay_stats(r, &st);
         cr_assert(eq(u64, st.published, (uint64_t)n));
         kinbox_relay_destroy(r);
+        /* The operator's figures: the slot sampled at the start. */
+        char lb[300];
+        snprintf(lb, sizeof(lb),
+                 "relay=\"outbox-test\",slot=\"%s\",status=\"reserved\"",
+                 slot);
+        cr_assert(kinbox__metrics_value("kinbox_relay_slot_wal_status", lb) ==
+                  1.0);
+        snprintf(lb, sizeof(lb), "relay=\"outbox-test\",slot=\"%s\"", slot);
+        cr_assert(kinbox__metrics_value("kinbox_relay_slot_lag_bytes", lb) >=
+                  0.0);
+        cr_assert(kinbox__metrics_value("kinbox_relay_published_total",
+                                        "relay=\"outbox-test\"") >= n);
         /* Not one event row was updated: all still pending, version 0. */
         cr_assert(eq(i64,
                      kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
@@ -224,19 +237,17 @@ Test(walrelay, parity_with_polling, .timeout = 180)
                 cr_assert(b != NULL);
                 bool same_key = (!a->key) == (!b->key) &&
                                 (!a->key || !strcmp(a->key, b->key));
-                bool same_value =
-                    a->value_size == b->value_size &&
-                    (!a->value) == (!b->value) &&
-                    (!a->value_size ||
-                     !memcmp(a->value, b->value, a->value_size));
+                bool same_value = a->value_size == b->value_size &&
+                                  (!a->value) == (!b->value) &&
+                                  (!a->value_size ||
+                                   !memcmp(a->value, b->value, a->value_size));
                 cr_assert(same_key, "%s: keys differ", a->msgid);
                 cr_assert(same_value, "%s: values differ", a->msgid);
                 cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
                           a->msgid);
                 if (a->key)
                         cr_assert(eq(int, a->partition, b->partition));
-                cr_assert(same_headers(a, b), "%s: headers differ",
-                          a->msgid);
+                cr_assert(same_headers(a, b), "%s: headers differ", a->msgid);
         }
         msgs_free(&all);
         drop_slot(url, slot);
@@ -362,8 +373,8 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
                                  "[relay]\nenabled = true\nsource = wal\n"
                                  "slot = %s\n",
                                  slot);
-        cr_assert(eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini),
-                     0));
+        cr_assert(
+            eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini), 0));
         char *log = kt_tmp("wal_kill_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(wait_q(url, 1, 30,
@@ -398,11 +409,21 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
         check_stream(&got, ws, 2, &dups);
         cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
                     expect, got.n, dups);
+        /* kinbox status names the slot and what it keeps. */
+        char *st = NULL;
+        cr_assert(eq(int, kt_kinbox(&st, NULL, true, "status -c %s", ini), 0),
+                  "%s", st);
+        char want[300];
+        snprintf(want, sizeof(want), "Log relay: slot %s, wal_status reserved",
+                 slot);
+        cr_assert(strstr(st, want) != NULL, "%s", st);
+        free(st);
         /* Nothing in the table was touched. */
-        cr_assert(eq(i64,
-                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
-                                   "WHERE status <> 'pending' OR version <> 0"),
-                     0));
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                             "WHERE status <> 'pending' OR version <> 0"),
+               0));
         msgs_free(&got);
         drop_slot(url, slot);
 }
@@ -601,8 +622,7 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
 
 /* -------------------------------------------------------- refusals */
 
-static int
-sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static int
 sh(const char *fmt, ...)
@@ -653,8 +673,9 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
         cr_assert(at != NULL);
         char rurl[600];
         snprintf(rurl, sizeof(rurl), "postgresql://%s:pw%s", role, at);
-        char *ini = kt_write_ini(rurl, "[relay]\nenabled = true\n"
-                                       "source = wal\nslot = %s\n",
+        char *ini = kt_write_ini(rurl,
+                                 "[relay]\nenabled = true\n"
+                                 "source = wal\nslot = %s\n",
                                  role);
         char *out = NULL;
         cr_assert(eq(int, run_refused(ini, &out), 2), "%s", out);
@@ -679,8 +700,9 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
                 kt_exec(url, sql);
         }
         char *slot = kt_unique("kbt_none");
-        ini = kt_write_ini(url, "[relay]\nenabled = true\nsource = wal\n"
-                                "slot = %s\n",
+        ini = kt_write_ini(url,
+                           "[relay]\nenabled = true\nsource = wal\n"
+                           "slot = %s\n",
                            slot);
         int run_rc = run_refused(ini, &out);
         int mig_rc = kinbox_cmd("migrate", ini, &out);
@@ -751,4 +773,142 @@ Test(walrelay, refuse_wal_level, .timeout = 180)
         cr_assert(strstr(run, "wal_level = logical") != NULL, "%s", run);
         free(mig);
         free(run);
+}
+
+/* ------------------------------------------------ table-less events */
+
+static void
+emit(PGconn *c, const char *topic, const char *idem, const char *agg,
+     const char *payload, const kinbox_header_t *h, size_t nh)
+{
+        kinbox_outbox_msg_t m = {.destination = topic,
+                                 .idem_key = idem,
+                                 .aggregate_id = agg,
+                                 .payload = payload,
+                                 .payload_size = payload ? strlen(payload) : 0,
+                                 .headers = h,
+                                 .header_count = nh};
+        char err[300];
+        cr_assert(
+            eq(int, kinbox_outbox_emit_pg(c, &m, err, sizeof(err)), KINBOX_OK),
+            "%s", err);
+}
+
+/*
+ * kinbox_outbox_emit_pg(): published like a table row (key, payload,
+ * headers, message_id), never when rolled back, with no table row; bad
+ * envelopes under kinbox's prefix (unknown version, truncated, another
+ * writer's) are dead-lettered with their bytes while the relay goes on.
+ */
+Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_emit");
+        char *slot = kt_unique("kbt_emit");
+        kt_topic(topic, 4);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        tconn_t c;
+        tc_open(&c, PG, url);
+        kinbox_header_t hdrs[] = {{"h1", "v1", 2}, {"nul", NULL, 0}};
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "m-1", "agg-1", "one", hdrs, 2);
+        emit(c.pg, topic, "m-2", "agg-1", NULL, NULL, 0);
+        kinbox_outbox_msg_t row = {.destination = topic,
+                                   .idem_key = "row-3",
+                                   .aggregate_id = "agg-1",
+                                   .payload = "three",
+                                   .payload_size = 5};
+        cr_assert(eq(int, tc_append(&c, &row, NULL), KINBOX_OK));
+        emit(c.pg, topic, "m-4", NULL, "four", NULL, 0);
+        tc_sql(&c, "COMMIT");
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "rolled-back", "agg-1", "no", NULL, 0);
+        tc_sql(&c, "ROLLBACK");
+        /* An action needs the table. */
+        kinbox_outbox_msg_t act = {.destination = "action:x", .idem_key = "a"};
+        char err[300];
+        cr_assert(eq(int, kinbox_outbox_emit_pg(c.pg, &act, err, sizeof(err)),
+                     KINBOX_ERR_INVALID));
+        /* Bad envelopes: unknown version, truncated, another writer's. */
+        tc_sql(&c, "BEGIN");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1',"
+                   " '\\x02000000'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1',"
+                   " '\\x0100000010616263'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.audit',"
+                   " 'hello'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'someone.else',"
+                   " 'ignored'::bytea)");
+        tc_sql(&c, "COMMIT");
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "m-5", "agg-1", "five", NULL, 0);
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+
+        tmsgs_t got;
+        consume(bootstrap, topic, 5, 30, 1500, &got);
+        cr_assert(eq(sz, got.n, 5), "%zu messages", got.n);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        char id[300];
+        const char *agg1[] = {"m-1", "m-2", "row-3", "m-5"};
+        int k = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                cr_assert(strstr(m->msgid, "rolled-back") == NULL);
+                if (m->key && !strcmp(m->key, "agg-1")) {
+                        snprintf(id, sizeof(id), "%s:%s", topic, agg1[k++]);
+                        cr_assert(eq(str, m->msgid, id), "order");
+                }
+        }
+        cr_assert(eq(int, k, 4));
+        snprintf(id, sizeof(id), "%s:m-1", topic);
+        const tmsg_t *m1 = find_msgid(&got, id);
+        cr_assert(m1 && m1->value_size == 3 && !memcmp(m1->value, "one", 3));
+        cr_assert(eq(sz, rd_kafka_header_cnt(m1->hdrs), 3));
+        const void *hv;
+        size_t hn;
+        bool h1 = !rd_kafka_header_get_last(m1->hdrs, "h1", &hv, &hn) &&
+                  hn == 2 && !memcmp(hv, "v1", 2);
+        cr_assert(h1, "header h1");
+        snprintf(id, sizeof(id), "%s:m-2", topic);
+        const tmsg_t *m2 = find_msgid(&got, id);
+        cr_assert(m2 && m2->value == NULL, "m-2: null value");
+        snprintf(id, sizeof(id), "%s:m-4", topic);
+        const tmsg_t *m4 = find_msgid(&got, id);
+        cr_assert(m4 && m4->key == NULL);
+        msgs_free(&got);
+        /* One table row (row-3, pending, untouched); the three bad
+         * envelopes dead with their bytes and the reason. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status = 'pending'"),
+                     1));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND destination = "
+                            "'kinbox.invalid' AND idem_key LIKE 'wal:%'"),
+               3));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND ("
+                            "(payload = '\\x02000000'::bytea AND "
+                            "last_error LIKE '%unknown version 2%') OR "
+                            "(payload = '\\x0100000010616263'::bytea AND "
+                            "last_error LIKE '%truncated%') OR "
+                            "(payload = 'hello'::bytea AND "
+                            "last_error LIKE '%kinbox.audit%'))"),
+               3));
+        drop_slot(url, slot);
 }

@@ -37,19 +37,19 @@ on_step(const char *component, int version, const char *name, int applied,
 static int
 check_relay_source(const kb_config_t *cfg)
 {
-        if (!cfg->relay_enabled || kinbox__settings_of(cfg->relay)
-                                           ->relay_source == KINBOX__SOURCE_POLL)
+        if (!cfg->relay_enabled ||
+            kinbox__settings_of(cfg->relay)->relay_source ==
+                KINBOX__SOURCE_POLL)
                 return KB_EX_OK;
         char err[1024];
         int rc = kinbox__relay_log_check(cfg->relay, err, sizeof(err));
         if (!rc)
                 return KB_EX_OK;
         fprintf(stderr, "kinbox migrate: %s\n", err);
-        return rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_STATE
-                   ? KB_EX_DB
-                   : rc == KINBOX_ERR_CONFIG || rc == KINBOX_ERR_SCHEMA
-                         ? KB_EX_USAGE
-                         : KB_EX_RUNTIME;
+        return rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_STATE ? KB_EX_DB
+               : rc == KINBOX_ERR_CONFIG || rc == KINBOX_ERR_SCHEMA
+                   ? KB_EX_USAGE
+                   : KB_EX_RUNTIME;
 }
 
 /* One component on one database; prints its steps and its state. */

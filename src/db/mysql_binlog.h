@@ -128,6 +128,18 @@ int kinbox__binlog_pos_now(struct kinbox__db *db, char **out);
 int kinbox__binlog_pos_check(struct kinbox__db *db, const char *state,
                              char *err, size_t sz);
 
+/* mysql_binlog_src.c, for outbox resend: the readers' name of conf
+ * (relay.slot, else name); kinbox__binlog_hold(): take the readers' lock
+ * on db (KINBOX_ERR_STATE: a relay holds it) and give the binlog's
+ * position now (*pos malloc'ed); kinbox__binlog_set(): store pos as the
+ * readers' position. err set on failure. */
+struct kinbox_conf_s;
+const char *kinbox__binlog_name(const struct kinbox_conf_s *conf);
+int kinbox__binlog_hold(struct kinbox__db *db, const char *name, char **pos,
+                        char *err, size_t sz);
+int kinbox__binlog_set(struct kinbox__db *db, const char *name,
+                       const char *pos, char *err, size_t sz);
+
 /* Close the connection and free everything; NULL is a no-op. */
 void kinbox__binlog_close(kinbox__binlog_t *b);
 

@@ -216,8 +216,8 @@ actions_only(const char *sql)
         const char *p = sql, *hit;
         while ((hit = strstr(p, pat))) {
                 const char *a = hit;
-                while (a > sql && ((a[-1] >= 'a' && a[-1] <= 'z') ||
-                                   a[-1] == '_'))
+                while (a > sql &&
+                       ((a[-1] >= 'a' && a[-1] <= 'z') || a[-1] == '_'))
                         a--;
                 kinbox__buf_add(&b, p, (size_t)(hit - p) + strlen(pat));
                 kinbox__buf_adds(&b, " AND ");
@@ -286,9 +286,8 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 rc = db->ops->exec(db, idle, 0, NULL, -1);
         }
         if (!rc)
-                rc = req->lock
-                         ? db->ops->query(db, lock_sql, 4, pl, -1, out)
-                         : db->ops->query(db, lease_sql, 5, p, -1, out);
+                rc = req->lock ? db->ops->query(db, lock_sql, 4, pl, -1, out)
+                               : db->ops->query(db, lease_sql, 5, p, -1, out);
         /* Lock-held: the transaction stays open while it holds rows,
          * idle in the server's eyes (its timeout armed, visible as such
          * in pg_stat_activity), not inside an unfinished pipeline. */
@@ -573,6 +572,7 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .heads_scan = HEADS_SCAN "1000",
     .affected = pg_affected,
     .append = append_sql,
+    .emit = KINBOX__PG_EMIT_SQL,
     .append_id = pg_append_id,
     .requeue_id =
         "WITH u AS (" REQUEUE_SET "WHERE id = $1::bigint AND status IN "

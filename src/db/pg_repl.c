@@ -2,7 +2,7 @@
  * db/pg_repl.c -- the log relay's PostgreSQL source (relay.source = wal):
  * a logical replication slot read with pgoutput (proto_version 1: only
  * committed transactions, whole, in commit order; messages on), over a
- * replication=database connection. The contract: relay_log.h.
+ * replication=database connection. The contract: db/logsrc_ops.h.
  *
  * open(): on a plain connection, the prerequisites (wal_level = logical,
  * a role with REPLICATION, a free slot and walsender, the publication
@@ -29,8 +29,8 @@
 
 #include <libpq-fe.h>
 
-#include "../relay_log.h"
-#include "kinbox/handler.h"
+#include "../db.h"
+#include "../internal.h"
 
 #define PUBLICATION "kinbox_outbox_pub"
 #define MSG_PREFIX "kinbox."
@@ -39,8 +39,18 @@
 #define PG_EPOCH_US 946684800000000LL /* 2000-01-01 in Unix microseconds */
 
 /* Outbox columns the relay reads, in this order. */
-enum { C_ID, C_KIND, C_DEST, C_IDEM, C_AGG, C_PAYLOAD, C_HEADERS, C_CREATED,
-       C_STATUS, C_N };
+enum {
+        C_ID,
+        C_KIND,
+        C_DEST,
+        C_IDEM,
+        C_AGG,
+        C_PAYLOAD,
+        C_HEADERS,
+        C_CREATED,
+        C_STATUS,
+        C_N
+};
 static const char *const col_names[C_N] = {
     "id",      "kind",    "destination", "idem_key", "aggregate_id",
     "payload", "headers", "created_at",  "status"};
@@ -135,8 +145,8 @@ pg_now_us(void)
         return kinbox__wall_ms() * 1000 - PG_EPOCH_US;
 }
 
-static void
-seterr(kinbox__logsrc_t *s, const char *fmt, ...) KINBOX_PRINTF(2, 3);
+static void seterr(kinbox__logsrc_t *s, const char *fmt, ...)
+    KINBOX_PRINTF(2, 3);
 
 static void
 seterr(kinbox__logsrc_t *s, const char *fmt, ...)
@@ -210,8 +220,7 @@ static const char check_sql[] =
     " (SELECT plugin || ' ' || coalesce(wal_status, '') || ' ' ||"
     "   (database = current_database())::text"
     "  FROM pg_replication_slots WHERE slot_name = $1),"
-    " EXISTS (SELECT 1 FROM pg_publication WHERE pubname = '" PUBLICATION
-    "')";
+    " EXISTS (SELECT 1 FROM pg_publication WHERE pubname = '" PUBLICATION "')";
 
 /* The prerequisites, on a plain connection; *exists: the slot is there. */
 static int
@@ -230,24 +239,28 @@ check(kinbox__logsrc_t *s, bool *exists)
                 return KINBOX_ERR_DB;
         }
         const char *wl = PQgetvalue(res, 0, 0);
-        const char *slot = PQgetisnull(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4);
+        const char *slot =
+            PQgetisnull(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4);
         *exists = slot != NULL;
         int rc = KINBOX_OK;
         if (strcmp(wl, "logical")) {
-                seterr(s, "relay.source = wal needs wal_level = logical on "
-                          "the server (it is %s; set it in postgresql.conf "
-                          "and restart PostgreSQL)",
+                seterr(s,
+                       "relay.source = wal needs wal_level = logical on "
+                       "the server (it is %s; set it in postgresql.conf "
+                       "and restart PostgreSQL)",
                        wl);
                 rc = KINBOX_ERR_CONFIG;
         } else if (strcmp(PQgetvalue(res, 0, 1), "t")) {
-                seterr(s, "relay.source = wal needs a role with REPLICATION "
-                          "(ALTER ROLE %s REPLICATION)",
+                seterr(s,
+                       "relay.source = wal needs a role with REPLICATION "
+                       "(ALTER ROLE %s REPLICATION)",
                        PQuser(c));
                 rc = KINBOX_ERR_CONFIG;
         } else if (!slot && atoi(PQgetvalue(res, 0, 2)) <= 0) {
-                seterr(s, "relay.source = wal: no free replication slot for "
-                          "%s: raise max_replication_slots (every slot is "
-                          "in use)",
+                seterr(s,
+                       "relay.source = wal: no free replication slot for "
+                       "%s: raise max_replication_slots (every slot is "
+                       "in use)",
                        s->slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (atoi(PQgetvalue(res, 0, 3)) <= 0) {
@@ -255,21 +268,24 @@ check(kinbox__logsrc_t *s, bool *exists)
                           "max_wal_senders (every one is in use)");
                 rc = KINBOX_ERR_CONFIG;
         } else if (slot && strncmp(slot, "pgoutput ", 9)) {
-                seterr(s, "relay.source = wal: slot %s (relay.slot) exists "
-                          "with another output plugin (%s): name another "
-                          "slot",
+                seterr(s,
+                       "relay.source = wal: slot %s (relay.slot) exists "
+                       "with another output plugin (%s): name another "
+                       "slot",
                        s->slot, slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (slot && strstr(slot, " false")) {
-                seterr(s, "relay.source = wal: slot %s (relay.slot) belongs "
-                          "to another database: name another slot",
+                seterr(s,
+                       "relay.source = wal: slot %s (relay.slot) belongs "
+                       "to another database: name another slot",
                        s->slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (slot && strstr(slot, " lost ")) {
-                seterr(s, "relay.source = wal: slot %s (relay.slot) is lost "
-                          "(max_slot_wal_keep_size removed WAL it needed): "
-                          "events after its position may be unpublished; "
-                          "see docs/outbox.md (a lost slot) to recover",
+                seterr(s,
+                       "relay.source = wal: slot %s (relay.slot) is lost "
+                       "(max_slot_wal_keep_size removed WAL it needed): "
+                       "events after its position may be unpublished; "
+                       "see docs/outbox.md (a lost slot) to recover",
                        s->slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (strcmp(PQgetvalue(res, 0, 5), "t")) {
@@ -380,14 +396,15 @@ repl_start(kinbox__logsrc_t *s)
         PGresult *res = PQexec(x->conn, sql);
         if (PQresultStatus(res) != PGRES_COPY_BOTH) {
                 const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-                seterr(s, "relay.source = wal: START_REPLICATION on slot %s: "
-                          "%s",
+                seterr(s,
+                       "relay.source = wal: START_REPLICATION on slot %s: "
+                       "%s",
                        s->slot, PQerrorMessage(x->conn));
                 PQclear(res);
                 /* 55006: the slot is active for another relay (its lease):
                  * wait and try again. */
                 return st && !strcmp(st, "55006") ? KINBOX_ERR_STATE
-                                                   : KINBOX_ERR_DB_CONN;
+                                                  : KINBOX_ERR_DB_CONN;
         }
         PQclear(res);
         x->in_tx = false;
@@ -528,8 +545,8 @@ static bool
 parse_ts(const char *s, int64_t *ms)
 {
         int y, mo, d, h, mi, sec, n = 0;
-        if (sscanf(s, "%d-%d-%d %d:%d:%d%n", &y, &mo, &d, &h, &mi, &sec,
-                   &n) != 6)
+        if (sscanf(s, "%d-%d-%d %d:%d:%d%n", &y, &mo, &d, &h, &mi, &sec, &n) !=
+            6)
                 return false;
         const char *p = s + n;
         int64_t us = 0;
@@ -548,8 +565,8 @@ parse_ts(const char *s, int64_t *ms)
                         return false;
                 off = sign * (oh * 3600 + om * 60 + os);
         }
-        int64_t t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 +
-                    sec - off;
+        int64_t t =
+            days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec - off;
         int64_t tus = t * 1000000 + us;
         *ms = tus >= 0 ? tus / 1000 : -((-tus + 999) / 1000);
         return true;
@@ -602,16 +619,18 @@ decode_row(kinbox__logsrc_t *s, repl_t *x, const rel_t *rel, rd_t *r,
         row->headers_json = V(C_HEADERS);
         if (!row->destination || !row->idem_key || !V(C_CREATED) ||
             !parse_ts(V(C_CREATED), &row->created_at_ms)) {
-                seterr(s, "relay.source = wal: outbox row %" PRId64
-                          ": a required column is missing or unreadable",
+                seterr(s,
+                       "relay.source = wal: outbox row %" PRId64
+                       ": a required column is missing or unreadable",
                        row->id);
                 return KINBOX_ERR_DB;
         }
         if (V(C_PAYLOAD)) {
                 if (!unhex(V(C_PAYLOAD), x->val[C_PAYLOAD].len - 1,
                            &x->payload)) {
-                        seterr(s, "relay.source = wal: outbox row %" PRId64
-                                  ": payload is not bytea hex",
+                        seterr(s,
+                               "relay.source = wal: outbox row %" PRId64
+                               ": payload is not bytea hex",
                                row->id);
                         return KINBOX_ERR_DB;
                 }
@@ -780,30 +799,22 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
         }
         PGresult *res = PQgetResult(x->conn);
         seterr(s, "relay.source = wal: the replication stream ended: %s",
-               res && PQresultErrorMessage(res)[0]
-                   ? PQresultErrorMessage(res)
-                   : PQerrorMessage(x->conn));
+               res && PQresultErrorMessage(res)[0] ? PQresultErrorMessage(res)
+                                                   : PQerrorMessage(x->conn));
         PQclear(res);
         return KINBOX_ERR_DB_CONN;
 }
+
+static PGconn *plain(kinbox__logsrc_t *s, repl_t *x, int *rc);
 
 static int
 repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
           const kinbox__logpos_t *pos, const void *bytes, size_t size)
 {
         repl_t *x = s->impl;
-        if (x->plain && PQstatus(x->plain) != CONNECTION_OK) {
-                PQfinish(x->plain);
-                x->plain = NULL;
-        }
-        if (!x->plain) {
-                x->plain = connect_pg(s, false);
-                if (!x->plain || PQstatus(x->plain) != CONNECTION_OK) {
-                        int rc = conn_failed(s, x->plain, "cannot connect");
-                        x->plain = NULL;
-                        return rc;
-                }
-        }
+        int rc = KINBOX_ERR_DB;
+        if (!plain(s, x, &rc))
+                return rc;
         char id[24], key[160];
         PGresult *res;
         if (row_id > 0) {
@@ -829,7 +840,7 @@ repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
                     " ON CONFLICT DO NOTHING",
                     3, NULL, p, len, fmt, 0);
         }
-        int rc = KINBOX_OK;
+        rc = KINBOX_OK;
         if (PQresultStatus(res) != PGRES_COMMAND_OK) {
                 seterr(s, "relay.source = wal: recording a dead record: %s",
                        PQerrorMessage(x->plain));
@@ -840,17 +851,39 @@ repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
         return rc;
 }
 
+/* The source's plain connection (dead records, the slot's figures),
+ * made on first need and again after it was lost; NULL with s->err. */
+static PGconn *
+plain(kinbox__logsrc_t *s, repl_t *x, int *rc)
+{
+        if (x->plain && PQstatus(x->plain) != CONNECTION_OK) {
+                PQfinish(x->plain);
+                x->plain = NULL;
+        }
+        if (!x->plain) {
+                x->plain = connect_pg(s, false);
+                if (!x->plain || PQstatus(x->plain) != CONNECTION_OK) {
+                        *rc = conn_failed(s, x->plain, "cannot connect");
+                        x->plain = NULL;
+                }
+        }
+        return x->plain;
+}
+
 static int
 repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
 {
         out->retained_bytes = -1;
         out->state[0] = '\0';
-        PGconn *c = connect_pg(s, false);
-        if (!c || PQstatus(c) != CONNECTION_OK) {
-                if (c)
-                        PQfinish(c);
-                return KINBOX_ERR_DB_CONN;
+        repl_t *x = s->impl, tmp;
+        int rc = KINBOX_ERR_DB;
+        if (!x) { /* not opened (kinbox status): a connection for this */
+                memset(&tmp, 0, sizeof(tmp));
+                x = &tmp;
         }
+        PGconn *c = plain(s, x, &rc);
+        if (!c)
+                return rc;
         const char *p[1] = {s->slot};
         PGresult *res = PQexecParams(
             c,
@@ -859,7 +892,6 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
             " coalesce(wal_status, '') FROM pg_replication_slots"
             " WHERE slot_name = $1",
             1, NULL, p, NULL, NULL, 0);
-        int rc = KINBOX_ERR_DB;
         if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
                 out->retained_bytes =
                     PQgetisnull(res, 0, 0)
@@ -868,9 +900,13 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
                 snprintf(out->state, sizeof(out->state), "%s",
                          PQgetvalue(res, 0, 1));
                 rc = KINBOX_OK;
+        } else {
+                seterr(s, "relay.source = wal: reading slot %s: %s", s->slot,
+                       PQntuples(res) ? PQerrorMessage(c) : "no such slot");
         }
         PQclear(res);
-        PQfinish(c);
+        if (x == &tmp)
+                PQfinish(tmp.plain);
         return rc;
 }
 
@@ -884,6 +920,32 @@ repl_close(kinbox__logsrc_t *s)
                 feedback(s, x, false);
         repl_free(x);
         s->impl = NULL;
+}
+
+kinbox_err_t
+kinbox__pg_outbox_emit(struct pg_conn *conn, const void *env, size_t n,
+                       char *errstr, size_t errstr_size)
+{
+        const char *v[1] = {env};
+        int len[1] = {(int)n}, fmt[1] = {1};
+        PGresult *res =
+            PQexecParams(conn, KINBOX__PG_EMIT_SQL, 1, NULL, v, len, fmt, 0);
+        if (res && PQresultStatus(res) == PGRES_TUPLES_OK) {
+                PQclear(res);
+                return KINBOX_OK;
+        }
+        const char *st =
+            res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+        kinbox__errstr(errstr, errstr_size, "outbox emit: SQLSTATE %s: %s",
+                       st ? st : "?????",
+                       res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
+        PQclear(res);
+        if (PQstatus(conn) != CONNECTION_OK)
+                return KINBOX_ERR_DB_CONN;
+        if (st && (!strcmp(st, "40P01") || !strcmp(st, "40001") ||
+                   !strcmp(st, "55P03")))
+                return KINBOX_ERR_TRANSIENT;
+        return KINBOX_ERR_DB;
 }
 
 const kinbox__logsrc_ops_t kinbox__pg_repl_ops = {

@@ -1,7 +1,7 @@
 /*
- * relay_binlog.c -- relay.source = binlog: MariaDB's ROW binlog as a
- * source of the log relay (relay_log.h), over the reader of
- * db/mysql_binlog.h.
+ * mysql_binlog_src.c -- relay.source = binlog: MariaDB's ROW binlog as a
+ * source of the log relay (db/logsrc_ops.h; db->ops->logsrc of the MySQL
+ * backend), over the reader of mysql_binlog.h.
  *
  * open(): a SQL session of its own that lives as long as the source: it
  * checks the server (log_bin, binlog_format = ROW, binlog_row_image =
@@ -26,17 +26,15 @@
 #include <string.h>
 
 #include "db.h"
-#include "db/mysql_binlog.h"
 #include "internal.h"
-#include "relay_int.h"
-#include "relay_log.h"
+#include "mysql_binlog.h"
 
 #define STORE_EVERY_MS 1000
 #define LOCK_WAIT_S 2
 #define HEARTBEAT_MS 500
 
 typedef struct blsrc {
-        const char *name; /* the readers' name (kinbox__relay_binlog_name) */
+        const char *name; /* the readers' name (kinbox__binlog_name) */
         kinbox__db_t *db; /* the position and the lock */
         kinbox__binlog_t *rd;
         char *url, *password;
@@ -51,15 +49,15 @@ typedef struct blsrc {
 } blsrc_t;
 
 const char *
-kinbox__relay_binlog_name(const kinbox_conf_t *conf)
+kinbox__binlog_name(const kinbox_conf_t *conf)
 {
         const kinbox__settings_t *st = kinbox__settings_of(conf);
         return st->relay_slot && *st->relay_slot ? st->relay_slot : st->name;
 }
 
 int
-kinbox__relay_binlog_hold(kinbox__db_t *db, const char *name, char **pos,
-                          char *err, size_t sz)
+kinbox__binlog_hold(kinbox__db_t *db, const char *name, char **pos, char *err,
+                    size_t sz)
 {
         *pos = NULL;
         int rc = kinbox__binlog_lock(db, name, 0, err, sz);
@@ -80,8 +78,8 @@ kinbox__relay_binlog_hold(kinbox__db_t *db, const char *name, char **pos,
 }
 
 int
-kinbox__relay_binlog_set(kinbox__db_t *db, const char *name, const char *pos,
-                         char *err, size_t sz)
+kinbox__binlog_set(kinbox__db_t *db, const char *name, const char *pos,
+                   char *err, size_t sz)
 {
         int rc = kinbox__binlog_pos_store(db, name, pos);
         if (rc)
@@ -149,13 +147,9 @@ bl_open(kinbox__logsrc_t *s)
         if (!b)
                 return KINBOX_ERR_NOMEM;
         char e[512] = "";
-        if (kinbox__conf_password(s->conf, &b->password, e, sizeof(e))) {
-                kinbox__errstr(s->err, sizeof(s->err), "%s", e);
-                bl_free(b);
-                return KINBOX_ERR_CONFIG;
-        }
-        b->name = kinbox__relay_binlog_name(s->conf);
-        b->url = kinbox__strdup(st->database_url);
+        b->password = s->password ? kinbox__strdup(s->password) : NULL;
+        b->name = kinbox__binlog_name(s->conf);
+        b->url = kinbox__strdup(s->url ? s->url : st->database_url);
         b->server_id = (uint32_t)st->relay_server_id;
         b->db = kinbox__db_new(b->url, b->password, e, sizeof(e));
         int rc = b->db ? kinbox__db_connect(b->db) : KINBOX_ERR_CONFIG;
@@ -252,6 +246,11 @@ tx_event(blsrc_t *b, kinbox__logev_t *ev)
                 b->row = 0;
                 return true;
         }
+        /* Rows inserted other than pending (dead already) are not
+         * delivered (db/logsrc_ops.h). */
+        while (b->row < tx->nrows && tx->rows[b->row].status &&
+               strcmp(tx->rows[b->row].status, "pending") != 0)
+                b->row++;
         if (b->row < tx->nrows) {
                 row_event(&tx->rows[b->row++], ev);
                 return true;
@@ -310,6 +309,36 @@ bl_confirm(kinbox__logsrc_t *s, const kinbox__logpos_t *pos)
         return bl_store(s, b, false);
 }
 
+/* A record that can never be published as written: its row goes dead
+ * (MariaDB has no logical messages: row_id is always a row). */
+static int
+bl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
+        const kinbox__logpos_t *pos, const void *bytes, size_t size)
+{
+        (void)pos;
+        (void)bytes;
+        (void)size;
+        blsrc_t *b = s->impl;
+        if (row_id <= 0)
+                return KINBOX_OK;
+        char id[24];
+        snprintf(id, sizeof(id), "%" PRId64, row_id);
+        kinbox__param_t p[2] = {{.v = id}, {.v = reason}};
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(b->db,
+                                  "UPDATE kinbox_outbox SET status = 'dead', "
+                                  "last_error = LEFT($2, 1024) WHERE id = $1 "
+                                  "AND status = 'pending'",
+                                  2, p, &r);
+        kinbox_rows_destroy(r);
+        if (rc)
+                kinbox__errstr(s->err, sizeof(s->err),
+                               "relay.source = binlog: recording a dead "
+                               "record: %s",
+                               b->db->err.msg);
+        return rc;
+}
+
 static void
 bl_close(kinbox__logsrc_t *s)
 {
@@ -328,6 +357,7 @@ const kinbox__logsrc_ops_t kinbox__binlog_src_ops = {
     .start = bl_start,
     .next = bl_next,
     .confirm = bl_confirm,
+    .dead = bl_dead,
     .lag = NULL,
     .close = bl_close,
 };
