@@ -493,3 +493,174 @@ Test(binlogrelay, refuse_log_bin_off, .timeout = 180)
         free(mig);
         free(run);
 }
+
+/* ------------------------------------------------ parity with polling */
+
+static bool
+same_headers(const tmsg_t *a, const tmsg_t *b)
+{
+        size_t n = rd_kafka_header_cnt(a->hdrs);
+        if (n != rd_kafka_header_cnt(b->hdrs))
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                const char *na, *nb;
+                const void *va, *vb;
+                size_t sa, sb;
+                rd_kafka_header_get_all(a->hdrs, i, &na, &va, &sa);
+                rd_kafka_header_get_all(b->hdrs, i, &nb, &vb, &sb);
+                if (strcmp(na, nb) || sa != sb || (!va) != (!vb) ||
+                    (sa && memcmp(va, vb, sa)))
+                        return false;
+        }
+        return true;
+}
+
+static _Atomic int actions_run;
+
+static kinbox_result_t
+count_action(kinbox_action_t *a, void *opaque)
+{
+        (void)a;
+        (void)opaque;
+        actions_run++;
+        return KINBOX_RESULT_OK;
+}
+
+/* The rows of the parity test: n events on 5 aggregates in two
+ * transactions (some without key, payload or headers), a rolled-back row
+ * and one action row. */
+static void
+parity_rows(const char *url, const char *topic, int n)
+{
+        tconn_t c;
+        tc_open(&c, MY, url);
+        static const unsigned char bin[] = {0x00, 0xff, 0x80, 'x'};
+        kinbox_header_t hdrs[] = {{"trace", "abc-123", 7},
+                                  {"binary", bin, sizeof(bin)},
+                                  {"nullhdr", NULL, 0}};
+        tc_sql(&c, "BEGIN");
+        kinbox_outbox_msg_t rb = {.destination = topic,
+                                  .idem_key = "rolled-back",
+                                  .aggregate_id = "a-1",
+                                  .payload = "nope",
+                                  .payload_size = 4};
+        cr_assert(eq(int, tc_append(&c, &rb, NULL), KINBOX_OK));
+        tc_sql(&c, "ROLLBACK");
+        tc_sql(&c, "BEGIN");
+        for (int i = 0; i < n; i++) {
+                char idem[32], agg[32], pay[64];
+                snprintf(idem, sizeof(idem), "e-%d", i);
+                snprintf(agg, sizeof(agg), "a-%d", i % 5);
+                int pn = snprintf(pay, sizeof(pay), "{\"i\":%d}", i);
+                kinbox_outbox_msg_t m = {
+                    .destination = topic,
+                    .idem_key = idem,
+                    .aggregate_id = i % 7 == 3 ? NULL : agg,
+                    .payload = i % 11 == 5 ? NULL : pay,
+                    .payload_size = i % 11 == 5 ? 0 : (size_t)pn,
+                    .headers = i % 2 ? hdrs : NULL,
+                    .header_count = i % 2 ? 3 : 0};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                if (i == n / 2) {
+                        tc_sql(&c, "COMMIT");
+                        tc_sql(&c, "BEGIN");
+                }
+        }
+        kinbox_outbox_msg_t act = {.destination = "action:count",
+                                   .idem_key = "act-1",
+                                   .aggregate_id = "a-1"};
+        cr_assert(eq(int, tc_append(&c, &act, NULL), KINBOX_OK));
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+}
+
+/*
+ * The binlog relay publishes what the polling relay publishes for the
+ * same rows: key, value, headers (message_id, user headers, CloudEvents),
+ * timestamp, partition. A rolled-back row is never published; the action
+ * row is run by the polling relay of the same kinbox_relay_t (which
+ * claims nothing else: MariaDB's actions_only claim); no event row is
+ * updated.
+ */
+Test(binlogrelay, parity_with_polling, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_par");
+        char *name = kt_unique("blpar");
+        kt_topic(topic, 4);
+        kinbox_conf_t *bc = relay_conf(url, bootstrap);
+        cset(bc, "relay.source", "binlog");
+        cset(bc, "relay.slot", name);
+        cset(bc, "relay.cloudevents.source", "/binlogrelay-test");
+        kinbox_relay_t *r = relay_new(bc);
+        cr_assert(eq(
+            int, kinbox_relay_register_action(r, "count", count_action, NULL),
+            KINBOX_OK));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(relay_reading(url, name, 30));
+        const int n = 40;
+        parity_rows(url, topic, n);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "kind = 'action' AND status = 'sent'"));
+        kinbox_relay_stats_t st = {0};
+        for (long long t = kt_clock_ms() + 30000;
+             st.published < (uint64_t)n && kt_clock_ms() < t; usleep(50000))
+                kinbox_relay_stats(r, &st);
+        relay_stop(&tr);
+        cr_assert(eq(int, actions_run, 1));
+        kinbox_relay_stats(r, &st);
+        cr_assert(eq(u64, st.published, (uint64_t)n));
+        kinbox_relay_destroy(r);
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                                   "WHERE status = 'pending' AND version = 0"
+                                   " AND kind = 'event'"),
+                     n));
+        tmsgs_t bl;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &bl);
+        cr_assert(eq(sz, bl.n, (size_t)n), "binlog relay: %zu messages", bl.n);
+        msgs_free(&bl);
+
+        /* The polling relay publishes the same rows again. */
+        kinbox_conf_t *pc = relay_conf(url, bootstrap);
+        cset(pc, "relay.cloudevents.source", "/binlogrelay-test");
+        r = relay_new(pc);
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, (long long)n, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "kind = 'event' AND status = 'sent'"));
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t all;
+        consume(bootstrap, topic, 2 * (size_t)n, 30, 1500, &all);
+        cr_assert(eq(sz, all.n, 2 * (size_t)n), "%zu messages", all.n);
+        for (size_t i = 0; i < all.n; i++) {
+                const tmsg_t *a = &all.v[i];
+                cr_assert(a->msgid != NULL);
+                cr_assert(strstr(a->msgid, "rolled-back") == NULL);
+                cr_assert(eq(sz, count_msgid(&all, a->msgid), 2), "%s",
+                          a->msgid);
+                const tmsg_t *b = NULL;
+                for (size_t k = 0; k < all.n && !b; k++)
+                        if (k != i && !strcmp(all.v[k].msgid, a->msgid))
+                                b = &all.v[k];
+                cr_assert(b != NULL);
+                bool same_key = (!a->key) == (!b->key) &&
+                                (!a->key || !strcmp(a->key, b->key));
+                bool same_value = a->value_size == b->value_size &&
+                                  (!a->value) == (!b->value) &&
+                                  (!a->value_size ||
+                                   !memcmp(a->value, b->value, a->value_size));
+                cr_assert(same_key, "%s: keys differ", a->msgid);
+                cr_assert(same_value, "%s: values differ", a->msgid);
+                cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
+                          a->msgid);
+                if (a->key)
+                        cr_assert(eq(int, a->partition, b->partition));
+                cr_assert(same_headers(a, b), "%s: headers differ", a->msgid);
+        }
+        msgs_free(&all);
+}
