@@ -5,9 +5,11 @@
  *
  * open(): a SQL session of its own that lives as long as the source: it
  * checks the server (log_bin, binlog_format = ROW, binlog_row_image =
- * FULL: KINBOX_ERR_CONFIG naming the setting), takes the named lock of
- * the relays of its name (relay.slot, else name; one reads, the others wait in open() and
- * take over when its session dies), reads the stored position
+ * FULL: KINBOX_ERR_CONFIG naming the setting), tries the named lock of
+ * the relays of its name (relay.slot, else name): one reads; another
+ * opens, and its start() fails (the loop waits and tries again) until the
+ * reader's session ends (a kill -9 included), then takes over. With the
+ * lock it reads the stored position
  * (kinbox_relay_position; none: the binlog's end now, stored at once)
  * and refuses a position whose binlog was purged (KINBOX_ERR_CONFIG: the
  * message names the position and `kinbox outbox resend --since TIME`).
@@ -39,6 +41,7 @@ typedef struct blsrc {
         kinbox__binlog_t *rd;
         char *url, *password;
         uint32_t server_id;
+        bool locked; /* holds the readers' lock (the position is read) */
         char *confirmed; /* the state start() reads after */
         char *stored; /* as kinbox_relay_position holds it */
         int64_t store_due; /* monotonic ms; 0: nothing to store */
@@ -137,6 +140,26 @@ bl_position(kinbox__logsrc_t *s, blsrc_t *b)
         return rc == KINBOX_ERR_NOT_FOUND ? KINBOX_ERR_CONFIG : rc;
 }
 
+/* The readers' lock, waiting up to wait_s, then (taken) the position:
+ * 1 taken, 0 another relay holds it (s->err says so), <0 an error
+ * (KINBOX_ERR_CONFIG: the position was purged). */
+static int
+bl_take(kinbox__logsrc_t *s, blsrc_t *b, int wait_s)
+{
+        if (b->locked)
+                return 1;
+        int rc = kinbox__binlog_lock(b->db, b->name, wait_s, s->err,
+                                     sizeof(s->err));
+        if (rc <= 0)
+                return rc;
+        b->locked = true;
+        free(b->confirmed);
+        free(b->stored);
+        b->confirmed = b->stored = NULL;
+        rc = bl_position(s, b);
+        return rc ? rc : 1;
+}
+
 static int
 bl_open(kinbox__logsrc_t *s)
 {
@@ -160,18 +183,14 @@ bl_open(kinbox__logsrc_t *s)
                 return rc;
         }
         rc = kinbox__binlog_check(b->db, s->err, sizeof(s->err));
-        if (!rc) {
-                rc = kinbox__binlog_lock(b->db, b->name, LOCK_WAIT_S, s->err,
-                                         sizeof(s->err));
-                /* Held elsewhere: the loop opens again after its wait. */
-                rc = rc == 1 ? KINBOX_OK : rc == 0 ? KINBOX_ERR_DB_CONN : rc;
-        }
         if (!rc)
-                rc = bl_position(s, b);
-        if (rc) {
+                rc = bl_take(s, b, 0);
+        if (rc < 0) {
                 bl_free(b);
                 return rc;
         }
+        if (!rc)
+                kinbox__log(s->log, KINBOX_LOG_NOTICE, "relay", "%s", s->err);
         s->impl = b;
         return KINBOX_OK;
 }
@@ -180,6 +199,11 @@ static int
 bl_start(kinbox__logsrc_t *s)
 {
         blsrc_t *b = s->impl;
+        /* Another relay of the name reads: the loop closes, waits and
+         * tries again (the lock is taken when its session ends). */
+        int rc = bl_take(s, b, LOCK_WAIT_S);
+        if (rc <= 0)
+                return rc < 0 ? rc : KINBOX_ERR_DB_CONN;
         kinbox__binlog_close(b->rd);
         b->rd = NULL;
         b->tx = NULL;
@@ -345,7 +369,7 @@ bl_close(kinbox__logsrc_t *s)
         blsrc_t *b = s->impl;
         if (!b)
                 return;
-        if (b->db && bl_store(s, b, true))
+        if (b->db && b->locked && bl_store(s, b, true))
                 kinbox__log(s->log, KINBOX_LOG_WARNING, "relay", "%s", s->err);
         bl_free(b);
         s->impl = NULL;
