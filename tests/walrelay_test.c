@@ -912,3 +912,79 @@ Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
                3));
         drop_slot(url, slot);
 }
+
+/* kinbox_outbox_emit() from a handler: the next hop of each message,
+ * keyed by the message's key. */
+static kinbox_result_t
+emit_hop(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        const char *out = opaque;
+        size_t kn = 0;
+        const void *k = kinbox_msg_key(msg, &kn);
+        char key[64], idem[300];
+        snprintf(key, sizeof(key), "%.*s", (int)kn, (const char *)k);
+        snprintf(idem, sizeof(idem), "hop-%s", kinbox_msg_id(msg));
+        kinbox_outbox_msg_t m = {.destination = out,
+                                 .idem_key = idem,
+                                 .aggregate_id = key,
+                                 .payload = idem,
+                                 .payload_size = strlen(idem)};
+        return kinbox_outbox_emit(tx, &m) ? KINBOX_RESULT_RETRY
+                                          : KINBOX_RESULT_OK;
+}
+
+/*
+ * Hop by hop with no outbox table: a consumer's handler emits its next
+ * event with kinbox_outbox_emit() in its transaction; the wal relay
+ * publishes each once per committed inbox row, in the key's order.
+ */
+Test(walrelay, emit_from_handler, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *in = kt_unique("wal_hop_in"), *out = kt_unique("wal_hop_out");
+        char *slot = kt_unique("kbt_hop");
+        kt_topic(in, 2);
+        kt_topic(out, 2);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        const int n = 60;
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < n; i++) {
+                char key[16], id[32], val[32];
+                snprintf(key, sizeof(key), "k%d", i % 3);
+                snprintf(id, sizeof(id), "m%03d", i);
+                snprintf(val, sizeof(val), "%d", i);
+                kt_produce(p, in, -1, key, val, id);
+        }
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *cc = kt_conf(url, "hop", kt_unique("g_hop"), in);
+        kt_set(cc, "message_id", "header:message_id");
+        kt_run_t *cr = kt_run_start(cc, emit_hop, NULL, out);
+        tmsgs_t got;
+        consume(bootstrap, out, (size_t)n, 60, 1500, &got);
+        kt_run_stop(cr);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(eq(sz, got.n, (size_t)n), "%zu of %d", got.n, n);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int last[3] = {-1, -1, -1};
+        for (size_t i = 0; i < got.n; i++) {
+                int k = -1, m = -1;
+                cr_assert(sscanf(got.v[i].key, "k%d", &k) == 1 && k >= 0 &&
+                          k < 3);
+                cr_assert(strstr(got.v[i].value, "hop-") != NULL);
+                m = atoi(strchr(got.v[i].value, 'm') + 1);
+                cr_assert(m > last[k], "k%d: m%d after m%d", k, m, last[k]);
+                last[k] = m;
+        }
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 0));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
