@@ -34,7 +34,7 @@
 #include "relay_log.h"
 #include "rkdestroy.h"
 
-#define LOG_INFLIGHT_MAX 50000 /* records in flight before reading waits */
+#define LOG_INFLIGHT_MAX 10000 /* records in flight before reading waits */
 #define LOG_BURST 2000 /* events read before serving delivery reports */
 #define LOG_WAIT_MS 100 /* a read's wait while nothing is in flight */
 #define LAG_EVERY_MS 10000 /* the slot's figures, this often */
@@ -471,10 +471,12 @@ static int
 open_start(lrelay_t *L)
 {
         L->src.err[0] = '\0';
-        int rc = L->src.ops->open(&L->src);
-        if (rc)
-                return rc;
-        L->opened = true;
+        int rc;
+        if (!L->opened) { /* kinbox__relay_log_start() opened it first */
+                if ((rc = L->src.ops->open(&L->src)))
+                        return rc;
+                L->opened = true;
+        }
         if (!L->rk) {
                 L->rk = kinbox__relay_producer_new(L->r);
                 if (!L->rk)

@@ -143,6 +143,11 @@ Test(walrelay, parity_with_polling, .timeout = 180)
                          "SELECT count(*) FROM pg_replication_slots "
                          "WHERE slot_name = '%s' AND active",
                          slot));
+        /* One WAL sender for the relay (its checks leave none behind). */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM pg_stat_replication "
+                                  "WHERE application_name = 'kinbox-wal'"),
+                     1));
         tc_sql(&c, "BEGIN");
         kinbox_outbox_msg_t rb = {.destination = topic,
                                   .idem_key = "rolled-back",
