@@ -73,6 +73,7 @@ typedef struct lrelay {
         int rc; /* why the thread stopped the relay (0: it did not) */
         char labels[300]; /* relay="NAME" */
         uint64_t acked, dead; /* not yet added to the metrics */
+        kinbox__logpos_t confirmed; /* the last position confirmed */
         int64_t lag_at; /* the slot's figures sampled at (monotonic) */
 } lrelay_t;
 
@@ -274,9 +275,10 @@ on_event(lrelay_t *L, const kinbox__logev_t *ev)
                 t->end = ev->pos;
                 return 0;
         case KINBOX__LOGEV_KEEPALIVE:
-                if (!L->head)
-                        return L->src.ops->confirm(&L->src, &ev->pos);
-                return 0;
+                if (L->head)
+                        return 0;
+                L->confirmed = ev->pos;
+                return L->src.ops->confirm(&L->src, &ev->pos);
         }
         return 0;
 }
@@ -320,6 +322,7 @@ advance(lrelay_t *L)
                 int rc = L->src.ops->confirm(&L->src, &t->end);
                 if (rc)
                         return rc;
+                L->confirmed = t->end;
                 L->head = t->next;
                 if (!L->head)
                         L->tail = NULL;
@@ -413,6 +416,8 @@ pump(lrelay_t *L)
                         break;
                 n++;
         }
+        if (rc >= 0 && L->inflight >= LOG_INFLIGHT_MAX)
+                rc = L->src.ops->confirm(&L->src, &L->confirmed);
         if (rc < 0 && L->src.err[0] && rc != KINBOX_ERR_KAFKA)
                 rlog(L->r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
         rd_kafka_poll(L->rk, n || !L->inflight ? 0 : 5);

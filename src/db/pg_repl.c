@@ -439,8 +439,12 @@ static int
 repl_confirm(kinbox__logsrc_t *s, const kinbox__logpos_t *pos)
 {
         repl_t *x = s->impl;
-        if (!x || pos->lsn <= x->confirmed)
+        if (!x)
                 return KINBOX_OK;
+        if (pos->lsn <= x->confirmed) /* the loop is not reading: alive */
+                return kinbox__now_ms() - x->fed_at >= IDLE_FEEDBACK_MS
+                           ? feedback(s, x, false)
+                           : KINBOX_OK;
         x->confirmed = pos->lsn;
         x->dirty = true;
         if (kinbox__now_ms() - x->fed_at >= FEEDBACK_MS / 10)
