@@ -765,6 +765,7 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
 {
         repl_t *x = s->impl;
         int64_t until = kinbox__now_ms() + timeout_ms;
+        bool drained = false;
         for (;;) {
                 int64_t now = kinbox__now_ms();
                 if ((x->dirty && now - x->fed_at >= FEEDBACK_MS) ||
@@ -779,12 +780,21 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
                 }
                 int n = PQgetCopyData(x->conn, &x->copybuf, 1);
                 if (n > 0) {
+                        drained = false;
                         int rc = on_copydata(s, x, x->copybuf, n, ev);
                         if (rc)
                                 return rc;
                         continue;
                 }
                 if (n == 0) {
+                        /* What the socket holds already, without waiting
+                         * (also with timeout 0). */
+                        if (!drained) {
+                                drained = true;
+                                if (!PQconsumeInput(x->conn))
+                                        break;
+                                continue;
+                        }
                         int64_t left = until - kinbox__now_ms();
                         if (left <= 0)
                                 return 0;
