@@ -69,6 +69,7 @@ typedef struct lrelay {
         int ntx;
         bool failed; /* restart from the confirmed position */
         bool opened, started;
+        bool waiting; /* the slot is another reader's: said once */
         pthread_t thr;
         int rc; /* why the thread stopped the relay (0: it did not) */
         char labels[300]; /* relay="NAME" */
@@ -482,15 +483,29 @@ open_start(lrelay_t *L)
                         return rc;
                 L->opened = true;
         }
+        if ((rc = L->src.ops->start(&L->src)))
+                return rc;
         if (!L->rk) {
                 L->rk = kinbox__relay_producer_new(L->r);
                 if (!L->rk)
                         return KINBOX_ERR_KAFKA;
         }
-        if ((rc = L->src.ops->start(&L->src)))
-                return rc;
+        if (L->waiting)
+                rlog(L->r, KINBOX_LOG_NOTICE,
+                     "relay (%s): slot %s is ours now", L->src.ops->name,
+                     L->src.slot);
+        L->waiting = false;
         L->started = true;
         return KINBOX_OK;
+}
+
+/* Sleep up to ms, or until the relay stops (the relay's pipe belongs to
+ * the polling relay's thread). */
+static void
+log_sleep(kinbox_relay_t *r, int64_t ms)
+{
+        for (int64_t t = 0; t < ms && !atomic_load(&r->stop); t += 50)
+                kinbox__sleep_ms(ms - t < 50 ? ms - t : 50);
 }
 
 static void *
@@ -515,17 +530,28 @@ log_main(void *arg)
                         kinbox_relay_stop(r);
                         break;
                 }
-                if (!L->started && L->src.err[0])
+                /* The slot is another reader's (its lease): take it over
+                 * within a second of its end. */
+                bool busy = rc == KINBOX_ERR_STATE;
+                if (busy && !L->waiting)
+                        rlog(r, KINBOX_LOG_NOTICE,
+                             "relay (%s): slot %s is in use by another "
+                             "reader; waiting for it",
+                             L->src.ops->name, L->src.slot);
+                else if (!busy && !L->started && L->src.err[0])
                         rlog(r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
+                L->waiting = busy;
                 L->failed = true;
                 if (!wind_down(L)) {
                         L->rc = KINBOX_ERR_KAFKA;
                         kinbox_relay_stop(r);
                         break;
                 }
-                STAT_ADD(r, db_errors, 1);
-                kinbox__relay_wait(
-                    r, kinbox__backoff_ms(failures++, r->base_ms, r->cap_ms));
+                if (!busy)
+                        STAT_ADD(r, db_errors, 1);
+                log_sleep(r, busy ? 1000
+                                  : kinbox__backoff_ms(failures++, r->base_ms,
+                                                       r->cap_ms));
         }
         wind_down(L);
         return NULL;

@@ -993,3 +993,78 @@ Test(walrelay, emit_from_handler, .timeout = 180)
         msgs_free(&got);
         drop_slot(url, slot);
 }
+
+/*
+ * Two `kinbox run` on one slot: the second waits (the slot has one
+ * reader), takes over within seconds of a SIGKILL of the first, and
+ * publishes what is appended after it; nothing lost.
+ */
+Test(walrelay, second_relay_takes_over, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_take");
+        char *slot = kt_unique("kbt_take");
+        kt_topic(topic, 2);
+        char *ini = kt_write_ini(url,
+                                 "[relay]\nenabled = true\nsource = wal\n"
+                                 "slot = %s\n",
+                                 slot);
+        char *loga = kt_tmp("wal_take_a"), *logb = kt_tmp("wal_take_b");
+        pid_t a = kt_spawn_kinbox(ini, NULL, loga);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot),
+                  "%s", kt_tail(loga, 20));
+        pid_t b = kt_spawn_kinbox(ini, NULL, logb);
+        tconn_t c;
+        tc_open(&c, PG, url);
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                for (int i = 0; i < 20; i++, n++) {
+                        char idem[32], pay[32];
+                        snprintf(idem, sizeof(idem), "t-%d", n);
+                        int pn = snprintf(pay, sizeof(pay), "%d", n);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = "one",
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        tc_sql(&c, "BEGIN");
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        tc_sql(&c, "COMMIT");
+                }
+                if (round == 0) {
+                        cr_assert(slot_caught_up(url, slot, 30));
+                        /* b is waiting, not reading. */
+                        char *lb = kt_slurp(logb);
+                        cr_assert(lb && strstr(lb, "in use by another reader"),
+                                  "%s", lb ? lb : "");
+                        free(lb);
+                        kill(a, SIGKILL);
+                        cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
+                }
+        }
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 30), "%s", kt_tail(logb, 20));
+        char *lb = kt_slurp(logb);
+        cr_assert(lb && strstr(lb, "is ours now"), "%s", lb ? lb : "");
+        free(lb);
+        kill(b, SIGTERM);
+        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(logb, 20));
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int next = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                int v = atoi(got.v[i].value);
+                if (v < next)
+                        continue; /* a copy: published again after the kill */
+                cr_assert(eq(int, v, next), "order or a gap");
+                next++;
+        }
+        cr_assert(eq(int, next, n));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}

@@ -396,15 +396,15 @@ repl_start(kinbox__logsrc_t *s)
         PGresult *res = PQexec(x->conn, sql);
         if (PQresultStatus(res) != PGRES_COPY_BOTH) {
                 const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-                seterr(s,
-                       "relay.source = wal: START_REPLICATION on slot %s: "
-                       "%s",
-                       s->slot, PQerrorMessage(x->conn));
-                PQclear(res);
                 /* 55006: the slot is active for another relay (its lease):
                  * wait and try again. */
-                return st && !strcmp(st, "55006") ? KINBOX_ERR_STATE
-                                                  : KINBOX_ERR_DB_CONN;
+                bool busy = st && !strcmp(st, "55006");
+                seterr(s,
+                       "relay.source = wal: START_REPLICATION on slot %s: "
+                       "SQLSTATE %s: %s",
+                       s->slot, st ? st : "?????", PQerrorMessage(x->conn));
+                PQclear(res);
+                return busy ? KINBOX_ERR_STATE : KINBOX_ERR_DB_CONN;
         }
         PQclear(res);
         x->in_tx = false;
@@ -953,13 +953,14 @@ kinbox__pg_outbox_emit(struct pg_conn *conn, const void *env, size_t n,
         kinbox__errstr(errstr, errstr_size, "outbox emit: SQLSTATE %s: %s",
                        st ? st : "?????",
                        res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
-        PQclear(res);
+        kinbox_err_t rc = KINBOX_ERR_DB;
         if (PQstatus(conn) != CONNECTION_OK)
-                return KINBOX_ERR_DB_CONN;
-        if (st && (!strcmp(st, "40P01") || !strcmp(st, "40001") ||
-                   !strcmp(st, "55P03")))
-                return KINBOX_ERR_TRANSIENT;
-        return KINBOX_ERR_DB;
+                rc = KINBOX_ERR_DB_CONN;
+        else if (st && (!strcmp(st, "40P01") || !strcmp(st, "40001") ||
+                        !strcmp(st, "55P03")))
+                rc = KINBOX_ERR_TRANSIENT;
+        PQclear(res);
+        return rc;
 }
 
 const kinbox__logsrc_ops_t kinbox__pg_repl_ops = {
