@@ -1068,3 +1068,65 @@ Test(walrelay, second_relay_takes_over, .timeout = 180)
         msgs_free(&got);
         drop_slot(url, slot);
 }
+
+/*
+ * The database stops (immediate: crash recovery) and starts again under a
+ * running wal relay: it reconnects, resumes from the slot, and every
+ * committed row before and after is on the topic, in order.
+ */
+Test(walrelay, database_restart, .timeout = 240)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_pgrs");
+        char *slot = kt_unique("kbt_pgrs");
+        kt_topic(topic, 2);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                tconn_t c;
+                tc_open(&c, PG, url);
+                tc_sql(&c, "BEGIN");
+                for (int i = 0; i < 50; i++, n++) {
+                        char idem[32], pay[32];
+                        snprintf(idem, sizeof(idem), "r-%d", n);
+                        int pn = snprintf(pay, sizeof(pay), "%d", n);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = "one",
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                }
+                tc_sql(&c, "COMMIT");
+                tc_close(&c);
+                if (round == 0) {
+                        kt_services("pg-stop immediate");
+                        sleep(1);
+                        kt_services("pg-start");
+                }
+        }
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int next = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                int v = atoi(got.v[i].value);
+                if (v < next)
+                        continue; /* published again after the restart */
+                cr_assert(eq(int, v, next), "order or a gap");
+                next++;
+        }
+        cr_assert(eq(int, next, n));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
