@@ -1130,3 +1130,89 @@ Test(walrelay, database_restart, .timeout = 240)
         msgs_free(&got);
         drop_slot(url, slot);
 }
+
+/*
+ * Broker trouble under the wal relay (librdkafka's mock cluster): retriable
+ * produce errors, then every broker down past the delivery deadline and up
+ * again. The relay starts again from the confirmed position: every row on
+ * the topic at least once, per key in order (a copy only repeats rows
+ * already seen).
+ */
+Test(walrelay, broker_outage, .timeout = 240)
+{
+        mock_t mk;
+        mock_start(&mk, 3);
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_outage");
+        char *slot = kt_unique("kbt_outage");
+        cr_assert(rd_kafka_mock_topic_create(mk.mc, topic, 16, 1) == 0);
+        kinbox_conf_t *conf = wal_conf(url, mk.bootstrap, slot);
+        cset(conf, "kafka.message.timeout.ms", "1000");
+        kinbox_relay_t *r = relay_new(conf);
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        rd_kafka_mock_push_request_errors(
+            mk.mc, 0 /* Produce */, 4,
+            RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT);
+        const int aggs = 20, per = 100;
+        tconn_t c;
+        tc_open(&c, PG, url);
+        for (int seq = 0; seq < per; seq++) {
+                if (seq == per / 2) {
+                        kinbox_relay_stats_t st;
+                        for (int i = 0; i < 300; i++) {
+                                kinbox_relay_stats(r, &st);
+                                if (st.published >= (uint64_t)aggs * 10)
+                                        break;
+                                usleep(100 * 1000);
+                        }
+                        mock_brokers(&mk, 3, false);
+                }
+                tc_sql(&c, "BEGIN");
+                for (int a = 0; a < aggs; a++) {
+                        char key[48], agg[32], pay[16];
+                        snprintf(key, sizeof(key), "a%d-s%d", a, seq);
+                        snprintf(agg, sizeof(agg), "agg-%d", a);
+                        int n = snprintf(pay, sizeof(pay), "%d", seq);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = key,
+                                                 .aggregate_id = agg,
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)n};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                }
+                tc_sql(&c, "COMMIT");
+        }
+        tc_close(&c);
+        usleep(2500 * 1000);
+        mock_brokers(&mk, 3, true);
+        cr_assert(slot_caught_up(url, slot, 120), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t got;
+        consume(mk.bootstrap, topic, (size_t)(aggs * per), 60, 1000, &got);
+        int last[20];
+        for (int a = 0; a < aggs; a++)
+                last[a] = -1;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a = atoi(m->key + 4), seq = atoi(m->value);
+                cr_assert(seq <= last[a] + 1, "%s: seq %d first seen after %d",
+                          m->key, seq, last[a]);
+                if (seq > last[a])
+                        last[a] = seq;
+        }
+        for (int a = 0; a < aggs; a++)
+                cr_assert(eq(int, last[a], per - 1), "agg %d", a);
+        cr_log_info("%zu records for %d rows", got.n, aggs * per);
+        msgs_free(&got);
+        mock_stop(&mk);
+        drop_slot(url, slot);
+}
