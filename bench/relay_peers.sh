@@ -296,6 +296,7 @@ rp_latency() {
     local be=$1 sys=$2 kind=${3:-latency} NRL=${4:-$NRL} RLRATE=${5:-$RLRATE} wr=${6:-1} tx=${7:-1}
     local pid base=${2%@*} poll=$DBZ_POLL
     [ "$base" != "$sys" ] && poll=${sys#*@}
+    [ "$base" = wal ] && [ "$be" != postgresql ] && return 0
     rp_db "$be" "$base"
     local opt=--pg; [ "$be" = mysql ] && opt=--mysql
     local table=kinbox
@@ -304,6 +305,11 @@ rp_latency() {
         DBZ_POLL=$poll dbz_start "$be"
         dbz_ready "$be" || { dbz_stop; rp_drop "$be"; rp_notready "$be" "$sys" "$kind" "$NRL"; return 0; }
         pid=$dpid
+    elif [ "$base" = wal ]; then
+        sql postgresql "$rdb" "SELECT 1 FROM pg_create_logical_replication_slot('kbwal_$idx', 'pgoutput')" >/dev/null
+        RB_SOURCE=wal RB_SLOT=kbwal_$idx "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRL" \
+            > "$rdir/relay.out" 2> "$rdir/relay.log" &
+        pid=$!
     else
         "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRL" \
             > "$rdir/relay.out" 2> "$rdir/relay.log" &

@@ -34,7 +34,7 @@
 #include "relay_log.h"
 #include "rkdestroy.h"
 
-#define LOG_INFLIGHT_MAX 50000 /* records in flight before reading waits */
+#define LOG_INFLIGHT_MAX 10000 /* records in flight before reading waits */
 #define LOG_BURST 2000 /* events read before serving delivery reports */
 #define LOG_WAIT_MS 100 /* a read's wait while nothing is in flight */
 #define LAG_EVERY_MS 10000 /* the slot's figures, this often */
@@ -69,10 +69,12 @@ typedef struct lrelay {
         int ntx;
         bool failed; /* restart from the confirmed position */
         bool opened, started;
+        bool waiting; /* the slot is another reader's: said once */
         pthread_t thr;
         int rc; /* why the thread stopped the relay (0: it did not) */
         char labels[300]; /* relay="NAME" */
         uint64_t acked, dead; /* not yet added to the metrics */
+        kinbox__logpos_t confirmed; /* the last position confirmed */
         int64_t lag_at; /* the slot's figures sampled at (monotonic) */
 } lrelay_t;
 
@@ -274,9 +276,10 @@ on_event(lrelay_t *L, const kinbox__logev_t *ev)
                 t->end = ev->pos;
                 return 0;
         case KINBOX__LOGEV_KEEPALIVE:
-                if (!L->head)
-                        return L->src.ops->confirm(&L->src, &ev->pos);
-                return 0;
+                if (L->head)
+                        return 0;
+                L->confirmed = ev->pos;
+                return L->src.ops->confirm(&L->src, &ev->pos);
         }
         return 0;
 }
@@ -320,6 +323,7 @@ advance(lrelay_t *L)
                 int rc = L->src.ops->confirm(&L->src, &t->end);
                 if (rc)
                         return rc;
+                L->confirmed = t->end;
                 L->head = t->next;
                 if (!L->head)
                         L->tail = NULL;
@@ -413,6 +417,8 @@ pump(lrelay_t *L)
                         break;
                 n++;
         }
+        if (rc >= 0 && L->inflight >= LOG_INFLIGHT_MAX)
+                rc = L->src.ops->confirm(&L->src, &L->confirmed);
         if (rc < 0 && L->src.err[0] && rc != KINBOX_ERR_KAFKA)
                 rlog(L->r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
         rd_kafka_poll(L->rk, n || !L->inflight ? 0 : 5);
@@ -471,19 +477,35 @@ static int
 open_start(lrelay_t *L)
 {
         L->src.err[0] = '\0';
-        int rc = L->src.ops->open(&L->src);
-        if (rc)
+        int rc;
+        if (!L->opened) { /* kinbox__relay_log_start() opened it first */
+                if ((rc = L->src.ops->open(&L->src)))
+                        return rc;
+                L->opened = true;
+        }
+        if ((rc = L->src.ops->start(&L->src)))
                 return rc;
-        L->opened = true;
         if (!L->rk) {
                 L->rk = kinbox__relay_producer_new(L->r);
                 if (!L->rk)
                         return KINBOX_ERR_KAFKA;
         }
-        if ((rc = L->src.ops->start(&L->src)))
-                return rc;
+        if (L->waiting)
+                rlog(L->r, KINBOX_LOG_NOTICE,
+                     "relay (%s): slot %s is ours now", L->src.ops->name,
+                     L->src.slot);
+        L->waiting = false;
         L->started = true;
         return KINBOX_OK;
+}
+
+/* Sleep up to ms, or until the relay stops (the relay's pipe belongs to
+ * the polling relay's thread). */
+static void
+log_sleep(kinbox_relay_t *r, int64_t ms)
+{
+        for (int64_t t = 0; t < ms && !atomic_load(&r->stop); t += 50)
+                kinbox__sleep_ms(ms - t < 50 ? ms - t : 50);
 }
 
 static void *
@@ -508,17 +530,28 @@ log_main(void *arg)
                         kinbox_relay_stop(r);
                         break;
                 }
-                if (!L->started && L->src.err[0])
+                /* The slot is another reader's (its lease): take it over
+                 * within a second of its end. */
+                bool busy = rc == KINBOX_ERR_STATE;
+                if (busy && !L->waiting)
+                        rlog(r, KINBOX_LOG_NOTICE,
+                             "relay (%s): slot %s is in use by another "
+                             "reader; waiting for it",
+                             L->src.ops->name, L->src.slot);
+                else if (!busy && !L->started && L->src.err[0])
                         rlog(r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
+                L->waiting = busy;
                 L->failed = true;
                 if (!wind_down(L)) {
                         L->rc = KINBOX_ERR_KAFKA;
                         kinbox_relay_stop(r);
                         break;
                 }
-                STAT_ADD(r, db_errors, 1);
-                kinbox__relay_wait(
-                    r, kinbox__backoff_ms(failures++, r->base_ms, r->cap_ms));
+                if (!busy)
+                        STAT_ADD(r, db_errors, 1);
+                log_sleep(r, busy ? 1000
+                                  : kinbox__backoff_ms(failures++, r->base_ms,
+                                                       r->cap_ms));
         }
         wind_down(L);
         return NULL;

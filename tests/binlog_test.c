@@ -463,9 +463,10 @@ Test(binlog, source_resumes_after_confirmed)
         src_free(x);
 }
 
-/* Two sources of one name: the second opens, but its start() fails
- * saying why (the loop waits and tries again) until the first's session
- * ends; then it takes over, from the first's stored position. */
+/* Two sources of one name: the second opens, but its start() says
+ * KINBOX_ERR_STATE (busy: the loop waits a second and tries again) until
+ * the first's session ends; then it takes over, from the first's stored
+ * position. */
 Test(binlog, source_one_reader_per_name)
 {
         char *url = kt_fresh_db("mysql");
@@ -474,7 +475,7 @@ Test(binlog, source_one_reader_per_name)
         cr_assert(eq(int, a->s.ops->open(&a->s), 0), "%s", a->s.err);
         cr_assert(eq(int, a->s.ops->start(&a->s), 0), "%s", a->s.err);
         cr_assert(eq(int, b->s.ops->open(&b->s), 0), "%s", b->s.err);
-        cr_expect(eq(int, b->s.ops->start(&b->s), KINBOX_ERR_DB_CONN));
+        cr_expect(eq(int, b->s.ops->start(&b->s), KINBOX_ERR_STATE));
         cr_expect(strstr(b->s.err, "waiting to take over") != NULL, "%s",
                   b->s.err);
         kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key) "

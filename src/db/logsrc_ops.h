@@ -43,7 +43,9 @@
  *  - confirm(): make pos the durable restart point (the next start()
  *    begins after it). Positions given are those of COMMIT / KEEPALIVE
  *    events, never decreasing. May be buffered and sent with the next
- *    feedback; must be sent before close() returns when possible.
+ *    feedback; must be sent before close() returns when possible. The
+ *    position already confirmed again: the loop is not reading (too much
+ *    in flight); the source keeps the server from timing the reader out.
  *    Returns 0 or <0 (connection lost: as next()).
  *  - dead(): record a record that can never be published as written
  *    (row_id > 0: that outbox row goes dead with reason, one UPDATE of

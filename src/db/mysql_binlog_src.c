@@ -32,7 +32,7 @@
 #include "mysql_binlog.h"
 
 #define STORE_EVERY_MS 1000
-#define LOCK_WAIT_S 2
+#define LOCK_WAIT_S 0 /* start(): the loop retries every second */
 #define HEARTBEAT_MS 500
 
 typedef struct blsrc {
@@ -199,11 +199,12 @@ static int
 bl_start(kinbox__logsrc_t *s)
 {
         blsrc_t *b = s->impl;
-        /* Another relay of the name reads: the loop closes, waits and
-         * tries again (the lock is taken when its session ends). */
+        /* Another relay of the name reads (KINBOX_ERR_STATE): the loop
+         * closes, waits a second and tries again; the lock is free once
+         * the reader's session ends. */
         int rc = bl_take(s, b, LOCK_WAIT_S);
         if (rc <= 0)
-                return rc < 0 ? rc : KINBOX_ERR_DB_CONN;
+                return rc < 0 ? rc : KINBOX_ERR_STATE;
         kinbox__binlog_close(b->rd);
         b->rd = NULL;
         b->tx = NULL;

@@ -396,15 +396,15 @@ repl_start(kinbox__logsrc_t *s)
         PGresult *res = PQexec(x->conn, sql);
         if (PQresultStatus(res) != PGRES_COPY_BOTH) {
                 const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-                seterr(s,
-                       "relay.source = wal: START_REPLICATION on slot %s: "
-                       "%s",
-                       s->slot, PQerrorMessage(x->conn));
-                PQclear(res);
                 /* 55006: the slot is active for another relay (its lease):
                  * wait and try again. */
-                return st && !strcmp(st, "55006") ? KINBOX_ERR_STATE
-                                                  : KINBOX_ERR_DB_CONN;
+                bool busy = st && !strcmp(st, "55006");
+                seterr(s,
+                       "relay.source = wal: START_REPLICATION on slot %s: "
+                       "SQLSTATE %s: %s",
+                       s->slot, st ? st : "?????", PQerrorMessage(x->conn));
+                PQclear(res);
+                return busy ? KINBOX_ERR_STATE : KINBOX_ERR_DB_CONN;
         }
         PQclear(res);
         x->in_tx = false;
@@ -439,8 +439,12 @@ static int
 repl_confirm(kinbox__logsrc_t *s, const kinbox__logpos_t *pos)
 {
         repl_t *x = s->impl;
-        if (!x || pos->lsn <= x->confirmed)
+        if (!x)
                 return KINBOX_OK;
+        if (pos->lsn <= x->confirmed) /* the loop is not reading: alive */
+                return kinbox__now_ms() - x->fed_at >= IDLE_FEEDBACK_MS
+                           ? feedback(s, x, false)
+                           : KINBOX_OK;
         x->confirmed = pos->lsn;
         x->dirty = true;
         if (kinbox__now_ms() - x->fed_at >= FEEDBACK_MS / 10)
@@ -761,6 +765,7 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
 {
         repl_t *x = s->impl;
         int64_t until = kinbox__now_ms() + timeout_ms;
+        bool drained = false;
         for (;;) {
                 int64_t now = kinbox__now_ms();
                 if ((x->dirty && now - x->fed_at >= FEEDBACK_MS) ||
@@ -775,12 +780,21 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
                 }
                 int n = PQgetCopyData(x->conn, &x->copybuf, 1);
                 if (n > 0) {
+                        drained = false;
                         int rc = on_copydata(s, x, x->copybuf, n, ev);
                         if (rc)
                                 return rc;
                         continue;
                 }
                 if (n == 0) {
+                        /* What the socket holds already, without waiting
+                         * (also with timeout 0). */
+                        if (!drained) {
+                                drained = true;
+                                if (!PQconsumeInput(x->conn))
+                                        break;
+                                continue;
+                        }
                         int64_t left = until - kinbox__now_ms();
                         if (left <= 0)
                                 return 0;
@@ -939,13 +953,14 @@ kinbox__pg_outbox_emit(struct pg_conn *conn, const void *env, size_t n,
         kinbox__errstr(errstr, errstr_size, "outbox emit: SQLSTATE %s: %s",
                        st ? st : "?????",
                        res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
-        PQclear(res);
+        kinbox_err_t rc = KINBOX_ERR_DB;
         if (PQstatus(conn) != CONNECTION_OK)
-                return KINBOX_ERR_DB_CONN;
-        if (st && (!strcmp(st, "40P01") || !strcmp(st, "40001") ||
-                   !strcmp(st, "55P03")))
-                return KINBOX_ERR_TRANSIENT;
-        return KINBOX_ERR_DB;
+                rc = KINBOX_ERR_DB_CONN;
+        else if (st && (!strcmp(st, "40P01") || !strcmp(st, "40001") ||
+                        !strcmp(st, "55P03")))
+                rc = KINBOX_ERR_TRANSIENT;
+        PQclear(res);
+        return rc;
 }
 
 const kinbox__logsrc_ops_t kinbox__pg_repl_ops = {
