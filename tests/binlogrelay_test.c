@@ -664,3 +664,91 @@ Test(binlogrelay, parity_with_polling, .timeout = 180)
         }
         msgs_free(&all);
 }
+
+/* ------------------------------------- large transaction, large rows, DDL */
+
+/*
+ * A 100,000-row transaction; ~900 kB payloads published byte for byte; a
+ * 1.2 MB one dead (larger than the producer takes) while the relay goes
+ * on; an ALTER TABLE adding a column to the outbox mid-stream, and rows
+ * after it.
+ */
+Test(binlogrelay, big_rows_ddl, .timeout = 400)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_big");
+        char *name = kt_unique("blbig");
+        kt_topic(topic, 4);
+        kinbox_conf_t *bc = relay_conf(url, bootstrap);
+        cset(bc, "relay.source", "binlog");
+        cset(bc, "relay.slot", name);
+        kinbox_relay_t *r = relay_new(bc);
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(relay_reading(url, name, 30));
+        const int big = 100000;
+        char sql[1200];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, "
+                 "aggregate_id, payload) SELECT '%s', CONCAT('big-', seq), "
+                 "CONCAT('agg-', seq %% 16), seq FROM seq_0_to_%d",
+                 topic, big - 1);
+        kt_exec(url, sql);
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, "
+                 "aggregate_id, payload) SELECT '%s', CONCAT('large-', seq), "
+                 "'t', REPEAT(MD5(seq), IF(seq = 2, 37500, 28125)) FROM "
+                 "seq_1_to_3",
+                 topic);
+        kt_exec(url, sql);
+        kt_exec(url, "ALTER TABLE kinbox_outbox ADD COLUMN binlog_extra "
+                     "VARCHAR(10) DEFAULT 'x'");
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, "
+                 "aggregate_id, payload) SELECT '%s', CONCAT('after-', seq), "
+                 "'agg-after', seq FROM seq_0_to_9",
+                 topic);
+        kt_exec(url, sql);
+        size_t want = (size_t)big + 2 + 10;
+        tmsgs_t got;
+        consume(bootstrap, topic, want, 200, 2000, &got);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(eq(sz, got.n, want), "%zu of %zu", got.n, want);
+        char *err = qtext(url, "SELECT CONCAT(status, ': ', last_error) FROM "
+                               "kinbox_outbox WHERE idem_key = 'large-2'");
+        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
+                      strstr(err, "SIZE_TOO_LARGE") != NULL,
+                  "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'pending'"),
+                     1));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int last[16];
+        for (int i = 0; i < 16; i++)
+                last[i] = -1;
+        int after = 0, large = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a;
+                if (sscanf(m->key, "agg-%d", &a) == 1) {
+                        int v = atoi(m->value);
+                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
+                                  last[a]);
+                        last[a] = v;
+                } else if (!strcmp(m->key, "agg-after")) {
+                        cr_assert(eq(int, atoi(m->value), after));
+                        after++;
+                } else {
+                        cr_assert(eq(str, m->key, "t"));
+                        cr_assert(eq(sz, m->value_size, 900000));
+                        large++;
+                }
+        }
+        cr_assert(eq(int, after, 10));
+        cr_assert(eq(int, large, 2));
+        msgs_free(&got);
+}

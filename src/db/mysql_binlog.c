@@ -58,7 +58,7 @@ struct kinbox__binlog {
         MARIADB_RPL *rpl;
         MARIADB_RPL_EVENT *ev;
         char *schema, *table;
-        uint32_t ncols; /* the table's columns at open */
+        uint32_t ncols; /* cols: the table's columns at open, or more */
         int ix[NF]; /* column index of each field, -1: none */
         kinbox__bl_tmap_t tmap;
         bool have_tmap;
@@ -410,18 +410,26 @@ kinbox__binlog_close(kinbox__binlog_t *b)
 
 /* ---- reading */
 
+/* Field f of the row decoded: a NULL column when the table map has no
+ * such column (an event written before a column was added at the end). */
+static const kinbox__bl_col_t *
+fcol(const kinbox__binlog_t *b, int f)
+{
+        static const kinbox__bl_col_t none = {.null = true};
+        int k = b->ix[f];
+        return k < 0 || (uint32_t)k >= b->tmap.ncols ? &none : &b->cols[k];
+}
+
 /* Copy the decoded fields of one row into a block of its own. */
 static int
 row_keep(kinbox__binlog_t *b)
 {
-        const kinbox__bl_col_t *c = b->cols;
         static const int strs[] = {F_KIND, F_DEST,    F_IDEM,
                                    F_AGG,  F_HEADERS, F_STATUS};
         size_t need = 0;
         for (size_t i = 0; i < sizeof(strs) / sizeof(*strs); i++)
-                if (b->ix[strs[i]] >= 0)
-                        need += c[b->ix[strs[i]]].n + 1;
-        need += c[b->ix[F_PAYLOAD]].n + 1;
+                need += fcol(b, strs[i])->n + 1;
+        need += fcol(b, F_PAYLOAD)->n + 1;
         if (b->nrows == b->caprows) {
                 size_t cap = b->caprows ? 2 * b->caprows : 64;
                 kinbox__binlog_row_t *v = realloc(b->rows, cap * sizeof(*v));
@@ -440,23 +448,24 @@ row_keep(kinbox__binlog_t *b)
         char *at = blk;
         /* kind first: rows_clear() frees the block through it. */
         for (size_t i = 0; i < sizeof(strs) / sizeof(*strs); i++) {
-                int k = b->ix[strs[i]];
-                if (k < 0 || (c[k].null && i != 0))
+                const kinbox__bl_col_t *c = fcol(b, strs[i]);
+                if (c->null && i != 0)
                         continue;
-                memcpy(at, c[k].p, c[k].n);
-                at[c[k].n] = '\0';
+                if (c->n)
+                        memcpy(at, c->p, c->n);
+                at[c->n] = '\0';
                 *dst[i] = at;
-                at += c[k].n + 1;
+                at += c->n + 1;
         }
-        const kinbox__bl_col_t *pl = &c[b->ix[F_PAYLOAD]];
+        const kinbox__bl_col_t *pl = fcol(b, F_PAYLOAD);
         if (!pl->null) {
                 memcpy(at, pl->p, pl->n);
                 r->payload = at;
                 r->payload_size = pl->n;
         }
-        r->id = c[b->ix[F_ID]].i;
-        r->max_attempts = b->ix[F_MAXATT] >= 0 ? (int)c[b->ix[F_MAXATT]].i : 0;
-        r->created_at_us = c[b->ix[F_CREATED]].us;
+        r->id = fcol(b, F_ID)->i;
+        r->max_attempts = (int)fcol(b, F_MAXATT)->i;
+        r->created_at_us = fcol(b, F_CREATED)->us;
         b->nrows++;
         return 0;
 }
@@ -475,13 +484,23 @@ on_rows(kinbox__binlog_t *b, MARIADB_RPL_EVENT *ev)
                                "(Connector/C does not decode it)");
                 return KINBOX_ERR_DB;
         }
-        if (re->column_count != b->ncols) {
+        /* Columns added since the relay started (or removed since the
+         * event was written): fields are mapped by position, columns
+         * added at the end leave them in place. */
+        if (re->column_count != b->tmap.ncols) {
                 kinbox__errstr(b->err, sizeof(b->err),
-                               "binlog: %s has %u columns in the binlog, "
-                               "%u when the relay started (ALTER TABLE): "
-                               "reading again",
-                               b->table, re->column_count, b->ncols);
-                return KINBOX_ERR_DB_CONN;
+                               "binlog: a row event of %u columns for a "
+                               "table map of %u",
+                               re->column_count, b->tmap.ncols);
+                return KINBOX_ERR_DB;
+        }
+        if (b->tmap.ncols > b->ncols) {
+                kinbox__bl_col_t *v =
+                    realloc(b->cols, b->tmap.ncols * sizeof(*v));
+                if (!v)
+                        return KINBOX_ERR_NOMEM;
+                b->cols = v;
+                b->ncols = b->tmap.ncols;
         }
         const unsigned char *p = re->row_data;
         const unsigned char *end = p + re->row_data_size;
