@@ -385,6 +385,7 @@ src_new(const char *url, const char *name)
                   KINBOX_OK);
         kinbox__conf_logger(x->conf, &x->log);
         x->s.ops = &kinbox__binlog_src_ops;
+        x->s.url = url;
         x->s.conf = x->conf;
         x->s.log = &x->log;
         return x;
@@ -642,4 +643,34 @@ Test(binlog, connector_api_probe)
         mariadb_free_rpl_event(tm);
         mariadb_rpl_close(rpl);
         kinbox__db_destroy(db);
+}
+
+/* lag() (kinbox status, the relay's metrics), without open(): no position
+ * yet, then the binlog bytes after the stored one, then purged. */
+Test(binlog, source_lag)
+{
+        char *url = kt_fresh_db("mysql");
+        const char *name = kt_unique("rel");
+        src_t *x = src_new(url, name);
+        kinbox__loglag_t lag;
+        cr_assert(eq(int, x->s.ops->lag(&x->s, &lag), 0), "%s", x->s.err);
+        cr_expect(eq(str, lag.state, "none"));
+        cr_expect(eq(i64, lag.retained_bytes, -1));
+        long long seq = kt_qint(url, "SELECT SUBSTRING_INDEX("
+                                     "@@gtid_binlog_pos, '-', -1)");
+        char q[512];
+        snprintf(q, sizeof(q),
+                 "INSERT INTO kinbox_relay_position (relay, gtid) VALUES "
+                 "('%s', '0-1-%lld')",
+                 name, seq);
+        kt_exec(url, q);
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, idem_key, "
+                     "payload) VALUES ('t', 'lag', REPEAT('x', 100000))");
+        cr_assert(eq(int, x->s.ops->lag(&x->s, &lag), 0), "%s", x->s.err);
+        cr_expect(eq(str, lag.state, "ok"));
+        cr_expect(gt(i64, lag.retained_bytes, 100000));
+        purge_after(url, seq);
+        cr_assert(eq(int, x->s.ops->lag(&x->s, &lag), 0), "%s", x->s.err);
+        cr_expect(eq(str, lag.state, "purged"));
+        src_free(x);
 }

@@ -778,3 +778,52 @@ kinbox__binlog_pos_check(kinbox__db_t *db, const char *state, char *err,
         free(oldest.dom);
         return out;
 }
+
+/* Whether every domain of g is at or before the same domain of have. */
+static bool
+state_le(const kinbox__binlog_t *g, const kinbox__binlog_t *have)
+{
+        for (size_t i = 0; i < g->ndom; i++)
+                for (size_t j = 0; j < have->ndom; j++)
+                        if (have->dom[j].d == g->dom[i].d &&
+                            have->dom[j].n < g->dom[i].n)
+                                return false;
+        return true;
+}
+
+int
+kinbox__binlog_pos_retained(kinbox__db_t *db, const char *state,
+                            int64_t *bytes, bool *purged)
+{
+        struct kinbox_rows_s *r = NULL;
+        *bytes = 0;
+        *purged = false;
+        int rc = kinbox__db_query(db, "SHOW BINARY LOGS", 0, NULL, &r);
+        kinbox__binlog_t have = {0};
+        if (!rc && state_parse(&have, state))
+                rc = KINBOX_ERR_INVALID;
+        size_t from = 0; /* the file the position is in */
+        for (size_t i = 0; !rc && i < r->nrows; i++) {
+                char **c = r->values + i * (size_t)r->ncols;
+                kinbox__param_t p = {.v = c[0]};
+                struct kinbox_rows_s *g = NULL;
+                rc = kinbox__db_query(db, "SELECT BINLOG_GTID_POS($1, 4)", 1,
+                                      &p, &g);
+                kinbox__binlog_t start = {0};
+                if (!rc &&
+                    !state_parse(&start, g->nrows ? g->values[0] : NULL)) {
+                        if (state_le(&start, &have))
+                                from = i;
+                        else if (i == 0)
+                                *purged = true;
+                }
+                free(start.dom);
+                kinbox_rows_destroy(g);
+        }
+        for (size_t i = from; !rc && i < r->nrows; i++)
+                *bytes +=
+                    strtoll(r->values[i * (size_t)r->ncols + 1], NULL, 10);
+        free(have.dom);
+        kinbox_rows_destroy(r);
+        return rc;
+}

@@ -127,6 +127,11 @@ int kinbox__binlog_pos_store(struct kinbox__db *db, const char *name,
 int kinbox__binlog_pos_now(struct kinbox__db *db, char **out);
 int kinbox__binlog_pos_check(struct kinbox__db *db, const char *state,
                              char *err, size_t sz);
+/* The binlog bytes a relay at state still has to read, at most (the
+ * files from the one holding state on: the binlog a restart reads), and
+ * whether the binlog after state was purged (then every file's bytes). */
+int kinbox__binlog_pos_retained(struct kinbox__db *db, const char *state,
+                                int64_t *bytes, bool *purged);
 
 /* mysql_binlog_src.c, for outbox resend: the readers' name of conf
  * (relay.slot, else name); kinbox__binlog_hold(): take the readers' lock

@@ -364,6 +364,46 @@ bl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
         return rc;
 }
 
+/* The operator's figures: the binlog bytes after the stored position
+ * (the files from the one holding it), state "ok", "purged" or "none"
+ * (no position stored yet). Works on an open source or not (kinbox
+ * status). */
+static int
+bl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
+{
+        blsrc_t *b = s->impl;
+        kinbox__db_t *db = b ? b->db : NULL;
+        char e[512] = "";
+        if (!db) {
+                db = kinbox__db_new(s->url, s->password, e, sizeof(e));
+                if (!db || kinbox__db_connect(db)) {
+                        kinbox__errstr(s->err, sizeof(s->err), "binlog: %s",
+                                       db ? db->err.msg : e);
+                        kinbox__db_destroy(db);
+                        return KINBOX_ERR_DB_CONN;
+                }
+        }
+        char *pos = NULL;
+        bool purged = false;
+        out->retained_bytes = -1;
+        int rc =
+            kinbox__binlog_pos_load(db, kinbox__binlog_name(s->conf), &pos);
+        if (!rc && pos)
+                rc = kinbox__binlog_pos_retained(db, pos, &out->retained_bytes,
+                                                 &purged);
+        if (rc)
+                kinbox__errstr(s->err, sizeof(s->err), "binlog: %s",
+                               db->err.msg);
+        snprintf(out->state, sizeof(out->state), "%s",
+                 !pos     ? "none"
+                 : purged ? "purged"
+                          : "ok");
+        free(pos);
+        if (db != (b ? b->db : NULL))
+                kinbox__db_destroy(db);
+        return rc;
+}
+
 static void
 bl_close(kinbox__logsrc_t *s)
 {
@@ -383,6 +423,6 @@ const kinbox__logsrc_ops_t kinbox__binlog_src_ops = {
     .next = bl_next,
     .confirm = bl_confirm,
     .dead = bl_dead,
-    .lag = NULL,
+    .lag = bl_lag,
     .close = bl_close,
 };
