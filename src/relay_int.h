@@ -5,7 +5,8 @@
  * publish, mark: step()); relay_kafka.c the producer and the topics'
  * settings; relay_action.c local actions; relay_claim.c claims;
  * relay_mark.c verdicts and marks; relay_wake.c waiting for work (LISTEN,
- * polling, the in-process wake-up through wake.c). The design: relay.c.
+ * polling, the in-process wake-up through wake.c); relay_log.c the log
+ * relay (relay.source = wal | binlog) beside them. The design: relay.c.
  */
 #ifndef KINBOX_RELAY_INT_H
 #define KINBOX_RELAY_INT_H
