@@ -23,6 +23,10 @@
  *                            until migrate applies it
  *   schema/consumer_database a consumer with its own database.url: migrate
  *                            migrates it too, and run refuses it unmigrated
+ *   schema/concurrent_migrates two `kinbox migrate` at once on an empty
+ *                            database, three times: both exit 0 (one
+ *                            waits for the other's lock), every step
+ *                            recorded once
  *   schema/every_command     every command of `kinbox help` that reads or
  *                            writes kinbox's tables (run, status, dead *,
  *                            outbox *, verify, prune, prune --dry-run,
@@ -39,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../handlers/points/points.h"
 #include "db.h"
@@ -659,4 +665,52 @@ ParameterizedTest(int *backend, schema, every_command, .timeout = 300)
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "status = 'sent'"),
                      0));
+}
+
+KT_BACKENDS_PARAMS(schema, concurrent_migrates)
+ParameterizedTest(int *backend, schema, concurrent_migrates, .timeout = 300)
+{
+        for (int round = 0; round < 3; round++) {
+                char *url = kt_empty_db(kt_backend(*backend));
+                char *ini = kt_write_ini(url, "[consumer.p]\ntopics = t\n"
+                                              "handler = points\n");
+                pid_t pid[2];
+                char *log[2];
+                for (int i = 0; i < 2; i++) {
+                        log[i] = kt_tmp("migrate_race");
+                        pid[i] = fork();
+                        cr_assert(pid[i] >= 0);
+                        if (pid[i] == 0) {
+                                char *out = NULL;
+                                int st = kb(&out, "migrate -c %s", ini);
+                                FILE *f = fopen(log[i], "w");
+                                if (f) {
+                                        fputs(out ? out : "", f);
+                                        fclose(f);
+                                }
+                                _exit(st);
+                        }
+                }
+                for (int i = 0; i < 2; i++) {
+                        int st = 0;
+                        bool reaped = waitpid(pid[i], &st, 0) == pid[i];
+                        cr_assert(reaped);
+                        char *out = kt_slurp(log[i]);
+                        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+                        cr_assert(ok,
+                                  "round %d, migrate %d: status %d: %s",
+                                  round, i, st, out ? out : "");
+                        free(out);
+                }
+                int top, n = known_migrations(url, &top);
+                cr_assert(eq(i64,
+                             kt_qint(url, "SELECT COUNT(*) FROM "
+                                          "kinbox_schema_migrations WHERE "
+                                          "component = 'kinbox'"),
+                             n));
+                char *out = NULL;
+                cr_assert(eq(int, kb(&out, "status -c %s", ini), 0), "%s",
+                          out);
+                free(out);
+        }
 }
