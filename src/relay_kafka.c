@@ -196,8 +196,13 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
         if (r->tracing) {
                 const void *tp = NULL;
                 size_t tpn = 0;
-                if (!rd_kafka_header_get_last(kh, KINBOX_TRACEPARENT_HEADER,
-                                              &tp, &tpn))
+                const void *tp2;
+                size_t tpn2;
+                /* One context, or none: W3C ignores several. */
+                if (!rd_kafka_header_get(kh, 0, KINBOX_TRACEPARENT_HEADER,
+                                         &tp, &tpn) &&
+                    rd_kafka_header_get(kh, 1, KINBOX_TRACEPARENT_HEADER,
+                                        &tp2, &tpn2))
                         kinbox__relay_trace_begin(r, it, tp, tpn);
         }
         for (int tries = 0;; tries++) {
