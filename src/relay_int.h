@@ -41,6 +41,11 @@
 #define LIMIT_TTL_MS 60000
 /* Java-compatible keyed partitioning (producer_conf()). */
 #define RELAY_PARTITIONER "murmur2_random"
+/* Producer topic.metadata.refresh.interval.ms unless configured: how long
+ * the relay may keep a topic's old partition count after partitions were
+ * added (librdkafka's default, 5 minutes, put new rows of a key on its old
+ * partition that long). */
+#define RELAY_METADATA_REFRESH_MS "10000"
 
 #define STAT_ADD(r, field, n)                                                 \
         do {                                                                  \

@@ -510,6 +510,12 @@ kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
         r->compressed = ct && strcmp(ct, "none");
         if (!kinbox_conf_get(conf, "kafka.partitioner"))
                 kafka_set_one("partitioner", RELAY_PARTITIONER, &ks);
+        /* Partitions added to a topic: the new count within 10 s, not
+         * librdkafka's 5 minutes (a topic of rows keyed by aggregate
+         * still needs draining first: docs/operations.md). */
+        if (!kinbox_conf_get(conf, "kafka.topic.metadata.refresh.interval.ms"))
+                kafka_set_one("topic.metadata.refresh.interval.ms",
+                              RELAY_METADATA_REFRESH_MS, &ks);
         /* Runs of one aggregate are in flight together: a row must never
          * be written after an earlier row of its partition failed.
          *  - The gapless guarantee turns a failed batch that would leave a
