@@ -196,8 +196,8 @@ kinbox__confval_topics(const char *key, const char *value, char *errstr,
                                          "of a-z A-Z 0-9 . _ -, not \".\" "
                                          "or \"..\"; %zu characters): no "
                                          "broker can have it",
-                                         key, len > 60 ? 60 : (int)len,
-                                         p + s, len > 60 ? "..." : "", len);
+                                         key, len > 60 ? 60 : (int)len, p + s,
+                                         len > 60 ? "..." : "", len);
                         return -1;
                 }
                 p += n + (p[n] ? 1 : 0);

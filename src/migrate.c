@@ -347,12 +347,11 @@ migrate_lock(run_t *r)
 {
         const char *v[1] = {"kinbox_migrate"};
         kinbox_rows_t *rows = NULL;
-        int rc = kinbox__db_queryv(r->db, r->db->ops->sql->lock_wait, 1, v,
-                                   &rows);
-        const char *got =
-            !rc && kinbox_rows_count(rows)
-                ? kinbox_rows_value(rows, 0, 0, NULL)
-                : NULL;
+        int rc =
+            kinbox__db_queryv(r->db, r->db->ops->sql->lock_wait, 1, v, &rows);
+        const char *got = !rc && kinbox_rows_count(rows)
+                              ? kinbox_rows_value(rows, 0, 0, NULL)
+                              : NULL;
         bool held = got && atoi(got) == 1;
         kinbox_rows_destroy(rows);
         if (rc)

@@ -105,8 +105,8 @@ kinbox__msg_traceparent(const kinbox_msg_t *m, kinbox_trace_t *t)
         if (!m->v.headers ||
             rd_kafka_header_get(msg_headers(m), 0, KINBOX_TRACEPARENT_HEADER,
                                 &v, &n) ||
-            !rd_kafka_header_get(msg_headers(m), 1,
-                                 KINBOX_TRACEPARENT_HEADER, &v2, &n2) ||
+            !rd_kafka_header_get(msg_headers(m), 1, KINBOX_TRACEPARENT_HEADER,
+                                 &v2, &n2) ||
             kinbox_trace_parse(v, n, t))
                 return KINBOX_ERR_NOT_FOUND;
         return KINBOX_OK;

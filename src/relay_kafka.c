@@ -199,10 +199,10 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
                 const void *tp2;
                 size_t tpn2;
                 /* One context, or none: W3C ignores several. */
-                if (!rd_kafka_header_get(kh, 0, KINBOX_TRACEPARENT_HEADER,
-                                         &tp, &tpn) &&
-                    rd_kafka_header_get(kh, 1, KINBOX_TRACEPARENT_HEADER,
-                                        &tp2, &tpn2))
+                if (!rd_kafka_header_get(kh, 0, KINBOX_TRACEPARENT_HEADER, &tp,
+                                         &tpn) &&
+                    rd_kafka_header_get(kh, 1, KINBOX_TRACEPARENT_HEADER, &tp2,
+                                        &tpn2))
                         kinbox__relay_trace_begin(r, it, tp, tpn);
         }
         for (int tries = 0;; tries++) {

@@ -813,8 +813,8 @@ ParameterizedTest(int *backend, metrics, status_zero_before_first_message,
         int port = wait_port(log);
         cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
         char *out = NULL, *err = NULL;
-        cr_assert(eq(int, kt_kinbox(&out, &err, false, "status --json -c %s",
-                                    ini),
+        cr_assert(eq(int,
+                     kt_kinbox(&out, &err, false, "status --json -c %s", ini),
                      0),
                   "%s", err);
         cr_assert(strstr(out, "\"dedup_hits\": 0,") != NULL, "%s", out);
@@ -822,9 +822,9 @@ ParameterizedTest(int *backend, metrics, status_zero_before_first_message,
                   out);
         free(out);
         free(err);
-        cr_assert(eq(int, kt_kinbox(&out, &err, false, "status -c %s", ini),
-                     0),
-                  "%s", err);
+        cr_assert(
+            eq(int, kt_kinbox(&out, &err, false, "status -c %s", ini), 0),
+            "%s", err);
         const char *line = strstr(out, "\npoints ");
         cr_assert(line != NULL, "%s", out);
         const char *eol = strchr(line + 1, '\n');

@@ -456,12 +456,22 @@ ParameterizedTest(int *backend, schema, consumer_database, .timeout = 180)
 /* Every command that reads or writes kinbox's tables, with arguments that
  * would change rows; DEAD and OUT stand for a dead letter's and an outbox
  * row's id. */
-static const char *const db_cmds[] = {
-    "run",           "status",         "dead list",         "dead parked",
-    "dead show DEAD", "dead replay DEAD", "dead discard DEAD", "outbox list",
-    "outbox requeue OUT", "outbox cancel OUT", "outbox pause d",
-    "outbox resume d", "verify",        "prune",             "prune --dry-run",
-    "reconcile"};
+static const char *const db_cmds[] = {"run",
+                                      "status",
+                                      "dead list",
+                                      "dead parked",
+                                      "dead show DEAD",
+                                      "dead replay DEAD",
+                                      "dead discard DEAD",
+                                      "outbox list",
+                                      "outbox requeue OUT",
+                                      "outbox cancel OUT",
+                                      "outbox pause d",
+                                      "outbox resume d",
+                                      "verify",
+                                      "prune",
+                                      "prune --dry-run",
+                                      "reconcile"};
 /* The commands that touch no table, or (migrate) check the schema to
  * change it (the tests above). */
 static const char *const other_cmds[] = {"migrate", "config-reference",
@@ -608,10 +618,10 @@ ParameterizedTest(int *backend, schema, every_command, .timeout = 300)
         kt_exec(url, sql);
         kt_exec(url, "INSERT INTO kinbox_offsets (consumer, topic, "
                      "kafka_partition, next_offset) VALUES ('p', 't', 0, 20)");
-        char *ini = kt_write_ini(url,
-                                 "[consumer.p]\ntopics = t\nhandler = "
-                                 "points\n[prune]\ninbox.retention = 14d\n"
-                                 "outbox.retention = 7d\n");
+        char *ini =
+            kt_write_ini(url, "[consumer.p]\ntopics = t\nhandler = "
+                              "points\n[prune]\ninbox.retention = 14d\n"
+                              "outbox.retention = 7d\n");
 
         /* Newer: version 99. */
         kt_exec(url, "INSERT INTO kinbox_schema_migrations (component, "
@@ -697,8 +707,7 @@ ParameterizedTest(int *backend, schema, concurrent_migrates, .timeout = 300)
                         cr_assert(reaped);
                         char *out = kt_slurp(log[i]);
                         bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-                        cr_assert(ok,
-                                  "round %d, migrate %d: status %d: %s",
+                        cr_assert(ok, "round %d, migrate %d: status %d: %s",
                                   round, i, st, out ? out : "");
                         free(out);
                 }

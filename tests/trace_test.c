@@ -493,24 +493,22 @@ ParameterizedTest(int *backend, trace, shutdown_with_a_hung_collector,
                                  ntohs(a.sin_port), kt_unique("trhg"), topic);
         char *log = kt_tmp("trace_hang");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(eq(i64,
-                     kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox",
-                                  50, 90),
-                     50));
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 50, 90),
+               50));
         sleep(1); /* the exporter is inside a request that hangs */
         long long t0 = kt_clock_ms();
         kill(pid, SIGTERM);
         int st = kt_wait_exit(pid, 60);
         long long took = kt_clock_ms() - t0;
         char *text = kt_slurp(log);
-        cr_assert(eq(int, st, 0), "exit %d after %lld ms: %s", st, took,
-                  text);
+        cr_assert(eq(int, st, 0), "exit %d after %lld ms: %s", st, took, text);
         cr_assert(took < 15000, "SIGTERM took %lld ms: %s", took, text);
         cr_assert(strstr(text, "shutdown: ") &&
                       strstr(text, "trace collector at http://127.0.0.1:"),
                   "%s", text);
-        cr_assert(strstr(text, "shutdown did not finish") == NULL, "%s",
-                  text);
+        cr_assert(strstr(text, "shutdown did not finish") == NULL, "%s", text);
         free(text);
         close(ls);
 }

@@ -425,8 +425,10 @@ Test(trace, two_traceparents_are_ignored)
         kinbox_header_t h[3] = {{"traceparent", a, sizeof(a) - 1},
                                 {"other", "x", 1},
                                 {"traceparent", b, sizeof(b) - 1}};
-        kinbox__msg_parts_t parts = {.id = "m", .topic = "t",
-                                     .timestamp = -1, .headers = h,
+        kinbox__msg_parts_t parts = {.id = "m",
+                                     .topic = "t",
+                                     .timestamp = -1,
+                                     .headers = h,
                                      .nheaders = 3};
         kinbox_msg_t *m = kinbox__msg_from_parts(&parts);
         cr_assert(m != NULL);
@@ -444,8 +446,10 @@ Test(trace, two_traceparents_are_ignored)
 
         /* An outbox row written with two: neither is its parent; it is
          * stored with the one context of the message being handled. */
-        kinbox_outbox_msg_t row = {.destination = "d", .idem_key = "k",
-                                   .headers = h, .header_count = 3};
+        kinbox_outbox_msg_t row = {.destination = "d",
+                                   .idem_key = "k",
+                                   .headers = h,
+                                   .header_count = 3};
         kinbox__outbox_trace_t ot;
         const kinbox_outbox_msg_t *out =
             kinbox__outbox_trace_begin(&ot, &row, m);

@@ -262,8 +262,7 @@ range_count(kinbox__db_t *db, const char *table, const char *name)
 #pragma GCC diagnostic pop
         struct kinbox_rows_s *r = NULL;
         int64_t v = -1;
-        if (!kinbox__db_query(db, q, 0, NULL, &r) && r->nrows &&
-            r->values[0])
+        if (!kinbox__db_query(db, q, 0, NULL, &r) && r->nrows && r->values[0])
                 v = strtoll(r->values[0], NULL, 10);
         kinbox_rows_destroy(r);
         return v;
