@@ -359,6 +359,9 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
                                        value);
                         return KINBOX_ERR_INVALID;
                 }
+                if (!strcmp(p->key, "topics") &&
+                    kinbox__confval_topics(p->key, value, errstr, sz))
+                        return KINBOX_ERR_INVALID;
                 if ((!strcmp(p->key, "handler") ||
                      !strcmp(p->key, "relay.modules")) &&
                     check_module_names(p->key, value, errstr, sz))

@@ -41,6 +41,11 @@
 #define LIMIT_TTL_MS 60000
 /* Java-compatible keyed partitioning (producer_conf()). */
 #define RELAY_PARTITIONER "murmur2_random"
+/* Producer topic.metadata.refresh.interval.ms unless configured: how long
+ * the relay may keep a topic's old partition count after partitions were
+ * added (librdkafka's default, 5 minutes, put new rows of a key on its old
+ * partition that long). */
+#define RELAY_METADATA_REFRESH_MS "10000"
 
 #define STAT_ADD(r, field, n)                                                 \
         do {                                                                  \
@@ -187,7 +192,18 @@ struct kinbox_relay_s {
         bool checker_started, checker_stop;
         bool rk_left; /* a Kafka client outlived its destroy bound: r stays */
         bool compressed; /* kafka.compression.type is set, not none */
+        /* Failed attempts are said one line per FAIL_LOG_MS, the rest
+         * summed (a broker outage fails every row; relay thread only). */
+        struct {
+                int64_t at; /* monotonic ms of the last line, 0 never */
+                uint64_t failed, dead; /* since then, not said */
+                char last[ERR_MAX + 200]; /* the last of those */
+        } faillog;
 };
+
+/* relay_mark.c: say the failed attempts summed since the last line, if
+ * any (the relay's thread; at stop). */
+void kinbox__relay_faillog_flush(kinbox_relay_t *r);
 
 static inline void rlog(kinbox_relay_t *r, int level, const char *fmt, ...)
     KINBOX_PRINTF(3, 4);

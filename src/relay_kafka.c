@@ -196,8 +196,13 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
         if (r->tracing) {
                 const void *tp = NULL;
                 size_t tpn = 0;
-                if (!rd_kafka_header_get_last(kh, KINBOX_TRACEPARENT_HEADER,
-                                              &tp, &tpn))
+                const void *tp2;
+                size_t tpn2;
+                /* One context, or none: W3C ignores several. */
+                if (!rd_kafka_header_get(kh, 0, KINBOX_TRACEPARENT_HEADER, &tp,
+                                         &tpn) &&
+                    rd_kafka_header_get(kh, 1, KINBOX_TRACEPARENT_HEADER, &tp2,
+                                        &tpn2))
                         kinbox__relay_trace_begin(r, it, tp, tpn);
         }
         for (int tries = 0;; tries++) {
@@ -505,6 +510,12 @@ kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
         r->compressed = ct && strcmp(ct, "none");
         if (!kinbox_conf_get(conf, "kafka.partitioner"))
                 kafka_set_one("partitioner", RELAY_PARTITIONER, &ks);
+        /* Partitions added to a topic: the new count within 10 s, not
+         * librdkafka's 5 minutes (a topic of rows keyed by aggregate
+         * still needs draining first: docs/operations.md). */
+        if (!kinbox_conf_get(conf, "kafka.topic.metadata.refresh.interval.ms"))
+                kafka_set_one("topic.metadata.refresh.interval.ms",
+                              RELAY_METADATA_REFRESH_MS, &ks);
         /* Runs of one aggregate are in flight together: a row must never
          * be written after an earlier row of its partition failed.
          *  - The gapless guarantee turns a failed batch that would leave a

@@ -793,3 +793,46 @@ Test(metrics, health_during_broker_outage_and_slowloris, .timeout = 180)
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
 }
+
+/* Before its first message a running consumer has counted no duplicate:
+ * kinbox status shows 0 (not n/a, which means no process to ask). */
+KT_BACKENDS_PARAMS(metrics, status_zero_before_first_message)
+ParameterizedTest(int *backend, metrics, status_zero_before_first_message,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("met0");
+        kt_topic(topic, 1);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "[metrics]\nlisten = 127.0.0.1:%d\n",
+                                 kt_unique("met0g"), topic, kt_free_port());
+        char *log = kt_tmp("metrics0");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
+        char *out = NULL, *err = NULL;
+        cr_assert(eq(int,
+                     kt_kinbox(&out, &err, false, "status --json -c %s", ini),
+                     0),
+                  "%s", err);
+        cr_assert(strstr(out, "\"dedup_hits\": 0,") != NULL, "%s", out);
+        cr_assert(strstr(out, "\"business_duplicates\": 0,") != NULL, "%s",
+                  out);
+        free(out);
+        free(err);
+        cr_assert(
+            eq(int, kt_kinbox(&out, &err, false, "status -c %s", ini), 0),
+            "%s", err);
+        const char *line = strstr(out, "\npoints ");
+        cr_assert(line != NULL, "%s", out);
+        const char *eol = strchr(line + 1, '\n');
+        const char *na = strstr(line, "n/a");
+        bool no_na = !na || (eol && na > eol);
+        cr_assert(no_na, "%s", out);
+        free(out);
+        free(err);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+}

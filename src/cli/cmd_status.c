@@ -79,8 +79,10 @@ local_metrics(const char *listen)
         return buf;
 }
 
-/* A consumer's counter of messages with result in a /metrics text, -1
- * when absent. */
+/* A consumer's counter of messages with result in a /metrics text: 0
+ * when the process runs the consumer but has not counted one yet (the
+ * series appears with its first message), -1 when the text is absent or
+ * does not name the consumer. */
 static long long
 dedup_hits(const char *text, const char *consumer, const char *result)
 {
@@ -90,7 +92,10 @@ dedup_hits(const char *text, const char *consumer, const char *result)
                  "result=\"%s\"} ",
                  consumer, result);
         const char *p = text ? strstr(text, series) : NULL;
-        return p ? strtoll(p + strlen(series), NULL, 10) : -1;
+        if (p)
+                return strtoll(p + strlen(series), NULL, 10);
+        snprintf(series, sizeof(series), "{consumer=\"%s\"", consumer);
+        return text && strstr(text, series) ? 0 : -1;
 }
 
 /* Committed offsets, high watermarks and lag of a consumer's group, into

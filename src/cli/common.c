@@ -34,12 +34,13 @@ kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond, const volatile int *stop,
 int
 ctx_open(ctx_t *x)
 {
-        char err[2048];
-        if (kb_config_load(x->o.config, &x->cfg, err, sizeof(err))) {
-                fprintf(stderr, "kinbox %s: %s\n", x->o.cmd, err);
-                return KB_EX_USAGE;
-        }
+        /* A schema this binary does not know (older or newer) is refused
+         * before any command reads or changes it. */
+        int ex = kb_schema_load(x->o.config, &x->cfg, x->o.cmd);
+        if (ex)
+                return ex;
         x->loaded = true;
+        char err[2048];
         x->adm = kinbox_admin_new(x->cfg.base, err, sizeof(err));
         if (!x->adm) {
                 fprintf(stderr, "kinbox %s: %s\n", x->o.cmd, err);
@@ -51,9 +52,7 @@ ctx_open(ctx_t *x)
                         x->o.cmd, kinbox_admin_errstr(x->adm));
                 return KB_EX_DB;
         }
-        /* A schema this binary does not know (older or newer) is refused
-         * before any command reads or changes it. */
-        return kb_schema_check_config(&x->cfg, x->o.cmd);
+        return KB_EX_OK;
 }
 
 void

@@ -184,6 +184,61 @@ repeated_section(FILE *fp, const char *path, char *errstr, size_t sz)
         return found;
 }
 
+/* libinih's limits: a line of at most INI_MAX_LINE - 3 characters (a
+ * longer one is cut and its rest read as another line), a section name
+ * of at most KB_INI_MAX_SECTION - 1 (cut silently; its ini.c's
+ * MAX_SECTION). */
+#define KB_INI_MAX_SECTION 50
+#define KB_INI_LINE (INI_MAX_LINE - 3)
+#define KB_INI_SECTION (KB_INI_MAX_SECTION - 1)
+
+/* A line or a section header libinih would cut (a [consumer.NAME] with a
+ * long NAME: a "syntax error", or a consumer named by its first 40
+ * characters). Returns its line (error in errstr) or 0; fp is rewound. */
+static int
+over_limits(FILE *fp, const char *path, char *errstr, size_t sz)
+{
+        char buf[KB_INI_LINE + 3];
+        int line = 0, found = 0;
+        bool cont = false; /* buf continues the line before */
+        while (!found && fgets(buf, sizeof(buf), fp)) {
+                size_t n = strlen(buf);
+                bool whole = n && buf[n - 1] == '\n';
+                if (!cont)
+                        line++;
+                cont = !whole && !feof(fp);
+                if (cont || (!whole && n > KB_INI_LINE)) {
+                        snprintf(errstr, sz,
+                                 "%s:%d: line longer than %d characters "
+                                 "(the limit of the INI reader): shorten it "
+                                 "(a long value can come from ${VAR})",
+                                 path, line, KB_INI_LINE);
+                        found = line;
+                        break;
+                }
+                char *p = buf + strspn(buf, " \t");
+                char *end = *p == '[' ? strchr(p, ']') : NULL;
+                if (!end || end - p - 1 <= KB_INI_SECTION)
+                        continue;
+                found = line;
+                *end = '\0';
+                if (!strncmp(p + 1, "consumer.", 9))
+                        snprintf(errstr, sz,
+                                 "%s:%d: [%s]: the consumer name is %d "
+                                 "characters long; at most %d (a section "
+                                 "name has at most %d)",
+                                 path, line, p + 1, (int)(end - p - 10),
+                                 KB_INI_SECTION - 9, KB_INI_SECTION);
+                else
+                        snprintf(errstr, sz,
+                                 "%s:%d: [%s]: a section name has at most %d "
+                                 "characters",
+                                 path, line, p + 1, KB_INI_SECTION);
+        }
+        rewind(fp);
+        return found;
+}
+
 /* A failed key: the message is in L->err; v is freed. Returns 0 (stop). */
 static int
 kv_failed(load_t *L, char *v)
@@ -345,7 +400,9 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                          path);
                 goto out;
         }
-        int dup = repeated_section(fp, path, errstr, sz);
+        int dup = over_limits(fp, path, errstr, sz);
+        if (!dup)
+                dup = repeated_section(fp, path, errstr, sz);
         int line = dup ? 0 : ini_parse_file(fp, on_kv, L);
         fclose(fp);
         if (dup)

@@ -132,8 +132,12 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd)
                 kinbox_err_t rc =
                     kinbox_schema_check(t.db[i], NULL, err, sizeof(err));
                 if (rc) {
-                        fprintf(stderr, "kinbox %s: %s: %s\n", cmd,
-                                t.db_where[i], err);
+                        fprintf(stderr, "kinbox %s: %s: %s%s\n", cmd,
+                                t.db_where[i],
+                                rc == KINBOX_ERR_DB_CONN
+                                    ? "database unreachable: "
+                                    : "",
+                                err);
                         ex = kb_schema_exit(rc);
                 }
         }
@@ -149,5 +153,19 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd)
                         ex = kb_schema_exit(rc);
                 }
         }
+        return ex;
+}
+
+int
+kb_schema_load(const char *path, kb_config_t *cfg, const char *cmd)
+{
+        char err[2048];
+        if (kb_config_load(path, cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox %s: %s\n", cmd, err);
+                return KB_EX_USAGE;
+        }
+        int ex = kb_schema_check_config(cfg, cmd);
+        if (ex)
+                kb_config_free(cfg);
         return ex;
 }

@@ -18,6 +18,15 @@
  * KB_EX_DB: unreachable) with one line on stderr naming the section. */
 int kb_schema_check_config(kb_config_t *cfg, const char *cmd);
 
+/* Load the configuration at path for command cmd and run
+ * kb_schema_check_config() on it: how every command that reads or writes
+ * kinbox's tables loads its configuration (`run`, the operator commands
+ * through ctx_open(), `prune`, `reconcile`); only `migrate`, which changes
+ * the schema, loads without it. 0 with *cfg loaded, or the exit status
+ * (printed on stderr; *cfg freed). Not thread-safe (getenv, module
+ * loading). */
+int kb_schema_load(const char *path, kb_config_t *cfg, const char *cmd);
+
 #define KB_MAX_MODS (KB_MAX_CONSUMERS + 16)
 
 /* What a configuration names: its distinct databases (the first section

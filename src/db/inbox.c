@@ -251,6 +251,23 @@ kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c, char **m,
         return KINBOX_OK;
 }
 
+/* The exact row count of range partition name of table, -1 unknown. */
+static int64_t
+range_count(kinbox__db_t *db, const char *table, const char *name)
+{
+        char q[300];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(q, sizeof(q), db->ops->sql->range_count, table, name);
+#pragma GCC diagnostic pop
+        struct kinbox_rows_s *r = NULL;
+        int64_t v = -1;
+        if (!kinbox__db_query(db, q, 0, NULL, &r) && r->nrows && r->values[0])
+                v = strtoll(r->values[0], NULL, 10);
+        kinbox_rows_destroy(r);
+        return v;
+}
+
 int
 kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
                     const char *count_fmt, kinbox__range_t **out, size_t *n,
@@ -279,6 +296,12 @@ kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
         if (!a)
                 return KINBOX_ERR_NOMEM;
         *out = a;
+        /* No estimate before the first ANALYZE (PostgreSQL's reltuples
+         * -1 or 0, MySQL's TABLE_ROWS 0): count such ranges exactly, so a
+         * dry run never reports "about 0 rows" for a full range. */
+        for (size_t i = 0; i < *n; i++)
+                if (a[i].rows <= 0)
+                        a[i].rows = range_count(db, table, a[i].name);
         if (!catchall_rows)
                 return KINBOX_OK;
         char q[200];

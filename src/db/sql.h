@@ -26,6 +26,14 @@ struct kinbox__sql {
          * row, '1'/'t' when acquired. */
         const char *try_lock;
         const char *unlock;
+        /* $1 lock name: wait for it (up to 10 minutes on MySQL), held by
+         * the session until its connection closes (kinbox migrate: one at
+         * a time per database). One row, '1' when acquired. */
+        const char *lock_wait;
+        /* printf format of (table, range partition name): the exact row
+         * count of one range (kinbox__ranges_read() when the catalog has
+         * no estimate yet). */
+        const char *range_count;
         /* Migrations: the kinbox_schema_migrations table (idempotent DDL)
          * and the text around a migration script so that it applies
          * atomically ("" where DDL commits implicitly: those scripts are
