@@ -61,7 +61,8 @@ typedef struct kinbox__inbox_row {
         int32_t partition;
         int64_t offset;
         int64_t msg_ms; /* the message's time (Kafka timestamp), ms since
-                         * the epoch; -1: unknown (now is used) */
+                         * the epoch; -1: unknown (keyed by the epoch's
+                         * range, db/inbox.c) */
 } kinbox__inbox_row_t;
 
 /** Error detail of the last failed call. */

@@ -16,6 +16,11 @@
  * them has b - tA <= skew, so A's shadow and B's own row share a key,
  * whichever comes first. Only unique-key collisions decide: concurrent
  * copies need no lock and no read-then-write.
+ *
+ * A record without a time (timestamp -1) is keyed by the epoch's range:
+ * never a range partition, always the catch-all, pruned row by row by
+ * processed_at like the plain layout. The consumer's clock never places
+ * a row.
  */
 #include "../db.h"
 #include "../internal.h"
@@ -116,7 +121,15 @@ kinbox__inbox_puts(const kinbox__db_t *db,
         size_t k = 0;
         for (size_t j = 0; j < n; j++) {
                 size_t i = ix[j].idx;
-                int64_t ms = rows[i].msg_ms >= 0 ? rows[i].msg_ms : now;
+                /* No time (-1): the epoch's range, in the catch-all,
+                 * where every copy of the record looks again whatever
+                 * day it comes; msg_at records when it was processed. */
+                if (rows[i].msg_ms < 0) {
+                        p[k++] = (kinbox__inbox_put_t){i, 0, now, false,
+                                                       false};
+                        continue;
+                }
+                int64_t ms = rows[i].msg_ms;
                 int64_t part = kinbox__inbox_part_of(ms, w);
                 p[k++] = (kinbox__inbox_put_t){i, part, ms, false, false};
                 /* Within skew of the end of its range: a later copy of

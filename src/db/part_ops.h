@@ -43,8 +43,14 @@ struct kinbox__part_ops {
         /* Create table (absent), partitioned, with only its catch-all(s);
          * first_s: where MySQL's p_past ends. */
         int (*create)(kinbox__db_t *db, const char *table, int64_t first_s);
+        /* The database's clock (ms since the epoch, UTC): the only clock
+         * a range is created or dropped by. */
+        int (*clock)(kinbox__db_t *db, int64_t *now_ms);
         /* Add [start_s, start_s + width_s) above every range of table;
-         * rows of it that a catch-all holds move in. */
+         * rows of it that a catch-all holds move in. Metadata only on
+         * MySQL: p_future is reorganized only when empty (its rows,
+         * future-dated messages, are swapped out to a table and back
+         * around it). */
         int (*add)(kinbox__db_t *db, const char *table, int64_t start_s,
                    int64_t width_s);
         /* Drop the lowest range r of kinbox_inbox, keeping the rows that
@@ -53,9 +59,13 @@ struct kinbox__part_ops {
          * the detached table dropped in one of its own; on MySQL through
          * the table kinbox_inbox_old_<start>). A crash between the steps
          * leaves that table, which finish() completes. *kept: rows
-         * kept. */
+         * kept. Refused (KINBOX_ERR_STATE, db->err) unless r's end is
+         * over ret_ms old by the database's clock, checked in the step
+         * that detaches it, whatever the host's clock says. Metadata only
+         * on both backends: MySQL swaps the range out (EXCHANGE) and
+         * drops the empty partition; p_past is never folded in. */
         int (*drop)(kinbox__db_t *db, const kinbox__range_t *r,
-                    int64_t width_s, uint64_t *kept);
+                    int64_t width_s, int64_t ret_ms, uint64_t *kept);
         /* Complete the drops a crash interrupted. */
         int (*finish)(kinbox__db_t *db);
         /* Conversion of a plain kinbox_inbox into kinbox_inbox_conv:

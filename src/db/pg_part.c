@@ -101,10 +101,49 @@ pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
 }
 
 static int
-pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
-        uint64_t *kept)
+pg_clock(kinbox__db_t *db, int64_t *now_ms)
 {
-        (void)width_s;
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db,
+                                  "SELECT floor(extract(epoch FROM "
+                                  "clock_timestamp()) * 1000)::bigint",
+                                  0, NULL, &r);
+        *now_ms = !rc && r->nrows && r->values[0]
+                      ? strtoll(r->values[0], NULL, 10)
+                      : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+/* In the drop's transaction: whether the range ending at end_s is over
+ * ret_ms old by the database's clock; KINBOX_ERR_STATE when it is not. */
+static int
+pg_old_enough(kinbox__db_t *db, const kinbox__range_t *r, int64_t end_s,
+              int64_t ret_ms)
+{
+        char g[200];
+        snprintf(g, sizeof(g),
+                 "SELECT to_timestamp(%" PRId64 ") <= now() - %" PRId64
+                 " * interval '1 millisecond'",
+                 end_s, ret_ms);
+        struct kinbox_rows_s *o = NULL;
+        int rc = db->ops->query(db, g, 0, NULL, -1, &o);
+        bool old = !rc && o->nrows && o->values[0] && o->values[0][0] == 't';
+        kinbox_rows_destroy(o);
+        if (!rc && !old) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "range %s is not past the retention by the "
+                                  "database's clock: not dropped",
+                                  r->name);
+                rc = KINBOX_ERR_STATE;
+        }
+        return rc;
+}
+
+static int
+pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
+        int64_t ret_ms, uint64_t *kept)
+{
         char d[160], k[1024], x[160];
         snprintf(d, sizeof(d), "ALTER TABLE kinbox_inbox DETACH PARTITION %s",
                  r->name);
@@ -119,8 +158,12 @@ pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
         const char *v[] = {LOCK_WAIT, d};
         int rc = db->ops->begin(db);
         struct kinbox_rows_s *n = NULL;
-        for (size_t i = 0; !rc && i < 2; i++)
-                rc = db->ops->query(db, v[i], 0, NULL, -1, NULL);
+        if (!rc)
+                rc = db->ops->query(db, v[0], 0, NULL, -1, NULL);
+        if (!rc)
+                rc = pg_old_enough(db, r, r->start_s + width_s, ret_ms);
+        if (!rc)
+                rc = db->ops->query(db, v[1], 0, NULL, -1, NULL);
         if (!rc)
                 rc = db->ops->query(db, k, 0, NULL, -1, &n);
         rc = kinbox__db_end(db, rc);
@@ -292,6 +335,7 @@ pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 
 const struct kinbox__part_ops kinbox__pg_part = {
     .list = pg_list,
+    .clock = pg_clock,
     .create = pg_create,
     .add = pg_add,
     .drop = pg_drop,
