@@ -328,6 +328,8 @@ convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows,
         if (!rc)
                 rc = po->swap(db, w, skew);
         *swap_ms = kinbox__now_ms() - t0;
+        if (!rc)
+                rc = po->legacy(db, s->inbox_retention);
         if (rc) {
                 int keep = rc;
                 po->mirror(db, false, w, skew);
@@ -398,8 +400,10 @@ keep_partitioned(kinbox__db_t *db, const kinbox__settings_t *s, char *errstr,
                                db->inbox_width_s, w);
                 return KINBOX_ERR_CONFIG;
         }
-        if (skew == db->inbox_skew_s)
-                return KINBOX_OK;
+        /* A crash between a conversion's swap and its legacy_until. */
+        int rc = db->ops->part->legacy(db, s->inbox_retention);
+        if (rc || skew == db->inbox_skew_s)
+                return rc;
         char v[24];
         snprintf(v, sizeof(v), "%" PRId64, skew);
         const char *p[1] = {v};
@@ -432,6 +436,8 @@ swapped(kinbox__db_t *db, const kinbox__settings_t *s, char *errstr, size_t sz)
                                        "(table_name, width_s, skew_s) VALUES "
                                        "('kinbox_inbox', $1, $2)",
                                        2, p, NULL);
+        if (!rc)
+                rc = db->ops->part->legacy(db, s->inbox_retention);
         if (rc)
                 kinbox__errstr(errstr, sz, "partitioning kinbox_inbox: %s",
                                db->err.msg);

@@ -679,6 +679,59 @@ ParameterizedTest(int *backend, partition, no_timestamp, .timeout = 180)
         cr_expect(eq(i64, applied(url, "late"), 1));
 }
 
+/* ---- a conversion from an inbox written before msg_at ---- */
+
+KT_BACKENDS_PARAMS(partition, convert_legacy)
+ParameterizedTest(int *backend, partition, convert_legacy, .timeout = 240)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        make_applied(url, *backend);
+        char *topic = kt_unique("pt-g");
+        kt_topic(topic, 1);
+        int64_t now = now_ms();
+        const char *ids[] = {"legacy-late", "legacy-now", "plain-no-time"};
+        int64_t ts[] = {now - 2 * DAY_MS - 3600000, now, -1};
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < 3; i++)
+                kt_produce_at(p, topic, 0, "k", "{}", ids[i], ts[i]);
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *c = kt_conf(url, "ptg", kt_unique("ptg"), topic);
+        kinbox_conf_t *later = kinbox_conf_dup(c);
+        kt_set(later, "inbox.layout", "partitioned");
+        consume_all(c, topic, 1);
+        /* Rows as kinbox wrote them before msg_at (schema 0008): the
+         * first consumed two days after it was produced. */
+        kt_exec(url, "UPDATE kinbox_inbox SET msg_at = NULL, part_at = NULL "
+                     "WHERE message_id LIKE 'legacy-%'");
+        kinbox_conf_t *mc = kinbox_conf_new();
+        kt_set(mc, "database.url", url);
+        kt_set(mc, "inbox.layout", "partitioned");
+        migrate_ok(mc);
+        kinbox_conf_destroy(mc);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_partitioning "
+                                  "WHERE legacy_until IS NOT NULL"),
+                     1));
+        /* The three keyed by the epoch's range, in the catch-all. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "part_at < '2000-01-01'"),
+                     3));
+        /* Redelivered a day later, with one never seen: only that one
+         * applied. */
+        setenv("KINBOX_FAULT_CLOCK_S", "86400", 1);
+        p = kt_producer_new();
+        for (int i = 0; i < 3; i++)
+                kt_produce_at(p, topic, 0, "k", "{}", ids[i], ts[i]);
+        kt_produce_at(p, topic, 0, "k", "{}", "fresh", now);
+        kt_producer_flush_destroy(p);
+        consume_all(later, topic, 1);
+        unsetenv("KINBOX_FAULT_CLOCK_S");
+        for (int i = 0; i < 3; i++)
+                cr_expect(eq(i64, applied(url, ids[i]), 1), "%s", ids[i]);
+        cr_expect(eq(i64, applied(url, "fresh"), 1));
+}
+
 /* ---- the catch-all is never copied by a drop or an add ---- */
 
 KT_BACKENDS_PARAMS(partition, catchall_million)

@@ -278,20 +278,24 @@ my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
 
 /* The INSERT ... SELECT of a row and, within skew of its range's end,
  * its shadow (db/inbox.c): cols are the source's columns up to msg_at,
- * t its time, from/where the rest of the SELECT. */
+ * t its time, e true for a row without a record time (the epoch's range,
+ * no shadow), from/where the rest of the SELECT. */
 static void
 copy_sql(char *out, size_t sz, const char *ins, const char *cols,
-         const char *t, const char *from, int64_t width_s, int64_t skew_s)
+         const char *t, const char *e, const char *from, int64_t width_s,
+         int64_t skew_s)
 {
-        char bk[400];
-        bucket(bk, sizeof(bk), t, width_s);
+        char b[400], bk[600];
+        bucket(b, sizeof(b), t, width_s);
+        snprintf(bk, sizeof(bk), "(CASE WHEN %s THEN " EPOCH " ELSE %s END)",
+                 e, b);
         snprintf(out, sz,
                  "%s (" KINBOX__INBOX_COLS ") SELECT %s, %s, 0%s UNION ALL "
                  "SELECT %s, %s + INTERVAL %" PRId64
-                 " SECOND, 1%s AND %" PRId64
+                 " SECOND, 1%s AND NOT %s AND %" PRId64
                  " > 0 AND TIMESTAMPDIFF(MICROSECOND, %s, %s + INTERVAL "
                  "%" PRId64 " SECOND) <= %" PRId64,
-                 ins, cols, bk, from, cols, bk, width_s, from, skew_s, t, bk,
+                 ins, cols, bk, from, cols, b, width_s, from, e, skew_s, t, b,
                  width_s, skew_s * 1000000);
 }
 
@@ -317,6 +321,7 @@ my_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
                  "NEW.kafka_partition, NEW.kafka_offset, NEW.processed_at, "
                  "NEW.msg_at",
                  "COALESCE(NEW.msg_at, UTC_TIMESTAMP(3))",
+                 "(NEW.msg_at IS NULL OR NEW.part_at <=> " EPOCH ")",
                  " FROM DUAL WHERE 1", width_s, skew_s);
         int rc = run(db, sql);
         if (!rc)
@@ -372,7 +377,9 @@ my_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
         copy_sql(sql, sizeof(sql), "INSERT IGNORE INTO kinbox_inbox_conv",
                  "consumer, message_id, topic, kafka_partition, kafka_offset, "
                  "processed_at, msg_at",
-                 "COALESCE(msg_at, processed_at)", where, width_s, skew_s);
+                 "COALESCE(msg_at, processed_at)",
+                 "(msg_at IS NULL OR part_at <=> " EPOCH ")", where, width_s,
+                 skew_s);
         uint64_t n = 0;
         rc = run_count(db, sql, last ? 2 : 4, p, &n);
         if (!rc && !last)
@@ -403,6 +410,19 @@ my_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
 }
 
 static int
+my_legacy(kinbox__db_t *db, int64_t ret_ms)
+{
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "UPDATE kinbox_partitioning SET legacy_until = (SELECT "
+                 "MAX(processed_at) FROM kinbox_inbox PARTITION (p_past) "
+                 "WHERE part_at = " EPOCH " AND msg_at IS NULL) + INTERVAL "
+                 "%" PRId64 " MICROSECOND WHERE table_name = 'kinbox_inbox'",
+                 ret_ms * 1000);
+        return run(db, sql);
+}
+
+static int
 my_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 {
         char sql[300];
@@ -424,5 +444,6 @@ const struct kinbox__part_ops kinbox__mysql_part = {
     .mirror = my_mirror,
     .copy = my_copy,
     .swap = my_swap,
+    .legacy = my_legacy,
     .prune_catchall = my_prune_catchall,
 };

@@ -71,7 +71,9 @@ struct kinbox__part_ops {
         /* Conversion of a plain kinbox_inbox into kinbox_inbox_conv:
          * mirror(on) makes every later insert (and delete) of
          * kinbox_inbox reach kinbox_inbox_conv, with the part_at and the
-         * shadow row that the consumer would write; mirror(off) removes
+         * shadow row that the consumer would write (a row without msg_at,
+         * or already keyed by the epoch's range: the epoch's range, no
+         * shadow; copy() likewise); mirror(off) removes
          * it and kinbox_inbox_conv. */
         int (*mirror)(kinbox__db_t *db, bool on, int64_t width_s,
                       int64_t skew_s);
@@ -86,6 +88,11 @@ struct kinbox__part_ops {
          * the operator), kinbox_inbox_conv becomes kinbox_inbox, the
          * mirror goes, and kinbox_partitioning records width and skew. */
         int (*swap)(kinbox__db_t *db, int64_t width_s, int64_t skew_s);
+        /* After a conversion (idempotent): kinbox_partitioning's
+         * legacy_until from the rows copied without msg_at (keyed by the
+         * epoch's range): the latest one's processed_at + ret_ms, when
+         * the catch-all's prune has deleted them all; NULL for none. */
+        int (*legacy)(kinbox__db_t *db, int64_t ret_ms);
         /* One batched delete of catch-all rows processed over age_ms ago:
          * *n rows deleted. */
         int (*prune_catchall)(kinbox__db_t *db, int64_t age_ms, int64_t batch,

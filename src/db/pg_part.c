@@ -228,11 +228,14 @@ pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
             "t := coalesce(NEW.msg_at, NEW.processed_at); "
             "p := to_timestamp(floor(extract(epoch FROM t) / %" PRId64
             ") * %" PRId64 "); "
+            "IF NEW.msg_at IS NULL OR NEW.part_at = to_timestamp(0) THEN "
+            "p := to_timestamp(0); END IF; "
             "INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") VALUES "
             "(NEW.consumer, NEW.message_id, NEW.topic, NEW.kafka_partition, "
             "NEW.kafka_offset, NEW.processed_at, NEW.msg_at, p, false) ON "
             "CONFLICT DO NOTHING; "
-            "IF %" PRId64 " > 0 AND extract(epoch FROM p + %" PRId64
+            "IF p > to_timestamp(0) AND %" PRId64
+            " > 0 AND extract(epoch FROM p + %" PRId64
             " * interval '1 second' - t) <= %" PRId64 " THEN "
             "INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") VALUES "
             "(NEW.consumer, NEW.message_id, NEW.topic, NEW.kafka_partition, "
@@ -257,17 +260,21 @@ pg_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
             sql, sizeof(sql),
             "WITH b AS (SELECT consumer, message_id, topic, kafka_partition, "
             "kafka_offset, processed_at, msg_at, coalesce(msg_at, "
-            "processed_at) AS t FROM kinbox_inbox WHERE consumer > $1 OR "
-            "(consumer = $1 AND message_id > $2) ORDER BY consumer, "
+            "processed_at) AS t, (msg_at IS NULL OR part_at = "
+            "to_timestamp(0)) IS TRUE AS e FROM kinbox_inbox WHERE consumer "
+            "> $1 OR (consumer = $1 AND message_id > $2) ORDER BY consumer, "
             "message_id LIMIT %" PRId64 "), "
-            "k AS (SELECT b.*, to_timestamp(floor(extract(epoch FROM t) / "
-            "%" PRId64 ") * %" PRId64 ") AS p FROM b), "
+            /* No record time (written before msg_at, or a record without
+             * a timestamp): the epoch's range, no marker (db/inbox.c). */
+            "k AS (SELECT b.*, CASE WHEN e THEN to_timestamp(0) ELSE "
+            "to_timestamp(floor(extract(epoch FROM t) / %" PRId64
+            ") * %" PRId64 ") END AS p FROM b), "
             "i AS (INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") "
             "SELECT consumer, message_id, topic, kafka_partition, "
             "kafka_offset, processed_at, msg_at, p, false FROM k UNION ALL "
             "SELECT consumer, message_id, topic, kafka_partition, "
             "kafka_offset, processed_at, msg_at, p + %" PRId64
-            " * interval '1 second', true FROM k WHERE %" PRId64
+            " * interval '1 second', true FROM k WHERE NOT e AND %" PRId64
             " > 0 AND extract(epoch FROM p + %" PRId64
             " * interval '1 second' - t) <= %" PRId64 " ON CONFLICT DO "
             "NOTHING) "
@@ -316,6 +323,20 @@ pg_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
 }
 
 static int
+pg_legacy(kinbox__db_t *db, int64_t ret_ms)
+{
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "UPDATE kinbox_partitioning SET legacy_until = (SELECT "
+                 "max(processed_at) FROM kinbox_inbox_default WHERE part_at "
+                 "= to_timestamp(0) AND msg_at IS NULL) + %" PRId64
+                 " * interval '1 millisecond' WHERE table_name = "
+                 "'kinbox_inbox'",
+                 ret_ms);
+        return kinbox__db_query(db, sql, 0, NULL, NULL);
+}
+
+static int
 pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 {
         char sql[400];
@@ -343,5 +364,6 @@ const struct kinbox__part_ops kinbox__pg_part = {
     .mirror = pg_mirror,
     .copy = pg_copy,
     .swap = pg_swap,
+    .legacy = pg_legacy,
     .prune_catchall = pg_prune_catchall,
 };
