@@ -51,8 +51,33 @@ layout(kinbox__db_t *db, const kinbox__settings_t *s)
         return kinbox__inbox_layout_load(db, s->inbox_partition_width, true);
 }
 
-static int check_count(const kinbox__settings_t *s, char *errstr,
-                       size_t sz);
+/* The range partitions the settings keep: the retention and the ranges
+ * ahead, plus the two a span starts and ends inside. */
+static int64_t
+ranges_needed(const kinbox__settings_t *s)
+{
+        int64_t w = s->inbox_partition_width;
+        return (s->inbox_retention + s->inbox_partition_ahead + w - 1) / w + 2;
+}
+
+static int
+check_count(const kinbox__settings_t *s, char *errstr, size_t sz)
+{
+        int64_t n = ranges_needed(s);
+        if (n + 2 <= MAX_PARTITIONS)
+                return KINBOX_OK;
+        kinbox__errstr(errstr, sz,
+                       "inbox.retention (%" PRId64 " s) and "
+                       "inbox.partition.ahead (%" PRId64 " s) in ranges of "
+                       "inbox.partition.width (%" PRId64 " s) need %" PRId64
+                       " partitions with the catch-alls; at most %d are "
+                       "allowed (MariaDB's limit, kept on PostgreSQL too): "
+                       "widen the ranges or shorten the retention",
+                       s->inbox_retention / 1000,
+                       s->inbox_partition_ahead / 1000,
+                       s->inbox_partition_width / 1000, n + 2, MAX_PARTITIONS);
+        return KINBOX_ERR_CONFIG;
+}
 
 int
 kinbox__partition_check(kinbox__db_t *db, const kinbox__settings_t *s,
@@ -336,35 +361,6 @@ convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows,
                 rc = keep;
         }
         return rc;
-}
-
-/* The range partitions the settings keep: the retention and the ranges
- * ahead, plus the two a span starts and ends inside. */
-static int64_t
-ranges_needed(const kinbox__settings_t *s)
-{
-        int64_t w = s->inbox_partition_width;
-        return (s->inbox_retention + s->inbox_partition_ahead + w - 1) / w + 2;
-}
-
-static int
-check_count(const kinbox__settings_t *s, char *errstr, size_t sz)
-{
-        int64_t n = ranges_needed(s);
-        if (n + 2 <= MAX_PARTITIONS)
-                return KINBOX_OK;
-        kinbox__errstr(errstr, sz,
-                       "inbox.retention (%" PRId64 " s) and "
-                       "inbox.partition.ahead (%" PRId64 " s) in ranges of "
-                       "inbox.partition.width (%" PRId64 " s) need %" PRId64
-                       " partitions with the catch-alls; at most %d are "
-                       "allowed (MariaDB's limit, kept on PostgreSQL too): "
-                       "widen the ranges or shorten the retention",
-                       s->inbox_retention / 1000,
-                       s->inbox_partition_ahead / 1000,
-                       s->inbox_partition_width / 1000, n + 2,
-                       MAX_PARTITIONS);
-        return KINBOX_ERR_CONFIG;
 }
 
 static int

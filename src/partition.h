@@ -12,8 +12,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Consumer start: the database's layout (into db), and KINBOX_ERR_SCHEMA
- * when the configuration asks for partitions it does not have. */
+/* Consumer start: the database's layout (into db), KINBOX_ERR_SCHEMA
+ * when the configuration asks for partitions it does not have, and
+ * KINBOX_ERR_CONFIG (errstr with the number) when it needs more than
+ * 8,192 partitions (retention and ahead in ranges of the width). */
 int kinbox__partition_check(kinbox__db_t *db, const kinbox__settings_t *s,
                             char *errstr, size_t sz);
 

@@ -568,8 +568,8 @@ grab_log(int level, const char *facility, const char *message, void *opaque)
         (void)facility;
         (void)opaque;
         size_t n = strlen(logged);
-        if (level <= KINBOX_LOG_WARNING && n + strlen(message) + 2 <
-                                               sizeof(logged))
+        if (level <= KINBOX_LOG_WARNING &&
+            n + strlen(message) + 2 < sizeof(logged))
                 snprintf(logged + n, sizeof(logged) - n, "%s\n", message);
 }
 
@@ -601,23 +601,21 @@ ParameterizedTest(int *backend, partition, clock_ahead, .timeout = 180)
         kinbox_conf_set_log_cb(pc, grab_log, NULL);
         kinbox_prune_result_t res;
         char e[512];
-        cr_assert(eq(int, kinbox_prune(pc, 0, NULL, &res, e, sizeof(e)),
-                     KINBOX_OK),
-                  "%s", e);
+        cr_assert(
+            eq(int, kinbox_prune(pc, 0, NULL, &res, e, sizeof(e)), KINBOX_OK),
+            "%s", e);
         kinbox_conf_destroy(pc);
         /* Only what the database's clock says is past the retention. */
         cr_expect(eq(u64, res.partitions_dropped, want));
         cr_expect(le(u64, res.partitions_created, 1), "ranges 30 days ahead");
-        cr_expect(eq(i64,
-                     ranges(url, *backend),
-                     before - (long long)want +
-                         (long long)res.partitions_created));
+        cr_expect(
+            eq(i64, ranges(url, *backend),
+               before - (long long)want + (long long)res.partitions_created));
         cr_expect(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
                                   "shadow = FALSE"),
                      3));
-        cr_expect(strstr(logged, "2592000 s ahead of the database's") !=
-                      NULL,
+        cr_expect(strstr(logged, "2592000 s ahead of the database's") != NULL,
                   "%s", logged);
         double skew =
             kinbox__metrics_value("kinbox_db_clock_skew_seconds", "");

@@ -125,8 +125,8 @@ kinbox__inbox_puts(const kinbox__db_t *db,
                  * where every copy of the record looks again whatever
                  * day it comes; msg_at records when it was processed. */
                 if (rows[i].msg_ms < 0) {
-                        p[k++] = (kinbox__inbox_put_t){i, 0, now, false,
-                                                       false};
+                        p[k++] =
+                            (kinbox__inbox_put_t){i, 0, now, false, false};
                         continue;
                 }
                 int64_t ms = rows[i].msg_ms;

@@ -127,8 +127,7 @@ yes(kinbox__db_t *db, const char *sql, bool *v)
 /* An empty unpartitioned copy of kinbox_inbox named t, and partition
  * part of table swapped with it (metadata only). */
 static int
-swap_out(kinbox__db_t *db, const char *table, const char *part,
-         const char *t)
+swap_out(kinbox__db_t *db, const char *table, const char *part, const char *t)
 {
         char sql[300];
         snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE %s", t, table);
