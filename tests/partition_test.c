@@ -620,6 +620,20 @@ ParameterizedTest(int *backend, partition, clock_ahead, .timeout = 180)
         double skew =
             kinbox__metrics_value("kinbox_db_clock_skew_seconds", "");
         cr_expect(skew > 2592000 - 60 && skew < 2592000 + 60, "%f", skew);
+        /* And what `kinbox status` shows. */
+        kinbox_conf_t *ac = kinbox_conf_new();
+        kt_set(ac, "database.url", url);
+        kinbox_admin_t *adm = kinbox_admin_new(ac, e, sizeof(e));
+        cr_assert(adm != NULL, "%s", e);
+        kinbox_status_t *st = NULL;
+        cr_assert(eq(int, kinbox_admin_status(adm, NULL, 0, &st), KINBOX_OK),
+                  "%s", kinbox_admin_errstr(adm));
+        cr_expect(st->db_clock_skew_ms > INT64_C(2592000000) - 60000 &&
+                      st->db_clock_skew_ms < INT64_C(2592000000) + 60000,
+                  "%" PRId64, st->db_clock_skew_ms);
+        kinbox_status_destroy(st);
+        kinbox_admin_destroy(adm);
+        kinbox_conf_destroy(ac);
         /* Copies of the three, still consumed under that clock: none
          * applied again. */
         p = kt_producer_new();
