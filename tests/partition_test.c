@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "db.h"
 #include "metrics.h"
 #include "../handlers/points/points.h"
 
@@ -634,6 +635,31 @@ ParameterizedTest(int *backend, partition, clock_ahead, .timeout = 180)
         kinbox_status_destroy(st);
         kinbox_admin_destroy(adm);
         kinbox_conf_destroy(ac);
+        /* Asked to drop today's range, the backend refuses: the
+         * database's clock says it is young, whatever this host says. */
+        kinbox_conf_t *dc = kinbox_conf_new();
+        kt_set(dc, "database.url", url);
+        kinbox__db_t *db = kinbox__db_new_conf(dc, e, sizeof(e));
+        cr_assert(db != NULL, "%s", e);
+        cr_assert(eq(int, kinbox__db_connect(db), KINBOX_OK));
+        kinbox__range_t today = {.start_s = now / DAY_MS * 86400};
+        kinbox__range_label(today.name, today.start_s, 86400);
+        char nm[64];
+        snprintf(nm, sizeof(nm), "%s%s",
+                 is_my(*backend) ? "p_" : "kinbox_inbox_p", today.name);
+        snprintf(today.name, sizeof(today.name), "%s", nm);
+        uint64_t kept = 0;
+        cr_expect(eq(int,
+                     db->ops->part->drop(db, &today, 86400, 2 * DAY_MS, &kept),
+                     KINBOX_ERR_STATE));
+        cr_expect(strstr(db->err.msg, "not past the retention") != NULL, "%s",
+                  db->err.msg);
+        kinbox__db_destroy(db);
+        kinbox_conf_destroy(dc);
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "shadow = FALSE"),
+                     3));
         /* Copies of the three, still consumed under that clock: none
          * applied again. */
         p = kt_producer_new();
