@@ -60,22 +60,37 @@ ranges_needed(const kinbox__settings_t *s)
         return (s->inbox_retention + s->inbox_partition_ahead + w - 1) / w + 2;
 }
 
+/* ms as "400d", "36h" or "90s" (the largest whole unit). */
+static const char *
+span(char *out, size_t sz, int64_t ms)
+{
+        int64_t s = ms / 1000;
+        if (s && s % 86400 == 0)
+                snprintf(out, sz, "%" PRId64 "d", s / 86400);
+        else if (s && s % 3600 == 0)
+                snprintf(out, sz, "%" PRId64 "h", s / 3600);
+        else
+                snprintf(out, sz, "%" PRId64 "s", s);
+        return out;
+}
+
 static int
 check_count(const kinbox__settings_t *s, char *errstr, size_t sz)
 {
         int64_t n = ranges_needed(s);
         if (n + 2 <= MAX_PARTITIONS)
                 return KINBOX_OK;
+        char r[24], a[24], w[24];
         kinbox__errstr(errstr, sz,
-                       "inbox.retention (%" PRId64 " s) and "
-                       "inbox.partition.ahead (%" PRId64 " s) in ranges of "
-                       "inbox.partition.width (%" PRId64 " s) need %" PRId64
+                       "inbox.retention (%s) and inbox.partition.ahead (%s) "
+                       "in ranges of inbox.partition.width (%s) need %" PRId64
                        " partitions with the catch-alls; at most %d are "
                        "allowed (MariaDB's limit, kept on PostgreSQL too): "
                        "widen the ranges or shorten the retention",
-                       s->inbox_retention / 1000,
-                       s->inbox_partition_ahead / 1000,
-                       s->inbox_partition_width / 1000, n + 2, MAX_PARTITIONS);
+                       span(r, sizeof(r), s->inbox_retention),
+                       span(a, sizeof(a), s->inbox_partition_ahead),
+                       span(w, sizeof(w), s->inbox_partition_width), n + 2,
+                       MAX_PARTITIONS);
         return KINBOX_ERR_CONFIG;
 }
 
@@ -378,6 +393,15 @@ check_settings(const kinbox__settings_t *s, char *errstr, size_t sz)
                 return KINBOX_ERR_CONFIG;
         }
         return KINBOX_OK;
+}
+
+int
+kinbox__partition_settings_check(const kinbox__settings_t *s, char *errstr,
+                                 size_t sz)
+{
+        if (s->inbox_layout != KINBOX__LAYOUT_PARTITIONED)
+                return KINBOX_OK;
+        return check_settings(s, errstr, sz);
 }
 
 /* A partitioned inbox already: the width stays, the skew may change. */

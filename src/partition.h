@@ -34,6 +34,12 @@ int kinbox__partition_prune(kinbox__db_t *db, const kinbox__settings_t *s,
                             const volatile int *stop,
                             kinbox_prune_result_t *res, bool *partitioned);
 
+/* The layout settings alone, before kinbox migrate touches anything
+ * (inbox.layout = partitioned; KINBOX_OK otherwise): skew under half the
+ * width, at most 8,192 partitions. KINBOX_ERR_CONFIG with errstr. */
+int kinbox__partition_settings_check(const kinbox__settings_t *s, char *errstr,
+                                     size_t sz);
+
 /* kinbox migrate, after the scripts: with inbox.layout = partitioned,
  * convert a plain inbox (online: mirror, copy, swap) or check that a
  * partitioned one has the configured width. *note: what was (dry: would
