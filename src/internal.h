@@ -24,7 +24,9 @@ void *kinbox__memdup(const void *p, size_t n);
 /* ---- time */
 int64_t kinbox__now_ms(void); /* monotonic */
 int64_t kinbox__now_us(void); /* monotonic, microseconds */
-int64_t kinbox__wall_ms(void); /* realtime */
+/* realtime; env KINBOX_FAULT_CLOCK_S (seconds, tests only) shifts it, a
+ * host clock that far from the database's */
+int64_t kinbox__wall_ms(void);
 void kinbox__sleep_ms(int64_t ms);
 /* The instant ms from now on CLOCK_REALTIME (or on clock), for
  * pthread_cond_timedwait. */

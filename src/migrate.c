@@ -379,6 +379,10 @@ kinbox_migrate_run(const kinbox_conf_t *conf, const kinbox_module_t *mod,
                    .opaque = opaque,
                    .errstr = errstr,
                    .sz = sz};
+        /* Settings kinbox would refuse after the scripts: refused first. */
+        if (!mod && (rc = kinbox__partition_settings_check(
+                         kinbox__settings_of(conf), errstr, sz)))
+                return (kinbox_err_t)rc;
         if (!(r.db = open_db(conf, errstr, sz, &rc)))
                 return (kinbox_err_t)rc;
         vers_t got;

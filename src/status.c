@@ -92,6 +92,10 @@ partitions(kinbox_admin_t *adm, kinbox_status_t *s)
         size_t n = 0;
         rc =
             db->ops->part->list(db, "kinbox_inbox", &r, &n, &s->catchall_rows);
+        int64_t host = kinbox__wall_ms(), dbnow = 0;
+        if (!rc && !(rc = db->ops->part->clock(db, &dbnow)))
+                s->db_clock_skew_ms =
+                    host + (kinbox__wall_ms() - host) / 2 - dbnow;
         if (!rc) {
                 s->partition_width_s = db->inbox_width_s;
                 s->npartitions = n;

@@ -417,6 +417,9 @@ typedef struct kinbox_status {
         int64_t partitions_from; /**< start of the oldest range, Unix s */
         int64_t partitions_until; /**< end of the newest range, Unix s */
         int64_t catchall_rows; /**< rows in the catch-all */
+        /** This host's clock minus the database's, ms (a partitioned
+         * inbox only; its ranges follow the database's clock). */
+        int64_t db_clock_skew_ms;
 } kinbox_status_t;
 
 /**

@@ -153,6 +153,12 @@ status_partitions(const kinbox_status_t *st)
                "the catch-all\n",
                st->npartitions, (long long)st->partition_width_s, from, until,
                (long long)st->catchall_rows);
+        /* Ranges follow the database's clock: a far host's is news. */
+        long long sk = (long long)(st->db_clock_skew_ms / 1000);
+        if (sk > 60 || sk < -60)
+                printf("This host's clock is %lld s %s the database's "
+                       "(ranges follow the database's)\n",
+                       sk > 0 ? sk : -sk, sk > 0 ? "ahead of" : "behind");
 }
 
 /* One consumer's line of `kinbox status`. */
@@ -264,14 +270,15 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
                 if (st->npartitions)
                         json_object_set_new(
                             j, "inbox_partitions",
-                            json_pack("{s:I,s:I,s:I,s:I,s:I}", "width_s",
-                                      (json_int_t)st->partition_width_s,
-                                      "count", (json_int_t)st->npartitions,
-                                      "from", (json_int_t)st->partitions_from,
-                                      "until",
-                                      (json_int_t)st->partitions_until,
-                                      "catchall_rows",
-                                      (json_int_t)st->catchall_rows));
+                            json_pack(
+                                "{s:I,s:I,s:I,s:I,s:I,s:I}", "width_s",
+                                (json_int_t)st->partition_width_s, "count",
+                                (json_int_t)st->npartitions, "from",
+                                (json_int_t)st->partitions_from, "until",
+                                (json_int_t)st->partitions_until,
+                                "catchall_rows", (json_int_t)st->catchall_rows,
+                                "db_clock_skew_ms",
+                                (json_int_t)st->db_clock_skew_ms));
                 json_out(j);
                 tbl_print(&tc, NULL);
                 tbl_print(&td, NULL);
