@@ -122,6 +122,11 @@ typedef struct ctx {
  * returns an exit status (printed). */
 int ctx_open(ctx_t *x);
 void ctx_close(ctx_t *x);
+/* With no [consumer.NAME] section: the consumers the database knows
+ * (kinbox_admin_consumers()) as consumers of x->cfg, each a copy of the
+ * shared settings with its name and its topics (discovered set). An exit
+ * status (printed). */
+int ctx_discover(ctx_t *x);
 /* Print the handle's error; the exit status of rc. */
 int db_fail(ctx_t *x, kinbox_err_t rc);
 const char *rv(kinbox_rows_t *r, size_t i, int c);
