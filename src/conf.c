@@ -453,8 +453,14 @@ kinbox_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
         }
         int i = prop_find(key);
         if (i < 0) {
+                const char *keys[NPROPS];
+                for (size_t k = 0; k < NPROPS; k++)
+                        keys[k] = props[k].key;
+                const char *near = kinbox__closest(key, keys, NPROPS);
                 kinbox__errstr(errstr, errstr_size,
-                               "unknown configuration key \"%s\"", key);
+                               "unknown configuration key \"%s\"%s%s%s",
+                               key, near ? " (did you mean \"" : "",
+                               near ? near : "", near ? "\"?)" : "");
                 return KINBOX_ERR_UNKNOWN_KEY;
         }
         kinbox_err_t err = validate(&props[i], value, errstr, errstr_size);

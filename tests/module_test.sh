@@ -56,6 +56,9 @@ pc=$(find "$prefix" -name kinbox.pc)
 export PKG_CONFIG_PATH
 PKG_CONFIG_PATH=$(dirname "$pc")
 
+out=$("$prefix/bin/kinbox-points-producer" --help) || fail "kinbox-points-producer --help exited $?"
+grep -q "^usage: .*-b BOOTSTRAP" <<< "$out" || fail "kinbox-points-producer --help printed: $out"
+
 echo "== examples/module with the installed CMake package"
 cmake -S "$src/examples/module" -B "$work/cm" -DCMAKE_PREFIX_PATH="$prefix" \
     -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" > "$work/cm.log" 2>&1 ||

@@ -52,6 +52,11 @@ kb_cmd_prune(int argc, char **argv)
                 ctx_close(&x);
                 return refused;
         }
+        int down = kb_db_reachable(x.cfg.base, "prune", "[database]");
+        if (down) {
+                ctx_close(&x);
+                return down;
+        }
         kinbox_prune_result_t res;
         kinbox_err_t rc = kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res,
                                        err, sizeof(err));

@@ -120,6 +120,27 @@ ctx_close(ctx_t *x)
 }
 
 int
+kb_db_reachable(const kinbox_conf_t *conf, const char *cmd, const char *where)
+{
+        char err[2048];
+        kinbox_admin_t *adm = kinbox_admin_new(conf, err, sizeof(err));
+        if (!adm) {
+                fprintf(stderr, "kinbox %s: %s%s%s\n", cmd, where,
+                        *where ? ": " : "", err);
+                return KB_EX_USAGE;
+        }
+        int ex = KB_EX_OK;
+        if (kinbox_admin_ping(adm)) {
+                fprintf(stderr, "kinbox %s: %s%sdatabase unreachable: %s\n",
+                        cmd, where, *where ? ": " : "",
+                        kinbox_admin_errstr(adm));
+                ex = KB_EX_DB;
+        }
+        kinbox_admin_destroy(adm);
+        return ex;
+}
+
+int
 db_fail(ctx_t *x, kinbox_err_t rc)
 {
         fprintf(stderr, "kinbox %s: %s\n", x->o.cmd,

@@ -127,6 +127,12 @@ void ctx_close(ctx_t *x);
  * shared settings with its name and its topics (discovered set). An exit
  * status (printed). */
 int ctx_discover(ctx_t *x);
+/* Connect to conf's database once: KB_EX_OK; KB_EX_DB (whatever the
+ * reason: down, refused credentials, no such database), printed as "kinbox
+ * CMD: WHERE: database unreachable: ..."; KB_EX_USAGE for a URL that does
+ * not parse. Every command maps a failed connection so. */
+int kb_db_reachable(const kinbox_conf_t *conf, const char *cmd,
+                    const char *where);
 /* Print the handle's error; the exit status of rc. */
 int db_fail(ctx_t *x, kinbox_err_t rc);
 const char *rv(kinbox_rows_t *r, size_t i, int c);

@@ -132,6 +132,9 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd, bool handlers)
         int ex = kb_schema_targets(cfg, &t, cmd, handlers);
         char err[2048], lab[200];
         for (int i = 0; !ex && i < t.ndb; i++) {
+                ex = kb_db_reachable(t.db[i], cmd, t.db_where[i]);
+                if (ex)
+                        break;
                 kinbox_err_t rc =
                     kinbox_schema_check(t.db[i], NULL, err, sizeof(err));
                 if (rc) {
