@@ -83,7 +83,8 @@ struct kinbox__sql {
          * consumer: one row of inbox rows, dead letters dead / replayed /
          * discarded, parked messages, held keys, oldest parked_at.
          * inbox_rows: one row, one count. consumers: (consumer, topic)
-         * pairs of the watermarks and dead letters, in order. dead_list: printf format of
+         * pairs of the watermarks and dead letters, in order.
+         * dead_list: printf format of
          * (long limit), $1 consumer $2 status (NULL: any). dead_show,
          * dead_status, dead_discard, dead_held, dead_last_follower: $1
          * dead letter id. dead_parked: printf format of (long limit), $1
