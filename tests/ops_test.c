@@ -561,8 +561,13 @@ ParameterizedTest(int *backend, ops, outbox_cli, .timeout = 120)
                      0));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
-                                  "idem_key = 'a' AND status = 'pending'"),
+                                  "idem_key = 'a' AND status = 'pending' "
+                                  "AND attempts = 0 AND last_error IS NULL"),
                      1));
+        /* the list no longer shows the error from before the requeue */
+        cr_assert(eq(int, kb(&out, NULL, "outbox list -c %s", ini), 0));
+        cr_assert(strstr(out, "boom") == NULL, "%s", out);
+        free(out);
         cr_assert(eq(int,
                      kb(NULL, NULL, "outbox requeue %lld -c %s", dead_id, ini),
                      4));

@@ -314,7 +314,8 @@ typedef int (*kinbox_outbox_row_fn)(const kinbox_outbox_row_t *row,
 
 /**
  * @brief Put a dead or canceled outbox row back to pending: attempts reset
- *        to 0, due now (relays listening are woken).
+ *        to 0, its last error cleared (`outbox list` shows only what
+ *        happened since), due now (relays listening are woken).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (@p id not positive);
  *          ::KINBOX_ERR_NOT_FOUND when no dead or canceled row has that
  *          id; ::KINBOX_ERR_DB_CONN (unreachable; the next call
