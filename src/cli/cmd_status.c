@@ -318,7 +318,19 @@ kb_cmd_status(int argc, char **argv)
         if (rc) {
                 ex = db_fail(&x, rc);
         } else {
-                char *live = local_metrics(x.cfg.metrics_listen);
+                /* listen = HOST:0: the port `kinbox run` bound */
+                char listen[300];
+                const char *l = x.cfg.metrics_listen;
+                const char *colon = l ? strrchr(l, ':') : NULL;
+                int bound = colon && !strcmp(colon, ":0")
+                                ? kb_port_read(&x.cfg)
+                                : 0;
+                if (bound) {
+                        snprintf(listen, sizeof(listen), "%.*s:%d",
+                                 (int)(colon - l), l, bound);
+                        l = listen;
+                }
+                char *live = local_metrics(l);
                 status_print(&x, st, live);
                 free(live);
         }

@@ -444,6 +444,11 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                         goto out;
                 }
         }
+        cfg->path = realpath(path, NULL);
+        if (!cfg->path && !(cfg->path = strdup(path))) {
+                snprintf(errstr, sz, "out of memory");
+                goto out;
+        }
         rc = 0;
 out:
         for (int i = 0; i < L->nckv; i++) {
@@ -474,5 +479,6 @@ kb_config_free(kb_config_t *cfg)
                 kinbox_conf_destroy(cfg->consumers[i].settings);
         }
         free(cfg->metrics_listen);
+        free(cfg->path);
         memset(cfg, 0, sizeof(*cfg));
 }

@@ -28,6 +28,7 @@ typedef struct kb_config {
         bool relay_enabled;
         kinbox_conf_t *relay; /* base + [relay] */
         char *metrics_listen;
+        char *path; /* the file, absolute (realpath) when it resolves */
 } kb_config_t;
 
 /* Load path; ${VAR} in values expands from the environment. Returns 0, or
