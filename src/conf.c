@@ -458,8 +458,8 @@ kinbox_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
                         keys[k] = props[k].key;
                 const char *near = kinbox__closest(key, keys, NPROPS);
                 kinbox__errstr(errstr, errstr_size,
-                               "unknown configuration key \"%s\"%s%s%s",
-                               key, near ? " (did you mean \"" : "",
+                               "unknown configuration key \"%s\"%s%s%s", key,
+                               near ? " (did you mean \"" : "",
                                near ? near : "", near ? "\"?)" : "");
                 return KINBOX_ERR_UNKNOWN_KEY;
         }
@@ -577,12 +577,12 @@ fmt_ms(int64_t ms, char *b, size_t sz)
         static const struct {
                 int64_t ms;
                 const char *u;
-        } units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"},
-                     {1000, "s"}};
+        } units[] = {
+            {86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
         for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
                 if (ms && ms % units[i].ms == 0) {
-                        snprintf(b, sz, "%lld%s", (long long)(ms / units[i].ms),
-                                 units[i].u);
+                        snprintf(b, sz, "%lld%s",
+                                 (long long)(ms / units[i].ms), units[i].u);
                         return;
                 }
         snprintf(b, sz, ms ? "%lldms" : "%lld", (long long)ms);

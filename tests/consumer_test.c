@@ -750,9 +750,9 @@ outbox_of_rejected(int backend, bool batch)
         kt_run_stop(r);
         cr_assert(eq(
             i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 3));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"),
-                     9),
-                  "a rejected message's outbox row was committed");
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"), 9),
+            "a rejected message's outbox row was committed");
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox o JOIN "
                                   "kinbox_dead_letter d ON d.message_id = "

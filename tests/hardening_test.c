@@ -629,12 +629,12 @@ ParameterizedTest(int *backend, hardening, database_refusal_exit_3,
                   .timeout = 180)
 {
         static const char *const cmds[] = {
-            "run -c %s",         "migrate -c %s",     "status -c %s",
-            "dead list -c %s",   "outbox list -c %s", "verify -c %s",
-            "prune -c %s",       "dead show 1 -c %s",
+            "run -c %s",       "migrate -c %s",     "status -c %s",
+            "dead list -c %s", "outbox list -c %s", "verify -c %s",
+            "prune -c %s",     "dead show 1 -c %s",
         };
-        const char *good = kt_env(*backend ? "KINBOX_MYSQL_URL"
-                                           : "KINBOX_PG_URL");
+        const char *good =
+            kt_env(*backend ? "KINBOX_MYSQL_URL" : "KINBOX_PG_URL");
         /* scheme://user[:pw]@host:port/db -> a refused variant */
         const char *at = strchr(good, '@'), *slash = strrchr(good, '/');
         cr_assert(at != NULL && slash != NULL && slash > at);
@@ -662,8 +662,8 @@ ParameterizedTest(int *backend, hardening, database_refusal_exit_3,
                                   cmds[i], out);
                         /* one line, no tab, no trailing space */
                         size_t n = strlen(out);
-                        cr_assert(strchr(out, '\t') == NULL, "%s: %s",
-                                  cmds[i], out);
+                        cr_assert(strchr(out, '\t') == NULL, "%s: %s", cmds[i],
+                                  out);
                         cr_assert(n > 1 && out[n - 1] == '\n' &&
                                       out[n - 2] != ' ',
                                   "%s: [%s]", cmds[i], out);

@@ -822,8 +822,7 @@ ParameterizedTest(int *backend, metrics, status_finds_port_zero,
         char *s = kt_slurp(log);
         char want[64];
         snprintf(want, sizeof(want), "http://127.0.0.1:%d ", port);
-        cr_assert(s && strstr(s, want), "start line without the port:\n%s",
-                  s);
+        cr_assert(s && strstr(s, want), "start line without the port:\n%s", s);
         free(s);
         kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 2,
                      60);
@@ -850,8 +849,8 @@ ParameterizedTest(int *backend, metrics, status_finds_port_zero,
         free(out);
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
-        cr_assert(eq(int, kt_kinbox(&out, NULL, false, "status -c %s", ini),
-                     0));
+        cr_assert(
+            eq(int, kt_kinbox(&out, NULL, false, "status -c %s", ini), 0));
         cr_assert(strstr(out, "n/a") != NULL, "%s", out);
         free(out);
 }

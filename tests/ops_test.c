@@ -703,8 +703,9 @@ embedded_credit(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
                 return KINBOX_RESULT_REJECT;
         }
         const char *v[2] = {kinbox_msg_id(m), body};
-        kinbox_tx_exec(tx, "INSERT INTO kt_embedded (id, amount) VALUES ($1, "
-                           "$2)",
+        kinbox_tx_exec(tx,
+                       "INSERT INTO kt_embedded (id, amount) VALUES ($1, "
+                       "$2)",
                        2, v);
         return KINBOX_RESULT_OK;
 }
@@ -762,8 +763,8 @@ ParameterizedTest(int *backend, ops, embedded_consumer, .timeout = 180)
                       strstr(out, "found in the database") != NULL,
                   "%s", out);
         free(out);
-        cr_assert(eq(int, kb(&out, &err, "verify -c %s", ini), 0), "%s%s",
-                  out, err);
+        cr_assert(eq(int, kb(&out, &err, "verify -c %s", ini), 0), "%s%s", out,
+                  err);
         cr_assert(strstr(out, "OK: 0 gap(s); checked 1 consumer(s)") != NULL &&
                       strstr(out, "2 partition(s) (2 against Kafka's") != NULL,
                   "%s", out);
@@ -774,8 +775,8 @@ ParameterizedTest(int *backend, ops, embedded_consumer, .timeout = 180)
         long long dead_id =
             json_integer_value(json_object_get(json_array_get(j, 0), "id"));
         json_decref(j);
-        cr_assert(eq(int, kb(&out, NULL, "dead show %lld -c %s", dead_id, ini),
-                     0));
+        cr_assert(
+            eq(int, kb(&out, NULL, "dead show %lld -c %s", dead_id, ini), 0));
         cr_assert(strstr(out, "not an amount") != NULL, "%s", out);
         free(out);
 
@@ -797,11 +798,9 @@ ParameterizedTest(int *backend, ops, embedded_consumer, .timeout = 180)
         cr_assert(eq(sz, json_array_size(j), 1));
         json_decref(j);
         cr_assert(eq(int, kb(NULL, NULL, "outbox list -c %s", ini2), 0));
-        cr_assert(eq(int,
-                     kb(NULL, &err, "dead replay %lld -c %s", dead_id, ini2),
-                     2));
-        cr_assert(strstr(err, "kinbox_dead_replay()") != NULL,
-                  "%s", err);
+        cr_assert(eq(
+            int, kb(NULL, &err, "dead replay %lld -c %s", dead_id, ini2), 2));
+        cr_assert(strstr(err, "kinbox_dead_replay()") != NULL, "%s", err);
         free(err);
         /* `run` still needs it */
         cr_assert(eq(int, kb(NULL, &err, "run -c %s", ini2), 2));
@@ -811,8 +810,7 @@ ParameterizedTest(int *backend, ops, embedded_consumer, .timeout = 180)
         /* a database no consumer has used: nothing checked is not OK */
         char *empty = kt_fresh_db(kt_backend(*backend));
         char *ini3 = kt_write_ini(empty, "");
-        cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini3), 4), "%s",
-                  out);
+        cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini3), 4), "%s", out);
         cr_assert(strstr(out, "NOTHING CHECKED") != NULL, "%s", out);
         free(out);
         j = kb_json(4, "verify --json -c %s%s", ini3, NULL);

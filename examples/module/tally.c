@@ -103,7 +103,7 @@ handle_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs, size_t n,
                 goto out;
         const char *const *cr =
             kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL ? credit_pg
-                                                                : credit_my;
+                                                               : credit_my;
         if (kinbox_tx_exec_values(tx,
                                   "INSERT INTO tally_entry (message_id, "
                                   "account, amount) VALUES ",

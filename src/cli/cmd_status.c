@@ -322,9 +322,8 @@ kb_cmd_status(int argc, char **argv)
                 char listen[300];
                 const char *l = x.cfg.metrics_listen;
                 const char *colon = l ? strrchr(l, ':') : NULL;
-                int bound = colon && !strcmp(colon, ":0")
-                                ? kb_port_read(&x.cfg)
-                                : 0;
+                int bound =
+                    colon && !strcmp(colon, ":0") ? kb_port_read(&x.cfg) : 0;
                 if (bound) {
                         snprintf(listen, sizeof(listen), "%.*s:%d",
                                  (int)(colon - l), l, bound);

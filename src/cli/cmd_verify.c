@@ -136,8 +136,7 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
 /* The last line: what was checked and the verdict. Nothing checked (no
  * consumer with a watermark) is not OK: KB_EX_NOTFOUND. Takes jc, jo. */
 static int
-verify_summary(ctx_t *x, const checked_t *ck, int gaps, json_t *jc,
-               json_t *jo)
+verify_summary(ctx_t *x, const checked_t *ck, int gaps, json_t *jc, json_t *jo)
 {
         bool nothing = !ck->partitions && !ck->destinations && !gaps;
         const char *found =
@@ -209,8 +208,7 @@ kb_cmd_verify(int argc, char **argv)
                     strcmp(x.o.consumer, x.cfg.consumers[i].name))
                         continue;
                 ex = verify_consumer(&x, x.cfg.consumers[i].name,
-                                     x.cfg.consumers[i].conf, jc, &gaps,
-                                     &ck);
+                                     x.cfg.consumers[i].conf, jc, &gaps, &ck);
         }
         if (ex) {
                 json_decref(jc);

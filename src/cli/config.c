@@ -208,12 +208,18 @@ too_many(load_t *L, const char *where, char *v)
 /* librdkafka properties without a default (not in rd_kafka_conf_dump()):
  * candidates for "did you mean" beside those of the dump. */
 static const char *const kafka_unset[] = {
-    "bootstrap.servers",        "sasl.username",
-    "sasl.password",            "ssl.ca.location",
-    "ssl.certificate.location", "ssl.key.location",
-    "ssl.key.password",         "group.instance.id",
-    "client.rack",              "debug",
-    "transactional.id",         "sasl.oauthbearer.config",
+    "bootstrap.servers",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "group.instance.id",
+    "client.rack",
+    "debug",
+    "transactional.id",
+    "sasl.oauthbearer.config",
 };
 
 /* A [kafka] key librdkafka does not know: the error (with the closest
@@ -242,10 +248,9 @@ kafka_unknown(load_t *L, const char *name, const char *v, const char *where)
                         keys[n++] = dump[i];
                 near = kinbox__closest(name, keys, n);
         }
-        snprintf(L->err, L->errsz,
-                 "%s: %s: not a librdkafka property%s%s%s", L->path, where,
-                 near ? " (did you mean \"" : "", near ? near : "",
-                 near ? "\"?)" : "");
+        snprintf(L->err, L->errsz, "%s: %s: not a librdkafka property%s%s%s",
+                 L->path, where, near ? " (did you mean \"" : "",
+                 near ? near : "", near ? "\"?)" : "");
         free(keys);
         rd_kafka_conf_dump_free(dump, cnt);
         return true;

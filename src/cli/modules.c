@@ -58,8 +58,8 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
                  * libkinbox.so.N the loader may not find (a --prefix
                  * install); it needs none at all. */
                 bool lib = why && strstr(why, "libkinbox");
-                snprintf(err, sz, "handler \"%s\": cannot load %s: %s%s",
-                         name, path, why ? why : "?",
+                snprintf(err, sz, "handler \"%s\": cannot load %s: %s%s", name,
+                         path, why ? why : "?",
                          lib ? " (a module is not linked against libkinbox: "
                                "`kinbox run` provides its API; build it with "
                                "`pkg-config --cflags kinbox` only, or "
