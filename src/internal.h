@@ -87,6 +87,11 @@ void kinbox__conf_kafka_each(const struct kinbox_conf_s *conf,
 int kinbox__conf_password(const struct kinbox_conf_s *conf, char **out,
                           char *errstr, size_t errstr_size);
 
+/* ---- "did you mean": the candidate closest to word (edit distance, a
+ * few edits at most for its length), or NULL. */
+const char *kinbox__closest(const char *word, const char *const *cands,
+                            size_t n);
+
 /* ---- fault injection for the crash-window tests (env KINBOX_FAULT,
  * "POINT:N"): returns true when the named point should fire. */
 bool kinbox__fault(const char *point);

@@ -275,6 +275,11 @@ void kinbox__relay_trace_spans(kinbox_relay_t *r, const batch_t *b);
 
 /* Publish one claimed event row (its delivery report sets it->dr_done). */
 void kinbox__relay_produce(kinbox_relay_t *r, item_t *it);
+/* A produce or delivery error of a row for topic as people read it:
+ * "what: NAME: text", explained for the codes that need it (a missing
+ * topic, a purged or timed-out message), in buf. */
+const char *kinbox__relay_kafka_err(const char *what, rd_kafka_resp_err_t e,
+                                    const char *topic, char *buf, size_t sz);
 /* A topic's max.message.bytes as the broker says (-1: unknown), asked
  * again after LIMIT_TTL_MS. */
 int64_t kinbox__relay_topic_max_bytes(kinbox_relay_t *r, const char *topic);

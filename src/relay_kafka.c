@@ -182,6 +182,38 @@ build_headers(const kinbox_relay_t *r, const item_t *it, char *err,
 
 static void topic_durability(kinbox_relay_t *r, const char *topic);
 
+const char *
+kinbox__relay_kafka_err(const char *what, rd_kafka_resp_err_t e,
+                        const char *topic, char *buf, size_t sz)
+{
+        const char *why = NULL;
+        switch (e) {
+        case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+        case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+                why = "the topic does not exist on the broker (kinbox does "
+                      "not create topics): create it; the row is retried "
+                      "with backoff";
+                break;
+        case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
+        case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
+                why = "not delivered when the relay's run ended (the broker "
+                      "had not acknowledged it: a missing topic or an "
+                      "unreachable broker); the row is retried with backoff";
+                break;
+        case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+                why = "not acknowledged within kafka.message.timeout.ms (a "
+                      "missing topic or an unreachable broker); the row is "
+                      "retried with backoff";
+                break;
+        default:
+                break;
+        }
+        snprintf(buf, sz, "%s to %s: %s: %s%s%s", what, topic,
+                 rd_kafka_err2name(e), rd_kafka_err2str(e), why ? ": " : "",
+                 why ? why : "");
+        return buf;
+}
+
 void
 kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
 {
@@ -231,9 +263,9 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
                         it->out = OUT_RELEASE;
                         return;
                 }
-                snprintf(err, sizeof(err), "produce: %s: %s",
-                         rd_kafka_err2name(e), rd_kafka_err2str(e));
-                set_err(it->err, err);
+                set_err(it->err,
+                        kinbox__relay_kafka_err("produce", e, it->destination,
+                                                err, sizeof(err)));
                 /* Larger than kafka.message.max.bytes: no attempt can
                  * ever publish this row as written. */
                 it->out = e == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE

@@ -110,11 +110,10 @@ batch_outcomes(kinbox_relay_t *r, batch_t *b)
                         it->out = OUT_SENT;
                         continue;
                 }
-                char e[256];
-                snprintf(e, sizeof(e), "delivery: %s: %s",
-                         rd_kafka_err2name(it->dr_err),
-                         rd_kafka_err2str(it->dr_err));
-                set_err(it->err, e);
+                char e[512];
+                set_err(it->err, kinbox__relay_kafka_err(
+                                     "delivery", it->dr_err, it->destination,
+                                     e, sizeof(e)));
                 it->out = OUT_RETRY;
         }
         size_verdicts(r, b);

@@ -158,6 +158,19 @@ kinbox_admin_status(kinbox_admin_t *adm, const char *const *consumers,
         return KINBOX_OK;
 }
 
+kinbox_err_t
+kinbox_admin_consumers(kinbox_admin_t *adm, kinbox_rows_t **rowsp)
+{
+        if (!rowsp)
+                return KINBOX_ERR_INVALID;
+        *rowsp = NULL;
+        if (!adm)
+                return KINBOX_ERR_INVALID;
+        adm->errstr[0] = '\0';
+        return kinbox__admin_query(adm, adm->db->ops->sql->consumers, 0, NULL,
+                                   rowsp);
+}
+
 void
 kinbox_status_destroy(kinbox_status_t *s)
 {

@@ -499,3 +499,46 @@ ParameterizedTest(int *backend, relay, partitions_added, .timeout = 240)
                   "the relay kept the old partition count",
                   old);
 }
+
+/* ---- 4. a relay publishing to a topic nobody created ---- */
+
+/* The row's error and the log explain the missing topic (not a bare
+ * _UNKNOWN_TOPIC or _PURGE_QUEUE); nothing is created; once the topic
+ * exists the row is published. */
+KT_BACKENDS_PARAMS(relay, missing_topic)
+ParameterizedTest(int *backend, relay, missing_topic, .timeout = 240)
+{
+        need_kafka();
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("krelmiss");
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, payload) "
+                 "VALUES ('%s', 'miss-1', 'x')",
+                 topic);
+        kt_exec(url, sql);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "backoff.base.ms = 200\n"
+                                      "backoff.max.ms = 1000\n");
+        char *log = kt_tmp("relaymiss");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        const char *q = "SELECT COUNT(*) FROM kinbox_outbox WHERE idem_key = "
+                        "'miss-1' AND (last_error LIKE '%does not exist%' OR "
+                        "last_error LIKE '%a missing topic%')";
+        cr_assert(eq(i64, kt_wait_qint(url, q, 1, 120), 1), "log %s", log);
+        char *out = kt_slurp(log);
+        cr_assert(out && (strstr(out, "does not exist") ||
+                          strstr(out, "a missing topic")),
+                  "the log does not explain the missing topic:\n%s", out);
+        free(out);
+        kt_topic(topic, 1);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status = 'sent'",
+                                  1, 120),
+                     1),
+                  "log %s", log);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+}

@@ -41,7 +41,7 @@ kb_cmd_prune(int argc, char **argv)
         }
         /* The schema first: a DELETE on a schema this binary does not
          * know could remove what a newer kinbox keeps. */
-        int ex = kb_schema_load(x.o.config, &x.cfg, "prune");
+        int ex = kb_schema_load(x.o.config, &x.cfg, "prune", false);
         if (ex)
                 return ex;
         x.loaded = true;
@@ -52,6 +52,11 @@ kb_cmd_prune(int argc, char **argv)
         if (refused) {
                 ctx_close(&x);
                 return refused;
+        }
+        int down = kb_db_reachable(x.cfg.base, "prune", "[database]");
+        if (down) {
+                ctx_close(&x);
+                return down;
         }
         kinbox_prune_result_t res;
         kinbox_err_t rc = kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res,

@@ -110,7 +110,7 @@ kb_cmd_reconcile(int argc, char **argv)
         }
         kb_config_t cfg;
         char err[2048];
-        int ex = kb_schema_load(path, &cfg, "reconcile");
+        int ex = kb_schema_load(path, &cfg, "reconcile", true);
         if (ex)
                 return ex;
         const kinbox_check_t *checks[MAX_CHECKS];

@@ -320,7 +320,7 @@ run_config(const char *path, kb_config_t *cfg)
                  * knows it: an older one would fail batch after batch, a
                  * newer one could break what a newer kinbox keeps (held
                  * keys' order). */
-                rc = kb_schema_check_config(cfg, "run");
+                rc = kb_schema_check_config(cfg, "run", true);
         }
         if (rc)
                 kb_config_free(cfg);

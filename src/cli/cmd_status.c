@@ -178,6 +178,8 @@ status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
             "since its start (kinbox_consumer_messages_total{result="
             "\"duplicate\"} and {result=\"business_duplicate\"} on "
             "/metrics)");
+        json_object_set_new(jo, "discovered",
+                            json_boolean(x->cfg.consumers[i].discovered));
         json_object_set_new(jo, "parked", json_integer(st->parked));
         json_object_set_new(jo, "held_keys", json_integer(st->held_keys));
         json_object_set_new(jo, "oldest_parked_at",
@@ -290,6 +292,15 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
                "counted by the local `kinbox run` since its start, "
                "from [metrics] listen; n/a when not reachable)\n");
         tbl_print(&tc, stdout);
+        if (x->cfg.nconsumers && x->cfg.consumers[0].discovered)
+                printf("(no [consumer.NAME] in %s: these consumers were "
+                       "found in the database, their group taken to be "
+                       "their name)\n",
+                       x->o.config);
+        else if (!x->cfg.nconsumers)
+                printf("(none: %s configures no consumer and the database "
+                       "records none)\n",
+                       x->o.config);
         printf("\nOutbox\n");
         tbl_print(&td, stdout);
         printf("\nInbox size: %lld rows\n", (long long)st->inbox_rows);
@@ -308,6 +319,8 @@ kb_cmd_status(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         int ex = ctx_open(&x);
+        if (!ex)
+                ex = ctx_discover(&x);
         if (ex) {
                 ctx_close(&x);
                 return ex;
@@ -317,7 +330,18 @@ kb_cmd_status(int argc, char **argv)
         if (rc) {
                 ex = db_fail(&x, rc);
         } else {
-                char *live = local_metrics(x.cfg.metrics_listen);
+                /* listen = HOST:0: the port `kinbox run` bound */
+                char listen[300];
+                const char *l = x.cfg.metrics_listen;
+                const char *colon = l ? strrchr(l, ':') : NULL;
+                int bound =
+                    colon && !strcmp(colon, ":0") ? kb_port_read(&x.cfg) : 0;
+                if (bound) {
+                        snprintf(listen, sizeof(listen), "%.*s:%d",
+                                 (int)(colon - l), l, bound);
+                        l = listen;
+                }
+                char *live = local_metrics(l);
                 status_print(&x, st, live);
                 free(live);
         }
