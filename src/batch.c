@@ -835,6 +835,9 @@ begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
                 rc = db->ops->begin(db);
         if (!rc && n)
                 rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
+        /* Rows a conversion kept without their record's time. */
+        if (!rc && n)
+                rc = kinbox__inbox_legacy(db, c->name, w->rows, n, w->is_new);
         if (rc)
                 return rc;
         size_t k = 0;

@@ -33,7 +33,7 @@ static const prop_t props[] = {
 {"name", S(name), P_STR, "kinbox", 0, 0, NULL,
  "Consumer (or relay) name. The inbox key is (name, message id), so two consumers with different names each apply a message once."},
 {"database.url", S(database_url), P_STR, NULL, 0, 0, NULL,
- "Database to use: `postgresql://user@host:port/db` or `mysql://user@host:port/db`. Required."},
+ "Database to use: `postgresql://user@host:port/db` (or `postgres://`) or `mysql://user@host:port/db`. Required."},
 {"database.password_file", S(database_password_file), P_STR, NULL, 0, 0, NULL,
  "File whose first line is the database password (never logged). A password in the URL also works."},
 {"topics", S(topics), P_STR, NULL, 0, 0, NULL,
@@ -365,6 +365,9 @@ validate(const prop_t *p, const char *value, char *errstr, size_t sz)
                                        value);
                         return KINBOX_ERR_INVALID;
                 }
+                if (!strcmp(p->key, "topics") &&
+                    kinbox__confval_topics(p->key, value, errstr, sz))
+                        return KINBOX_ERR_INVALID;
                 if ((!strcmp(p->key, "handler") ||
                      !strcmp(p->key, "relay.modules")) &&
                     check_module_names(p->key, value, errstr, sz))
@@ -459,8 +462,14 @@ kinbox_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
         }
         int i = prop_find(key);
         if (i < 0) {
+                const char *keys[NPROPS];
+                for (size_t k = 0; k < NPROPS; k++)
+                        keys[k] = props[k].key;
+                const char *near = kinbox__closest(key, keys, NPROPS);
                 kinbox__errstr(errstr, errstr_size,
-                               "unknown configuration key \"%s\"", key);
+                               "unknown configuration key \"%s\"%s%s%s", key,
+                               near ? " (did you mean \"" : "",
+                               near ? near : "", near ? "\"?)" : "");
                 return KINBOX_ERR_UNKNOWN_KEY;
         }
         kinbox_err_t err = validate(&props[i], value, errstr, errstr_size);
@@ -570,6 +579,42 @@ type_name(ptype_t t)
         return "?";
 }
 
+/* A duration for people: the largest unit that divides it. */
+static void
+fmt_ms(int64_t ms, char *b, size_t sz)
+{
+        static const struct {
+                int64_t ms;
+                const char *u;
+        } units[] = {
+            {86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
+        for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+                if (ms && ms % units[i].ms == 0) {
+                        snprintf(b, sz, "%lld%s",
+                                 (long long)(ms / units[i].ms), units[i].u);
+                        return;
+                }
+        snprintf(b, sz, ms ? "%lldms" : "%lld", (long long)ms);
+}
+
+/* A property's range for the reference ("" when it has none). */
+static void
+range_of(const prop_t *p, char *b, size_t sz)
+{
+        char lo[32], hi[32];
+        b[0] = '\0';
+        if (p->type == P_INT) {
+                snprintf(b, sz, "%lld..%lld", (long long)p->min,
+                         (long long)p->max);
+        } else if (p->type == P_DURATION) {
+                fmt_ms(p->min, lo, sizeof(lo));
+                fmt_ms(p->max, hi, sizeof(hi));
+                snprintf(b, sz, "%s..%s", lo, p->max >= MAXI ? "" : hi);
+        } else if (p->type == P_ENUM) {
+                snprintf(b, sz, "%s", p->enums);
+        }
+}
+
 void
 kinbox_conf_write_reference(FILE *fp)
 {
@@ -577,12 +622,8 @@ kinbox_conf_write_reference(FILE *fp)
                     "|---|---|---|---|---|\n");
         for (size_t i = 0; i < NPROPS; i++) {
                 const prop_t *p = &props[i];
-                char range[64] = "";
-                if (p->type == P_INT)
-                        snprintf(range, sizeof(range), "%lld..%lld",
-                                 (long long)p->min, (long long)p->max);
-                else if (p->type == P_ENUM)
-                        snprintf(range, sizeof(range), "%s", p->enums);
+                char range[128];
+                range_of(p, range, sizeof(range));
                 fprintf(fp, "| `%s` | %s | %s | %s | %s |\n", p->key,
                         type_name(p->type), p->def ? p->def : "—", range,
                         p->doc);
@@ -631,10 +672,12 @@ kinbox_conf_write_reference_man(FILE *fp)
                         fprintf(fp, ", default ");
                         man_text(fp, p->def);
                 }
-                if (p->type == P_INT)
-                        fprintf(fp, ", %lld..%lld", (long long)p->min,
-                                (long long)p->max);
-                else if (p->type == P_ENUM) {
+                if (p->type == P_INT || p->type == P_DURATION) {
+                        char range[128];
+                        range_of(p, range, sizeof(range));
+                        fprintf(fp, ", ");
+                        man_text(fp, range);
+                } else if (p->type == P_ENUM) {
                         fprintf(fp, ", one of ");
                         man_text(fp, p->enums);
                 }

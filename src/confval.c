@@ -3,6 +3,7 @@
  */
 #include "confval.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -169,4 +170,37 @@ kinbox__confval_duration_str(int64_t ms, char *buf, size_t size)
         if (size)
                 snprintf(buf, size, "%" PRId64 "%s", n, unit);
         return buf;
+}
+
+int
+kinbox__confval_topics(const char *key, const char *value, char *errstr,
+                       size_t errstr_size)
+{
+        for (const char *p = value; p && *p;) {
+                size_t n = strcspn(p, ","), s = 0, e = n;
+                while (s < e && (p[s] == ' ' || p[s] == '\t'))
+                        s++;
+                while (e > s && (p[e - 1] == ' ' || p[e - 1] == '\t'))
+                        e--;
+                size_t len = e - s;
+                bool ok = len <= 249 && !(len == 1 && p[s] == '.') &&
+                          !(len == 2 && p[s] == '.' && p[s + 1] == '.');
+                for (size_t i = s; ok && i < e; i++)
+                        ok = isalnum((unsigned char)p[i]) || p[i] == '.' ||
+                             p[i] == '_' || p[i] == '-';
+                if (!ok) {
+                        if (errstr && errstr_size)
+                                snprintf(errstr, errstr_size,
+                                         "%s: \"%.*s%s\" is not a Kafka "
+                                         "topic name (1 to 249 characters "
+                                         "of a-z A-Z 0-9 . _ -, not \".\" "
+                                         "or \"..\"; %zu characters): no "
+                                         "broker can have it",
+                                         key, len > 60 ? 60 : (int)len, p + s,
+                                         len > 60 ? "..." : "", len);
+                        return -1;
+                }
+                p += n + (p[n] ? 1 : 0);
+        }
+        return 0;
 }

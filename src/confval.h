@@ -50,6 +50,18 @@ int kinbox__confval_duration(const char *key, const char *value,
                              char *errstr, size_t errstr_size);
 
 /**
+ * @brief Check a comma-separated list of Kafka topic names (blanks around
+ *        each name and empty items are ignored, as the consumer does):
+ *        each 1 to 249 characters of a-z A-Z 0-9 . _ -, and not "." or
+ *        ".." (Kafka's rule: a broker never has another name, so a
+ *        consumer of one would wait for it forever).
+ * @returns 0 when every name is legal, -1 (errstr names key and the first
+ *          illegal name) otherwise.
+ */
+int kinbox__confval_topics(const char *key, const char *value, char *errstr,
+                           size_t errstr_size);
+
+/**
  * @brief Write a duration in milliseconds the way a person would type it
  *        (the largest unit that divides it exactly: "14d", "90s", "250ms").
  * @param buf Receives a NUL-terminated string (truncated to size).

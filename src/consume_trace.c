@@ -20,11 +20,8 @@ void
 kinbox__msg_trace_start(kinbox_msg_t *m)
 {
         kinbox_trace_t parent;
-        const void *v;
-        size_t n;
         m->recv_ns = kinbox__tracing_now_ns();
-        if (!kinbox_msg_header(m, KINBOX_TRACEPARENT_HEADER, &v, &n) &&
-            !kinbox_trace_parse(v, n, &parent)) {
+        if (!kinbox__msg_traceparent(m, &parent)) {
                 kinbox_trace_child(&parent, &m->trace);
                 memcpy(m->trace_parent, parent.span_id, 8);
                 m->trace_has_parent = true;

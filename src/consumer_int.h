@@ -237,6 +237,10 @@ struct kinbox_consumer_s {
 void kinbox__msg_free(kinbox_msg_t *m);
 /* Replace the message's reason (a copy; NULL or "" -> "no reason given"). */
 void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);
+/* The message's traceparent header parsed into *t: 0, or
+ * KINBOX_ERR_NOT_FOUND when it has none, several (W3C Trace Context: an
+ * invalid carrier, every one ignored) or an invalid one. */
+int kinbox__msg_traceparent(const kinbox_msg_t *m, kinbox_trace_t *t);
 /* consume_trace.c: a received message's trace context (tracing on), and
  * the consume spans of a committed batch. */
 void kinbox__msg_trace_start(kinbox_msg_t *m);

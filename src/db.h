@@ -61,7 +61,8 @@ typedef struct kinbox__inbox_row {
         int32_t partition;
         int64_t offset;
         int64_t msg_ms; /* the message's time (Kafka timestamp), ms since
-                         * the epoch; -1: unknown (now is used) */
+                         * the epoch; -1: unknown (keyed by the epoch's
+                         * range, db/inbox.c) */
 } kinbox__inbox_row_t;
 
 /** Error detail of the last failed call. */
@@ -144,6 +145,10 @@ struct kinbox__db {
          * inbox; kinbox__inbox_layout_load(). */
         int64_t inbox_width_s, inbox_skew_s;
         bool inbox_partitioned;
+        /* A converted inbox whose rows without msg_at may still be
+         * redelivered (kinbox_partitioning.legacy_until ahead of the
+         * database's clock): kinbox__inbox_legacy(). */
+        bool inbox_legacy;
         int64_t inbox_layout_read_ms; /* monotonic, 0: never */
         kinbox__dberr_t err;
         void (*log)(void *ctx, int level, const char *fmt, ...);
@@ -366,6 +371,14 @@ void kinbox__utc_text(char *out, int64_t s, int ms);
 int64_t kinbox__inbox_part_now(const kinbox__db_t *db);
 /* The range start (seconds, UTC) that ms falls in, for width_s. */
 int64_t kinbox__inbox_part_of(int64_t ms, int64_t width_s);
+/* After the inbox insert of rows (n, in its transaction), while
+ * db->inbox_legacy: messages that came back new but whose id has a row
+ * converted from a plain inbox without msg_at (keyed by the epoch's range,
+ * msg_at NULL) are not new (is_new[i] false). One indexed lookup per
+ * batch; nothing while the flag is off. */
+int kinbox__inbox_legacy(kinbox__db_t *db, const char *consumer,
+                         const struct kinbox__inbox_row *rows, size_t n,
+                         bool *is_new);
 /* Read the inbox layout into db (kinbox_partitioning; conf for a plain
  * inbox) when it was never read or was read over 10 s ago. Outside a
  * transaction. */

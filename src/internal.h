@@ -24,7 +24,9 @@ void *kinbox__memdup(const void *p, size_t n);
 /* ---- time */
 int64_t kinbox__now_ms(void); /* monotonic */
 int64_t kinbox__now_us(void); /* monotonic, microseconds */
-int64_t kinbox__wall_ms(void); /* realtime */
+/* realtime; env KINBOX_FAULT_CLOCK_S (seconds, tests only) shifts it, a
+ * host clock that far from the database's */
+int64_t kinbox__wall_ms(void);
 void kinbox__sleep_ms(int64_t ms);
 /* The instant ms from now on CLOCK_REALTIME (or on clock), for
  * pthread_cond_timedwait. */
@@ -84,6 +86,11 @@ void kinbox__conf_kafka_each(const struct kinbox_conf_s *conf,
  * Returns 0 on success (*out may be NULL when no file is configured). */
 int kinbox__conf_password(const struct kinbox_conf_s *conf, char **out,
                           char *errstr, size_t errstr_size);
+
+/* ---- "did you mean": the candidate closest to word (edit distance, a
+ * few edits at most for its length), or NULL. */
+const char *kinbox__closest(const char *word, const char *const *cands,
+                            size_t n);
 
 /* ---- fault injection for the crash-window tests (env KINBOX_FAULT,
  * "POINT:N"): returns true when the named point should fire. */

@@ -148,6 +148,10 @@ static const family_t families[] = {
      "Unix time up to which inbox partitions exist; messages later than "
      "this land in the catch-all.",
      NULL, 0},
+    {"kinbox_db_clock_skew_seconds", M_GAUGE,
+     "The host's clock minus the database's, seconds, at the pruner's last "
+     "run (ranges are created and dropped by the database's clock).",
+     NULL, 0},
     {"kinbox_inbox_partition_next_drop_seconds", M_GAUGE,
      "Unix time at which the oldest inbox partition leaves the retention "
      "and is dropped at the pruner's next run.",

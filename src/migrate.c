@@ -338,6 +338,36 @@ layout_step(run_t *r, const kinbox__settings_t *s)
         return rc;
 }
 
+/* One migrate at a time per database: a second one waits here until the
+ * first one's connection closes, then finds its steps recorded (two
+ * concurrent CREATE ... IF NOT EXISTS can fail on PostgreSQL's catalog,
+ * and MySQL's DDL cannot be rolled back). */
+static int
+migrate_lock(run_t *r)
+{
+        const char *v[1] = {"kinbox_migrate"};
+        kinbox_rows_t *rows = NULL;
+        int rc =
+            kinbox__db_queryv(r->db, r->db->ops->sql->lock_wait, 1, v, &rows);
+        const char *got = !rc && kinbox_rows_count(rows)
+                              ? kinbox_rows_value(rows, 0, 0, NULL)
+                              : NULL;
+        bool held = got && atoi(got) == 1;
+        kinbox_rows_destroy(rows);
+        if (rc)
+                kinbox__errstr(r->errstr, r->sz,
+                               "waiting for the migrate lock: %s",
+                               r->db->err.msg);
+        else if (!held) {
+                kinbox__errstr(r->errstr, r->sz,
+                               "another kinbox migrate held the lock "
+                               "kinbox_migrate of this database for 10 "
+                               "minutes: try again when it finished");
+                rc = KINBOX_ERR_TIMEOUT;
+        }
+        return rc;
+}
+
 kinbox_err_t
 kinbox_migrate_run(const kinbox_conf_t *conf, const kinbox_module_t *mod,
                    int flags, kinbox_migrate_cb cb, void *opaque, char *errstr,
@@ -349,10 +379,16 @@ kinbox_migrate_run(const kinbox_conf_t *conf, const kinbox_module_t *mod,
                    .opaque = opaque,
                    .errstr = errstr,
                    .sz = sz};
+        /* Settings kinbox would refuse after the scripts: refused first. */
+        if (!mod && (rc = kinbox__partition_settings_check(
+                         kinbox__settings_of(conf), errstr, sz)))
+                return (kinbox_err_t)rc;
         if (!(r.db = open_db(conf, errstr, sz, &rc)))
                 return (kinbox_err_t)rc;
         vers_t got;
-        if ((rc = recorded(r.db, mod ? mod->name : "kinbox", &got)))
+        if (!(flags & KINBOX_MIGRATE_DRY_RUN) && (rc = migrate_lock(&r)))
+                ; /* said */
+        else if ((rc = recorded(r.db, mod ? mod->name : "kinbox", &got)))
                 kinbox__errstr(errstr, sz, "reading the schema version: %s",
                                r.db->err.msg);
         else if (!got.table && !(flags & KINBOX_MIGRATE_DRY_RUN) &&

@@ -97,6 +97,21 @@ kinbox_msg_header(const kinbox_msg_t *m, const char *name, const void **valuep,
         return KINBOX_OK;
 }
 
+int
+kinbox__msg_traceparent(const kinbox_msg_t *m, kinbox_trace_t *t)
+{
+        const void *v, *v2;
+        size_t n, n2;
+        if (!m->v.headers ||
+            rd_kafka_header_get(msg_headers(m), 0, KINBOX_TRACEPARENT_HEADER,
+                                &v, &n) ||
+            !rd_kafka_header_get(msg_headers(m), 1, KINBOX_TRACEPARENT_HEADER,
+                                 &v2, &n2) ||
+            kinbox_trace_parse(v, n, t))
+                return KINBOX_ERR_NOT_FOUND;
+        return KINBOX_OK;
+}
+
 /* The consume span's context when tracing is on (set at receive), else
  * the message's own traceparent. */
 kinbox_err_t
@@ -106,12 +121,7 @@ kinbox_msg_trace(const kinbox_msg_t *m, kinbox_trace_t *t)
                 *t = m->trace;
                 return KINBOX_OK;
         }
-        const void *v;
-        size_t n;
-        if (kinbox_msg_header(m, KINBOX_TRACEPARENT_HEADER, &v, &n) ||
-            kinbox_trace_parse(v, n, t))
-                return KINBOX_ERR_NOT_FOUND;
-        return KINBOX_OK;
+        return (kinbox_err_t)kinbox__msg_traceparent(m, t);
 }
 
 void

@@ -193,6 +193,9 @@ kinbox_outbox_append(kinbox_tx_t *tx, const kinbox_outbox_msg_t *m,
         }
         kinbox__outbox_prepared_free(&pr);
         kinbox__outbox_trace_end(&ot, rc, id);
+        /* The row is the call's effect: a REJECT or RETRY undoes it. */
+        if (rc != KINBOX_ERR_DUPLICATE)
+                rc = kinbox__tx_issued(tx, rc);
         if (rc)
                 return rc;
         /* Not committed yet: local relays poll closely for a while. */

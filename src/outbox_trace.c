@@ -17,31 +17,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Index of the last header named traceparent, or -1. */
+static bool
+is_tp(const kinbox_header_t *h)
+{
+        return h->name && !strcmp(h->name, KINBOX_TRACEPARENT_HEADER);
+}
+
+/* Index of the one header named traceparent; -1 none, -2 several (an
+ * invalid carrier by W3C Trace Context: none of them is the parent). */
 static long
 traceparent_at(const kinbox_outbox_msg_t *m)
 {
         long at = -1;
         for (size_t i = 0; m->headers && i < m->header_count; i++)
-                if (m->headers[i].name &&
-                    !strcmp(m->headers[i].name, KINBOX_TRACEPARENT_HEADER))
-                        at = (long)i;
+                if (is_tp(&m->headers[i]))
+                        at = at == -1 ? (long)i : -2;
         return at;
 }
 
-/* m with its traceparent set to ot->tp (replaced or added). */
+/* m with one traceparent, ot->tp (replacing every other one). */
 static const kinbox_outbox_msg_t *
-with_traceparent(kinbox__outbox_trace_t *ot, const kinbox_outbox_msg_t *m,
-                 long at)
+with_traceparent(kinbox__outbox_trace_t *ot, const kinbox_outbox_msg_t *m)
 {
-        size_t n = m->header_count + (at < 0 ? 1 : 0);
-        ot->hdrs = malloc(n * sizeof(*ot->hdrs));
+        static const kinbox_header_t none;
+        size_t n = 0;
+        long put = -1; /* where the first traceparent was, or the end */
+        ot->hdrs = malloc((m->header_count + 1) * sizeof(*ot->hdrs));
         if (!ot->hdrs)
                 return m; /* the row goes out without it */
-        if (m->header_count)
-                memcpy(ot->hdrs, m->headers,
-                       m->header_count * sizeof(*ot->hdrs));
-        kinbox_header_t *h = &ot->hdrs[at < 0 ? (long)n - 1 : at];
+        for (size_t i = 0; m->headers && i < m->header_count; i++) {
+                if (!is_tp(&m->headers[i]))
+                        ot->hdrs[n++] = m->headers[i];
+                else if (put < 0)
+                        ot->hdrs[put = (long)n++] = none;
+        }
+        kinbox_header_t *h = &ot->hdrs[put < 0 ? (long)n++ : put];
         h->name = KINBOX_TRACEPARENT_HEADER;
         h->value = ot->tp;
         h->size = KINBOX_TRACEPARENT_LEN;
@@ -91,12 +101,12 @@ kinbox__outbox_trace_begin(kinbox__outbox_trace_t *ot,
                 has_parent = from_msg = true;
         if (kinbox__tracing_active()) {
                 span_begin(ot, m, has_parent ? &parent : NULL);
-                return with_traceparent(ot, m, at);
+                return with_traceparent(ot, m);
         }
         if (!from_msg)
                 return m;
         kinbox_trace_format(&parent, ot->tp);
-        return with_traceparent(ot, m, at);
+        return with_traceparent(ot, m);
 }
 
 void

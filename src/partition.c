@@ -27,6 +27,13 @@
 
 #define PRUNE_LOCK "kinbox_prune"
 #define COPY_BATCH 5000
+/* A host clock this far from the database's is logged (docs/operations.md,
+ * Daily partitions). */
+#define CLOCK_SKEW_WARN_S 60.0
+/* Partitions of kinbox_inbox, catch-alls included: MariaDB's and MySQL's
+ * hard limit; PostgreSQL is held to it too (planning and locking cost
+ * grow with the partitions). */
+#define MAX_PARTITIONS 8192
 
 static void
 count(const char *family, const char *op, double v)
@@ -44,10 +51,56 @@ layout(kinbox__db_t *db, const kinbox__settings_t *s)
         return kinbox__inbox_layout_load(db, s->inbox_partition_width, true);
 }
 
+/* The range partitions the settings keep: the retention and the ranges
+ * ahead, plus the two a span starts and ends inside. */
+static int64_t
+ranges_needed(const kinbox__settings_t *s)
+{
+        int64_t w = s->inbox_partition_width;
+        return (s->inbox_retention + s->inbox_partition_ahead + w - 1) / w + 2;
+}
+
+/* ms as "400d", "36h" or "90s" (the largest whole unit). */
+static const char *
+span(char *out, size_t sz, int64_t ms)
+{
+        int64_t s = ms / 1000;
+        if (s && s % 86400 == 0)
+                snprintf(out, sz, "%" PRId64 "d", s / 86400);
+        else if (s && s % 3600 == 0)
+                snprintf(out, sz, "%" PRId64 "h", s / 3600);
+        else
+                snprintf(out, sz, "%" PRId64 "s", s);
+        return out;
+}
+
+static int
+check_count(const kinbox__settings_t *s, char *errstr, size_t sz)
+{
+        int64_t n = ranges_needed(s);
+        if (n + 2 <= MAX_PARTITIONS)
+                return KINBOX_OK;
+        char r[24], a[24], w[24];
+        kinbox__errstr(errstr, sz,
+                       "inbox.retention (%s) and inbox.partition.ahead (%s) "
+                       "in ranges of inbox.partition.width (%s) need %" PRId64
+                       " partitions with the catch-alls; at most %d are "
+                       "allowed (MariaDB's limit, kept on PostgreSQL too): "
+                       "widen the ranges or shorten the retention",
+                       span(r, sizeof(r), s->inbox_retention),
+                       span(a, sizeof(a), s->inbox_partition_ahead),
+                       span(w, sizeof(w), s->inbox_partition_width), n + 2,
+                       MAX_PARTITIONS);
+        return KINBOX_ERR_CONFIG;
+}
+
 int
 kinbox__partition_check(kinbox__db_t *db, const kinbox__settings_t *s,
                         char *errstr, size_t sz)
 {
+        if (s->inbox_layout == KINBOX__LAYOUT_PARTITIONED &&
+            check_count(s, errstr, sz))
+                return KINBOX_ERR_CONFIG;
         int rc = layout(db, s);
         if (rc) {
                 kinbox__errstr(errstr, sz, "reading the inbox layout: %s",
@@ -94,13 +147,35 @@ publish(const kinbox__db_t *db, const kinbox__range_t *r, size_t n,
                         : 0);
 }
 
+/* The database's clock, now; the host's distance from it is a gauge and,
+ * over CLOCK_SKEW_WARN_S, a warning (lg NULL: none). */
+static int
+db_now(kinbox__db_t *db, const kinbox__log_t *lg, int64_t *now)
+{
+        int64_t host0 = kinbox__wall_ms();
+        int rc = db->ops->part->clock(db, now);
+        if (rc)
+                return rc;
+        /* The round trip's middle, as the host saw it. */
+        int64_t host = host0 + (kinbox__wall_ms() - host0) / 2;
+        double skew = (double)(host - *now) / 1000.0;
+        kinbox__m_set("kinbox_db_clock_skew_seconds", "", skew);
+        if (lg && (skew > CLOCK_SKEW_WARN_S || skew < -CLOCK_SKEW_WARN_S))
+                kinbox__log(lg, KINBOX_LOG_WARNING, "prune",
+                            "this host's clock is %.0f s %s the database's: "
+                            "inbox ranges follow the database's clock; fix "
+                            "the host's (NTP)",
+                            skew > 0 ? skew : -skew,
+                            skew > 0 ? "ahead of" : "behind");
+        return KINBOX_OK;
+}
+
 /* Ranges from the highest one's end (or now's range) to now + ahead. */
 static int
 create_ahead(kinbox__db_t *db, const char *table, const kinbox__range_t *r,
-             size_t n, int64_t ahead_ms, uint64_t *created)
+             size_t n, int64_t now, int64_t ahead_ms, uint64_t *created)
 {
         int64_t w = db->inbox_width_s;
-        int64_t now = kinbox__wall_ms();
         int64_t next =
             n ? r[n - 1].start_s + w : kinbox__inbox_part_of(now, w);
         int rc = KINBOX_OK;
@@ -121,18 +196,18 @@ create_ahead(kinbox__db_t *db, const char *table, const kinbox__range_t *r,
 /* Ranges whose whole span is older than the retention, oldest first. */
 static int
 drop_old(kinbox__db_t *db, const kinbox__log_t *lg, kinbox__range_t *r,
-         size_t n, int64_t ret_ms, bool dry, const volatile int *stop,
-         kinbox_prune_result_t *res)
+         size_t n, int64_t now, int64_t ret_ms, bool dry,
+         const volatile int *stop, kinbox_prune_result_t *res)
 {
         int64_t w = db->inbox_width_s;
-        int64_t now = kinbox__wall_ms();
         size_t i = 0;
         for (; i < n && (r[i].start_s + w) * 1000 <= now - ret_ms; i++) {
                 if (stop && *stop)
                         break;
                 uint64_t kept = 0;
                 int rc =
-                    dry ? KINBOX_OK : db->ops->part->drop(db, &r[i], w, &kept);
+                    dry ? KINBOX_OK
+                        : db->ops->part->drop(db, &r[i], w, ret_ms, &kept);
                 if (rc) {
                         count("kinbox_inbox_partition_failures_total", "drop",
                               1);
@@ -193,11 +268,13 @@ kinbox__partition_prune(kinbox__db_t *db, const kinbox__settings_t *s,
         kinbox__range_t *r = NULL;
         size_t n = 0;
         int64_t catchall = 0;
-        if ((rc = po->list(db, "kinbox_inbox", &r, &n, NULL)))
+        int64_t now = 0;
+        if ((rc = db_now(db, lg, &now)) ||
+            (rc = po->list(db, "kinbox_inbox", &r, &n, NULL)))
                 return rc;
-        rc = drop_old(db, lg, r, n, s->inbox_retention, dry, stop, res);
+        rc = drop_old(db, lg, r, n, now, s->inbox_retention, dry, stop, res);
         if (!rc && !dry)
-                rc = create_ahead(db, "kinbox_inbox", r, n,
+                rc = create_ahead(db, "kinbox_inbox", r, n, now,
                                   s->inbox_partition_ahead,
                                   &res->partitions_created);
         if (!rc && !dry)
@@ -271,10 +348,13 @@ convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows,
         const struct kinbox__part_ops *po = db->ops->part;
         int64_t w = s->inbox_partition_width / 1000;
         int64_t skew = s->inbox_partition_skew / 1000;
-        int64_t now = kinbox__wall_ms();
+        int64_t now = 0;
+        int rc = db_now(db, NULL, &now);
+        if (rc)
+                return rc;
         /* Ranges over the retention; older rows go to the catch-all. */
         int64_t first = kinbox__inbox_part_of(now - s->inbox_retention, w);
-        int rc = po->mirror(db, false, w, skew);
+        rc = po->mirror(db, false, w, skew);
         if (!rc)
                 rc = po->create(db, "kinbox_inbox_conv", first);
         for (int64_t at = first;
@@ -288,6 +368,8 @@ convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows,
         if (!rc)
                 rc = po->swap(db, w, skew);
         *swap_ms = kinbox__now_ms() - t0;
+        if (!rc)
+                rc = po->legacy(db, s->inbox_retention);
         if (rc) {
                 int keep = rc;
                 po->mirror(db, false, w, skew);
@@ -299,6 +381,8 @@ convert(kinbox__db_t *db, const kinbox__settings_t *s, uint64_t *rows,
 static int
 check_settings(const kinbox__settings_t *s, char *errstr, size_t sz)
 {
+        if (check_count(s, errstr, sz))
+                return KINBOX_ERR_CONFIG;
         if (s->inbox_partition_skew * 2 >= s->inbox_partition_width) {
                 kinbox__errstr(errstr, sz,
                                "inbox.partition.skew (%" PRId64 " s) must be "
@@ -309,6 +393,15 @@ check_settings(const kinbox__settings_t *s, char *errstr, size_t sz)
                 return KINBOX_ERR_CONFIG;
         }
         return KINBOX_OK;
+}
+
+int
+kinbox__partition_settings_check(const kinbox__settings_t *s, char *errstr,
+                                 size_t sz)
+{
+        if (s->inbox_layout != KINBOX__LAYOUT_PARTITIONED)
+                return KINBOX_OK;
+        return check_settings(s, errstr, sz);
 }
 
 /* A partitioned inbox already: the width stays, the skew may change. */
@@ -327,8 +420,10 @@ keep_partitioned(kinbox__db_t *db, const kinbox__settings_t *s, char *errstr,
                                db->inbox_width_s, w);
                 return KINBOX_ERR_CONFIG;
         }
-        if (skew == db->inbox_skew_s)
-                return KINBOX_OK;
+        /* A crash between a conversion's swap and its legacy_until. */
+        int rc = db->ops->part->legacy(db, s->inbox_retention);
+        if (rc || skew == db->inbox_skew_s)
+                return rc;
         char v[24];
         snprintf(v, sizeof(v), "%" PRId64, skew);
         const char *p[1] = {v};
@@ -361,6 +456,8 @@ swapped(kinbox__db_t *db, const kinbox__settings_t *s, char *errstr, size_t sz)
                                        "(table_name, width_s, skew_s) VALUES "
                                        "('kinbox_inbox', $1, $2)",
                                        2, p, NULL);
+        if (!rc)
+                rc = db->ops->part->legacy(db, s->inbox_retention);
         if (rc)
                 kinbox__errstr(errstr, sz, "partitioning kinbox_inbox: %s",
                                db->err.msg);

@@ -12,8 +12,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Consumer start: the database's layout (into db), and KINBOX_ERR_SCHEMA
- * when the configuration asks for partitions it does not have. */
+/* Consumer start: the database's layout (into db), KINBOX_ERR_SCHEMA
+ * when the configuration asks for partitions it does not have, and
+ * KINBOX_ERR_CONFIG (errstr with the number) when it needs more than
+ * 8,192 partitions (retention and ahead in ranges of the width). */
 int kinbox__partition_check(kinbox__db_t *db, const kinbox__settings_t *s,
                             char *errstr, size_t sz);
 
@@ -31,6 +33,12 @@ int kinbox__partition_prune(kinbox__db_t *db, const kinbox__settings_t *s,
                             const kinbox__log_t *lg, bool dry,
                             const volatile int *stop,
                             kinbox_prune_result_t *res, bool *partitioned);
+
+/* The layout settings alone, before kinbox migrate touches anything
+ * (inbox.layout = partitioned; KINBOX_OK otherwise): skew under half the
+ * width, at most 8,192 partitions. KINBOX_ERR_CONFIG with errstr. */
+int kinbox__partition_settings_check(const kinbox__settings_t *s, char *errstr,
+                                     size_t sz);
 
 /* kinbox migrate, after the scripts: with inbox.layout = partitioned,
  * convert a plain inbox (online: mirror, copy, swap) or check that a

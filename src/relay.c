@@ -519,6 +519,7 @@ out:
         }
         if (r->db)
                 r->db->ops->disconnect(r->db);
+        kinbox__relay_faillog_flush(r);
         rlog(r, KINBOX_LOG_INFO, "relay %s stopped", r->owner);
         atomic_store(&r->running, false);
         return ret;

@@ -169,13 +169,18 @@ kinbox__relay_run_action(kinbox_relay_t *r, item_t *it)
                 it->out = OUT_DEAD;
                 return;
         }
+        size_t ntp = 0, tp = 0; /* one context, or none: W3C ignores
+                                   several */
         for (size_t i = 0; r->tracing && i < j->act.headers.n; i++)
                 if (j->act.headers.v[i].name &&
                     !strcmp(j->act.headers.v[i].name,
-                            KINBOX_TRACEPARENT_HEADER))
-                        kinbox__relay_trace_begin(r, it,
-                                                  j->act.headers.v[i].value,
-                                                  j->act.headers.v[i].size);
+                            KINBOX_TRACEPARENT_HEADER)) {
+                        ntp++;
+                        tp = i;
+                }
+        if (ntp == 1)
+                kinbox__relay_trace_begin(r, it, j->act.headers.v[tp].value,
+                                          j->act.headers.v[tp].size);
 
         pthread_attr_t attr;
         pthread_attr_init(&attr);

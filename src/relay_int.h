@@ -5,7 +5,8 @@
  * publish, mark: step()); relay_kafka.c the producer and the topics'
  * settings; relay_action.c local actions; relay_claim.c claims;
  * relay_mark.c verdicts and marks; relay_wake.c waiting for work (LISTEN,
- * polling, the in-process wake-up through wake.c). The design: relay.c.
+ * polling, the in-process wake-up through wake.c); relay_log.c the log
+ * relay (relay.source = wal | binlog) beside them. The design: relay.c.
  */
 #ifndef KINBOX_RELAY_INT_H
 #define KINBOX_RELAY_INT_H
@@ -41,6 +42,11 @@
 #define LIMIT_TTL_MS 60000
 /* Java-compatible keyed partitioning (producer_conf()). */
 #define RELAY_PARTITIONER "murmur2_random"
+/* Producer topic.metadata.refresh.interval.ms unless configured: how long
+ * the relay may keep a topic's old partition count after partitions were
+ * added (librdkafka's default, 5 minutes, put new rows of a key on its old
+ * partition that long). */
+#define RELAY_METADATA_REFRESH_MS "10000"
 
 #define STAT_ADD(r, field, n)                                                 \
         do {                                                                  \
@@ -188,7 +194,18 @@ struct kinbox_relay_s {
         bool rk_left; /* a Kafka client outlived its destroy bound: r stays */
         bool compressed; /* kafka.compression.type is set, not none */
         struct lrelay *logr; /* relay.source = wal | binlog (relay_log.c) */
+        /* Failed attempts are said one line per FAIL_LOG_MS, the rest
+         * summed (a broker outage fails every row; relay thread only). */
+        struct {
+                int64_t at; /* monotonic ms of the last line, 0 never */
+                uint64_t failed, dead; /* since then, not said */
+                char last[ERR_MAX + 200]; /* the last of those */
+        } faillog;
 };
+
+/* relay_mark.c: say the failed attempts summed since the last line, if
+ * any (the relay's thread; at stop). */
+void kinbox__relay_faillog_flush(kinbox_relay_t *r);
 
 static inline void rlog(kinbox_relay_t *r, int level, const char *fmt, ...)
     KINBOX_PRINTF(3, 4);
@@ -264,6 +281,11 @@ void kinbox__relay_produce(kinbox_relay_t *r, item_t *it);
  * headers (message_id, trace context, CloudEvents) and timestamp of the
  * polling relay. */
 void kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it);
+/* A produce or delivery error of a row for topic as people read it:
+ * "what: NAME: text", explained for the codes that need it (a missing
+ * topic, a purged or timed-out message), in buf. */
+const char *kinbox__relay_kafka_err(const char *what, rd_kafka_resp_err_t e,
+                                    const char *topic, char *buf, size_t sz);
 /* A topic's max.message.bytes as the broker says (-1: unknown), asked
  * again after LIMIT_TTL_MS. */
 int64_t kinbox__relay_topic_max_bytes(kinbox_relay_t *r, const char *topic);

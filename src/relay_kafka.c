@@ -185,6 +185,38 @@ build_headers(const kinbox_relay_t *r, const item_t *it, char *err,
 
 static void topic_durability(kinbox_relay_t *r, const char *topic);
 
+const char *
+kinbox__relay_kafka_err(const char *what, rd_kafka_resp_err_t e,
+                        const char *topic, char *buf, size_t sz)
+{
+        const char *why = NULL;
+        switch (e) {
+        case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+        case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+                why = "the topic does not exist on the broker (kinbox does "
+                      "not create topics): create it; the row is retried "
+                      "with backoff";
+                break;
+        case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
+        case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
+                why = "not delivered when the relay's run ended (the broker "
+                      "had not acknowledged it: a missing topic or an "
+                      "unreachable broker); the row is retried with backoff";
+                break;
+        case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+                why = "not acknowledged within kafka.message.timeout.ms (a "
+                      "missing topic or an unreachable broker); the row is "
+                      "retried with backoff";
+                break;
+        default:
+                break;
+        }
+        snprintf(buf, sz, "%s to %s: %s: %s%s%s", what, topic,
+                 rd_kafka_err2name(e), rd_kafka_err2str(e), why ? ": " : "",
+                 why ? why : "");
+        return buf;
+}
+
 void
 kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
 {
@@ -205,8 +237,13 @@ kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it)
         if (r->tracing) {
                 const void *tp = NULL;
                 size_t tpn = 0;
-                if (!rd_kafka_header_get_last(kh, KINBOX_TRACEPARENT_HEADER,
-                                              &tp, &tpn))
+                const void *tp2;
+                size_t tpn2;
+                /* One context, or none: W3C ignores several. */
+                if (!rd_kafka_header_get(kh, 0, KINBOX_TRACEPARENT_HEADER, &tp,
+                                         &tpn) &&
+                    rd_kafka_header_get(kh, 1, KINBOX_TRACEPARENT_HEADER, &tp2,
+                                        &tpn2))
                         kinbox__relay_trace_begin(r, it, tp, tpn);
         }
         for (int tries = 0;; tries++) {
@@ -235,9 +272,9 @@ kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it)
                         it->out = OUT_RELEASE;
                         return;
                 }
-                snprintf(err, sizeof(err), "produce: %s: %s",
-                         rd_kafka_err2name(e), rd_kafka_err2str(e));
-                set_err(it->err, err);
+                set_err(it->err,
+                        kinbox__relay_kafka_err("produce", e, it->destination,
+                                                err, sizeof(err)));
                 /* Larger than kafka.message.max.bytes: no attempt can
                  * ever publish this row as written. */
                 it->out = e == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE
@@ -514,6 +551,12 @@ kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
         r->compressed = ct && strcmp(ct, "none");
         if (!kinbox_conf_get(conf, "kafka.partitioner"))
                 kafka_set_one("partitioner", RELAY_PARTITIONER, &ks);
+        /* Partitions added to a topic: the new count within 10 s, not
+         * librdkafka's 5 minutes (a topic of rows keyed by aggregate
+         * still needs draining first: docs/operations.md). */
+        if (!kinbox_conf_get(conf, "kafka.topic.metadata.refresh.interval.ms"))
+                kafka_set_one("topic.metadata.refresh.interval.ms",
+                              RELAY_METADATA_REFRESH_MS, &ks);
         /* Runs of one aggregate are in flight together: a row must never
          * be written after an earlier row of its partition failed.
          *  - The gapless guarantee turns a failed batch that would leave a

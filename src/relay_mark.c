@@ -110,11 +110,10 @@ batch_outcomes(kinbox_relay_t *r, batch_t *b)
                         it->out = OUT_SENT;
                         continue;
                 }
-                char e[256];
-                snprintf(e, sizeof(e), "delivery: %s: %s",
-                         rd_kafka_err2name(it->dr_err),
-                         rd_kafka_err2str(it->dr_err));
-                set_err(it->err, e);
+                char e[512];
+                set_err(it->err, kinbox__relay_kafka_err(
+                                     "delivery", it->dr_err, it->destination,
+                                     e, sizeof(e)));
                 it->out = OUT_RETRY;
         }
         size_verdicts(r, b);
@@ -162,6 +161,52 @@ mark_group(kinbox_relay_t *r, batch_t *b, outcome_t out, uint64_t *asked,
         return rc;
 }
 
+/* One line per this many ms about failed attempts; the others in it are
+ * summed into the next line. */
+#define FAIL_LOG_MS 10000
+
+void
+kinbox__relay_faillog_flush(kinbox_relay_t *r)
+{
+        if (!r->faillog.failed && !r->faillog.dead)
+                return;
+        rlog(r, r->faillog.dead ? KINBOX_LOG_WARNING : KINBOX_LOG_INFO,
+             "outbox: %" PRIu64 " more failed attempt(s) (retried with "
+             "backoff) and %" PRIu64 " more dead row(s) in the last %lld s; "
+             "the last: %s",
+             r->faillog.failed, r->faillog.dead,
+             (long long)((kinbox__now_ms() - r->faillog.at + 999) / 1000),
+             r->faillog.last);
+        r->faillog.failed = r->faillog.dead = 0;
+        r->faillog.at = kinbox__now_ms();
+}
+
+/* A failed attempt: its own line when none was written for FAIL_LOG_MS,
+ * else summed into the next one. */
+static void
+fail_log(kinbox_relay_t *r, const item_t *it, int attempts, bool dead)
+{
+        int64_t now = kinbox__now_ms();
+        if (r->faillog.at && now - r->faillog.at < FAIL_LOG_MS) {
+                snprintf(r->faillog.last, sizeof(r->faillog.last),
+                         "outbox row %" PRId64 " (%s) attempt %d %s: %s",
+                         it->id, it->destination, attempts,
+                         dead ? "dead" : "failed", it->err);
+                if (dead)
+                        r->faillog.dead++;
+                else
+                        r->faillog.failed++;
+                return;
+        }
+        kinbox__relay_faillog_flush(r);
+        rlog(r, dead ? KINBOX_LOG_WARNING : KINBOX_LOG_INFO,
+             "outbox row %" PRId64 " (%s) attempt %d %s: %s (more failures "
+             "within %d s are summed up in one line)",
+             it->id, it->destination, attempts, dead ? "dead" : "failed",
+             it->err, FAIL_LOG_MS / 1000);
+        r->faillog.at = now;
+}
+
 /* A failed attempt: retry later with backoff, or dead. */
 static int
 mark_failed(kinbox_relay_t *r, item_t *it, uint64_t *done)
@@ -176,10 +221,7 @@ mark_failed(kinbox_relay_t *r, item_t *it, uint64_t *done)
         int rc = r->db->ops->outbox->fail(r->db, it->id, it->version, dead,
                                           it->err, d, done);
         if (!rc && *done)
-                rlog(r, dead ? KINBOX_LOG_WARNING : KINBOX_LOG_INFO,
-                     "outbox row %" PRId64 " (%s) attempt %d %s: %s", it->id,
-                     it->destination, attempts, dead ? "dead" : "failed",
-                     it->err);
+                fail_log(r, it, attempts, dead);
         return rc;
 }
 
@@ -332,6 +374,8 @@ kinbox__relay_finish(kinbox_relay_t *r, batch_t *b)
         int rc = 0;
         if (!b->nomark)
                 rc = batch_mark(r, b, &t);
+        if (kinbox__now_ms() - r->faillog.at >= FAIL_LOG_MS)
+                kinbox__relay_faillog_flush(r);
         if (b->locked) {
                 /* The marks of a lock-held batch are written by its
                  * commit; a failed statement or commit (connection lost:

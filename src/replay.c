@@ -146,7 +146,8 @@ replay_inbox(kinbox_admin_t *adm, int64_t id, char **v, size_t *len, int *rcp)
  * that is not the handler's (lost connection, deadlock). */
 static kinbox_result_t
 replay_handler(kinbox_tx_t *tx, kinbox_msg_t *msg, kinbox_handler_fn fn,
-               kinbox_batch_handler_fn bfn, void *opaque, int *rcp)
+               kinbox_batch_handler_fn bfn, void *opaque, int *rcp,
+               bool *stmt_failed)
 {
         kinbox__db_t *db = kinbox__tx_db(tx);
         kinbox__tx_reset(tx);
@@ -163,14 +164,18 @@ replay_handler(kinbox_tx_t *tx, kinbox_msg_t *msg, kinbox_handler_fn fn,
         }
         if (r == KINBOX_RESULT_DUPLICATE)
                 r = KINBOX_RESULT_OK;
-        if (r == KINBOX_RESULT_OK && kinbox__tx_failed(tx))
+        *stmt_failed = false;
+        if (r == KINBOX_RESULT_OK && kinbox__tx_failed(tx)) {
                 r = KINBOX_RESULT_RETRY;
+                *stmt_failed = true;
+        }
         /* The handler's queued statements: their errors are its own. */
         int rc;
         if (r == KINBOX_RESULT_OK && (rc = db->ops->flush(db))) {
                 if (rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_TRANSIENT)
                         *rcp = rc;
                 r = KINBOX_RESULT_RETRY;
+                *stmt_failed = true;
         }
         return r;
 }
@@ -178,7 +183,7 @@ replay_handler(kinbox_tx_t *tx, kinbox_msg_t *msg, kinbox_handler_fn fn,
 /* Why the handler did not apply the replayed message. */
 static void
 replay_refused(kinbox_admin_t *adm, int64_t id, kinbox_tx_t *tx,
-               const kinbox_msg_t *msg, kinbox_result_t r)
+               const kinbox_msg_t *msg, kinbox_result_t r, bool stmt_failed)
 {
         kinbox__db_t *db = adm->db;
         const char *why = kinbox__tx_reason(tx)[0]  ? kinbox__tx_reason(tx)
@@ -187,10 +192,15 @@ replay_refused(kinbox_admin_t *adm, int64_t id, kinbox_tx_t *tx,
                                                     : "no reason given";
         if (db->err.code && !kinbox__tx_reason(tx)[0])
                 why = db->err.msg;
+        /* A statement that failed under a handler returning OK is the
+         * cause, not a RETRY the handler never returned. */
         snprintf(adm->errstr, sizeof(adm->errstr),
-                 "handler returned %s: %s; rolled back, dead letter "
-                 "%" PRId64 " unchanged",
-                 r == KINBOX_RESULT_REJECT ? "REJECT" : "RETRY", why, id);
+                 "%s: %s; rolled back, dead letter %" PRId64 " unchanged",
+                 stmt_failed                 ? "a statement of the handler "
+                                               "failed"
+                 : r == KINBOX_RESULT_REJECT ? "handler returned REJECT"
+                                             : "handler returned RETRY",
+                 why, id);
 }
 
 /* The dead letter's stored copy as a message (borrowing v and hl). */
@@ -266,13 +276,15 @@ kinbox_dead_replay(kinbox_admin_t *adm, int64_t id, kinbox_handler_fn fn,
                 ret = KINBOX_ERR_NOMEM;
                 goto out;
         }
-        kinbox_result_t r = replay_handler(tx, msg, fn, bfn, opaque, &rc);
+        bool stmt_failed = false;
+        kinbox_result_t r =
+            replay_handler(tx, msg, fn, bfn, opaque, &rc, &stmt_failed);
         if (rc)
                 goto dberr;
         if (resultp)
                 *resultp = r;
         if (r != KINBOX_RESULT_OK) {
-                replay_refused(adm, id, tx, msg, r);
+                replay_refused(adm, id, tx, msg, r, stmt_failed);
                 ret = KINBOX_ERR_INVALID;
                 goto out;
         }

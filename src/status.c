@@ -92,6 +92,10 @@ partitions(kinbox_admin_t *adm, kinbox_status_t *s)
         size_t n = 0;
         rc =
             db->ops->part->list(db, "kinbox_inbox", &r, &n, &s->catchall_rows);
+        int64_t host = kinbox__wall_ms(), dbnow = 0;
+        if (!rc && !(rc = db->ops->part->clock(db, &dbnow)))
+                s->db_clock_skew_ms =
+                    host + (kinbox__wall_ms() - host) / 2 - dbnow;
         if (!rc) {
                 s->partition_width_s = db->inbox_width_s;
                 s->npartitions = n;
@@ -152,6 +156,19 @@ kinbox_admin_status(kinbox_admin_t *adm, const char *const *consumers,
         }
         *statusp = s;
         return KINBOX_OK;
+}
+
+kinbox_err_t
+kinbox_admin_consumers(kinbox_admin_t *adm, kinbox_rows_t **rowsp)
+{
+        if (!rowsp)
+                return KINBOX_ERR_INVALID;
+        *rowsp = NULL;
+        if (!adm)
+                return KINBOX_ERR_INVALID;
+        adm->errstr[0] = '\0';
+        return kinbox__admin_query(adm, adm->db->ops->sql->consumers, 0, NULL,
+                                   rowsp);
 }
 
 void

@@ -35,6 +35,9 @@ typedef struct exporter {
         struct curl_slist *headers;
         kinbox__log_t lg;
         int64_t last_warn_ms;
+        /* Set by the last release: the kinbox__now_ms() by which the
+         * exporter ends (0 while running). */
+        _Atomic int64_t stop_by;
 } exporter_t;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -328,17 +331,39 @@ discard_body(char *p, size_t sz, size_t n, void *u)
         return sz * n;
 }
 
+/* libcurl's progress callback (at least once a second, also while the
+ * collector says nothing): non-zero ends the request once the shutdown's
+ * deadline passed. */
+static int
+past_stop(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
+          curl_off_t un)
+{
+        (void)dt;
+        (void)dn;
+        (void)ut;
+        (void)un;
+        exporter_t *ex = arg;
+        int64_t by = atomic_load(&ex->stop_by);
+        return by && kinbox__now_ms() >= by;
+}
+
 /* POST one request; 0 when the collector took it (2xx). */
 static int
 post(exporter_t *ex, CURL *h, const kinbox__buf_t *body, char *why,
      size_t whysz)
 {
+        int64_t ms = ex->timeout_ms, by = atomic_load(&ex->stop_by);
+        if (by && by - kinbox__now_ms() < ms)
+                ms = by - kinbox__now_ms() > 0 ? by - kinbox__now_ms() : 1;
         curl_easy_setopt(h, CURLOPT_URL, ex->url);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, ex->headers);
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body->p);
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)body->len);
-        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)ex->timeout_ms);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)ms);
         curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, past_stop);
+        curl_easy_setopt(h, CURLOPT_XFERINFODATA, ex);
+        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard_body);
         CURLcode rc = curl_easy_perform(h);
         if (rc != CURLE_OK) {
@@ -373,7 +398,14 @@ send_batch(exporter_t *ex, CURL *h, kinbox__buf_t *b, kinbox__span_t *tmp)
                 kinbox__m_add("kinbox_tracing_spans_dropped_total",
                               "reason=\"export_failed\"", n);
                 int64_t now = kinbox__now_ms();
-                if (now - ex->last_warn_ms > 60000) {
+                if (atomic_load(&ex->stop_by))
+                        kinbox__log(&ex->lg, KINBOX_LOG_WARNING, "tracing",
+                                    "shutdown: sending %d span(s) to the "
+                                    "trace collector at %s failed (%s): "
+                                    "dropped, the exit does not wait for "
+                                    "it",
+                                    n, ex->url, h ? why : "no HTTP client");
+                else if (now - ex->last_warn_ms > 60000) {
                         ex->last_warn_ms = now;
                         kinbox__log(&ex->lg, KINBOX_LOG_WARNING, "tracing",
                                     "sending %d span(s) to %s failed: %s "
@@ -386,6 +418,26 @@ send_batch(exporter_t *ex, CURL *h, kinbox__buf_t *b, kinbox__span_t *tmp)
         pthread_mutex_lock(&g_lock);
         pthread_cond_broadcast(&ex->sent);
         return n;
+}
+
+/* The shutdown's deadline passed: drop what is queued (g_lock held). */
+static void
+drop_queued(exporter_t *ex)
+{
+        int n = ex->count;
+        for (int i = 0; i < n; i++)
+                attrs_free(&ex->q[(ex->head + i) % ex->cap]);
+        ex->head = (ex->head + n) % ex->cap;
+        ex->count = 0;
+        kinbox__m_add("kinbox_tracing_spans_dropped_total",
+                      "reason=\"shutdown\"", n);
+        kinbox__log(&ex->lg, KINBOX_LOG_WARNING, "tracing",
+                    "shutdown: %d span(s) not sent: the trace collector at "
+                    "%s did not take them within %d ms",
+                    n, ex->url,
+                    ex->timeout_ms < KINBOX__TRACING_STOP_MS
+                        ? ex->timeout_ms
+                        : KINBOX__TRACING_STOP_MS);
 }
 
 static void *
@@ -404,8 +456,14 @@ exporter_main(void *arg)
                         pthread_cond_timedwait(&ex->cond, &g_lock, &ts);
                 }
                 bool last = ex->stop;
-                while (ex->count > 0)
+                while (ex->count > 0) {
+                        int64_t by = atomic_load(&ex->stop_by);
+                        if (by && kinbox__now_ms() >= by) {
+                                drop_queued(ex);
+                                break;
+                        }
                         send_batch(ex, h, &b, tmp);
+                }
                 ex->flush = false;
                 pthread_cond_broadcast(&ex->sent);
                 if (last)
@@ -573,7 +631,13 @@ kinbox__tracing_release(bool on)
                 pthread_mutex_unlock(&g_lock);
                 return;
         }
-        ex->stop = true; /* it sends what is queued, then ends */
+        /* It sends what is queued, then ends: within the bound, so that a
+         * hung collector cannot hold up the process's exit. */
+        int64_t bound = ex->timeout_ms < KINBOX__TRACING_STOP_MS
+                            ? ex->timeout_ms
+                            : KINBOX__TRACING_STOP_MS;
+        atomic_store(&ex->stop_by, kinbox__now_ms() + bound);
+        ex->stop = true;
         pthread_cond_signal(&ex->cond);
         pthread_mutex_unlock(&g_lock);
         pthread_join(ex->thr, NULL);

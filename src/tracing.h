@@ -68,7 +68,13 @@ typedef struct kinbox__span {
  * naming the bad setting. Pair every 0 with kinbox__tracing_release(). */
 int kinbox__tracing_acquire(const struct kinbox_conf_s *conf, bool *on,
                             char *errstr, size_t errstr_size);
+/* The last reference's release sends what is queued and ends the
+ * exporter, within KINBOX__TRACING_STOP_MS (or tracing.timeout.ms when
+ * shorter) whatever the collector does: a request in flight is cut at
+ * that deadline, and spans still queued are dropped (counted as
+ * kinbox_tracing_spans_dropped_total{reason="shutdown"}, one warning). */
 void kinbox__tracing_release(bool on);
+#define KINBOX__TRACING_STOP_MS 5000
 
 /* Whether this process's exporter runs (some consumer or relay set
  * tracing.endpoint): only then are spans recorded. */

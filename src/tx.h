@@ -14,6 +14,11 @@ int kinbox__tx_tag(const kinbox_tx_t *tx);
  * handler call with one message); NULL otherwise (a batch of several,
  * a replay). */
 const kinbox_msg_t *kinbox__tx_msg(const kinbox_tx_t *tx);
+/* A statement issued for the handler outside txapi.c (an outbox append)
+ * with its result rc: the call is touched (a REJECT or RETRY undoes it)
+ * and, on error, failed as kinbox_tx_exec() would be. Returns rc as
+ * kinbox_tx_exec() would. */
+kinbox_err_t kinbox__tx_issued(kinbox_tx_t *tx, int rc);
 
 /*
  * A message rebuilt from stored parts (a dead letter being replayed), as

@@ -137,6 +137,13 @@ tx_outcome(kinbox_tx_t *tx, int rc)
         return (kinbox_err_t)rc;
 }
 
+kinbox_err_t
+kinbox__tx_issued(kinbox_tx_t *tx, int rc)
+{
+        tx->touched = true;
+        return tx_outcome(tx, rc);
+}
+
 /* The tag of each row of a batch handler's set-based statement: its
  * owner's index in the batch, the call's own tag where the owner is not a
  * message of this call. NULL when none is needed (one message's call, no

@@ -469,3 +469,78 @@ Test(config_file, handler_outside_path_refused_before_loading)
         snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
         cr_assert(eq(int, system(cmd), 0));
 }
+
+/* Kafka's topic-name rule at load: a name no broker can have is refused
+ * with the rule, not "does not exist" forever. */
+Test(confval, topic_names)
+{
+        char e[512];
+        cr_assert(
+            eq(int,
+               kinbox__confval_topics("topics", "a, b.c_d-1 ,,", e, sizeof(e)),
+               0),
+            "%s", e);
+        static const char *const bad[] = {"bad topic", "a,b/c", "..",
+                                          ".",         "^re.*", "caf\xc3\xa9"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                cr_assert(
+                    eq(int,
+                       kinbox__confval_topics("topics", bad[i], e, sizeof(e)),
+                       -1),
+                    "%s accepted", bad[i]);
+                cr_assert(has(e, "is not a Kafka topic name"), "%s", e);
+        }
+        char longname[260];
+        memset(longname, 'x', 250);
+        longname[250] = '\0';
+        cr_assert(eq(int,
+                     kinbox__confval_topics("topics", longname, e, sizeof(e)),
+                     -1));
+        cr_assert(has(e, "250 characters"), "%s", e);
+        longname[249] = '\0';
+        cr_assert(eq(
+            int, kinbox__confval_topics("topics", longname, e, sizeof(e)), 0));
+        /* Through the configuration, and the kinbox command. */
+        kinbox_conf_t *c = kinbox_conf_new();
+        cr_assert(eq(int,
+                     kinbox_conf_set(c, "topics", "bad topic", e, sizeof(e)),
+                     KINBOX_ERR_INVALID));
+        kinbox_conf_destroy(c);
+        char *err;
+        int rc =
+            kb_ini("run", NULL,
+                   DB "[consumer.p]\nhandler = points\ntopics = a b\n", &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, "\"a b\" is not a Kafka topic name"), "%s", err);
+}
+
+/* A [consumer.NAME] the INI reader would cut: an error naming the
+ * limit, and a name at the limit works (it gets past the file). */
+Test(config_file, long_consumer_name)
+{
+        char ini[1024], name[64], *err;
+        memset(name, 'c', 41);
+        name[41] = '\0';
+        snprintf(ini, sizeof(ini),
+                 DB "[consumer.%s]\nhandler = points\ntopics = a\n", name);
+        int rc = kb_ini("run", NULL, ini, &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, ":5: [consumer.ccc") &&
+                      has(err, "the consumer name is 41 characters long; at "
+                               "most 40"),
+                  "%s", err);
+        name[40] = '\0';
+        snprintf(ini, sizeof(ini),
+                 DB "[consumer.%s]\nhandler = points\ntopics = a\n", name);
+        rc = kb_ini("run", NULL, ini, &err);
+        cr_assert(eq(int, rc, 3), "%s", err);
+        /* A line the reader would cut. */
+        char big[400];
+        snprintf(big, sizeof(big),
+                 DB "[consumer.p]\nhandler = points\n"
+                    "topics = %0250d\n",
+                 0);
+        rc = kb_ini("run", NULL, big, &err);
+        cr_assert(eq(int, rc, 2), "%s", err);
+        cr_assert(has(err, ":7: line longer than 197 characters"), "%s", err);
+}

@@ -684,3 +684,92 @@ Test(consumer, destroy_bounded_when_librdkafka_hangs, .timeout = 120)
         sleep(10);
         unsetenv("KINBOX_FAULT");
 }
+
+/* ---- kinbox_outbox_append() in a handler whose message is rejected ---- */
+
+/* One outbox row per message (idem_key = the message id); "bad" is
+ * rejected after its row was appended. */
+static kinbox_result_t
+append_then_judge(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        (void)opaque;
+        size_t n;
+        const char *p = kinbox_msg_payload(m, &n);
+        kinbox_outbox_msg_t ob = {.destination = "kt-next",
+                                  .idem_key = kinbox_msg_id(m),
+                                  .payload = p,
+                                  .payload_size = n};
+        if (kinbox_outbox_append(tx, &ob, NULL))
+                return KINBOX_RESULT_RETRY;
+        if (n == 3 && !memcmp(p, "bad", 3)) {
+                kinbox_tx_set_error(tx, "bad event");
+                return KINBOX_RESULT_REJECT;
+        }
+        return KINBOX_RESULT_OK;
+}
+
+/* The batch shape: a row for every message of the call, then a verdict
+ * per message. */
+static kinbox_result_t
+append_then_judge_batch(kinbox_tx_t *tx, const kinbox_msg_t *const *msgs,
+                        size_t n, kinbox_result_t *results, void *opaque)
+{
+        for (size_t i = 0; i < n; i++) {
+                kinbox_result_t r = append_then_judge(tx, msgs[i], opaque);
+                if (r == KINBOX_RESULT_REJECT)
+                        kinbox_tx_set_msg_error(tx, msgs[i], "bad event");
+                results[i] = r;
+        }
+        return KINBOX_RESULT_OK;
+}
+
+/* A rejected message's outbox row goes with its effect: only the rows of
+ * applied messages commit; the batch handler's rows likewise. */
+static void
+outbox_of_rejected(int backend, bool batch)
+{
+        char *url = kt_fresh_db(kt_backend(backend));
+        char *topic = kt_unique(batch ? "obrb" : "obrm");
+        char *group = kt_unique("gobr");
+        kt_topic(topic, 1);
+        kt_producer_t *pr = kt_producer_new();
+        for (int i = 0; i < 12; i++) {
+                char id[32];
+                snprintf(id, sizeof(id), "ob-%d", i);
+                kt_produce(pr, topic, 0, NULL, i % 4 == 2 ? "bad" : "good",
+                           id);
+        }
+        kt_producer_flush_destroy(pr);
+        kinbox_conf_t *c = kt_conf(url, "obr", group, topic);
+        kt_set(c, "retry.max", "1");
+        kt_run_t *r =
+            batch ? kt_run_start(c, NULL, append_then_judge_batch, NULL)
+                  : kt_run_start(c, append_then_judge, NULL, NULL);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 12,
+                     60);
+        kt_run_stop(r);
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 3));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"), 9),
+            "a rejected message's outbox row was committed");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox o JOIN "
+                                  "kinbox_dead_letter d ON d.message_id = "
+                                  "o.idem_key"),
+                     0));
+}
+
+KT_BACKENDS_PARAMS(consumer, outbox_row_of_rejected)
+ParameterizedTest(int *backend, consumer, outbox_row_of_rejected,
+                  .timeout = 120)
+{
+        outbox_of_rejected(*backend, false);
+}
+
+KT_BACKENDS_PARAMS(consumer, outbox_rows_of_rejected_batch)
+ParameterizedTest(int *backend, consumer, outbox_rows_of_rejected_batch,
+                  .timeout = 120)
+{
+        outbox_of_rejected(*backend, true);
+}

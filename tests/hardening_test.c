@@ -592,3 +592,82 @@ ParameterizedTest(int *backend, hardening, dead_headers_stored_form,
         cr_assert(has(out, "c: \\xff; c: 2"), "%s", out);
         free(out);
 }
+
+/* ---- a misspelt key: the error names the closest one ---- */
+
+Test(hardening, misspelt_keys_did_you_mean, .timeout = 60)
+{
+        char *out = NULL;
+        char *path = kt_tmp("didyoumean");
+        FILE *fp = fopen(path, "w");
+        cr_assert(fp != NULL);
+        fprintf(fp, "[database]\nurl = postgresql://u@127.0.0.1:1/x\n"
+                    "[kafka]\nbootstrap.server = 127.0.0.1:9092\n");
+        fclose(fp);
+        cr_assert(eq(int, kb(&out, "status -c %s", path), 2), "%s", out);
+        cr_assert(has(out, "[kafka] bootstrap.server: not a librdkafka "
+                           "property (did you mean \"bootstrap.servers\"?)"),
+                  "%s", out);
+        free(out);
+        fp = fopen(path, "w");
+        cr_assert(fp != NULL);
+        fprintf(fp, "[database]\nurl = postgresql://u@127.0.0.1:1/x\n"
+                    "[kafka]\nbootstrap.servers = 127.0.0.1:9092\n"
+                    "[consumer.c]\ntopic = t\nhandler = points\n");
+        fclose(fp);
+        cr_assert(eq(int, kb(&out, "run -c %s", path), 2), "%s", out);
+        cr_assert(has(out, "unknown configuration key \"topic\" (did you "
+                           "mean \"topics\"?)"),
+                  "%s", out);
+        free(out);
+}
+
+/* ---- a database that refuses: exit 3 from every command ---- */
+
+KT_BACKENDS_PARAMS(hardening, database_refusal_exit_3)
+ParameterizedTest(int *backend, hardening, database_refusal_exit_3,
+                  .timeout = 180)
+{
+        static const char *const cmds[] = {
+            "run -c %s",       "migrate -c %s",     "status -c %s",
+            "dead list -c %s", "outbox list -c %s", "verify -c %s",
+            "prune -c %s",     "dead show 1 -c %s",
+        };
+        const char *good =
+            kt_env(*backend ? "KINBOX_MYSQL_URL" : "KINBOX_PG_URL");
+        /* scheme://user[:pw]@host:port/db -> a refused variant */
+        const char *at = strchr(good, '@'), *slash = strrchr(good, '/');
+        cr_assert(at != NULL && slash != NULL && slash > at);
+        char bad[2][512];
+        /* no such database (both backends) */
+        snprintf(bad[0], sizeof(bad[0]), "%.*s/kt_no_such_db",
+                 (int)(slash - good), good);
+        /* MariaDB: a wrong password (1045); PostgreSQL: no such role */
+        const char *scheme_end = strstr(good, "://") + 3;
+        if (*backend)
+                snprintf(bad[1], sizeof(bad[1]), "%.*skinbox:wrong-pw%s",
+                         (int)(scheme_end - good), good, at);
+        else
+                snprintf(bad[1], sizeof(bad[1]), "%.*skt_no_such_role%s",
+                         (int)(scheme_end - good), good, at);
+        for (int b = 0; b < 2; b++) {
+                char *ini = kt_write_ini(bad[b], "[consumer.c]\ntopics = t\n"
+                                                 "handler = points\n");
+                for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+                        char *out = NULL;
+                        int rc = kb(&out, cmds[i], ini);
+                        cr_assert(eq(int, rc, 3), "%s on %s: rc %d: %s",
+                                  cmds[i], bad[b], rc, out);
+                        cr_assert(has(out, "database unreachable"), "%s: %s",
+                                  cmds[i], out);
+                        /* one line, no tab, no trailing space */
+                        size_t n = strlen(out);
+                        cr_assert(strchr(out, '\t') == NULL, "%s: %s", cmds[i],
+                                  out);
+                        cr_assert(n > 1 && out[n - 1] == '\n' &&
+                                      out[n - 2] != ' ',
+                                  "%s: [%s]", cmds[i], out);
+                        free(out);
+                }
+        }
+}

@@ -408,3 +408,137 @@ ParameterizedTest(struct big *p, relay, too_large, .timeout = 180)
         cr_assert(eq(int, count, 199));
         cr_assert(eq(sz, max_len, 2047));
 }
+
+/* ---- partitions added to a relay's topic ---- */
+
+/* Grow topic to n partitions (CreatePartitions). */
+static void
+add_partitions(const char *topic, int n)
+{
+        char e[512];
+        rd_kafka_conf_t *c = rd_kafka_conf_new();
+        rd_kafka_conf_set(c, "bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"),
+                          e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, e, sizeof(e));
+        cr_assert(rk != NULL, "%s", e);
+        rd_kafka_NewPartitions_t *np =
+            rd_kafka_NewPartitions_new(topic, (size_t)n, e, sizeof(e));
+        cr_assert(np != NULL, "%s", e);
+        rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+        rd_kafka_CreatePartitions(rk, &np, 1, NULL, q);
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 30000);
+        cr_assert(ev != NULL, "create partitions: no answer");
+        cr_assert(eq(int, rd_kafka_event_error(ev), 0),
+                  "create partitions: %s", rd_kafka_event_error_string(ev));
+        size_t cnt = 0;
+        const rd_kafka_topic_result_t **tr =
+            rd_kafka_CreatePartitions_result_topics(
+                rd_kafka_event_CreatePartitions_result(ev), &cnt);
+        cr_assert(eq(sz, cnt, 1));
+        cr_assert(eq(int, rd_kafka_topic_result_error(tr[0]), 0), "%s",
+                  rd_kafka_topic_result_error_string(tr[0]));
+        rd_kafka_event_destroy(ev);
+        rd_kafka_NewPartitions_destroy(np);
+        rd_kafka_queue_destroy(q);
+        rd_kafka_destroy(rk);
+}
+
+static void
+append_rows(const char *url, const char *topic, const char *prefix, int n)
+{
+        for (int i = 0; i < n; i++) {
+                char sql[400];
+                snprintf(sql, sizeof(sql),
+                         "INSERT INTO kinbox_outbox (destination, idem_key, "
+                         "aggregate_id) VALUES ('%s', '%s-%d', '%s-%d')",
+                         topic, prefix, i, prefix, i);
+                kt_exec(url, sql);
+        }
+}
+
+/* Partitions added to a topic the relay publishes to: rows appended 15 s
+ * later are keyed over the new count (librdkafka's default metadata
+ * refresh kept the old count for 5 minutes; the relay asks every 10 s).
+ * Of 40 new keys some land on the new partitions 2 and 3 (all missing
+ * them: 2^-40). */
+KT_BACKENDS_PARAMS(relay, partitions_added)
+ParameterizedTest(int *backend, relay, partitions_added, .timeout = 240)
+{
+        need_kafka();
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("kgrow");
+        kt_topic(topic, 2);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "poll.ms = 100\n");
+        char *log = kt_tmp("growrelay");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        append_rows(url, topic, "a", 20);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox "
+                                  "WHERE status = 'sent'",
+                                  20, 60),
+                     20),
+                  "log %s", log);
+        add_partitions(topic, 4);
+        sleep(15);
+        append_rows(url, topic, "b", 40);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox "
+                                  "WHERE status = 'sent'",
+                                  60, 60),
+                     60),
+                  "log %s", log);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        long long all = kt_high_sum(topic, 4), old = kt_high_sum(topic, 2);
+        cr_assert(eq(i64, all, 60));
+        cr_assert(all - old > 0,
+                  "no row on the added partitions 2 and 3 (%lld on 0 and 1): "
+                  "the relay kept the old partition count",
+                  old);
+}
+
+/* ---- 4. a relay publishing to a topic nobody created ---- */
+
+/* The row's error and the log explain the missing topic (not a bare
+ * _UNKNOWN_TOPIC or _PURGE_QUEUE); nothing is created; once the topic
+ * exists the row is published. */
+KT_BACKENDS_PARAMS(relay, missing_topic)
+ParameterizedTest(int *backend, relay, missing_topic, .timeout = 240)
+{
+        need_kafka();
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("krelmiss");
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, payload) "
+                 "VALUES ('%s', 'miss-1', 'x')",
+                 topic);
+        kt_exec(url, sql);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "backoff.base.ms = 200\n"
+                                      "backoff.max.ms = 1000\n");
+        char *log = kt_tmp("relaymiss");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        const char *q = "SELECT COUNT(*) FROM kinbox_outbox WHERE idem_key = "
+                        "'miss-1' AND (last_error LIKE '%does not exist%' OR "
+                        "last_error LIKE '%a missing topic%')";
+        cr_assert(eq(i64, kt_wait_qint(url, q, 1, 120), 1), "log %s", log);
+        char *out = kt_slurp(log);
+        cr_assert(out && (strstr(out, "does not exist") ||
+                          strstr(out, "a missing topic")),
+                  "the log does not explain the missing topic:\n%s", out);
+        free(out);
+        kt_topic(topic, 1);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status = 'sent'",
+                                  1, 120),
+                     1),
+                  "log %s", log);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+}

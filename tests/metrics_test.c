@@ -793,3 +793,107 @@ Test(metrics, health_during_broker_outage_and_slowloris, .timeout = 180)
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 60), 0));
 }
+
+/* Before its first message a running consumer has counted no duplicate:
+ * kinbox status shows 0 (not n/a, which means no process to ask). */
+KT_BACKENDS_PARAMS(metrics, status_zero_before_first_message)
+ParameterizedTest(int *backend, metrics, status_zero_before_first_message,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("met0");
+        kt_topic(topic, 1);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "[metrics]\nlisten = 127.0.0.1:%d\n",
+                                 kt_unique("met0g"), topic, kt_free_port());
+        char *log = kt_tmp("metrics0");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
+        char *out = NULL, *err = NULL;
+        cr_assert(eq(int,
+                     kt_kinbox(&out, &err, false, "status --json -c %s", ini),
+                     0),
+                  "%s", err);
+        cr_assert(strstr(out, "\"dedup_hits\": 0,") != NULL, "%s", out);
+        cr_assert(strstr(out, "\"business_duplicates\": 0,") != NULL, "%s",
+                  out);
+        free(out);
+        free(err);
+        cr_assert(
+            eq(int, kt_kinbox(&out, &err, false, "status -c %s", ini), 0),
+            "%s", err);
+        const char *line = strstr(out, "\npoints ");
+        cr_assert(line != NULL, "%s", out);
+        const char *eol = strchr(line + 1, '\n');
+        const char *na = strstr(line, "n/a");
+        bool no_na = !na || (eol && na > eol);
+        cr_assert(no_na, "%s", out);
+        free(out);
+        free(err);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+}
+
+/* `[metrics] listen = HOST:0`: the start line prints the bound port in its
+ * URL, and `kinbox status` finds that port (the dedup counters are not
+ * n/a); after the process stopped they are n/a again. */
+KT_BACKENDS_PARAMS(metrics, status_finds_port_zero)
+ParameterizedTest(int *backend, metrics, status_finds_port_zero,
+                  .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("mport0");
+        char *group = kt_unique("mport0g");
+        kt_topic(topic, 1);
+        kt_producer_t *pr = kt_producer_new();
+        const char *grant = "{\"order_id\":\"o-1\",\"user_id\":1,"
+                            "\"grant_points\":5}";
+        kt_produce(pr, topic, 0, "1", grant, "p0-1");
+        kt_produce(pr, topic, 0, "1", grant, "p0-1"); /* a re-send */
+        kt_producer_flush_destroy(pr);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "[metrics]\nlisten = 127.0.0.1:0\n",
+                                 group, topic);
+        char *log = kt_tmp("mport0");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        char *s = kt_slurp(log);
+        char want[64];
+        snprintf(want, sizeof(want), "http://127.0.0.1:%d ", port);
+        cr_assert(s && strstr(s, want), "start line without the port:\n%s", s);
+        free(s);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 2,
+                     60);
+        char *out = NULL, *err = NULL;
+        long long hits = -1;
+        for (int i = 0; i < 50 && hits != 1; i++) {
+                free(out);
+                out = NULL;
+                cr_assert(eq(int,
+                             kt_kinbox(&out, &err, false,
+                                       "status --json -c %s", ini),
+                             0),
+                          "%s", err);
+                free(err);
+                err = NULL;
+                const char *p = strstr(out, "\"dedup_hits\":");
+                hits = p ? strtoll(p + 13, NULL, 10) : -1;
+                if (p && !strncmp(p + 13, " null", 5))
+                        hits = -1;
+                usleep(100000);
+        }
+        cr_assert(eq(i64, hits, 1), "status did not read the counters:\n%s",
+                  out);
+        free(out);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        cr_assert(
+            eq(int, kt_kinbox(&out, NULL, false, "status -c %s", ini), 0));
+        cr_assert(strstr(out, "n/a") != NULL, "%s", out);
+        free(out);
+}

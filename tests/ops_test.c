@@ -173,6 +173,56 @@ ParameterizedTest(int *backend, ops, prune_only_old, .timeout = 120)
         json_decref(j);
 }
 
+/* ---- a dry run before the catalog has statistics ---- */
+
+/* A partitioned inbox whose range 12 days back holds 3,000 rows the
+ * catalog has not counted yet (no ANALYZE: PostgreSQL's reltuples -1,
+ * MySQL's TABLE_ROWS 0): prune --dry-run reports them, not "about 0". */
+KT_BACKENDS_PARAMS(ops, prune_dry_run_unanalyzed)
+ParameterizedTest(int *backend, ops, prune_dry_run_unanalyzed, .timeout = 120)
+{
+        bool my = is_my(*backend);
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kinbox_conf_t *c = kinbox_conf_new();
+        kt_set(c, "database.url", url);
+        kt_set(c, "inbox.layout", "partitioned");
+        char e[512];
+        cr_assert(eq(int, kinbox_migrate(c, e, sizeof(e)), KINBOX_OK), "%s",
+                  e);
+        kinbox_conf_destroy(c);
+        const char *day = my ? "DATE(UTC_TIMESTAMP() - INTERVAL 12 DAY)"
+                             : "date_trunc('day', now() - interval '12 days')";
+        static const char digits[] =
+            "SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL "
+            "SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT "
+            "6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9";
+        char sql[1600];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
+                 "kafka_partition, kafka_offset, msg_at, part_at) SELECT "
+                 "'c', CONCAT('m-', n), 't', 0, n, %s, %s FROM (SELECT "
+                 "a.n + 10 * b.n + 100 * c.n + 1000 * d.n AS n FROM (%s) a, "
+                 "(%s) b, (%s) c, (%s) d) s WHERE n < 3000",
+                 day, day, digits, digits, digits, digits);
+        kt_exec(url, sql);
+        char *ini = kt_write_ini(url, "[prune]\ninbox.layout = partitioned\n"
+                                      "inbox.retention = 9d\n");
+        json_t *j = kb_json(0, "prune --dry-run --json -c %s%s", ini, NULL);
+        long long rows =
+            (long long)json_integer_value(json_object_get(j, "inbox_rows"));
+        long long dropped = (long long)json_integer_value(
+            json_object_get(j, "partitions_dropped"));
+        json_decref(j);
+        cr_assert(dropped >= 3, "%lld ranges would be dropped", dropped);
+        /* Counted (3,000), or the catalog's estimate if it was meanwhile
+         * analyzed: never 0. */
+        cr_assert(rows >= 1500 && rows <= 4500,
+                  "dry run: %lld rows in the ranges past retention", rows);
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 3000),
+            "the dry run deleted rows");
+}
+
 /* ---- batches: one statement deletes prune.batch rows ---- */
 
 KT_BACKENDS_PARAMS(ops, prune_batches)
@@ -561,8 +611,13 @@ ParameterizedTest(int *backend, ops, outbox_cli, .timeout = 120)
                      0));
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
-                                  "idem_key = 'a' AND status = 'pending'"),
+                                  "idem_key = 'a' AND status = 'pending' "
+                                  "AND attempts = 0 AND last_error IS NULL"),
                      1));
+        /* the list no longer shows the error from before the requeue */
+        cr_assert(eq(int, kb(&out, NULL, "outbox list -c %s", ini), 0));
+        cr_assert(strstr(out, "boom") == NULL, "%s", out);
+        free(out);
         cr_assert(eq(int,
                      kb(NULL, NULL, "outbox requeue %lld -c %s", dead_id, ini),
                      4));
@@ -679,4 +734,137 @@ Test(ops, log_redacts_passwords)
         cr_assert(strstr(captured, "mysql://u:***@h/d") != NULL, "%s",
                   captured);
         cr_assert(strstr(captured, "mysql://app@h/d") != NULL, "%s", captured);
+}
+
+/* ---- an embedded consumer: the handler lives in the test program ---- */
+
+/* The handler of a program that embeds the library: credits the payload's
+ * amount to kt_embedded; "bad" is rejected (a dead letter). */
+static kinbox_result_t
+embedded_credit(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        (void)opaque;
+        size_t n;
+        const char *p = kinbox_msg_payload(m, &n);
+        char body[32];
+        snprintf(body, sizeof(body), "%.*s", (int)n, p ? p : "");
+        if (!strcmp(body, "bad")) {
+                kinbox_tx_set_error(tx, "not an amount");
+                return KINBOX_RESULT_REJECT;
+        }
+        const char *v[2] = {kinbox_msg_id(m), body};
+        kinbox_tx_exec(tx,
+                       "INSERT INTO kt_embedded (id, amount) VALUES ($1, "
+                       "$2)",
+                       2, v);
+        return KINBOX_RESULT_OK;
+}
+
+/* `status`, `verify` and `dead list/show` as child processes on the
+ * consumer's database: with [database] and [kafka] only (the consumers
+ * are found in the database), and with a [consumer.NAME] section whose
+ * handler cannot be loaded; `dead replay` says it needs the handler. */
+KT_BACKENDS_PARAMS(ops, embedded_consumer)
+ParameterizedTest(int *backend, ops, embedded_consumer, .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "CREATE TABLE kt_embedded (id varchar(64) PRIMARY KEY, "
+                     "amount bigint NOT NULL)");
+        char *topic = kt_unique("emb");
+        kt_topic(topic, 2);
+        kt_producer_t *pr = kt_producer_new();
+        for (int i = 0; i < 10; i++) {
+                char id[32], amount[16];
+                snprintf(id, sizeof(id), "e-%d", i);
+                snprintf(amount, sizeof(amount), "%d", i == 7 ? 0 : i + 1);
+                kt_produce(pr, topic, i % 2, NULL, i == 7 ? "bad" : amount,
+                           id);
+        }
+        kt_producer_flush_destroy(pr);
+        /* group.id is the name (the default), as status assumes */
+        char *name = kt_unique("embedded");
+        kinbox_conf_t *c = kt_conf(url, name, name, topic);
+        kt_run_t *r = kt_run_start(c, embedded_credit, NULL, NULL);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 10,
+                     90);
+        kt_run_stop(r);
+        cr_assert(eq(i64, kt_qint(url, "SELECT SUM(amount) FROM kt_embedded"),
+                     55 - 8));
+
+        /* only [database] and [kafka]: found in the database */
+        char *ini = kt_write_ini(url, "");
+        json_t *j = kb_json(0, "status --json -c %s%s", ini, NULL);
+        json_t *cs = json_object_get(j, "consumers");
+        cr_assert(eq(sz, json_array_size(cs), 1));
+        json_t *c0 = json_array_get(cs, 0);
+        const char *cname = json_string_value(json_object_get(c0, "consumer"));
+        cr_assert(eq(str, (char *)cname, name));
+        int disc = json_is_true(json_object_get(c0, "discovered"));
+        cr_assert(eq(int, disc, 1));
+        cr_assert(eq(
+            i64, json_integer_value(json_object_get(c0, "inbox_rows")), 10));
+        cr_assert(eq(
+            i64, json_integer_value(json_object_get(c0, "dead_letters")), 1));
+        cr_assert(eq(i64, json_integer_value(json_object_get(c0, "lag")), 0));
+        json_decref(j);
+        char *out = NULL, *err = NULL;
+        cr_assert(eq(int, kb(&out, NULL, "status -c %s", ini), 0));
+        cr_assert(strstr(out, name) != NULL &&
+                      strstr(out, "found in the database") != NULL,
+                  "%s", out);
+        free(out);
+        cr_assert(eq(int, kb(&out, &err, "verify -c %s", ini), 0), "%s%s", out,
+                  err);
+        cr_assert(strstr(out, "OK: 0 gap(s); checked 1 consumer(s)") != NULL &&
+                      strstr(out, "2 partition(s) (2 against Kafka's") != NULL,
+                  "%s", out);
+        free(out);
+        free(err);
+        j = kb_json(0, "dead list --json -c %s%s", ini, NULL);
+        cr_assert(eq(sz, json_array_size(j), 1));
+        long long dead_id =
+            json_integer_value(json_object_get(json_array_get(j, 0), "id"));
+        json_decref(j);
+        cr_assert(
+            eq(int, kb(&out, NULL, "dead show %lld -c %s", dead_id, ini), 0));
+        cr_assert(strstr(out, "not an amount") != NULL, "%s", out);
+        free(out);
+
+        /* a [consumer.NAME] whose handler does not load here */
+        char *ini2 = kt_write_ini(url,
+                                  "[consumer.%s]\ntopics = %s\n"
+                                  "handler = in_my_program\n",
+                                  name, topic);
+        j = kb_json(0, "status --json -c %s%s", ini2, NULL);
+        c0 = json_array_get(json_object_get(j, "consumers"), 0);
+        disc = json_is_true(json_object_get(c0, "discovered"));
+        cr_assert(eq(int, disc, 0));
+        cr_assert(eq(
+            i64, json_integer_value(json_object_get(c0, "inbox_rows")), 10));
+        json_decref(j);
+        cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini2), 0), "%s", out);
+        free(out);
+        j = kb_json(0, "dead list --json -c %s%s", ini2, NULL);
+        cr_assert(eq(sz, json_array_size(j), 1));
+        json_decref(j);
+        cr_assert(eq(int, kb(NULL, NULL, "outbox list -c %s", ini2), 0));
+        cr_assert(eq(
+            int, kb(NULL, &err, "dead replay %lld -c %s", dead_id, ini2), 2));
+        cr_assert(strstr(err, "kinbox_dead_replay()") != NULL, "%s", err);
+        free(err);
+        /* `run` still needs it */
+        cr_assert(eq(int, kb(NULL, &err, "run -c %s", ini2), 2));
+        cr_assert(strstr(err, "in_my_program") != NULL, "%s", err);
+        free(err);
+
+        /* a database no consumer has used: nothing checked is not OK */
+        char *empty = kt_fresh_db(kt_backend(*backend));
+        char *ini3 = kt_write_ini(empty, "");
+        cr_assert(eq(int, kb(&out, NULL, "verify -c %s", ini3), 4), "%s", out);
+        cr_assert(strstr(out, "NOTHING CHECKED") != NULL, "%s", out);
+        free(out);
+        j = kb_json(4, "verify --json -c %s%s", ini3, NULL);
+        int okv = json_is_true(json_object_get(j, "ok"));
+        cr_assert(eq(int, okv, 0));
+        json_decref(j);
 }

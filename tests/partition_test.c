@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "db.h"
 #include "metrics.h"
 #include "../handlers/points/points.h"
 
@@ -370,11 +371,15 @@ ParameterizedTest(int *backend, partition, lifecycle, .timeout = 180)
                      2));
         cr_expect(eq(dbl, kinbox__metrics_value("kinbox_inbox_partitions", ""),
                      (double)(before - (long long)want)));
+        /* The kept old-2: PostgreSQL's catch-all; on MySQL the lowest
+         * range, which took the dropped ranges' span (p_past is never
+         * copied by a drop). */
+        long long catchall = is_my(*backend) ? 1 : 2;
         cr_expect(eq(dbl,
                      kinbox__metrics_value("kinbox_inbox_partition_rows",
                                            "partition=\"catchall\""),
-                     2.0),
-                  "future and the kept old-2 in the catch-all");
+                     (double)catchall),
+                  "future (and the kept old-2) in the catch-all");
         /* What `kinbox status` shows. */
         kinbox_conf_t *ac = kinbox_conf_new();
         kt_set(ac, "database.url", url);
@@ -386,7 +391,7 @@ ParameterizedTest(int *backend, partition, lifecycle, .timeout = 180)
         cr_expect(
             eq(u64, st->npartitions, (uint64_t)(before - (long long)want)));
         cr_expect(eq(i64, st->partition_width_s, 86400));
-        cr_expect(eq(i64, st->catchall_rows, 2));
+        cr_expect(eq(i64, st->catchall_rows, catchall));
         kinbox_status_destroy(st);
         kinbox_admin_destroy(adm);
         kinbox_conf_destroy(ac);
@@ -525,6 +530,25 @@ ParameterizedTest(int *backend, partition, refusals, .timeout = 120)
                      : "SELECT COUNT(*) FROM pg_inherits WHERE "
                        "inhparent = 'kinbox_inbox'::regclass");
         cr_assert(n >= 5 * 24, "%lld ranges", n);
+        /* More partitions than MariaDB allows (8,192), at migrate and at
+         * run, with the number: 400 days and 3 ahead of hourly ranges. */
+        kinbox_conf_t *big = kinbox_conf_dup(m);
+        kt_set(big, "inbox.retention", "400d");
+        kt_set(big, "inbox.partition.width", "1h");
+        cr_assert(
+            eq(int, kinbox_migrate(big, e, sizeof(e)), KINBOX_ERR_CONFIG));
+        cr_assert(strstr(e, "need 9676 partitions") != NULL, "%s", e);
+        kinbox_conf_t *bc = part_conf(url, "ptx", "pt-none");
+        kt_set(bc, "inbox.retention", "400d");
+        kt_set(bc, "inbox.partition.width", "1h");
+        k = kinbox_consumer_new(bc, e, sizeof(e));
+        cr_assert(k != NULL, "%s", e);
+        kinbox_consumer_set_handler(k, record, NULL);
+        cr_assert(eq(int, kinbox_consumer_run(k), KINBOX_ERR_CONFIG));
+        cr_assert(strstr(kinbox_consumer_errstr(k), "9676") != NULL, "%s",
+                  kinbox_consumer_errstr(k));
+        kinbox_consumer_destroy(k);
+        kinbox_conf_destroy(big);
         /* The retention must still cover the redelivery window. */
         kt_set(m, "inbox.retention", "1d");
         kt_set(m, "kafka.redelivery.window", "7d");
@@ -533,6 +557,277 @@ ParameterizedTest(int *backend, partition, refusals, .timeout = 120)
         cr_assert(eq(int, kinbox_retention_check(m, NULL, NULL, e, sizeof(e)),
                      KINBOX_ERR_CONFIG));
         kinbox_conf_destroy(m);
+}
+
+/* ---- the database's clock, never the host's ---- */
+
+static char logged[16384];
+
+static void
+grab_log(int level, const char *facility, const char *message, void *opaque)
+{
+        (void)facility;
+        (void)opaque;
+        size_t n = strlen(logged);
+        if (level <= KINBOX_LOG_WARNING &&
+            n + strlen(message) + 2 < sizeof(logged))
+                snprintf(logged + n, sizeof(logged) - n, "%s\n", message);
+}
+
+KT_BACKENDS_PARAMS(partition, clock_ahead)
+ParameterizedTest(int *backend, partition, clock_ahead, .timeout = 180)
+{
+        char *url, *topic;
+        kinbox_conf_t *c = setup(*backend, "ptk", 1, &url, &topic);
+        kinbox_conf_t *again = kinbox_conf_dup(c);
+        int64_t now = now_ms();
+        kt_producer_t *p = kt_producer_new();
+        const char *ids[] = {"today-1", "today-2", "yesterday"};
+        int64_t ts[] = {now, now - 1000, now - DAY_MS};
+        for (int i = 0; i < 3; i++)
+                kt_produce_at(p, topic, 0, "k", "{}", ids[i], ts[i]);
+        kt_producer_flush_destroy(p);
+        consume_all(c, topic, 1);
+        long long before = ranges(url, *backend);
+        /* This host's clock 30 days ahead of the database's. */
+        setenv("KINBOX_FAULT_CLOCK_S", "2592000", 1);
+        int64_t w = DAY_MS, first = (now - 14 * DAY_MS) / w * w;
+        uint64_t want = 0;
+        for (int64_t s = first; s + w <= now - 2 * DAY_MS; s += w)
+                want++;
+        kinbox_conf_t *pc = kinbox_conf_new();
+        kt_set(pc, "database.url", url);
+        kt_set(pc, "inbox.retention", "2d");
+        kt_set(pc, "inbox.partition.ahead", "3d");
+        kinbox_conf_set_log_cb(pc, grab_log, NULL);
+        kinbox_prune_result_t res;
+        char e[512];
+        cr_assert(
+            eq(int, kinbox_prune(pc, 0, NULL, &res, e, sizeof(e)), KINBOX_OK),
+            "%s", e);
+        kinbox_conf_destroy(pc);
+        /* Only what the database's clock says is past the retention. */
+        cr_expect(eq(u64, res.partitions_dropped, want));
+        cr_expect(le(u64, res.partitions_created, 1), "ranges 30 days ahead");
+        cr_expect(
+            eq(i64, ranges(url, *backend),
+               before - (long long)want + (long long)res.partitions_created));
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "shadow = FALSE"),
+                     3));
+        cr_expect(strstr(logged, "2592000 s ahead of the database's") != NULL,
+                  "%s", logged);
+        double skew =
+            kinbox__metrics_value("kinbox_db_clock_skew_seconds", "");
+        cr_expect(skew > 2592000 - 60 && skew < 2592000 + 60, "%f", skew);
+        /* And what `kinbox status` shows. */
+        kinbox_conf_t *ac = kinbox_conf_new();
+        kt_set(ac, "database.url", url);
+        kinbox_admin_t *adm = kinbox_admin_new(ac, e, sizeof(e));
+        cr_assert(adm != NULL, "%s", e);
+        kinbox_status_t *st = NULL;
+        cr_assert(eq(int, kinbox_admin_status(adm, NULL, 0, &st), KINBOX_OK),
+                  "%s", kinbox_admin_errstr(adm));
+        cr_expect(st->db_clock_skew_ms > INT64_C(2592000000) - 60000 &&
+                      st->db_clock_skew_ms < INT64_C(2592000000) + 60000,
+                  "%" PRId64, st->db_clock_skew_ms);
+        kinbox_status_destroy(st);
+        kinbox_admin_destroy(adm);
+        kinbox_conf_destroy(ac);
+        /* Asked to drop today's range, the backend refuses: the
+         * database's clock says it is young, whatever this host says. */
+        kinbox_conf_t *dc = kinbox_conf_new();
+        kt_set(dc, "database.url", url);
+        kinbox__db_t *db = kinbox__db_new_conf(dc, e, sizeof(e));
+        cr_assert(db != NULL, "%s", e);
+        cr_assert(eq(int, kinbox__db_connect(db), KINBOX_OK));
+        kinbox__range_t today = {.start_s = now / DAY_MS * 86400};
+        kinbox__range_label(today.name, today.start_s, 86400);
+        char nm[64];
+        snprintf(nm, sizeof(nm), "%s%s",
+                 is_my(*backend) ? "p_" : "kinbox_inbox_p", today.name);
+        snprintf(today.name, sizeof(today.name), "%s", nm);
+        uint64_t kept = 0;
+        cr_expect(eq(int,
+                     db->ops->part->drop(db, &today, 86400, 2 * DAY_MS, &kept),
+                     KINBOX_ERR_STATE));
+        cr_expect(strstr(db->err.msg, "not past the retention") != NULL, "%s",
+                  db->err.msg);
+        kinbox__db_destroy(db);
+        kinbox_conf_destroy(dc);
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "shadow = FALSE"),
+                     3));
+        /* Copies of the three, still consumed under that clock: none
+         * applied again. */
+        p = kt_producer_new();
+        for (int i = 0; i < 3; i++)
+                kt_produce_at(p, topic, 0, "k", "{}", ids[i], ts[i]);
+        kt_producer_flush_destroy(p);
+        consume_all(again, topic, 1);
+        for (int i = 0; i < 3; i++)
+                cr_expect(eq(i64, applied(url, ids[i]), 1), "%s", ids[i]);
+        unsetenv("KINBOX_FAULT_CLOCK_S");
+}
+
+/* ---- records without a time, and records consumed late ---- */
+
+KT_BACKENDS_PARAMS(partition, no_timestamp)
+ParameterizedTest(int *backend, partition, no_timestamp, .timeout = 180)
+{
+        char *url, *topic;
+        kinbox_conf_t *c = setup(*backend, "ptn", 1, &url, &topic);
+        kinbox_conf_t *again = kinbox_conf_dup(c);
+        kinbox_conf_t *third = kinbox_conf_dup(c);
+        int64_t now = now_ms();
+        kt_producer_t *p = kt_producer_new();
+        kt_produce_at(p, topic, 0, "k", "{}", "no-time", -1);
+        kt_produce_at(p, topic, 0, "k", "{}", "late", now - 26 * 3600000);
+        kt_producer_flush_destroy(p);
+        consume_all(c, topic, 1);
+        cr_assert(eq(i64, applied(url, "no-time"), 1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT ts FROM pt_applied WHERE id = "
+                                  "'no-time'"),
+                     -1),
+                  "the record carried no time");
+        /* Its row is keyed by the epoch's range, in the catch-all. */
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "message_id = 'no-time' AND part_at < "
+                                  "'2000-01-01'"),
+                     1));
+        /* Redelivered a day later, then 20 days later (the consumer's
+         * clock): caught each time. */
+        const char *shift[] = {"86400", "1728000"};
+        kinbox_conf_t *runs[] = {again, third};
+        for (int i = 0; i < 2; i++) {
+                setenv("KINBOX_FAULT_CLOCK_S", shift[i], 1);
+                p = kt_producer_new();
+                kt_produce_at(p, topic, 0, "k", "{}", "no-time", -1);
+                kt_produce_at(p, topic, 0, "k", "{}", "late",
+                              now - 26 * 3600000);
+                kt_producer_flush_destroy(p);
+                consume_all(runs[i], topic, 1);
+        }
+        unsetenv("KINBOX_FAULT_CLOCK_S");
+        cr_expect(eq(i64, applied(url, "no-time"), 1));
+        cr_expect(eq(i64, applied(url, "late"), 1));
+}
+
+/* ---- a conversion from an inbox written before msg_at ---- */
+
+KT_BACKENDS_PARAMS(partition, convert_legacy)
+ParameterizedTest(int *backend, partition, convert_legacy, .timeout = 240)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        make_applied(url, *backend);
+        char *topic = kt_unique("pt-g");
+        kt_topic(topic, 1);
+        int64_t now = now_ms();
+        const char *ids[] = {"legacy-late", "legacy-now", "plain-no-time"};
+        int64_t ts[] = {now - 2 * DAY_MS - 3600000, now, -1};
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < 3; i++)
+                kt_produce_at(p, topic, 0, "k", "{}", ids[i], ts[i]);
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *c = kt_conf(url, "ptg", kt_unique("ptg"), topic);
+        kinbox_conf_t *later = kinbox_conf_dup(c);
+        kt_set(later, "inbox.layout", "partitioned");
+        consume_all(c, topic, 1);
+        /* Rows as kinbox wrote them before msg_at (schema 0008): the
+         * first consumed two days after it was produced. */
+        kt_exec(url, "UPDATE kinbox_inbox SET msg_at = NULL, part_at = NULL "
+                     "WHERE message_id LIKE 'legacy-%'");
+        kinbox_conf_t *mc = kinbox_conf_new();
+        kt_set(mc, "database.url", url);
+        kt_set(mc, "inbox.layout", "partitioned");
+        migrate_ok(mc);
+        kinbox_conf_destroy(mc);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_partitioning "
+                                  "WHERE legacy_until IS NOT NULL"),
+                     1));
+        /* The three keyed by the epoch's range, in the catch-all. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "part_at < '2000-01-01'"),
+                     3));
+        /* Redelivered a day later, with one never seen: only that one
+         * applied. */
+        setenv("KINBOX_FAULT_CLOCK_S", "86400", 1);
+        p = kt_producer_new();
+        for (int i = 0; i < 3; i++)
+                kt_produce_at(p, topic, 0, "k", "{}", ids[i], ts[i]);
+        kt_produce_at(p, topic, 0, "k", "{}", "fresh", now);
+        kt_producer_flush_destroy(p);
+        consume_all(later, topic, 1);
+        unsetenv("KINBOX_FAULT_CLOCK_S");
+        for (int i = 0; i < 3; i++)
+                cr_expect(eq(i64, applied(url, ids[i]), 1), "%s", ids[i]);
+        cr_expect(eq(i64, applied(url, "fresh"), 1));
+}
+
+/* ---- the catch-all is never copied by a drop or an add ---- */
+
+KT_BACKENDS_PARAMS(partition, catchall_million)
+ParameterizedTest(int *backend, partition, catchall_million, .timeout = 600)
+{
+        char *url, *topic;
+        setup(*backend, "ptm", 1, &url, &topic);
+        /* A million rows without a time (the epoch's range: MySQL's
+         * p_past, PostgreSQL's default partition), one far in the future
+         * (MySQL's p_future). */
+        kt_exec(url, is_my(*backend)
+                         ? "INSERT INTO kinbox_inbox (consumer, message_id, "
+                           "topic, kafka_partition, kafka_offset, msg_at, "
+                           "part_at) SELECT 'bulk', CONCAT('b-', seq), 't', "
+                           "0, seq, UTC_TIMESTAMP(), '1970-01-01 00:00:00' "
+                           "FROM seq_1_to_1000000"
+                         : "INSERT INTO kinbox_inbox (consumer, message_id, "
+                           "topic, kafka_partition, kafka_offset, msg_at, "
+                           "part_at) SELECT 'bulk', 'b-' || g, 't', 0, g, "
+                           "now(), to_timestamp(0) FROM generate_series(1, "
+                           "1000000) g");
+        kt_exec(url, is_my(*backend)
+                         ? "INSERT INTO kinbox_inbox (consumer, message_id, "
+                           "topic, kafka_partition, kafka_offset, msg_at, "
+                           "part_at) VALUES ('bulk', 'far', 't', 0, 0, "
+                           "'2100-01-01', '2100-01-01')"
+                         : "INSERT INTO kinbox_inbox (consumer, message_id, "
+                           "topic, kafka_partition, kafka_offset, msg_at, "
+                           "part_at) VALUES ('bulk', 'far', 't', 0, 0, "
+                           "'2100-01-01+00', '2100-01-01+00')");
+        long long before = ranges(url, *backend);
+        long long t0 = kt_clock_ms();
+        kinbox_prune_result_t res = prune(url, "2d", "5d");
+        long long took = kt_clock_ms() - t0;
+        fprintf(stderr,
+                "catchall_million (%s): prune dropped %" PRIu64
+                " and created %" PRIu64 " ranges in %lld ms\n",
+                is_my(*backend) ? "mysql" : "postgresql",
+                res.partitions_dropped, res.partitions_created, took);
+        cr_assert(gt(u64, res.partitions_dropped, 10));
+        cr_assert(eq(u64, res.partitions_created, 2));
+        cr_assert(eq(i64, ranges(url, *backend),
+                     before - (long long)res.partitions_dropped + 2));
+        /* Every catch-all row where it was: none moved, none lost. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox WHERE "
+                                  "consumer = 'bulk'"),
+                     1000001));
+        if (is_my(*backend)) {
+                cr_assert(eq(i64,
+                             kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox "
+                                          "PARTITION (p_past)"),
+                             1000000));
+                cr_assert(eq(i64,
+                             kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox "
+                                          "PARTITION (p_future)"),
+                             1));
+        }
 }
 
 /* ---- the points stream, end to end ---- */

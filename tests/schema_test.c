@@ -23,6 +23,18 @@
  *                            until migrate applies it
  *   schema/consumer_database a consumer with its own database.url: migrate
  *                            migrates it too, and run refuses it unmigrated
+ *   schema/concurrent_migrates two `kinbox migrate` at once on an empty
+ *                            database, three times: both exit 0 (one
+ *                            waits for the other's lock), every step
+ *                            recorded once
+ *   schema/every_command     every command of `kinbox help` that reads or
+ *                            writes kinbox's tables (run, status, dead *,
+ *                            outbox *, verify, prune, prune --dry-run,
+ *                            reconcile) refuses a schema one version older
+ *                            and one at version 99: exit 2, the line saying
+ *                            what to do, and no row changed (prune ran no
+ *                            DELETE); with the schema restored, the same
+ *                            prune deletes the old rows
  */
 #include "harness.h"
 
@@ -31,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../handlers/points/points.h"
 #include "db.h"
@@ -437,4 +451,275 @@ ParameterizedTest(int *backend, schema, consumer_database, .timeout = 180)
         cr_assert(eq(int, kb(&out, "migrate -c %s", ini), 0), "%s", out);
         cr_assert(not(has(out, ": applied")), "%s", out);
         free(out);
+}
+
+/* Every command that reads or writes kinbox's tables, with arguments that
+ * would change rows; DEAD and OUT stand for a dead letter's and an outbox
+ * row's id. */
+static const char *const db_cmds[] = {"run",
+                                      "status",
+                                      "dead list",
+                                      "dead parked",
+                                      "dead show DEAD",
+                                      "dead replay DEAD",
+                                      "dead discard DEAD",
+                                      "outbox list",
+                                      "outbox requeue OUT",
+                                      "outbox cancel OUT",
+                                      "outbox pause d",
+                                      "outbox resume d",
+                                      "verify",
+                                      "prune",
+                                      "prune --dry-run",
+                                      "reconcile"};
+/* The commands that touch no table, or (migrate) check the schema to
+ * change it (the tests above). */
+static const char *const other_cmds[] = {"migrate", "config-reference",
+                                         "version", "help"};
+
+static bool
+listed(const char *cmd)
+{
+        size_t n = strlen(cmd);
+        for (size_t i = 0; i < sizeof(db_cmds) / sizeof(db_cmds[0]); i++)
+                if (!strncmp(db_cmds[i], cmd, n) &&
+                    (db_cmds[i][n] == ' ' || !db_cmds[i][n]))
+                        return true;
+        return false;
+}
+
+/* Each command (and subcommand) of `kinbox help` is in db_cmds or
+ * other_cmds: a new command cannot skip this test. */
+static void
+audit_help(void)
+{
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, "help"), 0), "%s", out);
+        for (char *save = NULL, *l = strtok_r(out, "\n", &save); l;
+             l = strtok_r(NULL, "\n", &save)) {
+                char cmd[64], subs[128] = "";
+                if (strncmp(l, "  ", 2) || l[2] == ' ' ||
+                    sscanf(l + 2, "%63s %127s", cmd, subs) < 1)
+                        continue;
+                bool other = false;
+                for (size_t i = 0;
+                     i < sizeof(other_cmds) / sizeof(other_cmds[0]); i++)
+                        other = other || !strcmp(cmd, other_cmds[i]);
+                bool known = other || listed(cmd);
+                cr_assert(known, "kinbox %s: not in schema_test's db_cmds",
+                          cmd);
+                if (!strchr(subs, '|'))
+                        continue;
+                for (char *s2 = NULL, *sub = strtok_r(subs, "|", &s2); sub;
+                     sub = strtok_r(NULL, "|", &s2)) {
+                        char full[200];
+                        snprintf(full, sizeof(full), "%s %s", cmd, sub);
+                        cr_assert(listed(full),
+                                  "kinbox %s: not in schema_test's db_cmds",
+                                  full);
+                }
+        }
+        free(out);
+}
+
+/* What any command could change, as one line. */
+static char *
+snapshot(const char *url)
+{
+        static const char *const q[] = {
+            "SELECT COUNT(*) FROM kinbox_inbox",
+            "SELECT COUNT(*) FROM kinbox_outbox WHERE status = 'sent'",
+            "SELECT COUNT(*) FROM kinbox_outbox WHERE status = 'pending'",
+            "SELECT COUNT(*) FROM kinbox_outbox WHERE status = 'canceled'",
+            "SELECT COUNT(*) FROM kinbox_dead_letter WHERE status = 'dead'",
+            "SELECT COUNT(*) FROM kinbox_outbox_paused",
+            "SELECT COUNT(*) FROM kinbox_offsets"};
+        char *s = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&s, &n);
+        for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++)
+                fprintf(f, "%lld ", kt_qint(url, q[i]));
+        fclose(f);
+        return s;
+}
+
+/* "dead show DEAD" with the ids. */
+static void
+with_ids(char *b, size_t sz, const char *cmd, long long dead, long long out)
+{
+        const char *p = strstr(cmd, "DEAD"), *o = strstr(cmd, "OUT");
+        if (p)
+                snprintf(b, sz, "%.*s%lld", (int)(p - cmd), cmd, dead);
+        else if (o)
+                snprintf(b, sz, "%.*s%lld", (int)(o - cmd), cmd, out);
+        else
+                snprintf(b, sz, "%s", cmd);
+}
+
+static void
+every_command_refuses(const char *url, const char *ini, const char *want,
+                      const char *want2)
+{
+        char *before = snapshot(url);
+        long long dead =
+            kt_qint(url, "SELECT MIN(id) FROM kinbox_dead_letter");
+        long long ob = kt_qint(url, "SELECT MIN(id) FROM kinbox_outbox WHERE "
+                                    "status = 'pending'");
+        for (size_t i = 0; i < sizeof(db_cmds) / sizeof(db_cmds[0]); i++) {
+                char cmd[128], *out = NULL;
+                with_ids(cmd, sizeof(cmd), db_cmds[i], dead, ob);
+                cr_assert(eq(int, kb(&out, "%s -c %s", cmd, ini), 2),
+                          "kinbox %s: %s", cmd, out);
+                cr_assert(has(out, want), "kinbox %s: %s", cmd, out);
+                bool second = !want2 || has(out, want2);
+                cr_assert(second, "kinbox %s: %s", cmd, out);
+                free(out);
+                char *after = snapshot(url);
+                cr_assert(eq(str, after, before), "kinbox %s changed rows",
+                          cmd);
+                free(after);
+        }
+        free(before);
+}
+
+KT_BACKENDS_PARAMS(schema, every_command)
+ParameterizedTest(int *backend, schema, every_command, .timeout = 300)
+{
+        audit_help();
+        bool my = *backend == 1;
+        char *url = kt_fresh_db(kt_backend(*backend));
+        const char *old = my ? "CURRENT_TIMESTAMP(6) - INTERVAL 30 DAY"
+                             : "now() - interval '30 days'";
+        /* What prune would delete (inbox and sent outbox rows 30 days
+         * old), what the other commands would change. */
+        for (int i = 0; i < 20; i++) {
+                char sql[400];
+                snprintf(sql, sizeof(sql),
+                         "INSERT INTO kinbox_inbox (consumer, message_id, "
+                         "topic, kafka_partition, kafka_offset, "
+                         "processed_at) VALUES ('p', 'id-%d', 't', 0, %d, "
+                         "%s)",
+                         i, i, old);
+                kt_exec(url, sql);
+                snprintf(sql, sizeof(sql),
+                         "INSERT INTO kinbox_outbox (destination, idem_key, "
+                         "status, sent_at, created_at) VALUES ('d', 'k%d', "
+                         "'%s', %s, %s)",
+                         i, i < 15 ? "sent" : "pending", old, old);
+                kt_exec(url, sql);
+        }
+        char sql[400];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_dead_letter (consumer, message_id, "
+                 "topic, kafka_partition, kafka_offset, error, dead_at, "
+                 "first_failed_at) VALUES ('p', 'dl', 't', 0, 100, 'bad', "
+                 "%s, %s)",
+                 old, old);
+        kt_exec(url, sql);
+        kt_exec(url, "INSERT INTO kinbox_offsets (consumer, topic, "
+                     "kafka_partition, next_offset) VALUES ('p', 't', 0, 20)");
+        char *ini =
+            kt_write_ini(url, "[consumer.p]\ntopics = t\nhandler = "
+                              "points\n[prune]\ninbox.retention = 14d\n"
+                              "outbox.retention = 7d\n");
+
+        /* Newer: version 99. */
+        kt_exec(url, "INSERT INTO kinbox_schema_migrations (component, "
+                     "version, name) VALUES ('kinbox', 99, '0099_future')");
+        every_command_refuses(url, ini,
+                              "written by a newer kinbox (version 99",
+                              "upgrade this binary");
+        kt_exec(url, "DELETE FROM kinbox_schema_migrations WHERE component = "
+                     "'kinbox' AND version = 99");
+
+        /* Older: this binary's last step missing. */
+        int top;
+        known_migrations(url, &top);
+        char name[200];
+        snprintf(sql, sizeof(sql),
+                 "SELECT name FROM kinbox_schema_migrations WHERE component "
+                 "= 'kinbox' AND version = %d",
+                 top);
+        kinbox__db_t *db = db_open(url);
+        kinbox_rows_t *r = NULL;
+        cr_assert(kinbox__db_queryv(db, sql, 0, NULL, &r) == 0, "%s",
+                  db->err.msg);
+        cr_assert(eq(sz, kinbox_rows_count(r), 1));
+        snprintf(name, sizeof(name), "%s", kinbox_rows_value(r, 0, 0, NULL));
+        kinbox_rows_destroy(r);
+        kinbox__db_destroy(db);
+        snprintf(sql, sizeof(sql),
+                 "DELETE FROM kinbox_schema_migrations WHERE component = "
+                 "'kinbox' AND version = %d",
+                 top);
+        kt_exec(url, sql);
+        char want[400];
+        snprintf(want, sizeof(want), "this kinbox needs %d (missing %s", top,
+                 name);
+        every_command_refuses(url, ini, want, "run kinbox migrate");
+
+        /* Restored: the same prune deletes what it was refused. */
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_schema_migrations (component, version, "
+                 "name) VALUES ('kinbox', %d, '%s')",
+                 top, name);
+        kt_exec(url, sql);
+        char *pini = kt_write_ini(url, "[prune]\ninbox.retention = 14d\n"
+                                       "outbox.retention = 7d\n");
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, "prune -c %s", pini), 0), "%s", out);
+        free(out);
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 0));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status = 'sent'"),
+                     0));
+}
+
+KT_BACKENDS_PARAMS(schema, concurrent_migrates)
+ParameterizedTest(int *backend, schema, concurrent_migrates, .timeout = 300)
+{
+        for (int round = 0; round < 3; round++) {
+                char *url = kt_empty_db(kt_backend(*backend));
+                char *ini = kt_write_ini(url, "[consumer.p]\ntopics = t\n"
+                                              "handler = points\n");
+                pid_t pid[2];
+                char *log[2];
+                for (int i = 0; i < 2; i++) {
+                        log[i] = kt_tmp("migrate_race");
+                        pid[i] = fork();
+                        cr_assert(pid[i] >= 0);
+                        if (pid[i] == 0) {
+                                char *out = NULL;
+                                int st = kb(&out, "migrate -c %s", ini);
+                                FILE *f = fopen(log[i], "w");
+                                if (f) {
+                                        fputs(out ? out : "", f);
+                                        fclose(f);
+                                }
+                                _exit(st);
+                        }
+                }
+                for (int i = 0; i < 2; i++) {
+                        int st = 0;
+                        bool reaped = waitpid(pid[i], &st, 0) == pid[i];
+                        cr_assert(reaped);
+                        char *out = kt_slurp(log[i]);
+                        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+                        cr_assert(ok, "round %d, migrate %d: status %d: %s",
+                                  round, i, st, out ? out : "");
+                        free(out);
+                }
+                int top, n = known_migrations(url, &top);
+                cr_assert(eq(i64,
+                             kt_qint(url, "SELECT COUNT(*) FROM "
+                                          "kinbox_schema_migrations WHERE "
+                                          "component = 'kinbox'"),
+                             n));
+                char *out = NULL;
+                cr_assert(eq(int, kb(&out, "status -c %s", ini), 0), "%s",
+                          out);
+                free(out);
+        }
 }

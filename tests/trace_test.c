@@ -8,7 +8,12 @@
 #include "otelcol.h"
 #include "metrics.h" /* internal */
 
+#include <arpa/inet.h>
 #include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -455,4 +460,55 @@ ParameterizedTest(int *backend, trace, one_trace_through_the_collector,
                      1));
         kt_otelcol_spans_free(s, n);
         kt_otelcol_stop(cpid);
+}
+
+/* A trace collector that takes the connection and never answers, with
+ * tracing.timeout.ms a minute: SIGTERM still ends `kinbox run` with 0
+ * within the tracer's bound (KINBOX__TRACING_STOP_MS, 5 s, far inside the
+ * 30 s watchdog), and the log says the spans were not sent because of
+ * the collector. */
+KT_BACKENDS_PARAMS(trace, shutdown_with_a_hung_collector)
+ParameterizedTest(int *backend, trace, shutdown_with_a_hung_collector,
+                  .timeout = 180)
+{
+        int ls = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(ls >= 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof(a);
+        cr_assert(eq(int, bind(ls, (struct sockaddr *)&a, sizeof(a)), 0));
+        cr_assert(eq(int, listen(ls, 64), 0)); /* never accepted */
+        cr_assert(eq(int, getsockname(ls, (struct sockaddr *)&a, &al), 0));
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("trhang");
+        kt_topic(topic, 1);
+        kt_produce_grants(topic, 0, 50, 0, "h", 0, NULL);
+        char *ini = kt_write_ini(url,
+                                 "[tracing]\nendpoint = http://127.0.0.1:%d\n"
+                                 "timeout.ms = 60000\ninterval.ms = 100\n"
+                                 "batch.size = 1\n"
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "batch.max = 1\n",
+                                 ntohs(a.sin_port), kt_unique("trhg"), topic);
+        char *log = kt_tmp("trace_hang");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url, "SELECT COUNT(*) FROM kinbox_inbox", 50, 90),
+               50));
+        sleep(1); /* the exporter is inside a request that hangs */
+        long long t0 = kt_clock_ms();
+        kill(pid, SIGTERM);
+        int st = kt_wait_exit(pid, 60);
+        long long took = kt_clock_ms() - t0;
+        char *text = kt_slurp(log);
+        cr_assert(eq(int, st, 0), "exit %d after %lld ms: %s", st, took, text);
+        cr_assert(took < 15000, "SIGTERM took %lld ms: %s", took, text);
+        cr_assert(strstr(text, "shutdown: ") &&
+                      strstr(text, "trace collector at http://127.0.0.1:"),
+                  "%s", text);
+        cr_assert(strstr(text, "shutdown did not finish") == NULL, "%s", text);
+        free(text);
+        close(ls);
 }

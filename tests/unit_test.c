@@ -14,6 +14,8 @@
 #include "internal.h"
 #include "msgid.h"
 #include "tracing.h"
+#include "tx.h"
+#include "outbox_int.h"
 
 Test(conf, defaults_and_set)
 {
@@ -410,6 +412,62 @@ Test(trace, refuses_what_the_spec_forbids)
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0";
         cr_assert(eq(int, kinbox_trace_parse(nul, sizeof(nul), &t),
                      KINBOX_ERR_INVALID));
+}
+
+/* Two traceparent headers make the carrier invalid (W3C Trace Context):
+ * the message has no context, whichever comes last; one is read. */
+Test(trace, two_traceparents_are_ignored)
+{
+        static const char a[] =
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        static const char b[] =
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        kinbox_header_t h[3] = {{"traceparent", a, sizeof(a) - 1},
+                                {"other", "x", 1},
+                                {"traceparent", b, sizeof(b) - 1}};
+        kinbox__msg_parts_t parts = {.id = "m",
+                                     .topic = "t",
+                                     .timestamp = -1,
+                                     .headers = h,
+                                     .nheaders = 3};
+        kinbox_msg_t *m = kinbox__msg_from_parts(&parts);
+        cr_assert(m != NULL);
+        kinbox_trace_t t;
+        cr_assert(eq(int, kinbox_msg_trace(m, &t), KINBOX_ERR_NOT_FOUND),
+                  "two traceparent headers: one of them was taken");
+        kinbox__msg_destroy(m);
+
+        parts.nheaders = 2;
+        m = kinbox__msg_from_parts(&parts);
+        cr_assert(eq(int, kinbox_msg_trace(m, &t), KINBOX_OK));
+        char back[KINBOX_TRACEPARENT_LEN + 1];
+        kinbox_trace_format(&t, back);
+        cr_assert(eq(str, back, (char *)a));
+
+        /* An outbox row written with two: neither is its parent; it is
+         * stored with the one context of the message being handled. */
+        kinbox_outbox_msg_t row = {.destination = "d",
+                                   .idem_key = "k",
+                                   .headers = h,
+                                   .header_count = 3};
+        kinbox__outbox_trace_t ot;
+        const kinbox_outbox_msg_t *out =
+            kinbox__outbox_trace_begin(&ot, &row, m);
+        int n = 0;
+        for (size_t i = 0; i < out->header_count; i++)
+                if (!strcmp(out->headers[i].name, "traceparent")) {
+                        n++;
+                        cr_assert(eq(int, (int)out->headers[i].size,
+                                     KINBOX_TRACEPARENT_LEN));
+                        cr_assert(eq(int,
+                                     memcmp(out->headers[i].value, a,
+                                            KINBOX_TRACEPARENT_LEN),
+                                     0));
+                }
+        cr_assert(eq(int, n, 1), "the stored row has %d traceparents", n);
+        cr_assert(eq(sz, out->header_count, 2));
+        kinbox__outbox_trace_end(&ot, KINBOX_OK, 1);
+        kinbox__msg_destroy(m);
 }
 
 Test(trace, new_and_child_ids)

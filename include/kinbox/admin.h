@@ -314,7 +314,8 @@ typedef int (*kinbox_outbox_row_fn)(const kinbox_outbox_row_t *row,
 
 /**
  * @brief Put a dead or canceled outbox row back to pending: attempts reset
- *        to 0, due now (relays listening are woken).
+ *        to 0, its last error cleared (`outbox list` shows only what
+ *        happened since), due now (relays listening are woken).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (@p id not positive);
  *          ::KINBOX_ERR_NOT_FOUND when no dead or canceled row has that
  *          id; ::KINBOX_ERR_DB_CONN (unreachable; the next call
@@ -417,6 +418,9 @@ typedef struct kinbox_status {
         int64_t partitions_from; /**< start of the oldest range, Unix s */
         int64_t partitions_until; /**< end of the newest range, Unix s */
         int64_t catchall_rows; /**< rows in the catch-all */
+        /** This host's clock minus the database's, ms (a partitioned
+         * inbox only; its ranges follow the database's clock). */
+        int64_t db_clock_skew_ms;
 } kinbox_status_t;
 
 /**
@@ -437,6 +441,20 @@ KINBOX_API kinbox_err_t kinbox_admin_status(kinbox_admin_t *adm,
                                             const char *const *consumers,
                                             size_t nconsumers,
                                             kinbox_status_t **statusp);
+
+/**
+ * @brief The consumers the database knows: one row per (consumer, topic)
+ *        that has a watermark (`kinbox_offsets`, written with every
+ *        message a consumer applies) or a dead letter, ordered by
+ *        consumer and topic; columns: consumer, topic. How `kinbox status`
+ *        and `kinbox verify` find consumers that a configuration does not
+ *        name (a program embedding the library runs them).
+ * @param rowsp receives the rows (kinbox_rows_destroy()), NULL on error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (NULL arguments); as
+ *          kinbox_admin_ping().
+ */
+KINBOX_API kinbox_err_t kinbox_admin_consumers(kinbox_admin_t *adm,
+                                               kinbox_rows_t **rowsp);
 
 /** @brief Free kinbox_admin_status()'s result. NULL is a no-op. */
 KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);

@@ -32,13 +32,17 @@ KINBOX_API int kinbox_version_num(void);
  *        the database of `database.url`, versioned and idempotent.
  *
  * Applied versions are recorded in `kinbox_schema_migrations`; a version
- * already recorded is skipped, so running it again (or from two processes)
- * is harmless. Same as kinbox_migrate_run(conf, NULL, 0, NULL, NULL, ...).
+ * already recorded is skipped, so running it again is harmless. Migrations
+ * of one database run one at a time: a second process waits for the
+ * first one's database lock (`pg_advisory_lock` / `GET_LOCK`, on its
+ * connection; up to 10 minutes on MySQL), then finds the steps applied.
+ * Same as kinbox_migrate_run(conf, NULL, 0, NULL, NULL, ...).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN when the database is
  *          unreachable; ::KINBOX_ERR_DB when a script fails (errstr names
  *          it); ::KINBOX_ERR_SCHEMA when the database records a version
  *          this kinbox does not know (written by a newer kinbox: nothing is
- *          applied).
+ *          applied); ::KINBOX_ERR_TIMEOUT when another migrate held the
+ *          lock for 10 minutes (MySQL).
  * @remark Thread-safe (opens its own connection).
  */
 KINBOX_API kinbox_err_t kinbox_migrate(const kinbox_conf_t *conf, char *errstr,

@@ -4,7 +4,9 @@
  *        `kinbox run` (built in, or a shared object in `handler.path`).
  *
  * A module shared object exports one symbol, `kinbox_module`, of type
- * ::kinbox_module_t, with `abi_version = KINBOX_MODULE_ABI_VERSION`.
+ * ::kinbox_module_t, with `abi_version = KINBOX_MODULE_ABI_VERSION`
+ * (::KINBOX_MODULE_EXPORT). It is not linked against libkinbox: the
+ * `kinbox` command that loads it provides the public API (docs/modules.md).
  */
 #ifndef KINBOX_MODULE_H
 #define KINBOX_MODULE_H
@@ -26,6 +28,22 @@ KINBOX_BEGIN_DECLS
 #define KINBOX_MODULE_ABI_VERSION 2
 /** The oldest module ABI version `kinbox run` loads. */
 #define KINBOX_MODULE_ABI_VERSION_MIN 1
+
+/**
+ * Exports a module's descriptor from its shared object, whatever the
+ * build's default visibility (`-fvisibility=hidden`, which
+ * kinbox_add_module() of the CMake package sets, or ::KINBOX_API being
+ * empty under `KINBOX_STATIC`):
+ *
+ *     KINBOX_MODULE_EXPORT const kinbox_module_t kinbox_module = { ... };
+ *
+ * docs/modules.md: building a module.
+ */
+#if defined(__GNUC__)
+#define KINBOX_MODULE_EXPORT __attribute__((visibility("default")))
+#else
+#define KINBOX_MODULE_EXPORT
+#endif
 
 /** A local action a module provides to the relay (`action:NAME` rows). */
 typedef struct kinbox_module_action {

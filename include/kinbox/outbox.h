@@ -81,7 +81,12 @@ typedef struct kinbox_outbox_msg {
  *          ::KINBOX_ERR_TRANSIENT for a deadlock, serialization failure or
  *          lock wait timeout (details in kinbox_tx_errstr(); the
  *          transaction is aborted then and kinbox runs the batch again).
- * @remark Handler thread only, during the handler call.
+ * @remark Handler thread only, during the handler call. The row is the
+ *         call's effect: a message the call rejects or retries (its
+ *         result, or a batch handler's `results[i]`) undoes it with the
+ *         call's other statements. In a batch handler call of several
+ *         messages it belongs to the call, not to one message: name the
+ *         message in @p m's idem_key (docs/handlers.md).
  */
 KINBOX_API kinbox_err_t kinbox_outbox_append(kinbox_tx_t *tx,
                                              const kinbox_outbox_msg_t *m,

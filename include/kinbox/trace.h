@@ -8,7 +8,8 @@
  * `tracestate`): the names the OpenTelemetry Kafka instrumentations of
  * Java, Go and .NET use. kinbox parses it strictly (W3C Trace Context,
  * version 00): a value that is malformed, of another version, or with an
- * all-zero id is ignored, never an error of the message.
+ * all-zero id is ignored, never an error of the message; so are two or more
+ * `traceparent` headers on one message or outbox row.
  *
  * Writer side: put the caller's current context in an outbox row with
  * kinbox_trace_header(); the relay publishes the row's headers as they
@@ -88,10 +89,12 @@ KINBOX_API void kinbox_trace_id_hex(const kinbox_trace_t *t, char buf[33]);
 KINBOX_API void kinbox_trace_span_hex(const kinbox_trace_t *t, char buf[17]);
 
 /**
- * @brief The context a message carries: its last `traceparent` header.
+ * @brief The context a message carries: its `traceparent` header.
  * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND when the message has no
- *          such header or its value is not a valid version-00 context
- *          (ignored, as the specification asks).
+ *          such header, has several (W3C Trace Context: a carrier with
+ *          more than one is invalid, so all are ignored), or its value is
+ *          not a valid version-00 context (ignored, as the specification
+ *          asks).
  * @remark Thread-safe for a message the caller holds.
  */
 KINBOX_API kinbox_err_t kinbox_msg_trace(const kinbox_msg_t *msg,

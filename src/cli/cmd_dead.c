@@ -280,7 +280,13 @@ dead_replay(ctx_t *x, int64_t id)
         char err[1024];
         const kinbox_module_t *m = find_module(conf, err, sizeof(err));
         if (!m) {
-                fprintf(stderr, "kinbox dead replay: %s\n", err);
+                fprintf(stderr,
+                        "kinbox dead replay: replay runs consumer %s's "
+                        "handler, which this command cannot load: %s (a "
+                        "handler inside your own program replays with "
+                        "kinbox_dead_replay(); list, show and discard need "
+                        "no handler)\n",
+                        consumer, err);
                 return KB_EX_USAGE;
         }
         void *opaque = NULL;

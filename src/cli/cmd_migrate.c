@@ -121,7 +121,9 @@ kb_cmd_migrate(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         targets_t t;
-        ex = kb_schema_targets(&cfg, &t, "migrate");
+        ex = kb_schema_targets(&cfg, &t, "migrate", true);
+        for (int i = 0; !ex && i < t.ndb; i++)
+                ex = kb_db_reachable(t.db[i], "migrate", t.db_where[i]);
         for (int i = 0; !ex && i < t.ndb; i++) {
                 snprintf(what, sizeof(what), "kinbox schema%s",
                          kb_schema_db_label(&t, t.db[i], lab, sizeof(lab)));

@@ -39,12 +39,13 @@ kb_cmd_prune(int argc, char **argv)
                         x.o.args[0]);
                 return KB_EX_USAGE;
         }
-        char err[2048];
-        if (kb_config_load(x.o.config, &x.cfg, err, sizeof(err))) {
-                fprintf(stderr, "kinbox prune: %s\n", err);
-                return KB_EX_USAGE;
-        }
+        /* The schema first: a DELETE on a schema this binary does not
+         * know could remove what a newer kinbox keeps. */
+        int ex = kb_schema_load(x.o.config, &x.cfg, "prune", false);
+        if (ex)
+                return ex;
         x.loaded = true;
+        char err[2048];
         /* The same refusal as `kinbox run`: pruning inside the redelivery
          * window would forget ids the broker can still redeliver. */
         int refused = kb_retention_check(&x.cfg, "prune");
@@ -52,10 +53,14 @@ kb_cmd_prune(int argc, char **argv)
                 ctx_close(&x);
                 return refused;
         }
+        int down = kb_db_reachable(x.cfg.base, "prune", "[database]");
+        if (down) {
+                ctx_close(&x);
+                return down;
+        }
         kinbox_prune_result_t res;
         kinbox_err_t rc = kinbox_prune(x.cfg.base, x.o.dry_run, NULL, &res,
                                        err, sizeof(err));
-        int ex = KB_EX_OK;
         if (rc) {
                 fprintf(stderr, "kinbox prune: %s\n", err);
                 ex = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB

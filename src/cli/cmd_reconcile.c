@@ -16,6 +16,7 @@
 #include "common.h"
 #include "services.h"
 #include "config.h"
+#include "schema.h"
 
 #define MAX_CHECKS 64
 
@@ -109,10 +110,9 @@ kb_cmd_reconcile(int argc, char **argv)
         }
         kb_config_t cfg;
         char err[2048];
-        if (kb_config_load(path, &cfg, err, sizeof(err))) {
-                fprintf(stderr, "kinbox reconcile: %s\n", err);
-                return KB_EX_USAGE;
-        }
+        int ex = kb_schema_load(path, &cfg, "reconcile", true);
+        if (ex)
+                return ex;
         const kinbox_check_t *checks[MAX_CHECKS];
         int n =
             kb_reconcile_checks(&cfg, checks, MAX_CHECKS, err, sizeof(err));

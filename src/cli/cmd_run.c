@@ -18,6 +18,7 @@
 #include "config.h"
 #include "sdnotify.h"
 #include "schema.h"
+#include "tracing.h"
 
 static const char *
 config_arg(int argc, char **argv, const char *cmd)
@@ -274,6 +275,26 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
         return status;
 }
 
+/* Another reference to the process's trace exporter, which the consumers
+ * and the relay started (tracing.endpoint): released last, so that its
+ * final export is a shutdown step of its own (bounded by
+ * KINBOX__TRACING_STOP_MS, named to the watchdog). True when held. */
+static bool
+tracing_hold(kb_config_t *cfg)
+{
+        char err[512];
+        bool on = false;
+        for (int i = 0; i <= cfg->nconsumers && !on; i++) {
+                kinbox_conf_t *c = i < cfg->nconsumers
+                                       ? cfg->consumers[i].settings
+                                   : cfg->relay_enabled ? cfg->relay
+                                                        : cfg->base;
+                if (c && kinbox__tracing_acquire(c, &on, err, sizeof(err)))
+                        on = false;
+        }
+        return on;
+}
+
 /* Load and check the configuration `run` starts from: 0 with *cfg
  * loaded, or the exit status (cfg freed). */
 static int
@@ -299,7 +320,7 @@ run_config(const char *path, kb_config_t *cfg)
                  * knows it: an older one would fail batch after batch, a
                  * newer one could break what a newer kinbox keeps (held
                  * keys' order). */
-                rc = kb_schema_check_config(cfg, "run");
+                rc = kb_schema_check_config(cfg, "run", true);
         }
         if (rc)
                 kb_config_free(cfg);
@@ -337,6 +358,7 @@ kb_cmd_run(int argc, char **argv)
                         status = KB_EX_USAGE;
                 }
         }
+        bool tracing = !status && tracing_hold(&cfg);
         kb_services_t *svc = NULL; /* pruner thread, [metrics] listen */
         if (!status && !(svc = kb_services_start(&cfg, err, sizeof(err)))) {
                 fprintf(stderr, "kinbox run: %s\n", err);
@@ -388,6 +410,9 @@ kb_cmd_run(int argc, char **argv)
         kb_services_stop(svc);
         kb_watchdog_step("closing the relay (flushing its producer)");
         kinbox_relay_destroy(relay);
+        kb_watchdog_step("sending the last spans to the trace collector "
+                         "(tracing.endpoint)");
+        kinbox__tracing_release(tracing);
         kb_watchdog_done();
         free(rs);
         kb_config_free(&cfg);

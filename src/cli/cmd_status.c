@@ -81,8 +81,10 @@ local_metrics(const char *listen)
         return buf;
 }
 
-/* A consumer's counter of messages with result in a /metrics text, -1
- * when absent. */
+/* A consumer's counter of messages with result in a /metrics text: 0
+ * when the process runs the consumer but has not counted one yet (the
+ * series appears with its first message), -1 when the text is absent or
+ * does not name the consumer. */
 static long long
 dedup_hits(const char *text, const char *consumer, const char *result)
 {
@@ -92,7 +94,10 @@ dedup_hits(const char *text, const char *consumer, const char *result)
                  "result=\"%s\"} ",
                  consumer, result);
         const char *p = text ? strstr(text, series) : NULL;
-        return p ? strtoll(p + strlen(series), NULL, 10) : -1;
+        if (p)
+                return strtoll(p + strlen(series), NULL, 10);
+        snprintf(series, sizeof(series), "{consumer=\"%s\"", consumer);
+        return text && strstr(text, series) ? 0 : -1;
 }
 
 /* Committed offsets, high watermarks and lag of a consumer's group, into
@@ -150,6 +155,12 @@ status_partitions(const kinbox_status_t *st)
                "the catch-all\n",
                st->npartitions, (long long)st->partition_width_s, from, until,
                (long long)st->catchall_rows);
+        /* Ranges follow the database's clock: a far host's is news. */
+        long long sk = (long long)(st->db_clock_skew_ms / 1000);
+        if (sk > 60 || sk < -60)
+                printf("This host's clock is %lld s %s the database's "
+                       "(ranges follow the database's)\n",
+                       sk > 0 ? sk : -sk, sk > 0 ? "ahead of" : "behind");
 }
 
 /* One consumer's line of `kinbox status`. */
@@ -169,6 +180,8 @@ status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
             "since its start (kinbox_consumer_messages_total{result="
             "\"duplicate\"} and {result=\"business_duplicate\"} on "
             "/metrics)");
+        json_object_set_new(jo, "discovered",
+                            json_boolean(x->cfg.consumers[i].discovered));
         json_object_set_new(jo, "parked", json_integer(st->parked));
         json_object_set_new(jo, "held_keys", json_integer(st->held_keys));
         json_object_set_new(jo, "oldest_parked_at",
@@ -294,14 +307,15 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
                 if (st->npartitions)
                         json_object_set_new(
                             j, "inbox_partitions",
-                            json_pack("{s:I,s:I,s:I,s:I,s:I}", "width_s",
-                                      (json_int_t)st->partition_width_s,
-                                      "count", (json_int_t)st->npartitions,
-                                      "from", (json_int_t)st->partitions_from,
-                                      "until",
-                                      (json_int_t)st->partitions_until,
-                                      "catchall_rows",
-                                      (json_int_t)st->catchall_rows));
+                            json_pack(
+                                "{s:I,s:I,s:I,s:I,s:I,s:I}", "width_s",
+                                (json_int_t)st->partition_width_s, "count",
+                                (json_int_t)st->npartitions, "from",
+                                (json_int_t)st->partitions_from, "until",
+                                (json_int_t)st->partitions_until,
+                                "catchall_rows", (json_int_t)st->catchall_rows,
+                                "db_clock_skew_ms",
+                                (json_int_t)st->db_clock_skew_ms));
                 status_log_relay(x, j);
                 json_out(j);
                 tbl_print(&tc, NULL);
@@ -314,6 +328,15 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
                "counted by the local `kinbox run` since its start, "
                "from [metrics] listen; n/a when not reachable)\n");
         tbl_print(&tc, stdout);
+        if (x->cfg.nconsumers && x->cfg.consumers[0].discovered)
+                printf("(no [consumer.NAME] in %s: these consumers were "
+                       "found in the database, their group taken to be "
+                       "their name)\n",
+                       x->o.config);
+        else if (!x->cfg.nconsumers)
+                printf("(none: %s configures no consumer and the database "
+                       "records none)\n",
+                       x->o.config);
         printf("\nOutbox\n");
         tbl_print(&td, stdout);
         printf("\nInbox size: %lld rows\n", (long long)st->inbox_rows);
@@ -333,6 +356,8 @@ kb_cmd_status(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         int ex = ctx_open(&x);
+        if (!ex)
+                ex = ctx_discover(&x);
         if (ex) {
                 ctx_close(&x);
                 return ex;
@@ -342,7 +367,18 @@ kb_cmd_status(int argc, char **argv)
         if (rc) {
                 ex = db_fail(&x, rc);
         } else {
-                char *live = local_metrics(x.cfg.metrics_listen);
+                /* listen = HOST:0: the port `kinbox run` bound */
+                char listen[300];
+                const char *l = x.cfg.metrics_listen;
+                const char *colon = l ? strrchr(l, ':') : NULL;
+                int bound =
+                    colon && !strcmp(colon, ":0") ? kb_port_read(&x.cfg) : 0;
+                if (bound) {
+                        snprintf(listen, sizeof(listen), "%.*s:%d",
+                                 (int)(colon - l), l, bound);
+                        l = listen;
+                }
+                char *live = local_metrics(l);
                 status_print(&x, st, live);
                 free(live);
         }

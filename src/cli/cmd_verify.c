@@ -28,9 +28,15 @@
 /* ------------------------------------------------------------------ */
 /* verify */
 
+/* What verify looked at, for its last line (never OK on nothing). */
+typedef struct checked {
+        int consumers, partitions, committed;
+        int destinations; /* outbox destinations with rows */
+} checked_t;
+
 static int
 verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
-                int *gaps)
+                int *gaps, checked_t *ck)
 {
         kinbox_verify_result_t *vr = NULL;
         kinbox_err_t rc = kinbox_verify(x->adm, name, &vr);
@@ -69,8 +75,11 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                 rd_kafka_topic_partition_t *tp =
                     l ? rd_kafka_topic_partition_list_find(l, topic, part)
                       : NULL;
-                if (tp)
+                if (tp) {
                         committed = tp->offset;
+                        ck->committed++;
+                }
+                ck->partitions++;
                 if (committed > wm) {
                         char msg[512];
                         snprintf(msg, sizeof(msg),
@@ -103,10 +112,16 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                                name, topic, (int)part, wm, committed, covered,
                                unaccounted > 0 ? unaccounted : 0);
         }
+        size_t vr_partitions = vr->npartitions;
         kinbox_verify_result_destroy(vr);
         if (l)
                 rd_kafka_topic_partition_list_destroy(l);
         free(highs);
+        ck->consumers++;
+        if (!vr_partitions && !x->o.json)
+                printf("note %s: no watermark recorded (nothing consumed "
+                       "yet): nothing to check\n",
+                       name);
         if (!l && !x->o.json)
                 printf("note %s: Kafka committed offsets not checked: %s\n",
                        name, err);
@@ -116,6 +131,42 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                 json_object_set_new(jo, "broker_error", json_string(err));
         json_array_append_new(jc, jo);
         return KB_EX_OK;
+}
+
+/* The last line: what was checked and the verdict. Nothing checked (no
+ * consumer with a watermark) is not OK: KB_EX_NOTFOUND. Takes jc, jo. */
+static int
+verify_summary(ctx_t *x, const checked_t *ck, int gaps, json_t *jc, json_t *jo)
+{
+        bool nothing = !ck->partitions && !ck->destinations && !gaps;
+        const char *found =
+            x->cfg.nconsumers && x->cfg.consumers[0].discovered
+                ? " (found in the database: no [consumer.NAME] configured)"
+                : "";
+        if (x->o.json) {
+                json_out(json_pack(
+                    "{s:o,s:o,s:i,s:b,s:{s:i,s:i,s:i,s:i}}", "consumers", jc,
+                    "outbox", jo, "gaps", gaps, "ok", !gaps && !nothing,
+                    "checked", "consumers", ck->consumers, "partitions",
+                    ck->partitions, "committed_offsets", ck->committed,
+                    "outbox_destinations", ck->destinations));
+        } else {
+                json_decref(jc);
+                json_decref(jo);
+                if (nothing)
+                        printf("NOTHING CHECKED: %d consumer(s)%s, no "
+                               "partition with a watermark, an empty "
+                               "outbox\n",
+                               ck->consumers, found);
+                else
+                        printf("%s: %d gap(s); checked %d consumer(s)%s, %d "
+                               "partition(s) (%d against Kafka's committed "
+                               "offset), %d outbox destination(s)\n",
+                               gaps ? "FAILED" : "OK", gaps, ck->consumers,
+                               found, ck->partitions, ck->committed,
+                               ck->destinations);
+        }
+        return gaps ? KB_EX_RUNTIME : nothing ? KB_EX_NOTFOUND : KB_EX_OK;
 }
 
 int
@@ -138,6 +189,8 @@ kb_cmd_verify(int argc, char **argv)
                 return KB_EX_USAGE;
         }
         int ex = ctx_open(&x);
+        if (!ex)
+                ex = ctx_discover(&x);
         if (ex)
                 goto out;
         kinbox_conf_t *only = NULL;
@@ -148,13 +201,14 @@ kb_cmd_verify(int argc, char **argv)
                 goto out;
         }
         int gaps = 0;
+        checked_t ck = {0};
         json_t *jc = json_array();
         for (int i = 0; i < x.cfg.nconsumers && !ex; i++) {
                 if (x.o.consumer &&
                     strcmp(x.o.consumer, x.cfg.consumers[i].name))
                         continue;
                 ex = verify_consumer(&x, x.cfg.consumers[i].name,
-                                     x.cfg.consumers[i].conf, jc, &gaps);
+                                     x.cfg.consumers[i].conf, jc, &gaps, &ck);
         }
         if (ex) {
                 json_decref(jc);
@@ -183,16 +237,16 @@ kb_cmd_verify(int argc, char **argv)
                 gaps++;
         }
         kinbox_rows_destroy(r);
-        if (x.o.json)
-                json_out(json_pack("{s:o,s:o,s:i,s:b}", "consumers", jc,
-                                   "outbox", jo, "gaps", gaps, "ok",
-                                   gaps == 0));
-        else {
+        if (!(rc = kinbox_admin_outbox_summary(x.adm, &r)))
+                ck.destinations = (int)kinbox_rows_count(r);
+        kinbox_rows_destroy(r);
+        if (rc) {
                 json_decref(jc);
                 json_decref(jo);
-                printf("%s: %d gap(s)\n", gaps ? "FAILED" : "OK", gaps);
+                ex = db_fail(&x, rc);
+                goto out;
         }
-        ex = gaps ? KB_EX_RUNTIME : KB_EX_OK;
+        ex = verify_summary(&x, &ck, gaps, jc, jo);
 out:
         ctx_close(&x);
         return ex;

@@ -31,15 +31,42 @@ kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond, const volatile int *stop,
         return stopped;
 }
 
+void
+kb_port_file(const kb_config_t *cfg, char *buf, size_t sz)
+{
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+        for (int k = 0; k < 2; k++)
+                for (const char *p = k ? cfg->metrics_listen : cfg->path;
+                     p && *p; p++)
+                        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        snprintf(buf, sz, "/tmp/kinbox-metrics-%016" PRIx64 ".port", h);
+}
+
+int
+kb_port_read(const kb_config_t *cfg)
+{
+        char path[128];
+        kb_port_file(cfg, path, sizeof(path));
+        FILE *fp = fopen(path, "r");
+        int port = 0;
+        if (fp) {
+                if (fscanf(fp, "%d", &port) != 1 || port < 1 || port > 65535)
+                        port = 0;
+                fclose(fp);
+        }
+        return port;
+}
+
 int
 ctx_open(ctx_t *x)
 {
-        char err[2048];
-        if (kb_config_load(x->o.config, &x->cfg, err, sizeof(err))) {
-                fprintf(stderr, "kinbox %s: %s\n", x->o.cmd, err);
-                return KB_EX_USAGE;
-        }
+        /* A schema this binary does not know (older or newer) is refused
+         * before any command reads or changes it. */
+        int ex = kb_schema_load(x->o.config, &x->cfg, x->o.cmd, false);
+        if (ex)
+                return ex;
         x->loaded = true;
+        char err[2048];
         x->adm = kinbox_admin_new(x->cfg.base, err, sizeof(err));
         if (!x->adm) {
                 fprintf(stderr, "kinbox %s: %s\n", x->o.cmd, err);
@@ -51,9 +78,62 @@ ctx_open(ctx_t *x)
                         x->o.cmd, kinbox_admin_errstr(x->adm));
                 return KB_EX_DB;
         }
-        /* A schema this binary does not know (older or newer) is refused
-         * before any command reads or changes it. */
-        return kb_schema_check_config(&x->cfg, x->o.cmd);
+        return KB_EX_OK;
+}
+
+/* Consumer name's slot in x->cfg (a new one, topics empty), or -1. */
+static int
+discovered_slot(ctx_t *x, const char *name)
+{
+        kb_config_t *c = &x->cfg;
+        if (c->nconsumers &&
+            !strcmp(c->consumers[c->nconsumers - 1].name, name))
+                return c->nconsumers - 1;
+        if (c->nconsumers == KB_MAX_CONSUMERS)
+                return -1;
+        int i = c->nconsumers;
+        char e[300];
+        c->consumers[i].name = strdup(name);
+        c->consumers[i].conf = kinbox_conf_dup(c->base);
+        c->consumers[i].discovered = true;
+        if (!c->consumers[i].name || !c->consumers[i].conf ||
+            kinbox_conf_set(c->consumers[i].conf, "name", name, e, sizeof(e)))
+                return -1;
+        c->nconsumers++;
+        c->consumers[i].settings = kinbox_conf_dup(c->consumers[i].conf);
+        return i;
+}
+
+int
+ctx_discover(ctx_t *x)
+{
+        if (x->cfg.nconsumers)
+                return KB_EX_OK;
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = kinbox_admin_consumers(x->adm, &r);
+        if (rc)
+                return db_fail(x, rc);
+        int ex = KB_EX_OK;
+        for (size_t i = 0; i < kinbox_rows_count(r) && !ex; i++) {
+                const char *name = rv(r, i, 0), *topic = rv(r, i, 1);
+                int k = name ? discovered_slot(x, name) : -1;
+                if (k < 0) {
+                        fprintf(stderr,
+                                "kinbox %s: more than %d consumers in the "
+                                "database (or out of memory)\n",
+                                x->o.cmd, KB_MAX_CONSUMERS);
+                        ex = KB_EX_RUNTIME;
+                        break;
+                }
+                kinbox_conf_t *conf = x->cfg.consumers[k].conf;
+                const char *had = kinbox_conf_get(conf, "topics");
+                char list[1024], e[300];
+                snprintf(list, sizeof(list), "%s%s%s", had ? had : "",
+                         had ? "," : "", topic ? topic : "");
+                (void)kinbox_conf_set(conf, "topics", list, e, sizeof(e));
+        }
+        kinbox_rows_destroy(r);
+        return ex;
 }
 
 void
@@ -62,6 +142,27 @@ ctx_close(ctx_t *x)
         kinbox_admin_destroy(x->adm);
         if (x->loaded)
                 kb_config_free(&x->cfg);
+}
+
+int
+kb_db_reachable(const kinbox_conf_t *conf, const char *cmd, const char *where)
+{
+        char err[2048];
+        kinbox_admin_t *adm = kinbox_admin_new(conf, err, sizeof(err));
+        if (!adm) {
+                fprintf(stderr, "kinbox %s: %s%s%s\n", cmd, where,
+                        *where ? ": " : "", err);
+                return KB_EX_USAGE;
+        }
+        int ex = KB_EX_OK;
+        if (kinbox_admin_ping(adm)) {
+                fprintf(stderr, "kinbox %s: %s%sdatabase unreachable: %s\n",
+                        cmd, where, *where ? ": " : "",
+                        kinbox_admin_errstr(adm));
+                ex = KB_EX_DB;
+        }
+        kinbox_admin_destroy(adm);
+        return ex;
 }
 
 int
@@ -105,6 +206,10 @@ group_handle(kinbox_conf_t *conf, char *err, size_t sz)
 rd_kafka_topic_partition_list_t *
 broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
 {
+        if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
+                snprintf(err, sz, "no [kafka] bootstrap.servers configured");
+                return NULL;
+        }
         kinbox_kafka_t *kk = group_handle(conf, err, sz);
         if (!kk)
                 return NULL;

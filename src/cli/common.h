@@ -59,6 +59,13 @@ const kinbox_module_t *kb_schema_owner(const kinbox_module_t *m);
 bool kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond,
             const volatile int *stop, int64_t ms);
 
+/* Where `kinbox run` of cfg records the port its [metrics] listen bound
+ * (`listen = HOST:0` picks one): a file in /tmp named after the
+ * configuration file and the listen address, which `kinbox status` reads.
+ * kb_port_read(): the port, 0 when there is no file. */
+void kb_port_file(const kb_config_t *cfg, char *buf, size_t sz);
+int kb_port_read(const kb_config_t *cfg);
+
 /* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
 int kb_duration_ms(const char *s, int64_t *ms);
 
@@ -123,6 +130,17 @@ typedef struct ctx {
  * returns an exit status (printed). */
 int ctx_open(ctx_t *x);
 void ctx_close(ctx_t *x);
+/* With no [consumer.NAME] section: the consumers the database knows
+ * (kinbox_admin_consumers()) as consumers of x->cfg, each a copy of the
+ * shared settings with its name and its topics (discovered set). An exit
+ * status (printed). */
+int ctx_discover(ctx_t *x);
+/* Connect to conf's database once: KB_EX_OK; KB_EX_DB (whatever the
+ * reason: down, refused credentials, no such database), printed as "kinbox
+ * CMD: WHERE: database unreachable: ..."; KB_EX_USAGE for a URL that does
+ * not parse. Every command maps a failed connection so. */
+int kb_db_reachable(const kinbox_conf_t *conf, const char *cmd,
+                    const char *where);
 /* Print the handle's error; the exit status of rc. */
 int db_fail(ctx_t *x, kinbox_err_t rc);
 const char *rv(kinbox_rows_t *r, size_t i, int c);

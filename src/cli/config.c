@@ -12,8 +12,11 @@
  */
 #include "config.h"
 #include "confval.h"
+#include "internal.h"
 
 #include <ini.h>
+#include <librdkafka/rdkafka.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,7 @@ typedef struct load {
         struct kvs relay[64];
         int nrelay;
         char *last_section; /* to tell a repeated [consumer.NAME] */
+        rd_kafka_conf_t *rk; /* [kafka] keys tried here: unknown ones */
 } load_t;
 
 typedef struct kb_buf {
@@ -184,6 +188,61 @@ repeated_section(FILE *fp, const char *path, char *errstr, size_t sz)
         return found;
 }
 
+/* libinih's limits: a line of at most INI_MAX_LINE - 3 characters (a
+ * longer one is cut and its rest read as another line), a section name
+ * of at most KB_INI_MAX_SECTION - 1 (cut silently; its ini.c's
+ * MAX_SECTION). */
+#define KB_INI_MAX_SECTION 50
+#define KB_INI_LINE (INI_MAX_LINE - 3)
+#define KB_INI_SECTION (KB_INI_MAX_SECTION - 1)
+
+/* A line or a section header libinih would cut (a [consumer.NAME] with a
+ * long NAME: a "syntax error", or a consumer named by its first 40
+ * characters). Returns its line (error in errstr) or 0; fp is rewound. */
+static int
+over_limits(FILE *fp, const char *path, char *errstr, size_t sz)
+{
+        char buf[KB_INI_LINE + 3];
+        int line = 0, found = 0;
+        bool cont = false; /* buf continues the line before */
+        while (!found && fgets(buf, sizeof(buf), fp)) {
+                size_t n = strlen(buf);
+                bool whole = n && buf[n - 1] == '\n';
+                if (!cont)
+                        line++;
+                cont = !whole && !feof(fp);
+                if (cont || (!whole && n > KB_INI_LINE)) {
+                        snprintf(errstr, sz,
+                                 "%s:%d: line longer than %d characters "
+                                 "(the limit of the INI reader): shorten it "
+                                 "(a long value can come from ${VAR})",
+                                 path, line, KB_INI_LINE);
+                        found = line;
+                        break;
+                }
+                char *p = buf + strspn(buf, " \t");
+                char *end = *p == '[' ? strchr(p, ']') : NULL;
+                if (!end || end - p - 1 <= KB_INI_SECTION)
+                        continue;
+                found = line;
+                *end = '\0';
+                if (!strncmp(p + 1, "consumer.", 9))
+                        snprintf(errstr, sz,
+                                 "%s:%d: [%s]: the consumer name is %d "
+                                 "characters long; at most %d (a section "
+                                 "name has at most %d)",
+                                 path, line, p + 1, (int)(end - p - 10),
+                                 KB_INI_SECTION - 9, KB_INI_SECTION);
+                else
+                        snprintf(errstr, sz,
+                                 "%s:%d: [%s]: a section name has at most %d "
+                                 "characters",
+                                 path, line, p + 1, KB_INI_SECTION);
+        }
+        rewind(fp);
+        return found;
+}
+
 /* A failed key: the message is in L->err; v is freed. Returns 0 (stop). */
 static int
 kv_failed(load_t *L, char *v)
@@ -199,6 +258,57 @@ too_many(load_t *L, const char *where, char *v)
         snprintf(L->err, L->errsz, "%s: %s: too many settings", L->path,
                  where);
         return kv_failed(L, v);
+}
+
+/* librdkafka properties without a default (not in rd_kafka_conf_dump()):
+ * candidates for "did you mean" beside those of the dump. */
+static const char *const kafka_unset[] = {
+    "bootstrap.servers",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "group.instance.id",
+    "client.rack",
+    "debug",
+    "transactional.id",
+    "sasl.oauthbearer.config",
+};
+
+/* A [kafka] key librdkafka does not know: the error (with the closest
+ * property) in L->err, true. Values are left to librdkafka at start. */
+static bool
+kafka_unknown(load_t *L, const char *name, const char *v, const char *where)
+{
+        if (!strcmp(name, "redelivery.window")) /* kinbox's own */
+                return false;
+        if (!L->rk && !(L->rk = rd_kafka_conf_new()))
+                return false;
+        char e[512];
+        if (rd_kafka_conf_set(L->rk, name, v, e, sizeof(e)) !=
+            RD_KAFKA_CONF_UNKNOWN)
+                return false;
+        size_t cnt = 0;
+        const char **dump = rd_kafka_conf_dump(L->rk, &cnt);
+        size_t nk = sizeof(kafka_unset) / sizeof(kafka_unset[0]);
+        const char **keys = calloc(cnt / 2 + nk + 1, sizeof(*keys));
+        const char *near = NULL;
+        if (keys) {
+                size_t n = 0;
+                for (size_t i = 0; i < nk; i++)
+                        keys[n++] = kafka_unset[i];
+                for (size_t i = 0; i + 1 < cnt; i += 2)
+                        keys[n++] = dump[i];
+                near = kinbox__closest(name, keys, n);
+        }
+        snprintf(L->err, L->errsz, "%s: %s: not a librdkafka property%s%s%s",
+                 L->path, where, near ? " (did you mean \"" : "",
+                 near ? near : "", near ? "\"?)" : "");
+        free(keys);
+        rd_kafka_conf_dump_free(dump, cnt);
+        return true;
 }
 
 /* [metrics]: listen only. Takes v. */
@@ -273,6 +383,8 @@ on_kv(void *user, const char *section, const char *name, const char *value)
             !strcmp(section, "tracing")) {
                 snprintf(key, sizeof(key), "%s.%s", section, name);
         } else if (!strcmp(section, "kafka")) {
+                if (kafka_unknown(L, name, v, where))
+                        return kv_failed(L, v);
                 snprintf(key, sizeof(key), "kafka.%s", name);
         } else if (!strcmp(section, "prune")) {
                 snprintf(key, sizeof(key), "%s", name);
@@ -345,7 +457,9 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                          path);
                 goto out;
         }
-        int dup = repeated_section(fp, path, errstr, sz);
+        int dup = over_limits(fp, path, errstr, sz);
+        if (!dup)
+                dup = repeated_section(fp, path, errstr, sz);
         int line = dup ? 0 : ini_parse_file(fp, on_kv, L);
         fclose(fp);
         if (dup)
@@ -392,6 +506,11 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                         goto out;
                 }
         }
+        cfg->path = realpath(path, NULL);
+        if (!cfg->path && !(cfg->path = strdup(path))) {
+                snprintf(errstr, sz, "out of memory");
+                goto out;
+        }
         rc = 0;
 out:
         for (int i = 0; i < L->nckv; i++) {
@@ -403,6 +522,8 @@ out:
                 free(L->relay[i].v);
         }
         free(L->last_section);
+        if (L->rk)
+                rd_kafka_conf_destroy(L->rk);
         free(L);
         if (rc)
                 kb_config_free(cfg);
@@ -420,5 +541,6 @@ kb_config_free(kb_config_t *cfg)
                 kinbox_conf_destroy(cfg->consumers[i].settings);
         }
         free(cfg->metrics_listen);
+        free(cfg->path);
         memset(cfg, 0, sizeof(*cfg));
 }

@@ -20,11 +20,15 @@ typedef struct kb_config {
                 /* A copy that stays here when `kinbox run` hands conf
                  * over to the consumer (the reconciler reads it). */
                 kinbox_conf_t *settings;
+                /* Not configured: found in the database (`status` and
+                 * `verify` with no [consumer.NAME], ctx_discover()). */
+                bool discovered;
         } consumers[KB_MAX_CONSUMERS];
         int nconsumers;
         bool relay_enabled;
         kinbox_conf_t *relay; /* base + [relay] */
         char *metrics_listen;
+        char *path; /* the file, absolute (realpath) when it resolves */
 } kb_config_t;
 
 /* Load path; ${VAR} in values expands from the environment. Returns 0, or

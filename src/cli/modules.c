@@ -5,6 +5,7 @@
 #include "common.h"
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,8 +53,18 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
         snprintf(path, sizeof(path), "%.400s/%.100s.so", dir, name);
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!h) {
-                snprintf(err, sz, "handler \"%s\": cannot load %s: %s", name,
-                         path, dlerror());
+                const char *why = dlerror();
+                /* A module linked with `pkg-config --libs kinbox` needs a
+                 * libkinbox.so.N the loader may not find (a --prefix
+                 * install); it needs none at all. */
+                bool lib = why && strstr(why, "libkinbox");
+                snprintf(err, sz, "handler \"%s\": cannot load %s: %s%s", name,
+                         path, why ? why : "?",
+                         lib ? " (a module is not linked against libkinbox: "
+                               "`kinbox run` provides its API; build it with "
+                               "`pkg-config --cflags kinbox` only, or "
+                               "kinbox_add_module(): docs/modules.md)"
+                             : "");
                 return NULL;
         }
         const kinbox_module_t *m = dlsym(h, "kinbox_module");

@@ -46,7 +46,8 @@ add_mod(targets_t *t, const kinbox_module_t *m, const kinbox_conf_t *conf,
 /* Every database and module of cfg, found before anything touches a
  * database (a bad handler must not leave a half-migrated one). */
 int
-kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd)
+kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd,
+                  bool handlers)
 {
         char err[2048];
         memset(t, 0, sizeof(*t));
@@ -58,6 +59,8 @@ kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd)
                          cfg->consumers[i].name);
                 add_db(t, c, where);
                 const kinbox_module_t *m = find_module(c, err, sizeof(err));
+                if (!m && !handlers)
+                        continue; /* embedded: its program checks it */
                 if (!m) {
                         fprintf(stderr, "kinbox %s: %s: %s\n", cmd, where,
                                 err);
@@ -123,17 +126,24 @@ kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf, char *b,
 }
 
 int
-kb_schema_check_config(kb_config_t *cfg, const char *cmd)
+kb_schema_check_config(kb_config_t *cfg, const char *cmd, bool handlers)
 {
         targets_t t;
-        int ex = kb_schema_targets(cfg, &t, cmd);
+        int ex = kb_schema_targets(cfg, &t, cmd, handlers);
         char err[2048], lab[200];
         for (int i = 0; !ex && i < t.ndb; i++) {
+                ex = kb_db_reachable(t.db[i], cmd, t.db_where[i]);
+                if (ex)
+                        break;
                 kinbox_err_t rc =
                     kinbox_schema_check(t.db[i], NULL, err, sizeof(err));
                 if (rc) {
-                        fprintf(stderr, "kinbox %s: %s: %s\n", cmd,
-                                t.db_where[i], err);
+                        fprintf(stderr, "kinbox %s: %s: %s%s\n", cmd,
+                                t.db_where[i],
+                                rc == KINBOX_ERR_DB_CONN
+                                    ? "database unreachable: "
+                                    : "",
+                                err);
                         ex = kb_schema_exit(rc);
                 }
         }
@@ -149,5 +159,20 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd)
                         ex = kb_schema_exit(rc);
                 }
         }
+        return ex;
+}
+
+int
+kb_schema_load(const char *path, kb_config_t *cfg, const char *cmd,
+               bool handlers)
+{
+        char err[2048];
+        if (kb_config_load(path, cfg, err, sizeof(err))) {
+                fprintf(stderr, "kinbox %s: %s\n", cmd, err);
+                return KB_EX_USAGE;
+        }
+        int ex = kb_schema_check_config(cfg, cmd, handlers);
+        if (ex)
+                kb_config_free(cfg);
         return ex;
 }

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,7 +73,30 @@ struct kb_services {
         char **consumers;
         int nconsumers;
         kb_reconciler_t *reconciler;
+        char port_file[128]; /* kb_port_file(), written: removed at stop */
 };
+
+/* Record the bound port for `kinbox status` (kb_port_file()): a file
+ * written beside it and renamed over it (never through a planted link).
+ * Best effort: status then shows n/a. */
+static void
+port_file_write(kb_services_t *svc, const kb_config_t *cfg, int port)
+{
+        char path[128], tmp[160];
+        kb_port_file(cfg, path, sizeof(path));
+        snprintf(tmp, sizeof(tmp), "%s.XXXXXX", path);
+        int fd = mkstemp(tmp);
+        if (fd < 0)
+                return;
+        char line[16];
+        int n = snprintf(line, sizeof(line), "%d\n", port);
+        bool ok = fchmod(fd, 0644) == 0 && write(fd, line, (size_t)n) == n;
+        close(fd);
+        if (ok && rename(tmp, path) == 0)
+                snprintf(svc->port_file, sizeof(svc->port_file), "%s", path);
+        else
+                unlink(tmp);
+}
 
 static void *
 pruner_main(void *arg)
@@ -193,10 +217,14 @@ kb_services_start(kb_config_t *cfg, char *err, size_t sz)
                 kb_services_stop(svc);
                 return NULL;
         }
+        int port = kinbox__http_port(svc->http);
+        const char *colon = strrchr(cfg->metrics_listen, ':');
+        int hl = colon ? (int)(colon - cfg->metrics_listen) : 0;
         fprintf(stderr,
-                "kinbox run: metrics on http://%s (port %d): "
-                "/metrics /healthz /readyz\n",
-                cfg->metrics_listen, kinbox__http_port(svc->http));
+                "kinbox run: metrics on http://%.*s:%d (port %d): /metrics "
+                "/healthz /readyz\n",
+                hl, cfg->metrics_listen, port, port);
+        port_file_write(svc, cfg, port);
         return svc;
 }
 
@@ -205,6 +233,8 @@ kb_services_stop(kb_services_t *svc)
 {
         if (!svc)
                 return;
+        if (svc->port_file[0])
+                unlink(svc->port_file);
         kinbox__http_stop(svc->http);
         pthread_mutex_lock(&svc->lock);
         svc->stop = 1;

@@ -80,7 +80,9 @@ kb_usage(FILE *fp)
             "\n"
             "Exit status: 0 success, 1 runtime failure, 2 usage or "
             "configuration error,\n"
-            "3 database unreachable, 4 not found. Admin commands take "
+            "3 database unreachable (down, credentials refused, no such "
+            "database: every\ncommand), 4 not found (verify: nothing to "
+            "check). Admin commands take "
             "--json.\n");
 }
 
@@ -124,7 +126,11 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "in the last hour, paused.\nInbox size. Dedup hits "
                         "are not stored: a running `kinbox run` exports them\n"
                         "as kinbox_consumer_messages_total{result=\"duplicate"
-                        "\"} on /metrics.\n");
+                        "\"} on /metrics.\nThe read-only commands (status, "
+                        "verify, dead list/show/discard, outbox) load\nno "
+                        "handler: a consumer whose handler lives in your own "
+                        "program is fine;\nwithout any [consumer.NAME] they "
+                        "report the consumers the database records.\n");
         else if (!strcmp(cmd, "dead"))
                 fprintf(fp,
                         "usage: kinbox dead list [--consumer NAME] [--status "
@@ -180,7 +186,12 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "per partition, how many offsets have a row\n(the "
                         "rest are duplicates or pruned rows: reported, not "
                         "a gap). And the outbox:\nrows pending longer than "
-                        "--older-than. Exit status 1 when a gap is found.\n");
+                        "--older-than. Exit status 1 when a gap is found, "
+                        "4 when there was "
+                        "nothing to\ncheck (no partition with a watermark, "
+                        "an empty outbox). Without any\n[consumer.NAME], "
+                        "the consumers recorded in the database are "
+                        "verified.\n");
         else if (!strcmp(cmd, "prune"))
                 fprintf(fp,
                         "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"
@@ -205,6 +216,7 @@ kb_usage_of(const char *cmd, FILE *fp)
         fprintf(fp, "\nExit status: 0 ok, 1 runtime failure (verify: gap "
                     "found; reconcile: discrepancy), 2 usage or "
                     "configuration\nerror, 3 database "
-                    "unreachable, 4 not found.\n");
+                    "unreachable (down, credentials refused, no such "
+                    "database),\n4 not found (verify: nothing to check).\n");
         return 1;
 }

@@ -347,9 +347,18 @@ kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate, int vendor,
         va_start(ap, fmt);
         vsnprintf(db->err.msg, sizeof(db->err.msg), fmt, ap);
         va_end(ap);
-        for (char *c = db->err.msg; *c; c++)
-                if (*c == '\n' || *c == '\r')
-                        *c = ' ';
+        /* One line: libpq's and the servers' line breaks and the tabs
+         * after them become one space; no trailing space. */
+        char *w = db->err.msg;
+        for (const char *c = db->err.msg; *c; c++) {
+                bool ws = *c == '\n' || *c == '\r' || *c == '\t' || *c == ' ';
+                if (ws && (w == db->err.msg || w[-1] == ' '))
+                        continue;
+                *w++ = ws ? ' ' : *c;
+        }
+        while (w > db->err.msg && w[-1] == ' ')
+                w--;
+        *w = '\0';
 }
 
 struct kinbox_rows_s *

@@ -16,6 +16,11 @@
  * them has b - tA <= skew, so A's shadow and B's own row share a key,
  * whichever comes first. Only unique-key collisions decide: concurrent
  * copies need no lock and no read-then-write.
+ *
+ * A record without a time (timestamp -1) is keyed by the epoch's range:
+ * never a range partition, always the catch-all, pruned row by row by
+ * processed_at like the plain layout. The consumer's clock never places
+ * a row.
  */
 #include "../db.h"
 #include "../internal.h"
@@ -116,7 +121,15 @@ kinbox__inbox_puts(const kinbox__db_t *db,
         size_t k = 0;
         for (size_t j = 0; j < n; j++) {
                 size_t i = ix[j].idx;
-                int64_t ms = rows[i].msg_ms >= 0 ? rows[i].msg_ms : now;
+                /* No time (-1): the epoch's range, in the catch-all,
+                 * where every copy of the record looks again whatever
+                 * day it comes; msg_at records when it was processed. */
+                if (rows[i].msg_ms < 0) {
+                        p[k++] =
+                            (kinbox__inbox_put_t){i, 0, now, false, false};
+                        continue;
+                }
+                int64_t ms = rows[i].msg_ms;
                 int64_t part = kinbox__inbox_part_of(ms, w);
                 p[k++] = (kinbox__inbox_put_t){i, part, ms, false, false};
                 /* Within skew of the end of its range: a later copy of
@@ -251,6 +264,23 @@ kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c, char **m,
         return KINBOX_OK;
 }
 
+/* The exact row count of range partition name of table, -1 unknown. */
+static int64_t
+range_count(kinbox__db_t *db, const char *table, const char *name)
+{
+        char q[300];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(q, sizeof(q), db->ops->sql->range_count, table, name);
+#pragma GCC diagnostic pop
+        struct kinbox_rows_s *r = NULL;
+        int64_t v = -1;
+        if (!kinbox__db_query(db, q, 0, NULL, &r) && r->nrows && r->values[0])
+                v = strtoll(r->values[0], NULL, 10);
+        kinbox_rows_destroy(r);
+        return v;
+}
+
 int
 kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
                     const char *count_fmt, kinbox__range_t **out, size_t *n,
@@ -279,6 +309,12 @@ kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
         if (!a)
                 return KINBOX_ERR_NOMEM;
         *out = a;
+        /* No estimate before the first ANALYZE (PostgreSQL's reltuples
+         * -1 or 0, MySQL's TABLE_ROWS 0): count such ranges exactly, so a
+         * dry run never reports "about 0 rows" for a full range. */
+        for (size_t i = 0; i < *n; i++)
+                if (a[i].rows <= 0)
+                        a[i].rows = range_count(db, table, a[i].name);
         if (!catchall_rows)
                 return KINBOX_OK;
         char q[200];
@@ -303,9 +339,9 @@ kinbox__inbox_layout_load(kinbox__db_t *db, int64_t conf_width_ms, bool force)
                 return KINBOX_OK;
         struct kinbox_rows_s *r = NULL;
         int rc = db->ops->query(db,
-                                "SELECT width_s, skew_s FROM "
-                                "kinbox_partitioning WHERE table_name = "
-                                "'kinbox_inbox'",
+                                "SELECT width_s, skew_s, legacy_until > "
+                                "CURRENT_TIMESTAMP FROM kinbox_partitioning "
+                                "WHERE table_name = 'kinbox_inbox'",
                                 0, NULL, -1, &r);
         if (rc)
                 return rc;
@@ -313,14 +349,65 @@ kinbox__inbox_layout_load(kinbox__db_t *db, int64_t conf_width_ms, bool force)
                 db->inbox_width_s = strtoll(r->values[0], NULL, 10);
                 db->inbox_skew_s = strtoll(r->values[1], NULL, 10);
                 db->inbox_partitioned = db->inbox_width_s > 0;
+                db->inbox_legacy =
+                    db->inbox_partitioned && is_true(r->values[2]);
         } else {
                 db->inbox_width_s = conf_width_ms / 1000;
                 db->inbox_skew_s = 0;
                 db->inbox_partitioned = false;
+                db->inbox_legacy = false;
         }
         if (db->inbox_width_s <= 0)
                 db->inbox_width_s = 86400;
         kinbox_rows_destroy(r);
         db->inbox_layout_read_ms = now;
         return KINBOX_OK;
+}
+
+int
+kinbox__inbox_legacy(kinbox__db_t *db, const char *consumer,
+                     const struct kinbox__inbox_row *rows, size_t n,
+                     bool *is_new)
+{
+        if (!db->inbox_legacy || !n)
+                return KINBOX_OK;
+        kinbox__param_t *p = malloc((n + 1) * sizeof(*p));
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        if (!p)
+                return KINBOX_ERR_NOMEM;
+        p[0] = (kinbox__param_t){consumer, 0, 0};
+        int np = 1;
+        kinbox__buf_adds(&b, kinbox__db_pick(db,
+                                             "SELECT message_id FROM "
+                                             "kinbox_inbox_default WHERE "
+                                             "part_at = to_timestamp(0) AND ",
+                                             "SELECT message_id FROM "
+                                             "kinbox_inbox PARTITION (p_past) "
+                                             "WHERE part_at = '1970-01-01 "
+                                             "00:00:00' AND "));
+        kinbox__buf_adds(&b, "msg_at IS NULL AND consumer = $1 AND "
+                             "message_id IN (");
+        for (size_t i = 0; i < n; i++) {
+                if (!is_new[i])
+                        continue;
+                p[np] = (kinbox__param_t){rows[i].id, 0, 0};
+                kinbox__buf_printf(&b, "%s$%d", np > 1 ? ", " : "", np + 1);
+                np++;
+        }
+        kinbox__buf_adds(&b, ")");
+        struct kinbox_rows_s *r = NULL;
+        int rc = b.oom ? KINBOX_ERR_NOMEM : KINBOX_OK;
+        if (!rc && np > 1)
+                rc = db->ops->query(db, b.p, np, p, -1, &r);
+        for (size_t j = 0; !rc && r && j < r->nrows; j++) {
+                const char *id = r->values[j * (size_t)r->ncols];
+                for (size_t i = 0; id && i < n; i++)
+                        if (is_new[i] && !strcmp(rows[i].id, id))
+                                is_new[i] = false;
+        }
+        kinbox_rows_destroy(r);
+        kinbox__buf_free(&b);
+        free(p);
+        return rc;
 }

@@ -700,6 +700,9 @@ static const struct kinbox__sql my_sql = {
         "SELECT LAST_INSERT_ID() AS id FROM DUAL WHERE ROW_COUNT() = 1",
     .try_lock = "SELECT GET_LOCK($1, 0)",
     .unlock = "SELECT RELEASE_LOCK($1)",
+    /* GET_LOCK names are the server's: this database's own. */
+    .lock_wait = "SELECT GET_LOCK(CONCAT(DATABASE(), '.', $1), 600)",
+    .range_count = "SELECT count(*) FROM %s PARTITION (%s)",
     .migrations_table =
         "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
         " component VARCHAR(200) NOT NULL, version INT NOT NULL,"

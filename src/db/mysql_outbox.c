@@ -673,8 +673,8 @@ my_append_id(kinbox__db_t *db, const kinbox__param_t *p, int tag, int64_t *idp)
 
 #define REQUEUE_SET                                                           \
         "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "         \
-        "next_attempt_at = CURRENT_TIMESTAMP(6), version = version + 1, "     \
-        "lease_owner = NULL "
+        "last_error = NULL, next_attempt_at = CURRENT_TIMESTAMP(6), "         \
+        "version = version + 1, lease_owner = NULL "
 
 const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
     .claim = my_claim,

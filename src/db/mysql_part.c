@@ -7,9 +7,9 @@
  * atomic RENAME TABLE swaps).
  *
  * A range is dropped by swapping its rows out (EXCHANGE PARTITION with an
- * empty table: metadata only), folding the emptied partition into p_past
- * (REORGANIZE copies only p_past's few rows), keeping the rows still
- * needed and dropping the table. DDL commits implicitly; a crash between
+ * empty table: metadata only), dropping the emptied partition (metadata
+ * only; p_past keeps its bound and is never copied), keeping the rows
+ * still needed and dropping the table. DDL commits implicitly; a crash between
  * these steps leaves kinbox_inbox_old_<range>, which finish() completes.
  */
 #include "../db.h"
@@ -99,32 +99,120 @@ my_create(kinbox__db_t *db, const char *table, int64_t first_s)
 }
 
 static int
+my_clock(kinbox__db_t *db, int64_t *now_ms)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db,
+                                  "SELECT TIMESTAMPDIFF(MICROSECOND, " EPOCH
+                                  ", UTC_TIMESTAMP(6)) DIV 1000",
+                                  0, NULL, &r);
+        *now_ms = !rc && r->nrows && r->values[0]
+                      ? strtoll(r->values[0], NULL, 10)
+                      : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+/* The first row of sql's answer is "1" (a test the database answers). */
+static int
+yes(kinbox__db_t *db, const char *sql, bool *v)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        *v = !rc && r->nrows && r->values[0] && !strcmp(r->values[0], "1");
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+/* An empty unpartitioned copy of kinbox_inbox named t, and partition
+ * part of table swapped with it (metadata only). */
+static int
+swap_out(kinbox__db_t *db, const char *table, const char *part, const char *t)
+{
+        char sql[300];
+        snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE %s", t, table);
+        int rc = run(db, sql);
+        snprintf(sql, sizeof(sql), "ALTER TABLE %s REMOVE PARTITIONING", t);
+        if (!rc)
+                rc = run(db, sql);
+        snprintf(sql, sizeof(sql),
+                 "ALTER TABLE %s EXCHANGE PARTITION %s WITH TABLE %s", table,
+                 part, t);
+        return rc ? rc : run(db, sql);
+}
+
+/* Put every row of the swapped-out table t back into table, drop t. */
+static int
+put_back(kinbox__db_t *db, const char *table, const char *t)
+{
+        char sql[400];
+        snprintf(sql, sizeof(sql),
+                 "INSERT IGNORE INTO %s (" KINBOX__INBOX_COLS
+                 ") SELECT " KINBOX__INBOX_COLS " FROM %s",
+                 table, t);
+        int rc = run(db, sql);
+        snprintf(sql, sizeof(sql), "DROP TABLE %s", t);
+        return rc ? rc : run(db, sql);
+}
+
+static int
 my_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
 {
-        char lab[16], end[40], sql[400];
+        char lab[16], end[40], sql[400], fut[80];
         kinbox__range_label(lab, start_s, width_s);
         kinbox__utc_quoted(end, sizeof(end), "", start_s + width_s);
-        /* Copies p_future's rows (none while partitions are kept ahead). */
+        /* REORGANIZE copies p_future's rows under a lock that holds the
+         * consumers' inserts: only an empty p_future is split. Its rows
+         * (messages dated past every range) step out to a table and back
+         * around it. */
+        bool rows = false;
+        snprintf(sql, sizeof(sql),
+                 "SELECT 1 FROM %s PARTITION (p_future) LIMIT 1", table);
+        snprintf(fut, sizeof(fut), "%s_fut", table);
+        int rc = yes(db, sql, &rows);
+        if (!rc && rows)
+                rc = swap_out(db, table, "p_future", fut);
         snprintf(sql, sizeof(sql),
                  "ALTER TABLE %s REORGANIZE PARTITION p_future INTO "
                  "(PARTITION p_%s VALUES LESS THAN (%s), PARTITION p_future "
                  "VALUES LESS THAN (MAXVALUE))",
                  table, lab, end);
-        return run(db, sql);
+        if (!rc)
+                rc = run(db, sql);
+        return !rc && rows ? put_back(db, table, fut) : rc;
 }
 
-/* Keep the needed rows of the swapped-out table t, then drop it. */
+/* Keep the needed rows of the swapped-out table t, then drop it. *kept:
+ * the rows kept, less those of an earlier range (below start_s; -1: none)
+ * that an earlier drop kept and this one keeps again. */
 static int
-finish_one(kinbox__db_t *db, const char *t, uint64_t *kept)
+finish_one(kinbox__db_t *db, const char *t, int64_t start_s, uint64_t *kept)
 {
-        char sql[1024];
+        char sql[1024], st[40];
+        uint64_t again = 0;
+        int rc = KINBOX_OK;
+        if (start_s >= 0) {
+                kinbox__utc_quoted(st, sizeof(st), "", start_s);
+                snprintf(sql, sizeof(sql),
+                         "SELECT COUNT(*)" KINBOX__PART_NEEDED(
+                             "%s") " WHERE x.part_at < %s",
+                         t, st);
+                struct kinbox_rows_s *r = NULL;
+                rc = kinbox__db_query(db, sql, 0, NULL, &r);
+                again = !rc && r->nrows && r->values[0]
+                            ? strtoull(r->values[0], NULL, 10)
+                            : 0;
+                kinbox_rows_destroy(r);
+        }
         snprintf(sql, sizeof(sql),
                  "INSERT IGNORE INTO kinbox_inbox (" KINBOX__INBOX_COLS
                  ") SELECT " KINBOX__INBOX_XCOLS KINBOX__PART_NEEDED("%s"),
                  t);
-        int rc = run_count(db, sql, 0, NULL, kept);
+        if (!rc)
+                rc = run_count(db, sql, 0, NULL, kept);
         if (rc)
                 return rc;
+        *kept = *kept > again ? *kept - again : 0;
         snprintf(sql, sizeof(sql), "DROP TABLE %s", t);
         return run(db, sql);
 }
@@ -136,12 +224,15 @@ my_finish(kinbox__db_t *db)
         int rc = kinbox__db_query(
             db,
             "SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
-            "TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE "
-            "'kinbox\\_inbox\\_old\\_%'",
+            "TABLE_SCHEMA = DATABASE() AND (TABLE_NAME LIKE "
+            "'kinbox\\_inbox\\_old\\_%' OR TABLE_NAME = 'kinbox_inbox_fut')",
             0, NULL, &r);
         for (size_t i = 0; !rc && i < r->nrows; i++) {
                 uint64_t kept = 0;
-                rc = finish_one(db, r->values[i * (size_t)r->ncols], &kept);
+                const char *t = r->values[i * (size_t)r->ncols];
+                rc = strcmp(t, "kinbox_inbox_fut")
+                         ? finish_one(db, t, -1, &kept)
+                         : put_back(db, "kinbox_inbox", t);
         }
         kinbox_rows_destroy(r);
         return rc;
@@ -149,49 +240,61 @@ my_finish(kinbox__db_t *db)
 
 static int
 my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
-        uint64_t *kept)
+        int64_t ret_ms, uint64_t *kept)
 {
         char lab[16], end[40], t[64], sql[400];
         kinbox__range_label(lab, r->start_s, width_s);
         kinbox__utc_quoted(end, sizeof(end), "", r->start_s + width_s);
         snprintf(t, sizeof(t), "kinbox_inbox_old_%s", lab);
         *kept = 0;
-        snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE kinbox_inbox", t);
-        int rc = run(db, sql);
-        snprintf(sql, sizeof(sql), "ALTER TABLE %s REMOVE PARTITIONING", t);
-        if (!rc)
-                rc = run(db, sql);
+        /* The database's clock decides, right before the swap. */
+        bool old = false;
         snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_inbox EXCHANGE PARTITION %s WITH TABLE "
-                 "%s",
-                 r->name, t);
+                 "SELECT TIMESTAMP %s <= UTC_TIMESTAMP(6) - INTERVAL %" PRId64
+                 " MICROSECOND",
+                 end, ret_ms * 1000);
+        int rc = yes(db, sql, &old);
+        if (!rc && !old) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "range %s is not past the retention by the "
+                                  "database's clock: not dropped",
+                                  r->name);
+                return KINBOX_ERR_STATE;
+        }
+        /* Swapped out, the range is empty: dropping it is metadata only,
+         * and p_past (the catch-all) is not touched. Its span then
+         * belongs to the next range up: the rows kept for dead letters
+         * and parked messages go there, and are kept again when it
+         * goes. */
         if (!rc)
-                rc = run(db, sql);
+                rc = swap_out(db, "kinbox_inbox", r->name, t);
         snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_inbox REORGANIZE PARTITION p_past, %s "
-                 "INTO (PARTITION p_past VALUES LESS THAN (%s))",
-                 r->name, end);
+                 "ALTER TABLE kinbox_inbox DROP PARTITION %s", r->name);
         if (!rc)
                 rc = run(db, sql);
-        return rc ? rc : finish_one(db, t, kept);
+        return rc ? rc : finish_one(db, t, r->start_s, kept);
 }
 
 /* The INSERT ... SELECT of a row and, within skew of its range's end,
  * its shadow (db/inbox.c): cols are the source's columns up to msg_at,
- * t its time, from/where the rest of the SELECT. */
+ * t its time, e true for a row without a record time (the epoch's range,
+ * no shadow), from/where the rest of the SELECT. */
 static void
 copy_sql(char *out, size_t sz, const char *ins, const char *cols,
-         const char *t, const char *from, int64_t width_s, int64_t skew_s)
+         const char *t, const char *e, const char *from, int64_t width_s,
+         int64_t skew_s)
 {
-        char bk[400];
-        bucket(bk, sizeof(bk), t, width_s);
+        char b[400], bk[600];
+        bucket(b, sizeof(b), t, width_s);
+        snprintf(bk, sizeof(bk), "(CASE WHEN %s THEN " EPOCH " ELSE %s END)",
+                 e, b);
         snprintf(out, sz,
                  "%s (" KINBOX__INBOX_COLS ") SELECT %s, %s, 0%s UNION ALL "
                  "SELECT %s, %s + INTERVAL %" PRId64
-                 " SECOND, 1%s AND %" PRId64
+                 " SECOND, 1%s AND NOT %s AND %" PRId64
                  " > 0 AND TIMESTAMPDIFF(MICROSECOND, %s, %s + INTERVAL "
                  "%" PRId64 " SECOND) <= %" PRId64,
-                 ins, cols, bk, from, cols, bk, width_s, from, skew_s, t, bk,
+                 ins, cols, bk, from, cols, b, width_s, from, e, skew_s, t, b,
                  width_s, skew_s * 1000000);
 }
 
@@ -217,6 +320,7 @@ my_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
                  "NEW.kafka_partition, NEW.kafka_offset, NEW.processed_at, "
                  "NEW.msg_at",
                  "COALESCE(NEW.msg_at, UTC_TIMESTAMP(3))",
+                 "(NEW.msg_at IS NULL OR NEW.part_at <=> " EPOCH ")",
                  " FROM DUAL WHERE 1", width_s, skew_s);
         int rc = run(db, sql);
         if (!rc)
@@ -272,7 +376,9 @@ my_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
         copy_sql(sql, sizeof(sql), "INSERT IGNORE INTO kinbox_inbox_conv",
                  "consumer, message_id, topic, kafka_partition, kafka_offset, "
                  "processed_at, msg_at",
-                 "COALESCE(msg_at, processed_at)", where, width_s, skew_s);
+                 "COALESCE(msg_at, processed_at)",
+                 "(msg_at IS NULL OR part_at <=> " EPOCH ")", where, width_s,
+                 skew_s);
         uint64_t n = 0;
         rc = run_count(db, sql, last ? 2 : 4, p, &n);
         if (!rc && !last)
@@ -303,6 +409,19 @@ my_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
 }
 
 static int
+my_legacy(kinbox__db_t *db, int64_t ret_ms)
+{
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "UPDATE kinbox_partitioning SET legacy_until = (SELECT "
+                 "MAX(processed_at) FROM kinbox_inbox PARTITION (p_past) "
+                 "WHERE part_at = " EPOCH " AND msg_at IS NULL) + INTERVAL "
+                 "%" PRId64 " MICROSECOND WHERE table_name = 'kinbox_inbox'",
+                 ret_ms * 1000);
+        return run(db, sql);
+}
+
+static int
 my_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 {
         char sql[300];
@@ -316,6 +435,7 @@ my_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 
 const struct kinbox__part_ops kinbox__mysql_part = {
     .list = my_list,
+    .clock = my_clock,
     .create = my_create,
     .add = my_add,
     .drop = my_drop,
@@ -323,5 +443,6 @@ const struct kinbox__part_ops kinbox__mysql_part = {
     .mirror = my_mirror,
     .copy = my_copy,
     .swap = my_swap,
+    .legacy = my_legacy,
     .prune_catchall = my_prune_catchall,
 };

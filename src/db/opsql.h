@@ -33,6 +33,9 @@
             " (SELECT min(parked_at) FROM kinbox_parked WHERE consumer = "    \
             "$1)",                                                            \
         .inbox_rows = "SELECT count(*) FROM kinbox_inbox WHERE NOT shadow",   \
+        .consumers = "SELECT consumer, topic FROM kinbox_offsets UNION "      \
+                     "SELECT consumer, topic FROM kinbox_dead_letter "        \
+                     "ORDER BY 1, 2",                                         \
         .dead_list =                                                          \
             "SELECT id, consumer, topic, kafka_partition, kafka_offset,"      \
             " message_id, status, attempts, dead_at, error,"                  \

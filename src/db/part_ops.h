@@ -43,8 +43,14 @@ struct kinbox__part_ops {
         /* Create table (absent), partitioned, with only its catch-all(s);
          * first_s: where MySQL's p_past ends. */
         int (*create)(kinbox__db_t *db, const char *table, int64_t first_s);
+        /* The database's clock (ms since the epoch, UTC): the only clock
+         * a range is created or dropped by. */
+        int (*clock)(kinbox__db_t *db, int64_t *now_ms);
         /* Add [start_s, start_s + width_s) above every range of table;
-         * rows of it that a catch-all holds move in. */
+         * rows of it that a catch-all holds move in. Metadata only on
+         * MySQL: p_future is reorganized only when empty (its rows,
+         * future-dated messages, are swapped out to a table and back
+         * around it). */
         int (*add)(kinbox__db_t *db, const char *table, int64_t start_s,
                    int64_t width_s);
         /* Drop the lowest range r of kinbox_inbox, keeping the rows that
@@ -53,15 +59,21 @@ struct kinbox__part_ops {
          * the detached table dropped in one of its own; on MySQL through
          * the table kinbox_inbox_old_<start>). A crash between the steps
          * leaves that table, which finish() completes. *kept: rows
-         * kept. */
+         * kept. Refused (KINBOX_ERR_STATE, db->err) unless r's end is
+         * over ret_ms old by the database's clock, checked in the step
+         * that detaches it, whatever the host's clock says. Metadata only
+         * on both backends: MySQL swaps the range out (EXCHANGE) and
+         * drops the empty partition; p_past is never folded in. */
         int (*drop)(kinbox__db_t *db, const kinbox__range_t *r,
-                    int64_t width_s, uint64_t *kept);
+                    int64_t width_s, int64_t ret_ms, uint64_t *kept);
         /* Complete the drops a crash interrupted. */
         int (*finish)(kinbox__db_t *db);
         /* Conversion of a plain kinbox_inbox into kinbox_inbox_conv:
          * mirror(on) makes every later insert (and delete) of
          * kinbox_inbox reach kinbox_inbox_conv, with the part_at and the
-         * shadow row that the consumer would write; mirror(off) removes
+         * shadow row that the consumer would write (a row without msg_at,
+         * or already keyed by the epoch's range: the epoch's range, no
+         * shadow; copy() likewise); mirror(off) removes
          * it and kinbox_inbox_conv. */
         int (*mirror)(kinbox__db_t *db, bool on, int64_t width_s,
                       int64_t skew_s);
@@ -76,6 +88,11 @@ struct kinbox__part_ops {
          * the operator), kinbox_inbox_conv becomes kinbox_inbox, the
          * mirror goes, and kinbox_partitioning records width and skew. */
         int (*swap)(kinbox__db_t *db, int64_t width_s, int64_t skew_s);
+        /* After a conversion (idempotent): kinbox_partitioning's
+         * legacy_until from the rows copied without msg_at (keyed by the
+         * epoch's range): the latest one's processed_at + ret_ms, when
+         * the catch-all's prune has deleted them all; NULL for none. */
+        int (*legacy)(kinbox__db_t *db, int64_t ret_ms);
         /* One batched delete of catch-all rows processed over age_ms ago:
          * *n rows deleted. */
         int (*prune_catchall)(kinbox__db_t *db, int64_t age_ms, int64_t batch,

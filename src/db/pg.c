@@ -934,6 +934,8 @@ static const struct kinbox__sql pg_sql = {
     .outbox_append = NULL,
     .try_lock = "SELECT pg_try_advisory_lock(hashtext($1))",
     .unlock = "SELECT pg_advisory_unlock(hashtext($1))",
+    .lock_wait = "SELECT 1 FROM pg_advisory_lock(hashtext($1))",
+    .range_count = "SELECT count(*) FROM %.0s%s",
     .migrations_table =
         "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
         " component text NOT NULL, version integer NOT NULL,"

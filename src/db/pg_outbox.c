@@ -552,7 +552,8 @@ pg_listen_drain(kinbox__listener_t *l, bool *woken, char *err, size_t errsz)
 
 #define REQUEUE_SET                                                           \
         "UPDATE kinbox_outbox SET status = 'pending', attempts = 0, "         \
-        "next_attempt_at = now(), version = version + 1, lease_owner = NULL "
+        "last_error = NULL, next_attempt_at = now(), version = version + 1, " \
+        "lease_owner = NULL "
 #define COUNT_NOTIFY                                                          \
         " RETURNING 1) SELECT count(*), pg_notify('kinbox_outbox', '') FROM " \
         "u"

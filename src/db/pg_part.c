@@ -101,10 +101,49 @@ pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
 }
 
 static int
-pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
-        uint64_t *kept)
+pg_clock(kinbox__db_t *db, int64_t *now_ms)
 {
-        (void)width_s;
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db,
+                                  "SELECT floor(extract(epoch FROM "
+                                  "clock_timestamp()) * 1000)::bigint",
+                                  0, NULL, &r);
+        *now_ms = !rc && r->nrows && r->values[0]
+                      ? strtoll(r->values[0], NULL, 10)
+                      : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+/* In the drop's transaction: whether the range ending at end_s is over
+ * ret_ms old by the database's clock; KINBOX_ERR_STATE when it is not. */
+static int
+pg_old_enough(kinbox__db_t *db, const kinbox__range_t *r, int64_t end_s,
+              int64_t ret_ms)
+{
+        char g[200];
+        snprintf(g, sizeof(g),
+                 "SELECT to_timestamp(%" PRId64 ") <= now() - %" PRId64
+                 " * interval '1 millisecond'",
+                 end_s, ret_ms);
+        struct kinbox_rows_s *o = NULL;
+        int rc = db->ops->query(db, g, 0, NULL, -1, &o);
+        bool old = !rc && o->nrows && o->values[0] && o->values[0][0] == 't';
+        kinbox_rows_destroy(o);
+        if (!rc && !old) {
+                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                                  "range %s is not past the retention by the "
+                                  "database's clock: not dropped",
+                                  r->name);
+                rc = KINBOX_ERR_STATE;
+        }
+        return rc;
+}
+
+static int
+pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
+        int64_t ret_ms, uint64_t *kept)
+{
         char d[160], k[1024], x[160];
         snprintf(d, sizeof(d), "ALTER TABLE kinbox_inbox DETACH PARTITION %s",
                  r->name);
@@ -119,8 +158,12 @@ pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
         const char *v[] = {LOCK_WAIT, d};
         int rc = db->ops->begin(db);
         struct kinbox_rows_s *n = NULL;
-        for (size_t i = 0; !rc && i < 2; i++)
-                rc = db->ops->query(db, v[i], 0, NULL, -1, NULL);
+        if (!rc)
+                rc = db->ops->query(db, v[0], 0, NULL, -1, NULL);
+        if (!rc)
+                rc = pg_old_enough(db, r, r->start_s + width_s, ret_ms);
+        if (!rc)
+                rc = db->ops->query(db, v[1], 0, NULL, -1, NULL);
         if (!rc)
                 rc = db->ops->query(db, k, 0, NULL, -1, &n);
         rc = kinbox__db_end(db, rc);
@@ -185,11 +228,14 @@ pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
             "t := coalesce(NEW.msg_at, NEW.processed_at); "
             "p := to_timestamp(floor(extract(epoch FROM t) / %" PRId64
             ") * %" PRId64 "); "
+            "IF NEW.msg_at IS NULL OR NEW.part_at = to_timestamp(0) THEN "
+            "p := to_timestamp(0); END IF; "
             "INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") VALUES "
             "(NEW.consumer, NEW.message_id, NEW.topic, NEW.kafka_partition, "
             "NEW.kafka_offset, NEW.processed_at, NEW.msg_at, p, false) ON "
             "CONFLICT DO NOTHING; "
-            "IF %" PRId64 " > 0 AND extract(epoch FROM p + %" PRId64
+            "IF p > to_timestamp(0) AND %" PRId64
+            " > 0 AND extract(epoch FROM p + %" PRId64
             " * interval '1 second' - t) <= %" PRId64 " THEN "
             "INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") VALUES "
             "(NEW.consumer, NEW.message_id, NEW.topic, NEW.kafka_partition, "
@@ -214,17 +260,21 @@ pg_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
             sql, sizeof(sql),
             "WITH b AS (SELECT consumer, message_id, topic, kafka_partition, "
             "kafka_offset, processed_at, msg_at, coalesce(msg_at, "
-            "processed_at) AS t FROM kinbox_inbox WHERE consumer > $1 OR "
-            "(consumer = $1 AND message_id > $2) ORDER BY consumer, "
+            "processed_at) AS t, (msg_at IS NULL OR part_at = "
+            "to_timestamp(0)) IS TRUE AS e FROM kinbox_inbox WHERE consumer "
+            "> $1 OR (consumer = $1 AND message_id > $2) ORDER BY consumer, "
             "message_id LIMIT %" PRId64 "), "
-            "k AS (SELECT b.*, to_timestamp(floor(extract(epoch FROM t) / "
-            "%" PRId64 ") * %" PRId64 ") AS p FROM b), "
+            /* No record time (written before msg_at, or a record without
+             * a timestamp): the epoch's range, no marker (db/inbox.c). */
+            "k AS (SELECT b.*, CASE WHEN e THEN to_timestamp(0) ELSE "
+            "to_timestamp(floor(extract(epoch FROM t) / %" PRId64
+            ") * %" PRId64 ") END AS p FROM b), "
             "i AS (INSERT INTO kinbox_inbox_conv (" KINBOX__INBOX_COLS ") "
             "SELECT consumer, message_id, topic, kafka_partition, "
             "kafka_offset, processed_at, msg_at, p, false FROM k UNION ALL "
             "SELECT consumer, message_id, topic, kafka_partition, "
             "kafka_offset, processed_at, msg_at, p + %" PRId64
-            " * interval '1 second', true FROM k WHERE %" PRId64
+            " * interval '1 second', true FROM k WHERE NOT e AND %" PRId64
             " > 0 AND extract(epoch FROM p + %" PRId64
             " * interval '1 second' - t) <= %" PRId64 " ON CONFLICT DO "
             "NOTHING) "
@@ -273,6 +323,20 @@ pg_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
 }
 
 static int
+pg_legacy(kinbox__db_t *db, int64_t ret_ms)
+{
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "UPDATE kinbox_partitioning SET legacy_until = (SELECT "
+                 "max(processed_at) FROM kinbox_inbox_default WHERE part_at "
+                 "= to_timestamp(0) AND msg_at IS NULL) + %" PRId64
+                 " * interval '1 millisecond' WHERE table_name = "
+                 "'kinbox_inbox'",
+                 ret_ms);
+        return kinbox__db_query(db, sql, 0, NULL, NULL);
+}
+
+static int
 pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 {
         char sql[400];
@@ -292,6 +356,7 @@ pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
 
 const struct kinbox__part_ops kinbox__pg_part = {
     .list = pg_list,
+    .clock = pg_clock,
     .create = pg_create,
     .add = pg_add,
     .drop = pg_drop,
@@ -299,5 +364,6 @@ const struct kinbox__part_ops kinbox__pg_part = {
     .mirror = pg_mirror,
     .copy = pg_copy,
     .swap = pg_swap,
+    .legacy = pg_legacy,
     .prune_catchall = pg_prune_catchall,
 };

@@ -26,6 +26,14 @@ struct kinbox__sql {
          * row, '1'/'t' when acquired. */
         const char *try_lock;
         const char *unlock;
+        /* $1 lock name: wait for it (up to 10 minutes on MySQL), held by
+         * the session until its connection closes (kinbox migrate: one at
+         * a time per database). One row, '1' when acquired. */
+        const char *lock_wait;
+        /* printf format of (table, range partition name): the exact row
+         * count of one range (kinbox__ranges_read() when the catalog has
+         * no estimate yet). */
+        const char *range_count;
         /* Migrations: the kinbox_schema_migrations table (idempotent DDL)
          * and the text around a migration script so that it applies
          * atomically ("" where DDL commits implicitly: those scripts are
@@ -82,7 +90,9 @@ struct kinbox__sql {
          * destination (a row when paused / unpause). consumer_status: $1
          * consumer: one row of inbox rows, dead letters dead / replayed /
          * discarded, parked messages, held keys, oldest parked_at.
-         * inbox_rows: one row, one count. dead_list: printf format of
+         * inbox_rows: one row, one count. consumers: (consumer, topic)
+         * pairs of the watermarks and dead letters, in order.
+         * dead_list: printf format of
          * (long limit), $1 consumer $2 status (NULL: any). dead_show,
          * dead_status, dead_discard, dead_held, dead_last_follower: $1
          * dead letter id. dead_parked: printf format of (long limit), $1
@@ -91,7 +101,7 @@ struct kinbox__sql {
          * offset. verify_ahead, verify_cover: $1 consumer. Columns as in
          * the callers (dead.c, verify.c, admin.c). */
         const char *ping, *outbox_paused, *outbox_resume;
-        const char *consumer_status, *inbox_rows;
+        const char *consumer_status, *inbox_rows, *consumers;
         const char *dead_list, *dead_show, *dead_parked, *dead_status;
         const char *dead_discard, *dead_held, *dead_last_follower;
         const char *dead_follower_state, *dead_at;

@@ -130,11 +130,44 @@ typedef struct opts {
         int same_key;
 } opts_t;
 
+static void
+usage(FILE *fp, const char *argv0)
+{
+        fprintf(fp,
+                "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT [-d DUP_PERCENT] "
+                "[-u USERS] [-s START] [-e EXPECTED_FILE] [-B BAD_COUNT] "
+                "[-K] [-z BIZDUP_PERMILLE] [-p POISON_PERMILLE] "
+                "[-I MAX_IN_FLIGHT]\n",
+                argv0);
+        if (fp != stdout)
+                return;
+        fputs("Produce COUNT points grants (header message_id = m-<i>, key = "
+              "user,\npayload {\"order_id\":\"o-<i>\",\"user_id\":U,"
+              "\"grant_points\":P}) to TOPIC.\n"
+              "  -d  percent of the messages sent twice with the same id\n"
+              "  -K  the re-sends with the same key (same partition)\n"
+              "  -u  number of users (default 100)\n"
+              "  -s  first message number\n"
+              "  -e  write the expected \"user_id points\" lines to this "
+              "file\n"
+              "  -B  malformed messages to add (they end as dead letters)\n"
+              "  -z  per mille of business duplicates (new id, same order)\n"
+              "  -p  per mille of poison grants (rejected by a CHECK)\n"
+              "  -I  max.in.flight.requests.per.connection\n"
+              "  -h, --help  this help\n",
+              fp);
+}
+
 /* Parse argv into o. Returns -1 to go on, else the exit status. */
 static int
 parse_args(int argc, char **argv, opts_t *o)
 {
         *o = (opts_t){.users = 100};
+        for (int i = 1; i < argc; i++)
+                if (!strcmp(argv[i], "--help")) {
+                        usage(stdout, argv[0]);
+                        return 0;
+                }
         int ch;
         while ((ch = getopt(argc, argv, "b:t:n:d:u:s:e:B:Kz:p:I:h")) != -1) {
                 switch (ch) {
@@ -175,13 +208,7 @@ parse_args(int argc, char **argv, opts_t *o)
                         o->in_flight = optarg;
                         break;
                 default:
-                        fprintf(stderr,
-                                "usage: %s -b BOOTSTRAP -t TOPIC -n COUNT "
-                                "[-d DUP_PERCENT] [-u USERS] [-s START] "
-                                "[-e EXPECTED_FILE] [-B BAD_COUNT] [-K] "
-                                "[-z BIZDUP_PERMILLE] [-p POISON_PERMILLE] "
-                                "[-I MAX_IN_FLIGHT]\n",
-                                argv[0]);
+                        usage(ch == 'h' ? stdout : stderr, argv[0]);
                         return ch == 'h' ? 0 : 2;
                 }
         }
