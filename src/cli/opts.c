@@ -27,9 +27,13 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
             {"older-than", required_argument, NULL, 'o'},
             {"limit", required_argument, NULL, 'l'},
             {"after", required_argument, NULL, 'a'},
+            {"topic", required_argument, NULL, 'T'},
+            {"partition", required_argument, NULL, 'P'},
+            {"to", required_argument, NULL, 't'},
             {"help", no_argument, NULL, 'h'},
             {NULL, 0, NULL, 0}};
         o->limit = 100;
+        o->partition = -1;
         optind = 1;
         opterr = 0;
         int ch;
@@ -84,6 +88,24 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                                 return -1;
                         }
                         break;
+                case 'T':
+                        o->topic = optarg;
+                        break;
+                case 't':
+                        o->to = optarg;
+                        break;
+                case 'P': {
+                        long v = strtol(optarg, &end, 10);
+                        if (*end || v < 0 || v > INT32_MAX) {
+                                fprintf(stderr,
+                                        "kinbox %s: --partition \"%s\": "
+                                        "expected a partition number\n",
+                                        o->cmd, optarg);
+                                return -1;
+                        }
+                        o->partition = (int32_t)v;
+                        break;
+                }
                 case 'a':
                         o->after = strtoll(optarg, &end, 10);
                         if (*end || o->after < 0) {
