@@ -81,10 +81,10 @@ start_at_watermark(kinbox_consumer_t *c, kinbox__part_t *p,
                             " is behind the DB watermark %" PRId64
                             " (a crash between the database's commit and "
                             "the offset commit, or an offset reset to an "
-                            "earlier position): records %" PRId64
-                            "..%" PRId64 " were applied here, starting at %" PRId64,
-                            p->topic, p->partition, p->sp_c, w, p->sp_c,
-                            w - 1, w);
+                            "earlier position): records %" PRId64 "..%" PRId64
+                            " were applied here, starting at %" PRId64,
+                            p->topic, p->partition, p->sp_c, w, p->sp_c, w - 1,
+                            w);
         bool store = p->sp_c != w;
         if (wm->has_identity && p->sp_l >= 0 && w - 1 >= p->sp_l) {
                 tp->offset = w - 1;

@@ -85,8 +85,7 @@ kinbox_startpos_name(kinbox_startpos_t v)
 const char *
 kinbox_startpos_reason(kinbox_startpos_t v)
 {
-        return (unsigned)v < KINBOX__ARRAY_SIZE(texts) ? texts[v].reason
-                                                       : "?";
+        return (unsigned)v < KINBOX__ARRAY_SIZE(texts) ? texts[v].reason : "?";
 }
 
 const char *
@@ -161,7 +160,8 @@ kinbox__wms_read(kinbox__db_t *db, const char *consumer, kinbox__wm_t **out,
         for (size_t i = 0; i < cnt; i++) {
                 const char *ts = kinbox_rows_value(rows, i, 3, NULL);
                 const char *hs = kinbox_rows_value(rows, i, 4, NULL);
-                w[i].topic = kinbox__strdup(kinbox_rows_value(rows, i, 0, NULL));
+                w[i].topic =
+                    kinbox__strdup(kinbox_rows_value(rows, i, 0, NULL));
                 w[i].partition = (int32_t)strtol(
                     kinbox_rows_value(rows, i, 1, NULL), NULL, 10);
                 w[i].next_offset =

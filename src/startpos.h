@@ -35,8 +35,8 @@ typedef struct kinbox__wm {
 /* Read every watermark row of consumer (a connection lost once is tried
  * again). *out (malloc'ed, kinbox__wms_free()) and *n. KINBOX_OK, or the
  * database's error code (db->err). */
-int kinbox__wms_read(kinbox__db_t *db, const char *consumer, kinbox__wm_t **out,
-                     size_t *n);
+int kinbox__wms_read(kinbox__db_t *db, const char *consumer,
+                     kinbox__wm_t **out, size_t *n);
 void kinbox__wms_free(kinbox__wm_t *w, size_t n);
 /* The row of topic/partition in w[0..n), or NULL. */
 const kinbox__wm_t *kinbox__wms_find(const kinbox__wm_t *w, size_t n,

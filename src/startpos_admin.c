@@ -59,7 +59,9 @@ by_tp(const void *a, const void *b)
 {
         const kinbox_offsets_partition_t *x = a, *y = b;
         int c = strcmp(x->topic, y->topic);
-        return c ? c : (x->partition > y->partition) - (x->partition < y->partition);
+        return c ? c
+                 : (x->partition > y->partition) -
+                       (x->partition < y->partition);
 }
 
 /* Whether topic t is one of the consumer's `topics` (and the filter). */
@@ -132,12 +134,11 @@ kafka_side(kinbox_admin_t *adm, rd_kafka_t *rk, kinbox_offsets_t *o)
                 rd_kafka_topic_partition_t *tp =
                     rd_kafka_topic_partition_list_find(l, p->topic,
                                                        p->partition);
-                p->committed = tp && !tp->err && tp->offset >= 0 ? tp->offset
-                                                                 : -1;
+                p->committed =
+                    tp && !tp->err && tp->offset >= 0 ? tp->offset : -1;
                 int64_t lo = -1, hi = -1;
-                if (rd_kafka_query_watermark_offsets(rk, p->topic,
-                                                     p->partition, &lo, &hi,
-                                                     ASK_MS))
+                if (rd_kafka_query_watermark_offsets(
+                        rk, p->topic, p->partition, &lo, &hi, ASK_MS))
                         lo = hi = -1;
                 p->low = lo;
                 p->high = hi;
@@ -152,9 +153,12 @@ static void
 read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
                 const kinbox__wm_t *wms, size_t nwm)
 {
-        static const char *const extra[] = {"enable.auto.commit", "false",
-                                            "auto.offset.reset",  "error",
-                                            "log_level",          "0",
+        static const char *const extra[] = {"enable.auto.commit",
+                                            "false",
+                                            "auto.offset.reset",
+                                            "error",
+                                            "log_level",
+                                            "0",
                                             NULL};
         char e[256];
         kinbox_kafka_t *kk = kinbox_kafka_new(conf, extra, e, sizeof(e));
@@ -169,8 +173,7 @@ read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
                 const kinbox__wm_t *wm =
                     kinbox__wms_find(wms, nwm, p->topic, p->partition);
                 if (!wm || !wm->has_identity || p->low < 0 ||
-                    p->watermark - 1 < p->low ||
-                    p->watermark > p->high)
+                    p->watermark - 1 < p->low || p->watermark > p->high)
                         continue;
                 rd_kafka_topic_partition_list_add(l, p->topic, p->partition)
                     ->offset = p->watermark - 1;
@@ -179,22 +182,25 @@ read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
         if (left && !rd_kafka_assign(rk, l)) {
                 int64_t end = kinbox__now_ms() + 2 * ASK_MS;
                 while (left && kinbox__now_ms() < end) {
-                        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 200);
+                        rd_kafka_message_t *m =
+                            rd_kafka_consumer_poll(rk, 200);
                         if (!m)
                                 continue;
-                        const char *t = m->rkt ? rd_kafka_topic_name(m->rkt)
-                                               : NULL;
+                        const char *t =
+                            m->rkt ? rd_kafka_topic_name(m->rkt) : NULL;
                         const kinbox__wm_t *wm =
                             t ? kinbox__wms_find(wms, nwm, t, m->partition)
                               : NULL;
                         kinbox_offsets_partition_t *p = NULL;
                         for (size_t i = 0; t && i < o->npartitions && !p; i++)
-                                if (o->partitions[i].partition == m->partition &&
+                                if (o->partitions[i].partition ==
+                                        m->partition &&
                                     !strcmp(o->partitions[i].topic, t))
                                         p = &o->partitions[i];
                         if (!m->err && wm && p && p->identity_checked < 0) {
                                 rd_kafka_timestamp_type_t tt;
-                                int64_t ts = rd_kafka_message_timestamp(m, &tt);
+                                int64_t ts =
+                                    rd_kafka_message_timestamp(m, &tt);
                                 uint64_t h = kinbox__record_hash(
                                     m->key, m->key_len, m->payload, m->len);
                                 if (m->offset == wm->next_offset - 1)
@@ -227,9 +233,9 @@ read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
 static kinbox_kafka_t *
 group_client(kinbox_admin_t *adm, const kinbox_conf_t *conf, const char *g)
 {
-        const char *const extra[] = {"group.id", g, "enable.auto.commit",
-                                     "false",    "log_level", "0",
-                                     NULL};
+        const char *const extra[] = {
+            "group.id", g,   "enable.auto.commit", "false", "log_level",
+            "0",        NULL};
         char e[512];
         kinbox_kafka_t *kk = kinbox_kafka_new(conf, extra, e, sizeof(e));
         if (!kk)
@@ -267,8 +273,8 @@ gather(kinbox_admin_t *adm, const kinbox_conf_t *conf, rd_kafka_t *rk,
                 ret = kafka_side(adm, rk, o);
         for (size_t i = 0; !ret && i < o->npartitions; i++) {
                 kinbox_offsets_partition_t *p = &o->partitions[i];
-                p->verdict = kinbox_startpos_classify(p->watermark, p->committed,
-                                                      p->low, p->high);
+                p->verdict = kinbox_startpos_classify(
+                    p->watermark, p->committed, p->low, p->high);
         }
         if (!ret && (flags & KINBOX_OFFSETS_READ_LOG))
                 read_identities(conf, o, wms, nwm);
@@ -281,7 +287,8 @@ gather(kinbox_admin_t *adm, const kinbox_conf_t *conf, rd_kafka_t *rk,
 
 static kinbox_err_t
 run(kinbox_admin_t *adm, const kinbox_conf_t *conf, const char *topic,
-    int32_t partition, int flags, kinbox_offsets_t **outp, kinbox_kafka_t **kkp)
+    int32_t partition, int flags, kinbox_offsets_t **outp,
+    kinbox_kafka_t **kkp)
 {
         *outp = NULL;
         adm->errstr[0] = '\0';

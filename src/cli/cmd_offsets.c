@@ -157,15 +157,14 @@ offsets_reset(ctx_t *x)
                 return KB_EX_USAGE;
         }
         kinbox_offsets_t *o = NULL;
-        kinbox_err_t rc =
-            kinbox_offsets_reset(adm, conf, x->o.topic, x->o.partition,
-                                 x->o.to, x->o.dry_run, &o);
+        kinbox_err_t rc = kinbox_offsets_reset(
+            adm, conf, x->o.topic, x->o.partition, x->o.to, x->o.dry_run, &o);
         int ex = KB_EX_OK;
         if (rc) {
                 fprintf(stderr, "kinbox offsets reset: %s\n",
                         kinbox_admin_errstr(adm));
-                ex = rc == KINBOX_ERR_DB_CONN    ? KB_EX_DB
-                     : rc == KINBOX_ERR_INVALID  ? KB_EX_USAGE
+                ex = rc == KINBOX_ERR_DB_CONN     ? KB_EX_DB
+                     : rc == KINBOX_ERR_INVALID   ? KB_EX_USAGE
                      : rc == KINBOX_ERR_NOT_FOUND ? KB_EX_NOTFOUND
                                                   : KB_EX_RUNTIME;
         } else {
