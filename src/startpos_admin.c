@@ -153,13 +153,21 @@ static void
 read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
                 const kinbox__wm_t *wms, size_t nwm)
 {
-        static const char *const extra[] = {"enable.auto.commit",
-                                            "false",
-                                            "auto.offset.reset",
-                                            "error",
-                                            "log_level",
-                                            "0",
-                                            NULL};
+        /* librdkafka assigns and polls only with a group.id: one of its
+         * own, never joined (assign only), nothing committed. */
+        char g[300];
+        snprintf(g, sizeof(g), "%s.kinbox-offsets-read", o->group);
+        const char *const extra[] = {"group.id",
+                                     g,
+                                     "enable.auto.commit",
+                                     "false",
+                                     "enable.auto.offset.store",
+                                     "false",
+                                     "auto.offset.reset",
+                                     "error",
+                                     "log_level",
+                                     "0",
+                                     NULL};
         char e[256];
         kinbox_kafka_t *kk = kinbox_kafka_new(conf, extra, e, sizeof(e));
         if (!kk)
