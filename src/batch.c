@@ -165,9 +165,10 @@ queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
                          (int64_t)kinbox__record_hash(
                              m->rkm->key, m->rkm->key_len, m->rkm->payload,
                              m->rkm->len));
-                kinbox__param_t p[6] = {{c->name, 0, 0}, {m->part->topic, 0, 0},
-                                        {part, 0, 0},    {off, 0, 0},
-                                        {ts, 0, 0},      {hash, 0, 0}};
+                kinbox__param_t p[6] = {
+                    {c->name, 0, 0}, {m->part->topic, 0, 0},
+                    {part, 0, 0},    {off, 0, 0},
+                    {ts, 0, 0},      {hash, 0, 0}};
                 int rc = w->db->ops->exec(
                     w->db, w->db->ops->sql->offsets_upsert, 6, p, -1);
                 if (rc)

@@ -551,8 +551,8 @@ parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
         for (int k = 0; k < c->nworkers; k++)
                 pthread_mutex_lock(&c->workers[k].lock);
         for (int i = 0; pl && i < pl->cnt; i++) {
-                kinbox__part_t *p =
-                    kinbox__part_find(c, pl->elems[i].topic, pl->elems[i].partition);
+                kinbox__part_t *p = kinbox__part_find(c, pl->elems[i].topic,
+                                                      pl->elems[i].partition);
                 if (p)
                         p->revoked = true;
         }

@@ -729,12 +729,9 @@ KINBOX_API kinbox_err_t kinbox_offsets_list(kinbox_admin_t *adm,
  * @remark Same thread rules as @p adm. Stop every consumer of the group
  *         first: a running one would overwrite the watermark.
  */
-KINBOX_API kinbox_err_t kinbox_offsets_reset(kinbox_admin_t *adm,
-                                             const kinbox_conf_t *conf,
-                                             const char *topic,
-                                             int32_t partition,
-                                             const char *to, int dry_run,
-                                             kinbox_offsets_t **outp);
+KINBOX_API kinbox_err_t kinbox_offsets_reset(
+    kinbox_admin_t *adm, const kinbox_conf_t *conf, const char *topic,
+    int32_t partition, const char *to, int dry_run, kinbox_offsets_t **outp);
 
 /** @brief Free a kinbox_offsets_list() / kinbox_offsets_reset() result.
  *         NULL is a no-op. */

@@ -33,8 +33,8 @@ start_gaps(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jg,
            int *gaps)
 {
         char err[512] = "";
-        kinbox_offsets_t *o =
-            kb_start_positions(conf, KINBOX_OFFSETS_READ_LOG, err, sizeof(err));
+        kinbox_offsets_t *o = kb_start_positions(conf, KINBOX_OFFSETS_READ_LOG,
+                                                 err, sizeof(err));
         if (!o) {
                 if (!x->o.json)
                         printf("note %s: start positions not checked: %s\n",

@@ -47,6 +47,33 @@ migrate_usage(FILE *fp)
                     "  -h, --help         this text\n");
 }
 
+static void
+offsets_usage(FILE *fp)
+{
+        fprintf(fp, "usage: kinbox offsets list -c FILE [--consumer NAME] "
+                    "[--topic T [--partition P]]\n"
+                    "                           [--json]\n"
+                    "       kinbox offsets reset -c FILE --consumer NAME "
+                    "--to POSITION\n"
+                    "                            [--topic T [--partition "
+                    "P]] [--dry-run] [--json]\n\n"
+                    "list prints, per partition, the DB watermark (next "
+                    "offset to apply), Kafka's\ncommitted offset of the "
+                    "group, the log's start and end, and the verdict "
+                    "`kinbox\nrun` applies at assignment (it reads the "
+                    "record at the watermark again to\ncheck the topic's "
+                    "incarnation). A REFUSED partition is paused by "
+                    "`kinbox run`\nuntil reset.\n\n"
+                    "reset moves both sides to POSITION: earliest (log "
+                    "start), latest (log end),\ncommitted (Kafka's), "
+                    "watermark (the database's) or an offset; Kafka's "
+                    "offsets\nare committed for the group, then the "
+                    "watermarks set (their record identity\ncleared). "
+                    "Stop the group's consumers first: Kafka refuses the "
+                    "commit while\nthe group has members. --dry-run "
+                    "prints the plan and changes nothing.\n");
+}
+
 void
 kb_usage(FILE *fp)
 {
@@ -182,29 +209,7 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "pending longer than --older-than. Exit status 1 "
                         "when a\ngap is found.\n");
         else if (!strcmp(cmd, "offsets"))
-                fprintf(fp,
-                        "usage: kinbox offsets list -c FILE [--consumer NAME] "
-                        "[--topic T [--partition P]]\n"
-                        "                           [--json]\n"
-                        "       kinbox offsets reset -c FILE --consumer NAME "
-                        "--to POSITION\n"
-                        "                            [--topic T [--partition "
-                        "P]] [--dry-run] [--json]\n\n"
-                        "list prints, per partition, the DB watermark (next "
-                        "offset to apply), Kafka's\ncommitted offset of the "
-                        "group, the log's start and end, and the verdict "
-                        "`kinbox\nrun` applies at assignment (it reads the "
-                        "record at the watermark again to\ncheck the topic's "
-                        "incarnation). A REFUSED partition is paused by "
-                        "`kinbox run`\nuntil reset.\n\n"
-                        "reset moves both sides to POSITION: earliest (log "
-                        "start), latest (log end),\ncommitted (Kafka's), "
-                        "watermark (the database's) or an offset; Kafka's "
-                        "offsets\nare committed for the group, then the "
-                        "watermarks set (their record identity\ncleared). "
-                        "Stop the group's consumers first: Kafka refuses the "
-                        "commit while\nthe group has members. --dry-run "
-                        "prints the plan and changes nothing.\n");
+                offsets_usage(fp);
         else if (!strcmp(cmd, "prune"))
                 fprintf(fp,
                         "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"

@@ -683,9 +683,9 @@ out:
  * mysql_insert_id() after the INSERT alone.
  */
 static const struct kinbox__sql my_sql = {
+    /* The identity first: MariaDB assigns left to right, each assignment
+     * seeing the ones before it. */
     .offsets_upsert =
-        /* The identity first: MariaDB assigns left to right, each
-         * assignment seeing the ones before it. */
         "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
         "next_offset, last_ts, last_hash, updated_at) VALUES ($1, $2, $3, "
         "$4, $5, $6, CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
