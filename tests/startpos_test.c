@@ -18,7 +18,8 @@
  *     the record at W-1 is read again and dropped, nothing applied twice,
  *     nothing skipped;
  *  5. `kinbox verify` (exit 1), `kinbox status` and `kinbox offsets list`
- *     report each disagreement.
+ *     report each disagreement; `kinbox run`'s /readyz answers 503 and
+ *     /metrics counts the refused partition.
  *
  * Runs only as startpos_test@kafka (KT_BROKER=kafka): topics are deleted
  * and created again, offsets committed for groups, as on a real broker.
@@ -26,12 +27,16 @@
 #include "harness.h"
 #include "metrics.h"
 
+#include <arpa/inet.h>
 #include <librdkafka/rdkafka.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define SUM "SELECT COALESCE(SUM(amount), 0) FROM sp_balance"
@@ -482,4 +487,136 @@ ParameterizedTest(int *backend, startpos, crash_behind, .timeout = 300)
         cr_assert(strstr(out, "\"identity_matches\": true") != NULL, "%s",
                   out);
         free(out);
+}
+
+/* ---- 5. `kinbox run`: /readyz and /metrics while a partition is refused */
+
+/* GET path from 127.0.0.1:port: the HTTP status (-1: no answer), the body
+ * in *body (malloc'ed). */
+static int
+http_get(int port, const char *path, char **body)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+                close(fd);
+                return -1;
+        }
+        char req[256];
+        snprintf(req, sizeof(req),
+                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+        size_t cap = 1 << 17, n = 0;
+        char *buf = malloc(cap);
+        cr_assert(buf != NULL);
+        for (ssize_t r; (r = read(fd, buf + n, cap - n - 1)) > 0;)
+                n += (size_t)r;
+        close(fd);
+        buf[n] = '\0';
+        int status = -1;
+        sscanf(buf, "HTTP/1.%*d %d", &status);
+        char *b = strstr(buf, "\r\n\r\n");
+        *body = strdup(b ? b + 4 : "");
+        free(buf);
+        return status;
+}
+
+/* Poll path until it answers want and its body holds has (NULL: any), up
+ * to 60 s; returns the last status, the last body in *body. */
+static int
+wait_http(int port, const char *path, int want, const char *has, char **body)
+{
+        int st = -1;
+        *body = NULL;
+        for (int i = 0; i < 600; i++) {
+                free(*body);
+                st = http_get(port, path, body);
+                if (st == want && (!has || strstr(*body, has)))
+                        break;
+                usleep(100000);
+        }
+        return st;
+}
+
+static char *
+run_ini(const char *url, const char *group, const char *topic, int port)
+{
+        return kt_write_ini(url,
+                            "[consumer.points]\ngroup.id = %s\n"
+                            "topics = %s\nhandler = points\n"
+                            "[metrics]\nlisten = 127.0.0.1:%d\n",
+                            group, topic, port);
+}
+
+KT_BACKENDS_PARAMS(startpos, readyz_while_refused)
+ParameterizedTest(int *backend, startpos, readyz_while_refused, .timeout = 300)
+{
+        need_kafka();
+        char *url1 = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("sp_rz");
+        char *group = kt_unique("g_rz");
+        kt_topic(topic, 1);
+        long long total = kt_produce_grants(topic, 0, 20, 0, "o", 0, NULL);
+        char *ini1 = run_ini(url1, group, topic, kt_free_port());
+        char *log1 = kt_tmp("sp_rz1");
+        pid_t pid = kt_spawn_kinbox(ini1, NULL, log1);
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url1, "SELECT COUNT(*) FROM kinbox_inbox", 20, 90),
+               20));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log1);
+
+        /* A new database under the same group. */
+        char *url2 = kt_fresh_db(kt_backend(*backend));
+        int port = kt_free_port();
+        char *ini2 = run_ini(url2, group, topic, port);
+        char *log2 = kt_tmp("sp_rz2");
+        pid = kt_spawn_kinbox(ini2, NULL, log2);
+        char *body = NULL;
+        cr_assert(
+            eq(int, wait_http(port, "/readyz", 503, "refused", &body), 503),
+            "%s", body);
+        free(body);
+        cr_assert(eq(int,
+                     wait_http(port, "/metrics", 200,
+                               "kinbox_consumer_partitions_refused{"
+                               "consumer=\"points\"} 1",
+                               &body),
+                     200));
+        cr_assert(strstr(body, "kinbox_consumer_partitions_refused{"
+                               "consumer=\"points\"} 1") != NULL,
+                  "%s", body);
+        free(body);
+        cr_assert(
+            eq(i64, kt_qint(url2, "SELECT COUNT(*) FROM kinbox_inbox"), 0));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log2);
+        char *s = kt_slurp(log2);
+        cr_assert(s && strstr(s, "refused (unknown_group)") &&
+                      strstr(s, group),
+                  "%s", s ? s : "");
+        free(s);
+
+        char *out = NULL;
+        cr_assert(eq(int,
+                     kb(&out, "offsets reset --consumer points --to earliest",
+                        ini2, NULL),
+                     0),
+                  "%s", out);
+        free(out);
+        pid = kt_spawn_kinbox(ini2, NULL, log2);
+        cr_assert(eq(int, wait_http(port, "/readyz", 200, NULL, &body), 200),
+                  "%s", body);
+        free(body);
+        cr_assert(
+            eq(i64,
+               kt_wait_qint(url2, "SELECT COUNT(*) FROM kinbox_inbox", 20, 90),
+               20));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log2);
+        kt_assert_points(url2, total, 20);
 }
