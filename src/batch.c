@@ -7,6 +7,7 @@
 #include "fate.h"
 #include "hdrcodec.h"
 #include "hold.h"
+#include "startpos.h"
 #include "metrics.h"
 #include "settings.h"
 
@@ -153,15 +154,23 @@ queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
                         if (later)
                                 continue;
                 }
-                char part[16], off[24];
+                /* With the identity of the record at W-1 (this one): on
+                 * the next assignment the consumer reads it again to see
+                 * that the log is the one these effects came from. */
+                char part[16], off[24], ts[24], hash[24];
                 snprintf(part, sizeof(part), "%" PRId32, m->rkm->partition);
                 snprintf(off, sizeof(off), "%" PRId64, m->rkm->offset + 1);
-                kinbox__param_t p[4] = {{c->name, 0, 0},
-                                        {m->part->topic, 0, 0},
-                                        {part, 0, 0},
-                                        {off, 0, 0}};
+                snprintf(ts, sizeof(ts), "%" PRId64, m->ts);
+                snprintf(hash, sizeof(hash), "%" PRId64,
+                         (int64_t)kinbox__record_hash(
+                             m->rkm->key, m->rkm->key_len, m->rkm->payload,
+                             m->rkm->len));
+                kinbox__param_t p[6] = {
+                    {c->name, 0, 0}, {m->part->topic, 0, 0},
+                    {part, 0, 0},    {off, 0, 0},
+                    {ts, 0, 0},      {hash, 0, 0}};
                 int rc = w->db->ops->exec(
-                    w->db, w->db->ops->sql->offsets_upsert, 4, p, -1);
+                    w->db, w->db->ops->sql->offsets_upsert, 6, p, -1);
                 if (rc)
                         return rc;
         }

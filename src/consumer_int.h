@@ -125,6 +125,15 @@ struct kinbox__part {
         /* Its holds could not be read at assignment: its messages wait
          * until its worker read them (hold.c; under w->lock). */
         bool hold_unknown;
+        /* Start position (consumer_startpos.c; main thread only). refused:
+         * paused for good, its messages dropped, no offset stored. verify:
+         * the first message must be the record at verify_off (W-1) with
+         * this identity; it is dropped, then W stored when store_w. */
+        bool refused;
+        bool verify, store_w;
+        int64_t verify_off, verify_ts;
+        uint64_t verify_hash;
+        int64_t sp_w, sp_c, sp_l, sp_h; /* as found at assignment */
 };
 
 struct kinbox__worker {
@@ -257,6 +266,27 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
 /* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
  * or was abandoned; pops the committed messages from their partitions. */
 void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
+
+/* ---- consumer.c */
+kinbox__part_t *kinbox__part_find(kinbox_consumer_t *c, const char *topic,
+                                  int32_t partition);
+
+/* ---- consumer_startpos.c: start positions (docs/failures.md) */
+/* Rebalance callback, partitions of pl already in c->parts: classify each
+ * one's start (kinbox_startpos_classify()) and set its offset in pl; the
+ * ones to store at once go to ahead, the refused ones to refuse (to pause
+ * right after the assignment). */
+void kinbox__startpos_assign(kinbox_consumer_t *c,
+                             rd_kafka_topic_partition_list_t *pl,
+                             rd_kafka_topic_partition_list_t *ahead,
+                             rd_kafka_topic_partition_list_t *refuse);
+/* Polling thread, before a message of p is handed on: true when it was
+ * taken here (p refused, or the W-1 record of the identity check; rkm is
+ * then destroyed). */
+bool kinbox__startpos_take(kinbox_consumer_t *c, kinbox__part_t *p,
+                           rd_kafka_message_t *rkm);
+/* Polling thread: kinbox_consumer_partitions_refused from c->parts. */
+void kinbox__startpos_gauge(kinbox_consumer_t *c);
 
 /* ---- shared by consumer.c and batch.c */
 static inline bool

@@ -72,6 +72,11 @@ static const family_t families[] = {
     {"kinbox_consumer_assigned_partitions", M_GAUGE,
      "Partitions assigned to the consumer; -1 before the first assignment.",
      NULL, 0},
+    {"kinbox_consumer_partitions_refused", M_GAUGE,
+     "Assigned partitions the consumer refuses to start (the database's "
+     "watermark and Kafka's state disagree in a way that would skip "
+     "records): paused until `kinbox offsets reset` resolves them.",
+     NULL, 0},
     {"kinbox_outbox_pending", M_GAUGE,
      "Pending outbox rows per destination (sampled at scrape time).", NULL, 0},
     {"kinbox_outbox_oldest_pending_seconds", M_GAUGE,

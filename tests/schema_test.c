@@ -469,6 +469,8 @@ static const char *const db_cmds[] = {"run",
                                       "outbox pause d",
                                       "outbox resume d",
                                       "verify",
+                                      "offsets list",
+                                      "offsets reset --consumer p --to earliest",
                                       "prune",
                                       "prune --dry-run",
                                       "reconcile"};

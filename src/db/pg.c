@@ -923,8 +923,15 @@ out:
 static const struct kinbox__sql pg_sql = {
     .offsets_upsert =
         "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
-        "next_offset, updated_at) VALUES ($1, $2, $3, $4, now()) "
+        "next_offset, last_ts, last_hash, updated_at) VALUES ($1, $2, $3, "
+        "$4, $5, $6, now()) "
         "ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE SET "
+        "last_ts = CASE WHEN EXCLUDED.next_offset >= "
+        "kinbox_offsets.next_offset THEN EXCLUDED.last_ts ELSE "
+        "kinbox_offsets.last_ts END, "
+        "last_hash = CASE WHEN EXCLUDED.next_offset >= "
+        "kinbox_offsets.next_offset THEN EXCLUDED.last_hash ELSE "
+        "kinbox_offsets.last_hash END, "
         "next_offset = GREATEST(kinbox_offsets.next_offset, "
         "EXCLUDED.next_offset), updated_at = now()",
     .dead_letter_insert =
