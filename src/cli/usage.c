@@ -214,9 +214,8 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "(kinbox offsets list).\nAnd the outbox: rows "
                         "pending longer than --older-than. Exit status 1 "
                         "when a\ngap is found, 4 when there was nothing to "
-                        "check (no partition\nwith a watermark, an empty "
-                        "outbox). Without any [consumer.NAME], the\n"
-                        "consumers recorded in the database are verified.\n");
+                        "check. Without any [consumer.NAME],\nthe consumers "
+                        "recorded in the database are verified.\n");
         else if (!strcmp(cmd, "offsets"))
                 offsets_usage(fp);
         else if (!strcmp(cmd, "prune"))
