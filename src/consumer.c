@@ -752,14 +752,16 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
                 rd_kafka_message_destroy(rkm);
                 return;
         }
-        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
+        kinbox_msg_t *m = kinbox__msg_alloc(rkm->payload, rkm->len);
         if (!m) {
                 rd_kafka_message_destroy(rkm);
                 return;
         }
         m->rkm = rkm;
         m->part = p;
+        const void *payload = m->v.payload;
         kinbox__msgview_of(rkm, &m->v);
+        m->v.payload = payload; /* the copy with its NUL */
         rd_kafka_timestamp_type_t tstype;
         m->ts = rd_kafka_message_timestamp(rkm, &tstype);
         char why[300];

@@ -234,6 +234,10 @@ struct kinbox_consumer_s {
 };
 
 /* ---- msg.c */
+/* A zeroed message holding a copy of payload (len bytes, NULL: none)
+ * followed by a NUL, m->v.payload/len set; NULL when out of memory. Free
+ * with kinbox__msg_free(). */
+kinbox_msg_t *kinbox__msg_alloc(const void *payload, size_t len);
 void kinbox__msg_free(kinbox_msg_t *m);
 /* Replace the message's reason (a copy; NULL or "" -> "no reason given"). */
 void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);

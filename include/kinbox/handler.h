@@ -112,9 +112,17 @@ KINBOX_API int32_t kinbox_msg_partition(const kinbox_msg_t *msg);
 KINBOX_API int64_t kinbox_msg_offset(const kinbox_msg_t *msg);
 /** @brief Kafka timestamp in milliseconds since the epoch, -1 if none. */
 KINBOX_API int64_t kinbox_msg_timestamp(const kinbox_msg_t *msg);
-/** @brief Key bytes (NULL for a null key); length in @p sizep. */
+/** @brief Key bytes (NULL for a null key), not NUL-terminated; length in
+ *  @p sizep. */
 KINBOX_API const void *kinbox_msg_key(const kinbox_msg_t *msg, size_t *sizep);
-/** @brief Payload bytes (NULL for a null payload); length in @p sizep. */
+/**
+ * @brief Payload bytes (NULL for a null payload); length in @p sizep.
+ *
+ * The bytes are followed by a NUL that @p sizep does not count (as
+ * hiredis does for replies), so a text payload can be read as a C string:
+ * `sscanf(p, ...)` and `strtol(p, ...)` stop at the payload's end. The
+ * payload may itself contain NUL bytes; @p sizep is its true length.
+ */
 KINBOX_API const void *kinbox_msg_payload(const kinbox_msg_t *msg,
                                           size_t *sizep);
 /** @brief The message id used for deduplication (NUL-terminated). */
