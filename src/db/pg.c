@@ -459,8 +459,11 @@ stmt_find(const pg_t *pg, const char *sql)
         return -1;
 }
 
+/* The cache index of sql, its Parse queued first when needed: a Parse
+ * that fails (an undefined table, a syntax error) is charged to tag, the
+ * statement that needed it. */
 static int
-stmt_lookup(kinbox__db_t *db, const char *sql, int n)
+stmt_lookup(kinbox__db_t *db, const char *sql, int n, int tag)
 {
         pg_t *pg = PG(db);
         for (size_t i = 0; i < pg->nstmts; i++)
@@ -475,7 +478,7 @@ stmt_lookup(kinbox__db_t *db, const char *sql, int n)
                                            NULL))
                                 return -1;
                         pg->stmts[i].prepared = true;
-                        if (qpush(db, K_PREPARE, -1, (int)i))
+                        if (qpush(db, K_PREPARE, tag, (int)i))
                                 return -1;
                         return (int)i;
                 }
@@ -492,7 +495,7 @@ stmt_lookup(kinbox__db_t *db, const char *sql, int n)
                 return -1;
         s->prepared = false;
         pg->nstmts++;
-        return stmt_lookup(db, sql, n);
+        return stmt_lookup(db, sql, n, tag);
 }
 
 static int
@@ -512,7 +515,7 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
          * statements go unprepared rather than pile up on the server. */
         int si = -2;
         if (pg->nstmts < STMT_CACHE_MAX || stmt_find(pg, sql) >= 0)
-                si = stmt_lookup(db, sql, n);
+                si = stmt_lookup(db, sql, n, tag);
         if (si == -1)
                 return fail_conn(db, tag, "prepare");
         const char *vs[64];
