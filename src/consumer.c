@@ -16,6 +16,7 @@
  * (or, on a clean stream, one rollback); its neighbours commit once.
  */
 #include "consumer_int.h"
+#include "held.h"
 #include "db.h"
 #include "hold.h"
 #include "internal.h"
@@ -323,6 +324,8 @@ part_free(kinbox__part_t *p)
                 m = n;
         }
         kinbox__hold_free(p);
+        if (p->w)
+                kinbox__held_forget(p->w->c, p);
         free(p->topic);
         free(p);
 }
@@ -1227,6 +1230,7 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                       kinbox__m_labels(alab, sizeof(alab), "consumer", c->name,
                                        (char *)NULL),
                       -1);
+        kinbox__held_gauge(c);
         kinbox_err_t ret = workers_start(c);
         if (!ret) {
                 rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, c->topics);

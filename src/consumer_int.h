@@ -102,7 +102,11 @@ typedef enum kinbox__fate {
         KINBOX__FATE_DEAD,
         /* The event was already applied (KINBOX_RESULT_DUPLICATE, or a
          * kinbox_tx_exec_unique() statement's unique violation). */
-        KINBOX__FATE_BIZDUP
+        KINBOX__FATE_BIZDUP,
+        /* No retry can fix it and the message is not to blame (an
+         * undefined table, a missing privilege: dberr.deploy): its
+         * partition is held (held.c), the attempt not charged. */
+        KINBOX__FATE_HOLD
 } kinbox__fate_t;
 
 struct kinbox__holdset;
@@ -125,6 +129,11 @@ struct kinbox__part {
         /* Its holds could not be read at assignment: its messages wait
          * until its worker read them (hold.c; under w->lock). */
         bool hold_unknown;
+        /* Held by an error no retry can fix (held.c; its worker): since
+         * when, attempts, the last error line. */
+        bool held;
+        int held_n;
+        int64_t held_since_ms, held_log_ms;
 };
 
 struct kinbox__worker {
@@ -228,6 +237,11 @@ struct kinbox_consumer_s {
         char *hold_src;
         int64_t release_poll;
         atomic_uint_fast64_t st_parked, st_released;
+        atomic_int st_held; /* partitions held (held.c) */
+        /* Hidden batch splits (batch.c): counted, the count at the last
+         * notice, and when it was logged (monotonic ms). */
+        atomic_uint_fast64_t st_splits, st_splits_logged;
+        atomic_int_fast64_t split_log_ms;
         atomic_uint_fast64_t st_processed, st_dup, st_bizdup, st_dead,
             st_retried, st_batches, st_rolled_back;
         char errstr[512];
