@@ -1136,9 +1136,16 @@ run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
         db->nnone = 0;
         if (w->hold_dead)
                 kinbox__hold_committed(c, w);
-        for (size_t i = 0; i < w->nmsgs; i++)
-                if (w->msgs[i]->state != KINBOX__MSG_CUT)
-                        kinbox__held_release(c, w->msgs[i]->part);
+        /* A held partition whose messages all committed is free. */
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox__part_t *p = w->msgs[i]->part;
+                bool cut = false;
+                for (size_t j = i; p->held && j < w->nmsgs && !cut; j++)
+                        cut = w->msgs[j]->part == p &&
+                              w->msgs[j]->state == KINBOX__MSG_CUT;
+                if (p->held && !cut)
+                        kinbox__held_release(c, p);
+        }
         store_offsets(c, w);
         batch_committed(c, w, mlab, t_begin);
         return RUN_DONE;
