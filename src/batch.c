@@ -671,6 +671,45 @@ hold_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
         }
 }
 
+/* Charge failure f of group g: the message's fate, or how the group is
+ * narrowed down to it. True when a suspect was cut out of the group. */
+static bool
+charge(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f,
+       size_t g)
+{
+        kinbox__db_t *db = w->db;
+        bool cut = false;
+        if ((f->kind == FL_GROUP && !f->by_result) || f->kind == FL_MERGED)
+                split_noted(c, &db->err);
+        if (f->kind == FL_MSG) {
+                fail_msg(c, w, f->idx, f->fate,
+                         f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
+                /* The culprit is out: the group's next batch handler call
+                 * is set-based again. A set-based call's row named it:
+                 * what follows it becomes a group of its own. */
+                if (c->batch_handler && !c->handler && !wk->single[g] &&
+                    wk->iso)
+                        split_at(wk, g, f->idx + 1);
+                wk->single[g] = false;
+        } else if (f->kind == FL_GROUP && !f->by_result && wk->iso &&
+                   f->suspect && cut_suspect(wk, g, f->suspect - 1)) {
+                /* The suspect runs alone between the rest of the group:
+                 * its own statement's failure is what charges it. */
+                cut = true;
+        } else if (f->kind == FL_GROUP && !f->by_result) {
+                /* Narrow it down to the message: one message at a time
+                 * when the handler's one-message call needs no round trip
+                 * (its statements are pipelined: a group's worth of them
+                 * costs less than the 2 log2(group) set-based calls, each
+                 * waiting, of a bisection), else by bisection. */
+                if (!wk->iso || w->one_call == KINBOX__ONE_CALL_NO_WAIT ||
+                    !bisect(wk, g))
+                        wk->single[g] = true;
+        } else if (f->kind == FL_MERGED)
+                wk->no_merge = true; /* the rows one by one pin it */
+        return cut;
+}
+
 /*
  * Charge failure f and make the transaction usable again: in isolation
  * mode roll back to the failing group's savepoint and go on from there;
@@ -715,37 +754,9 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                 return RUN_BACKOFF;
         }
         size_t g = f->kind == FL_MSG ? group_of(wk, f->idx) : f->idx;
-        bool cut = false;
         if (g + 1 < wk->ngroups)
                 wk->suspect[g + 1] = false; /* the failure was before it */
-        if ((f->kind == FL_GROUP && !f->by_result) || f->kind == FL_MERGED)
-                split_noted(c, &db->err);
-        if (f->kind == FL_MSG) {
-                fail_msg(c, w, f->idx, f->fate,
-                         f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
-                /* The culprit is out: the group's next batch handler call
-                 * is set-based again. A set-based call's row named it:
-                 * what follows it becomes a group of its own. */
-                if (c->batch_handler && !c->handler && !wk->single[g] &&
-                    wk->iso)
-                        split_at(wk, g, f->idx + 1);
-                wk->single[g] = false;
-        } else if (f->kind == FL_GROUP && !f->by_result && wk->iso &&
-                   f->suspect && cut_suspect(wk, g, f->suspect - 1)) {
-                /* The suspect runs alone between the rest of the group:
-                 * its own statement's failure is what charges it. */
-                cut = true;
-        } else if (f->kind == FL_GROUP && !f->by_result) {
-                /* Narrow it down to the message: one message at a time
-                 * when the handler's one-message call needs no round trip
-                 * (its statements are pipelined: a group's worth of them
-                 * costs less than the 2 log2(group) set-based calls, each
-                 * waiting, of a bisection), else by bisection. */
-                if (!wk->iso || w->one_call == KINBOX__ONE_CALL_NO_WAIT ||
-                    !bisect(wk, g))
-                        wk->single[g] = true;
-        } else if (f->kind == FL_MERGED)
-                wk->no_merge = true; /* the rows one by one pin it */
+        bool cut = charge(c, w, wk, f, g);
         /* A group call whose suspect was cut out counts as exact: its
          * group runs again with no narrowing but the suspect's call. So
          * does a suspect outside isolation mode (the batch runs again

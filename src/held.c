@@ -15,10 +15,10 @@ void
 kinbox__held_gauge(kinbox_consumer_t *c)
 {
         char l[300];
-        kinbox__m_set("kinbox_consumer_held_partitions",
-                      kinbox__m_labels(l, sizeof(l), "consumer", c->name,
-                                       (char *)NULL),
-                      (double)atomic_load(&c->st_held));
+        kinbox__m_set(
+            "kinbox_consumer_held_partitions",
+            kinbox__m_labels(l, sizeof(l), "consumer", c->name, (char *)NULL),
+            (double)atomic_load(&c->st_held));
 }
 
 void
@@ -62,9 +62,8 @@ kinbox__held_hold(kinbox_consumer_t *c, kinbox_msg_t *m,
                     "once the database is fixed",
                     c->name, p->topic, p->partition, kinbox_msg_offset(m),
                     m->id ? m->id : "(none)", p->held_n,
-                    p->held_n == 1 ? "" : "s",
-                    (now - p->held_since_ms) / 1000, e->msg,
-                    e->stmt[0] ? " (statement: " : "", e->stmt,
+                    p->held_n == 1 ? "" : "s", (now - p->held_since_ms) / 1000,
+                    e->msg, e->stmt[0] ? " (statement: " : "", e->stmt,
                     e->stmt[0] ? ")" : "");
 }
 

@@ -244,8 +244,8 @@ ParameterizedTest(int *backend, failures, classes, .timeout = 180)
         char *topic = kt_unique("tfcl");
         kt_topic(topic, 1);
         static const char *const kinds[] = {
-            "ok",     "dup",  "biz", "claim", "retry", "reject", "uniq",
-            "check",  "notnull", "data", "fk",  "else",  "column", "ok"};
+            "ok",    "dup",     "biz",  "claim", "retry", "reject", "uniq",
+            "check", "notnull", "data", "fk",    "else",  "column", "ok"};
         size_t nk = sizeof(kinds) / sizeof(*kinds);
         kt_producer_t *p = kt_producer_new();
         for (size_t i = 0; i < nk; i++) {
@@ -272,9 +272,9 @@ ParameterizedTest(int *backend, failures, classes, .timeout = 180)
                      kt_qint(url, "SELECT COALESCE(SUM(next_offset), 0) "
                                   "FROM kinbox_offsets"),
                      12));
-        cr_assert(eq(dbl, metric("kinbox_consumer_held_partitions", "classes",
-                                 NULL),
-                     1.0));
+        cr_assert(
+            eq(dbl, metric("kinbox_consumer_held_partitions", "classes", NULL),
+               1.0));
         cr_assert(metric("kinbox_consumer_held_errors_total", "classes",
                          my ? "1054" : "42703") >= 2.0);
         cr_assert(eq(i64,
@@ -289,11 +289,11 @@ ParameterizedTest(int *backend, failures, classes, .timeout = 180)
         cr_assert(eq(i64, at, (long long)nk + 1));
         kinbox_consumer_stats_t st;
         kt_run_stop_stats(r, &st);
-        cr_assert(eq(dbl, metric("kinbox_consumer_held_partitions", "classes",
-                                 NULL),
-                     0.0));
-        cr_assert(eq(int, log_count(KINBOX_LOG_NOTICE, "resumed", topic, NULL),
-                     1));
+        cr_assert(
+            eq(dbl, metric("kinbox_consumer_held_partitions", "classes", NULL),
+               0.0));
+        cr_assert(
+            eq(int, log_count(KINBOX_LOG_NOTICE, "resumed", topic, NULL), 1));
         /* Effects: the two "ok", and "column" once fixed; the business
          * duplicate's side effect and the rejected message's undone. */
         cr_assert(eq(i64,
@@ -334,8 +334,8 @@ ParameterizedTest(int *backend, failures, classes, .timeout = 180)
                                   "WHERE message_id IS NULL AND attempts = 0 "
                                   "AND error = 'no header \"message_id\"'"),
                      1));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     9));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 9));
         cr_assert(eq(u64, st.dead, 9));
         cr_assert(eq(u64, st.processed, 3));
 }
@@ -394,13 +394,13 @@ ParameterizedTest(int *backend, failures, undefined_table_holds,
         /* Held, not dead-lettered: many attempts, far past retry.max. */
         cr_assert(metric("kinbox_consumer_held_errors_total", "credits",
                          cause) >= 10);
-        cr_assert(eq(dbl, metric("kinbox_consumer_held_partitions", "credits",
-                                 NULL),
-                     2.0));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     0));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_offsets"),
-                     0));
+        cr_assert(
+            eq(dbl, metric("kinbox_consumer_held_partitions", "credits", NULL),
+               2.0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_offsets"), 0));
         /* One error line per partition (rate-limited), naming consumer,
          * topic, partition, offset, message id, cause and statement. */
         cr_assert(eq(int,
@@ -414,9 +414,9 @@ ParameterizedTest(int *backend, failures, undefined_table_holds,
                                "[1] offset 0 message m1", NULL),
                      1),
                   "log:\n%s", g_log.buf);
-        cr_assert(eq(int, log_count(KINBOX_LOG_ERR, "partition held", NULL),
-                     2),
-                  "log:\n%s", g_log.buf);
+        cr_assert(
+            eq(int, log_count(KINBOX_LOG_ERR, "partition held", NULL), 2),
+            "log:\n%s", g_log.buf);
         /* The fix: the table appears; every credit applies once. */
         /* (Filled before it is visible: an UPDATE of an empty table
          * would apply nothing.) */
@@ -430,17 +430,17 @@ ParameterizedTest(int *backend, failures, undefined_table_holds,
         cr_assert(eq(i64, at, 13));
         kinbox_consumer_stats_t st;
         kt_run_stop_stats(r, &st);
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT balance FROM account WHERE id = 'a1'"),
-                     8 * 25));
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT balance FROM account WHERE id = 'a2'"),
-                     5 * 10));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT balance FROM account WHERE id = 'a1'"),
+            8 * 25));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT balance FROM account WHERE id = 'a2'"),
+            5 * 10));
         cr_assert(eq(u64, st.processed, 13));
         cr_assert(eq(u64, st.dead, 0));
-        cr_assert(eq(dbl, metric("kinbox_consumer_held_partitions", "credits",
-                                 NULL),
-                     0.0));
+        cr_assert(
+            eq(dbl, metric("kinbox_consumer_held_partitions", "credits", NULL),
+               0.0));
 }
 
 /* ---- a lock wait timeout: the whole batch again after a backoff */
@@ -454,12 +454,12 @@ lock_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
             kinbox_tx_backend(tx) == KINBOX_BACKEND_POSTGRESQL
                 ? kinbox_tx_exec(tx, "SET LOCAL lock_timeout = '200ms'", 0,
                                  NULL)
-                : kinbox_tx_exec(tx,
-                                 "SET SESSION innodb_lock_wait_timeout = 1",
-                                 0, NULL);
+                : kinbox_tx_exec(
+                      tx, "SET SESSION innodb_lock_wait_timeout = 1", 0, NULL);
         if (!rc)
-                rc = kinbox_tx_exec(tx, "UPDATE kt_lock SET n = n + 1 WHERE "
-                                        "id = 1",
+                rc = kinbox_tx_exec(tx,
+                                    "UPDATE kt_lock SET n = n + 1 WHERE "
+                                    "id = 1",
                                     0, NULL);
         if (!rc)
                 rc = kinbox_tx_exec(
@@ -507,20 +507,20 @@ ParameterizedTest(int *backend, failures, lock_wait_retries_batch,
         /* Many rollbacks, far past retry.max, and nothing dead: the lock
          * wait is no message's failure. */
         cr_assert(st.rolled_back >= 3);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_offsets"),
-                     0));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_offsets"), 0));
         tc_sql(&other, "COMMIT");
         tc_close(&other);
         long long at = kt_wait_qint(
-            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets",
-            5, 60);
+            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", 5,
+            60);
         cr_assert(eq(i64, at, 5));
         kt_run_stop_stats(r, &st);
-        cr_assert(eq(i64, kt_qint(url, "SELECT n FROM kt_lock WHERE id = 1"),
-                     5));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT n FROM kt_lock WHERE id = 1"), 5));
         cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_side"), 5));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
-                     0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
         cr_assert(eq(u64, st.dead, 0));
         cr_assert(st.retried >= 3);
 }
@@ -590,8 +590,9 @@ ParameterizedTest(int *backend, failures, batch_split_counted, .timeout = 180)
         kt_producer_t *p = kt_producer_new();
         /* PostgreSQL: u1 twice in the batch; MariaDB: u9's 5000 breaks
          * the CHECK of the call's one statement. */
-        const char *pay[] = {"u1 10", "u2 20", "u1 30", "u3 40",
-                             my ? "u9 5000" : "u4 50", "u5 60"};
+        const char *pay[] = {
+            "u1 10", "u2 20", "u1 30", "u3 40", my ? "u9 5000" : "u4 50",
+            "u5 60"};
         for (int i = 0; i < 6; i++) {
                 char id[16];
                 snprintf(id, sizeof(id), "s%d", i);
@@ -610,19 +611,19 @@ ParameterizedTest(int *backend, failures, batch_split_counted, .timeout = 180)
         cr_assert(metric("kinbox_consumer_batch_splits_total", "splits",
                          cause) >= 1.0,
                   "log:\n%s", g_log.buf);
-        cr_assert(eq(int,
-                     log_count(KINBOX_LOG_NOTICE, "consumer splits",
-                               "split", cause,
-                               "INSERT INTO account (id, balance) VALUES",
-                               NULL),
-                     1),
-                  "log:\n%s", g_log.buf);
+        cr_assert(
+            eq(int,
+               log_count(KINBOX_LOG_NOTICE, "consumer splits", "split", cause,
+                         "INSERT INTO account (id, balance) VALUES", NULL),
+               1),
+            "log:\n%s", g_log.buf);
         /* Narrowed, not lost: every credit once. */
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT balance FROM account WHERE id = 'u1'"),
-                     40));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT balance FROM account WHERE id = 'u1'"),
+            40));
         cr_assert(eq(i64, kt_qint(url, "SELECT SUM(balance) FROM account"),
                      my ? 160 : 210));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"),
                      my ? 1 : 0));
 }

@@ -802,13 +802,13 @@ kinbox__db_err_stmt(kinbox__db_t *db, const char *sql, size_t len)
                 o[n++] = ch;
         }
         /* A literal's prefix (_binary, X, N) goes with the literal. */
-        while (cut && n && ((o[n - 1] >= 'a' && o[n - 1] <= 'z') ||
-                            (o[n - 1] >= 'A' && o[n - 1] <= 'Z') ||
-                            o[n - 1] == '_'))
+        while (cut && n &&
+               ((o[n - 1] >= 'a' && o[n - 1] <= 'z') ||
+                (o[n - 1] >= 'A' && o[n - 1] <= 'Z') || o[n - 1] == '_'))
                 n--;
         if (cut)
-                n += (size_t)snprintf(o + n, sizeof(db->err.stmt) - n,
-                                      "%s...", n && o[n - 1] != ' ' ? " " : "");
+                n += (size_t)snprintf(o + n, sizeof(db->err.stmt) - n, "%s...",
+                                      n && o[n - 1] != ' ' ? " " : "");
         o[n] = '\0';
 }
 
