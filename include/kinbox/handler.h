@@ -282,9 +282,13 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
  *   differs.
  *
  * So write a batch as one exec_values() per table, each row built from its
- * own message (e.g. one account credit per message, not a sum per user:
- * `INSERT ... ON DUPLICATE KEY UPDATE points = points + VALUES(points)`
- * applies rows one after the other).
+ * own message. On MySQL `INSERT ... ON DUPLICATE KEY UPDATE points =
+ * points + VALUES(points)` applies rows one after the other; PostgreSQL's
+ * `ON CONFLICT ... DO UPDATE` meets a key only once per statement (else
+ * SQLSTATE 21000 and a batch split), so sum per key in SQL there:
+ * `INSERT INTO t (k, v) SELECT k, sum(v) FROM (VALUES ($1, $2::bigint))
+ * AS r (k, v) GROUP BY k ON CONFLICT (k) DO UPDATE ...` with the tuple
+ * `($1, $2::bigint)` (docs/handlers.md has both in full).
  *
  * @param owners  @p nrows messages of this call (read during the call
  *                only). An entry that is NULL or not a message of this call
