@@ -745,12 +745,20 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                         hold_batch(c, w);
                         return RUN_BACKOFF;
                 }
-                kinbox__log(&c->lg,
-                            db->err.code == KINBOX_ERR_TRANSIENT
-                                ? KINBOX_LOG_INFO
-                                : KINBOX_LOG_ERR,
-                            "consumer", "worker %d: batch rolled back: %s",
-                            w->idx, db->err.msg);
+                /* Charged to no message: name where the batch starts. */
+                const kinbox_msg_t *m0 = w->nmsgs ? w->msgs[0] : NULL;
+                kinbox__log(
+                    &c->lg,
+                    db->err.code == KINBOX_ERR_TRANSIENT ? KINBOX_LOG_INFO
+                                                         : KINBOX_LOG_ERR,
+                    "consumer",
+                    "consumer %s: worker %d: batch of %zu from %s "
+                    "[%" PRId32 "] offset %" PRId64 " rolled back: %s%s%s%s",
+                    c->name, w->idx, w->nmsgs, m0 ? m0->part->topic : "?",
+                    m0 ? m0->part->partition : -1,
+                    m0 ? kinbox_msg_offset(m0) : -1, db->err.msg,
+                    db->err.stmt[0] ? " (statement: " : "", db->err.stmt,
+                    db->err.stmt[0] ? ")" : "");
                 return RUN_BACKOFF;
         }
         size_t g = f->kind == FL_MSG ? group_of(wk, f->idx) : f->idx;
