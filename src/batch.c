@@ -1203,7 +1203,6 @@ pop_committed(kinbox_consumer_t *c, kinbox__worker_t *w)
                 p->head = m->next;
                 if (!p->head)
                         p->tail = NULL;
-
                 p->count--;
                 w->queued--;
                 if (p->retry_at &&
