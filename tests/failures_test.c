@@ -34,7 +34,9 @@
  *                                                    proc/rebalance_and_kill
  *   shutdown: the coordinator does not answer ...... hardening/shutdown_is_bounded,
  *                                                    consumer/destroy_bounded_when_librdkafka_hangs
- *   an error no retry can fix ...................... failures/undefined_table_holds
+ *   an error no retry can fix ...................... failures/undefined_table_holds,
+ *                                                    failures/permission_denied_holds,
+ *                                                    metrics/readyz_reports_held_partition
  *
  * How a statement error is classified
  *   unique violation of an exec_unique() stmt ...... failures/classes ("biz")
@@ -48,7 +50,9 @@
  *   connection lost, server shutting down .......... proc/database_restart
  *   undefined table/column/function, syntax, ....... failures/undefined_table_holds,
  *   permission                                       failures/classes ("column":
- *                                                    held, then applied)
+ *                                                    held, then applied),
+ *                                                    failures/permission_denied_holds;
+ *                                                    metrics/readyz_reports_held_partition
  *   anything else .................................. failures/classes ("else":
  *                                                    attempts = retry.max)
  */
@@ -441,6 +445,141 @@ ParameterizedTest(int *backend, failures, undefined_table_holds,
         cr_assert(
             eq(dbl, metric("kinbox_consumer_held_partitions", "credits", NULL),
                0.0));
+}
+
+/* ---- permission denied: the partition is held until the grant */
+
+static kinbox_result_t
+perm_handler(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        (void)opaque;
+        const char *v[1] = {kinbox_msg_id(m)};
+        return kinbox_tx_exec(
+                   tx, "INSERT INTO kt_perm (message_id) VALUES ($1)", 1, v)
+                   ? KINBOX_RESULT_RETRY
+                   : KINBOX_RESULT_OK;
+}
+
+/* MariaDB as root (its unix socket): sql, failing the test on error. */
+static void
+my_root(const char *sql)
+{
+        char cmd[2048];
+        snprintf(cmd, sizeof(cmd),
+                 "mariadb --no-defaults -u root -S '%s' -e \"%s\"",
+                 kt_env("KINBOX_MYSQL_SOCKET"), sql);
+        cr_assert(system(cmd) == 0, "%s", cmd);
+}
+
+KT_BACKENDS_PARAMS(failures, permission_denied_holds)
+ParameterizedTest(int *backend, failures, permission_denied_holds,
+                  .timeout = 180)
+{
+        bool my = *backend == 1;
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url,
+                "CREATE TABLE kt_perm (message_id VARCHAR(255) PRIMARY KEY)");
+        char *curl = url;
+        char user[64];
+        snprintf(user, sizeof(user), "ktnp%d", (int)getpid());
+        const char *db = strrchr(url, '/') + 1;
+        if (my) {
+                /* A user with every privilege on the database's tables but
+                 * INSERT on kt_perm. */
+                char sql[1024];
+                snprintf(sql, sizeof(sql),
+                         "CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY 'np'",
+                         user);
+                my_root(sql);
+                for (long long k = 0;; k++) {
+                        char q[512];
+                        snprintf(q, sizeof(q),
+                                 "SELECT COUNT(*) FROM information_schema."
+                                 "tables WHERE table_schema = '%s'",
+                                 db);
+                        if (k >= kt_qint(url, q))
+                                break;
+                        char *name = NULL;
+                        snprintf(q, sizeof(q),
+                                 "SELECT table_name FROM information_schema."
+                                 "tables WHERE table_schema = '%s' ORDER BY "
+                                 "table_name LIMIT 1 OFFSET %lld",
+                                 db, k);
+                        name = qtext(url, q);
+                        snprintf(sql, sizeof(sql),
+                                 "GRANT %s ON %s.%s TO '%s'@'127.0.0.1'",
+                                 strcmp(name, "kt_perm") ? "ALL" : "SELECT",
+                                 db, name, user);
+                        my_root(sql);
+                        free(name);
+                }
+                const char *port = strrchr(kt_env("KINBOX_MYSQL_URL"), ':');
+                cr_assert(port != NULL);
+                size_t sz = strlen(url) + 128;
+                curl = malloc(sz);
+                snprintf(curl, sz, "mysql://%s:np@127.0.0.1%s", user, port);
+                char *slash = strrchr(curl, '/');
+                snprintf(slash + 1, sz - (size_t)(slash + 1 - curl), "%s", db);
+        } else {
+                /* The owner revokes its own right to insert. */
+                kt_exec(url, "REVOKE INSERT ON kt_perm FROM CURRENT_USER");
+        }
+        char *topic = kt_unique("tfpd");
+        kt_topic(topic, 1);
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < 6; i++) {
+                char id[16];
+                snprintf(id, sizeof(id), "p%d", i);
+                kt_produce(p, topic, 0, NULL, "x", id);
+        }
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *c = kt_conf(curl, "perms", kt_unique("g"), topic);
+        kt_set(c, "retry.max", "2");
+        kt_set(c, "retry.backoff.base.ms", "20");
+        kt_set(c, "retry.backoff.max.ms", "200");
+        kinbox_conf_set_log_cb(c, log_cb, NULL);
+        kt_run_t *r = kt_run_start(c, perm_handler, NULL, NULL);
+        const char *cause = my ? "1142" : "42501";
+        long long t0 = kt_clock_ms();
+        while (!(metric("kinbox_consumer_held_errors_total", "perms", cause) >=
+                 5) &&
+               kt_clock_ms() - t0 < 60000)
+                usleep(100000);
+        cr_assert(
+            metric("kinbox_consumer_held_errors_total", "perms", cause) >= 5,
+            "log:\n%s", g_log.buf);
+        cr_assert(eq(dbl,
+                     metric("kinbox_consumer_held_partitions", "perms", NULL),
+                     1.0));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+        cr_assert(eq(int,
+                     log_count(KINBOX_LOG_ERR, "partition held", topic,
+                               "message p0", cause, NULL),
+                     1),
+                  "log:\n%s", g_log.buf);
+        if (my) {
+                char sql[512];
+                snprintf(sql, sizeof(sql),
+                         "GRANT INSERT ON %s.kt_perm TO '%s'@'127.0.0.1'", db,
+                         user);
+                my_root(sql);
+        } else {
+                kt_exec(url, "GRANT INSERT ON kt_perm TO CURRENT_USER");
+        }
+        long long at = kt_wait_qint(
+            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", 6,
+            60);
+        kt_run_stop(r);
+        cr_assert(eq(i64, at, 6));
+        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kt_perm"), 6));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+        if (my) {
+                char sql[256];
+                snprintf(sql, sizeof(sql), "DROP USER '%s'@'127.0.0.1'", user);
+                my_root(sql);
+        }
 }
 
 /* ---- a lock wait timeout: the whole batch again after a backoff */
