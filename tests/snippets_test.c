@@ -5,7 +5,9 @@
  * compiled here with the project's warnings) and each one consumes a real
  * stream on both backends, every record carrying headers (what broke the
  * README's sscanf() on Apache Kafka: the bytes after a payload were the
- * record's headers), balances asserted in SQL. docs_test checks that
+ * record's headers), balances asserted in SQL; the README's main() runs
+ * too, as a whole program (its literals swapped for the test's services
+ * by two macros). docs_test checks that
  * every handler the Markdown defines is marked; this suite that every
  * marked one runs. Also on Apache Kafka (snippets_test@kafka).
  */
@@ -13,17 +15,55 @@
 #include "metrics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The README's main() runs as written against the test's services: its
+ * kinbox_conf_set() calls get the test's database, broker and topic in
+ * place of the README's literals, and its kinbox_consumer_run() leaves
+ * the consumer where the test can stop it (as a signal handler would). */
+static const char *kt_sn_url, *kt_sn_topic;
+static kinbox_consumer_t *_Atomic kt_sn_consumer;
+
+static kinbox_err_t
+kt_sn_conf_set(kinbox_conf_t *conf, const char *key, const char *value,
+               char *errstr, size_t errstr_size)
+{
+        if (!strcmp(key, "database.url"))
+                value = kt_sn_url;
+        else if (!strcmp(key, "kafka.bootstrap.servers"))
+                value = kt_env("KINBOX_BOOTSTRAP");
+        else if (!strcmp(key, "topics"))
+                value = kt_sn_topic;
+        else if (!strcmp(key, "name") &&
+                 kinbox_conf_set(conf, "group.id", kt_unique("gsnm"), errstr,
+                                 errstr_size))
+                return KINBOX_ERR_INVALID; /* a group of its own per run */
+        return kinbox_conf_set(conf, key, value, errstr, errstr_size);
+}
+
+static kinbox_err_t
+kt_sn_run(kinbox_consumer_t *c)
+{
+        kt_sn_consumer = c;
+        return kinbox_consumer_run(c);
+}
+
+#define kinbox_conf_set kt_sn_conf_set
+#define kinbox_consumer_run kt_sn_run
 #include "snippets.h"
+#undef kinbox_conf_set
+#undef kinbox_consumer_run
 
 /* Every marked snippet has its test below. */
 Test(snippets, every_marked_snippet_runs)
 {
         static const char *const tested[] = {"readme_credit",
                                              "handlers_credit_batch"};
+        /* readme_credit: snippets/readme_credit (the handler) and
+         * snippets/readme_main (the whole program). */
         size_t n = 0;
         for (; kt_snippet_names[n]; n++) {
                 bool found = false;
@@ -100,6 +140,41 @@ ParameterizedTest(int *backend, snippets, readme_credit, .timeout = 120)
         cr_assert(eq(i64, at, n));
         assert_balances(url, n);
         cr_assert(eq(u64, st.processed, (uint64_t)n));
+}
+
+static void *
+readme_main_thread(void *arg)
+{
+        int *rc = arg;
+        *rc = kt_snippet_main_readme_credit();
+        return NULL;
+}
+
+/* The README's whole program: its main() (configuration, handler,
+ * kinbox_consumer_run()) on the test's database, broker and topic. */
+KT_BACKENDS_PARAMS(snippets, readme_main)
+ParameterizedTest(int *backend, snippets, readme_main, .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "CREATE TABLE account (id VARCHAR(64) PRIMARY KEY, "
+                     "balance BIGINT NOT NULL)");
+        kt_exec(url, "INSERT INTO account VALUES ('acct-0', 0), ('acct-1', "
+                     "0), ('acct-2', 0)");
+        int n = 25;
+        kt_sn_url = url;
+        kt_sn_topic = produce_credits("tsnm", n, 2);
+        pthread_t thr;
+        int rc = -1;
+        cr_assert(pthread_create(&thr, NULL, readme_main_thread, &rc) == 0);
+        long long at = kt_wait_qint(
+            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", n,
+            120);
+        cr_assert(kt_sn_consumer != NULL);
+        kinbox_consumer_stop(kt_sn_consumer);
+        pthread_join(thr, NULL);
+        cr_assert(eq(i64, at, n));
+        cr_assert(eq(int, rc, 0), "the README's main() returned %d", rc);
+        assert_balances(url, n);
 }
 
 /* docs/handlers.md's batch handler: every batch credits each account
