@@ -16,6 +16,7 @@
  * (or, on a clean stream, one rollback); its neighbours commit once.
  */
 #include "consumer_int.h"
+#include "held.h"
 #include "db.h"
 #include "hold.h"
 #include "internal.h"
@@ -323,6 +324,8 @@ part_free(kinbox__part_t *p)
                 m = n;
         }
         kinbox__hold_free(p);
+        if (p->w)
+                kinbox__held_forget(p->w->c, p);
         free(p->topic);
         free(p);
 }
@@ -716,14 +719,16 @@ dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
         }
         if (kinbox__startpos_take(c, p, rkm))
                 return;
-        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
+        kinbox_msg_t *m = kinbox__msg_alloc(rkm->payload, rkm->len);
         if (!m) {
                 rd_kafka_message_destroy(rkm);
                 return;
         }
         m->rkm = rkm;
         m->part = p;
+        const void *payload = m->v.payload;
         kinbox__msgview_of(rkm, &m->v);
+        m->v.payload = payload; /* the copy with its NUL */
         rd_kafka_timestamp_type_t tstype;
         m->ts = rd_kafka_message_timestamp(rkm, &tstype);
         char why[300];
@@ -1190,6 +1195,7 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                                        (char *)NULL),
                       -1);
         kinbox__m_set("kinbox_consumer_partitions_refused", alab, 0);
+        kinbox__held_gauge(c);
         kinbox_err_t ret = workers_start(c);
         if (!ret) {
                 rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, c->topics);

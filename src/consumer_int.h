@@ -102,7 +102,11 @@ typedef enum kinbox__fate {
         KINBOX__FATE_DEAD,
         /* The event was already applied (KINBOX_RESULT_DUPLICATE, or a
          * kinbox_tx_exec_unique() statement's unique violation). */
-        KINBOX__FATE_BIZDUP
+        KINBOX__FATE_BIZDUP,
+        /* No retry can fix it and the message is not to blame (an
+         * undefined table, a missing privilege: dberr.deploy): its
+         * partition is held (held.c), the attempt not charged. */
+        KINBOX__FATE_HOLD
 } kinbox__fate_t;
 
 struct kinbox__holdset;
@@ -134,6 +138,11 @@ struct kinbox__part {
         int64_t verify_off, verify_ts;
         uint64_t verify_hash;
         int64_t sp_w, sp_c, sp_l, sp_h; /* as found at assignment */
+        /* Held by an error no retry can fix (held.c; its worker): since
+         * when, attempts, the last error line. */
+        bool held;
+        int held_n;
+        int64_t held_since_ms, held_log_ms;
 };
 
 struct kinbox__worker {
@@ -237,12 +246,21 @@ struct kinbox_consumer_s {
         char *hold_src;
         int64_t release_poll;
         atomic_uint_fast64_t st_parked, st_released;
+        atomic_int st_held; /* partitions held (held.c) */
+        /* Hidden batch splits (batch.c): counted, the count at the last
+         * notice, and when it was logged (monotonic ms). */
+        atomic_uint_fast64_t st_splits, st_splits_logged;
+        atomic_int_fast64_t split_log_ms;
         atomic_uint_fast64_t st_processed, st_dup, st_bizdup, st_dead,
             st_retried, st_batches, st_rolled_back;
         char errstr[512];
 };
 
 /* ---- msg.c */
+/* A zeroed message holding a copy of payload (len bytes, NULL: none)
+ * followed by a NUL, m->v.payload/len set; NULL when out of memory. Free
+ * with kinbox__msg_free(). */
+kinbox_msg_t *kinbox__msg_alloc(const void *payload, size_t len);
 void kinbox__msg_free(kinbox_msg_t *m);
 /* Replace the message's reason (a copy; NULL or "" -> "no reason given"). */
 void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);

@@ -56,6 +56,19 @@ static const family_t families[] = {
      "out of disk, memory or connection slots (retried with backoff; the "
      "server needs the operator).",
      NULL, 0},
+    {"kinbox_consumer_held_errors_total", M_COUNTER,
+     "Statement failures no retry can fix (undefined table, column or "
+     "function, syntax error, missing privilege; cause = SQLSTATE or MySQL "
+     "errno): each holds its partition, nothing is dead-lettered.",
+     NULL, 0},
+    {"kinbox_consumer_held_partitions", M_GAUGE,
+     "Partitions held by an error no retry can fix (/readyz is not ready "
+     "while any is).",
+     NULL, 0},
+    {"kinbox_consumer_batch_splits_total", M_COUNTER,
+     "Set-based statements that failed and made kinbox split their batch "
+     "to find the failing message (cause = SQLSTATE or MySQL errno).",
+     NULL, 0},
     {"kinbox_consumer_batch_size", M_HIST,
      "Messages per committed consumer transaction.", HIST(b_size)},
     {"kinbox_consumer_transaction_seconds", M_HIST,
