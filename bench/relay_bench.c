@@ -4,7 +4,9 @@
  *
  *   Environment: KINBOX_BENCH_RELAY_CLAIM (relay.claim: lock / lease),
  *   RB_LOCK_MS (relay.lock.ms), RB_PIPELINE, RB_LINGER, RB_NAGLE, RB_LOG
- *   (log.level of the relays: debug logs every batch's timings).
+ *   (log.level of the relays: debug logs every batch's timings), RB_SOURCE
+ *   (relay.source: wal reads the log; its slot RB_SLOT must exist before
+ *   the backlog is written, e.g. made by `kinbox migrate`).
  *
  *   relay_bench throughput --url URL -b BOOTSTRAP --relays K -n N
  *         [--batch B]
@@ -88,7 +90,9 @@ mk_relay(int idx)
             {"relay.pipeline", getenv("RB_PIPELINE")},
             {"relay.claim", getenv("KINBOX_BENCH_RELAY_CLAIM")},
             {"relay.lock.ms", getenv("RB_LOCK_MS")},
-            {"kafka.socket.nagle.disable", getenv("RB_NAGLE")}};
+            {"kafka.socket.nagle.disable", getenv("RB_NAGLE")},
+            {"relay.source", getenv("RB_SOURCE")},
+            {"relay.slot", getenv("RB_SLOT")}};
         for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
                 if (kv[i][1] &&
                     kinbox_conf_set(c, kv[i][0], kv[i][1], err, sizeof(err))) {

@@ -46,7 +46,7 @@ NRL=${KINBOX_BENCH_RELAY_PEERS_LAT_N:-20000}
 RLRATE=${KINBOX_BENCH_RELAY_PEERS_RATE:-1000}
 RSTOP=${KINBOX_BENCH_RELAY_PEERS_STOP_S:-30}
 DBZ_POLL=${KINBOX_BENCH_DBZ_POLL_MS:-500}
-RPSYS=${KINBOX_BENCH_RELAY_PEERS:-kinbox-1 kinbox-2 debezium}
+RPSYS=${KINBOX_BENCH_RELAY_PEERS:-kinbox-1 kinbox-2 wal debezium}
 RPLAT=${KINBOX_BENCH_RELAY_PEERS_LAT:-kinbox-1 debezium debezium@10}
 NL10K=${KINBOX_BENCH_RELAY_PEERS_10K_N:-100000}
 R10K=${KINBOX_BENCH_RELAY_PEERS_10K_RATE:-10000}
@@ -202,9 +202,9 @@ dbz_stop() {
 slot_retained() {  # bytes of WAL the Debezium slot holds back now
     sql postgresql "$rdb" "SELECT COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, 0) FROM pg_replication_slots WHERE slot_name = 'kbdbz_$idx'"
 }
-rp_drop() {  # rp_drop BACKEND: the database (and the slot first)
+rp_drop() {  # rp_drop BACKEND: the database (and the slots first)
     if [ "$1" = postgresql ]; then
-        sql postgresql kinbox "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'kbdbz_$idx'" >/dev/null 2>&1 || true
+        sql postgresql kinbox "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('kbdbz_$idx', 'kbwal_$idx')" >/dev/null 2>&1 || true
     fi
     db_drop "$1" "$rdb"
 }
@@ -230,7 +230,11 @@ rp_notready() {  # rp_notready BACKEND SYSTEM KIND N: the row of a peer that nev
 # row on one aggregate, no slot wait)
 rp_backlog() {
     local be=$1 sys=$2 kind=${3:-backlog} NRP=${4:-$NRP} ag=${5:-10000} slot=- k
+    # wal: kinbox's log relay (relay.source = wal), PostgreSQL only; its
+    # slot made before the fill (the log keeps the backlog for it)
+    [ "$sys" = wal ] && [ "$be" != postgresql ] && return 0
     rp_db "$be" "$sys"
+    [ "$sys" = wal ] && sql postgresql "$rdb" "SELECT 1 FROM pg_create_logical_replication_slot('kbwal_$idx', 'pgoutput')" >/dev/null
     if [ "$sys" = debezium ]; then
         dbz_start "$be"
         dbz_ready "$be" || { dbz_stop; rp_drop "$be"; rp_notready "$be" "$sys" "$kind" "$NRP"; return 0; }
@@ -247,6 +251,10 @@ rp_backlog() {
     local t0; t0=$(date +%s.%N)
     if [ "$sys" = debezium ]; then
         dbz_start "$be"; local pid=$dpid
+    elif [ "$sys" = wal ]; then
+        RB_SOURCE=wal RB_SLOT=kbwal_$idx "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRP" \
+            > "$rdir/relay.out" 2> "$rdir/relay.log" &
+        local pid=$!
     else
         k=${sys#kinbox-}
         "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays "$k" -n "$NRP" \
@@ -288,6 +296,7 @@ rp_latency() {
     local be=$1 sys=$2 kind=${3:-latency} NRL=${4:-$NRL} RLRATE=${5:-$RLRATE} wr=${6:-1} tx=${7:-1}
     local pid base=${2%@*} poll=$DBZ_POLL
     [ "$base" != "$sys" ] && poll=${sys#*@}
+    [ "$base" = wal ] && [ "$be" != postgresql ] && return 0
     rp_db "$be" "$base"
     local opt=--pg; [ "$be" = mysql ] && opt=--mysql
     local table=kinbox
@@ -296,6 +305,11 @@ rp_latency() {
         DBZ_POLL=$poll dbz_start "$be"
         dbz_ready "$be" || { dbz_stop; rp_drop "$be"; rp_notready "$be" "$sys" "$kind" "$NRL"; return 0; }
         pid=$dpid
+    elif [ "$base" = wal ]; then
+        sql postgresql "$rdb" "SELECT 1 FROM pg_create_logical_replication_slot('kbwal_$idx', 'pgoutput')" >/dev/null
+        RB_SOURCE=wal RB_SLOT=kbwal_$idx "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRL" \
+            > "$rdir/relay.out" 2> "$rdir/relay.log" &
+        pid=$!
     else
         "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRL" \
             > "$rdir/relay.out" 2> "$rdir/relay.log" &

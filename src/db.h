@@ -246,6 +246,9 @@ struct kinbox__db_ops {
         /* The partitioned inbox's statements (db/pg_part.c,
          * db/mysql_part.c). */
         const struct kinbox__part_ops *part;
+        /* The log relay's source (relay.source names it: ops->name), NULL
+         * when the backend has none built (db/logsrc_ops.h). */
+        const struct kinbox__logsrc_ops *logsrc;
 };
 
 /* The server ran out of a resource: disk, memory, connection slots or
@@ -478,6 +481,7 @@ int kinbox__mysql_url_check(const char *params, char *errstr,
                             size_t errstr_size);
 
 /* The outbox's and relay's statements: they use the types above. */
+#include "db/logsrc_ops.h"
 #include "db/outbox_ops.h"
 #include "db/part_ops.h"
 

@@ -134,6 +134,22 @@ static const family_t families[] = {
      "From the outbox row's commit (created_at) to its publish being "
      "acknowledged and marked.",
      HIST(b_latency)},
+    {"kinbox_relay_slot_lag_bytes", M_GAUGE,
+     "Log relay (relay.source = wal): WAL the slot keeps for the relay, "
+     "pg_current_wal_lsn() - confirmed_flush_lsn (sampled every 10 s).",
+     NULL, 0},
+    {"kinbox_relay_slot_wal_status", M_GAUGE,
+     "Log relay: 1 for the slot's wal_status (reserved, extended, "
+     "unreserved, lost), 0 for the others.",
+     NULL, 0},
+    {"kinbox_relay_inflight_transactions", M_GAUGE,
+     "Log relay: transactions read and not yet confirmed (some record not "
+     "acknowledged yet).",
+     NULL, 0},
+    {"kinbox_relay_oldest_unconfirmed_seconds", M_GAUGE,
+     "Log relay: age of the oldest unconfirmed transaction's commit (0 when "
+     "none).",
+     NULL, 0},
     {"kinbox_pruned_rows_total", M_COUNTER,
      "Rows deleted by the pruner (table = inbox or outbox).", NULL, 0},
     {"kinbox_inbox_partitions", M_GAUGE,

@@ -48,6 +48,7 @@
 #include "confval.h"
 #include "migrate.h"
 #include "relay_int.h"
+#include "relay_log.h"
 #include "rkdestroy.h"
 #include "wake.h"
 
@@ -393,6 +394,35 @@ kinbox_relay_register_action(kinbox_relay_t *r, const char *name,
         return KINBOX_OK;
 }
 
+/* The log relay (relay.source = wal | binlog: its prerequisites first, a
+ * refusal is KINBOX_ERR_CONFIG), then the polling relay's producer. */
+static int
+producers_start(kinbox_relay_t *r)
+{
+        int rc;
+        if (kinbox__settings_of(r->conf)->relay_source !=
+                KINBOX__SOURCE_POLL &&
+            (rc = kinbox__relay_log_start(r)))
+                return rc;
+        r->rk = kinbox__relay_producer_new(r);
+        if (!r->rk)
+                return KINBOX_ERR_KAFKA;
+        kinbox__relay_producer_warm(r);
+        return 0;
+}
+
+/* The log relay stopped with the relay; its failure (a refusal met
+ * while running) is the run's unless the run failed first. */
+static kinbox_err_t
+log_join(kinbox_relay_t *r, kinbox_err_t ret)
+{
+        if (!kinbox__relay_log_active(r))
+                return ret;
+        kinbox_relay_stop(r);
+        int rc = kinbox__relay_log_join(r);
+        return rc && ret == KINBOX_OK ? (kinbox_err_t)rc : ret;
+}
+
 kinbox_err_t
 kinbox_relay_run(kinbox_relay_t *r)
 {
@@ -415,12 +445,10 @@ kinbox_relay_run(kinbox_relay_t *r)
                 ret = (kinbox_err_t)rc;
                 goto out;
         }
-        r->rk = kinbox__relay_producer_new(r);
-        if (!r->rk) {
-                ret = KINBOX_ERR_KAFKA;
+        if ((rc = producers_start(r))) {
+                ret = (kinbox_err_t)rc;
                 goto out;
         }
-        kinbox__relay_producer_warm(r);
         kinbox__relay_listen_open(r);
         kinbox__wake_register(r->pipefd[1], &r->sleeping);
         r->cur_batch = r->batch;
@@ -434,6 +462,11 @@ kinbox_relay_run(kinbox_relay_t *r)
 
         int failures = 0;
         bool connected = true, more = true;
+        /* The log relay publishes the events; with no local action to
+         * run there is nothing to claim. */
+        while (kinbox__relay_log_active(r) && !r->nactions &&
+               !atomic_load(&r->stop))
+                kinbox__relay_wait(r, 1000);
         while (!atomic_load(&r->stop)) {
                 if (!connected) {
                         rc = kinbox__db_connect(r->db);
@@ -476,6 +509,7 @@ kinbox_relay_run(kinbox_relay_t *r)
         }
         drain(r);
 out:
+        ret = log_join(r, ret);
         kinbox__wake_unregister(r->pipefd[1]);
         kinbox__relay_listen_close(r);
         if (r->rk) {

@@ -119,7 +119,8 @@ kinbox__relay_claim(kinbox_relay_t *r, batch_t *b)
                                    2 * r->cur_batch,
                                    r->lock_mode,
                                    r->lock_ms + 2 * MARGIN_MS,
-                                   0};
+                                   0,
+                                   r->logr != NULL};
         if (r->lock_mode) {
                 /* Rows another lock-held relay holds look due to this
                  * claim's walk and are skipped at the lock: look past as

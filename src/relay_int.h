@@ -5,7 +5,8 @@
  * publish, mark: step()); relay_kafka.c the producer and the topics'
  * settings; relay_action.c local actions; relay_claim.c claims;
  * relay_mark.c verdicts and marks; relay_wake.c waiting for work (LISTEN,
- * polling, the in-process wake-up through wake.c). The design: relay.c.
+ * polling, the in-process wake-up through wake.c); relay_log.c the log
+ * relay (relay.source = wal | binlog) beside them. The design: relay.c.
  */
 #ifndef KINBOX_RELAY_INT_H
 #define KINBOX_RELAY_INT_H
@@ -192,6 +193,7 @@ struct kinbox_relay_s {
         bool checker_started, checker_stop;
         bool rk_left; /* a Kafka client outlived its destroy bound: r stays */
         bool compressed; /* kafka.compression.type is set, not none */
+        struct lrelay *logr; /* relay.source = wal | binlog (relay_log.c) */
         /* Failed attempts are said one line per FAIL_LOG_MS, the rest
          * summed (a broker outage fails every row; relay thread only). */
         struct {
@@ -275,6 +277,10 @@ void kinbox__relay_trace_spans(kinbox_relay_t *r, const batch_t *b);
 
 /* Publish one claimed event row (its delivery report sets it->dr_done). */
 void kinbox__relay_produce(kinbox_relay_t *r, item_t *it);
+/* The same on producer rk (the log relay's own, relay_log.c): the key,
+ * headers (message_id, trace context, CloudEvents) and timestamp of the
+ * polling relay. */
+void kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it);
 /* A produce or delivery error of a row for topic as people read it:
  * "what: NAME: text", explained for the codes that need it (a missing
  * topic, a purged or timed-out message), in buf. */

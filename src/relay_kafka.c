@@ -120,12 +120,15 @@ add_cloudevents(const kinbox_relay_t *r, const item_t *it, const hdrs_t *h,
                                     -1);
         if (!hdrs_has(h, "ce_time")) {
                 char t[40];
-                time_t sec = (time_t)(it->created_ms / 1000);
+                /* created_at on the database's clock: the record's
+                 * timestamp, the same at every re-publish and from either
+                 * relay (poll or log). */
+                time_t sec = (time_t)(it->created_at_ms / 1000);
                 struct tm tm;
                 gmtime_r(&sec, &tm);
                 size_t n = strftime(t, sizeof(t), "%Y-%m-%dT%H:%M:%S", &tm);
                 snprintf(t + n, sizeof(t) - n, ".%03dZ",
-                         (int)(it->created_ms % 1000));
+                         (int)(it->created_at_ms % 1000));
                 rd_kafka_header_add(kh, "ce_time", -1, t, -1);
         }
         if (r->ce_content_type && !hdrs_has(h, "content-type"))
@@ -217,6 +220,12 @@ kinbox__relay_kafka_err(const char *what, rd_kafka_resp_err_t e,
 void
 kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
 {
+        kinbox__relay_produce_on(r, r->rk, it);
+}
+
+void
+kinbox__relay_produce_on(kinbox_relay_t *r, rd_kafka_t *rk, item_t *it)
+{
         char err[256];
         topic_durability(r, it->destination);
         rd_kafka_headers_t *kh = build_headers(r, it, err, sizeof(err));
@@ -239,7 +248,7 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
         }
         for (int tries = 0;; tries++) {
                 rd_kafka_resp_err_t e = rd_kafka_producev(
-                    r->rk, RD_KAFKA_V_TOPIC(it->destination),
+                    rk, RD_KAFKA_V_TOPIC(it->destination),
                     RD_KAFKA_V_KEY(it->aggregate_id,
                                    it->aggregate_id ? strlen(it->aggregate_id)
                                                     : 0),
@@ -253,7 +262,7 @@ kinbox__relay_produce(kinbox_relay_t *r, item_t *it)
                         return;
                 }
                 if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL && tries < 50) {
-                        rd_kafka_poll(r->rk, 100);
+                        rd_kafka_poll(rk, 100);
                         continue;
                 }
                 rd_kafka_headers_destroy(kh);

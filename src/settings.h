@@ -35,6 +35,13 @@ typedef enum { KINBOX__LOGFMT_TEXT, KINBOX__LOGFMT_JSON } kinbox__logfmt_t;
 /* relay.claim: lock|lease */
 typedef enum { KINBOX__CLAIM_LOCK, KINBOX__CLAIM_LEASE } kinbox__claim_t;
 
+/* relay.source: poll|wal|binlog */
+typedef enum {
+        KINBOX__SOURCE_POLL,
+        KINBOX__SOURCE_WAL,
+        KINBOX__SOURCE_BINLOG
+} kinbox__source_t;
+
 /* inbox.layout */
 typedef enum {
         KINBOX__LAYOUT_PLAIN,
@@ -95,6 +102,8 @@ typedef struct kinbox__settings {
         int64_t relay_max_attempts;
         int64_t relay_action_timeout_ms;
         bool relay_notify;
+        kinbox__source_t relay_source;
+        const char *relay_slot;
         const char *relay_cloudevents_source;
         const char *relay_cloudevents_type;
         const char *relay_cloudevents_content_type;

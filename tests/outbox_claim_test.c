@@ -166,8 +166,10 @@ ParameterizedTest(int *bidx, outbox_cas_takeover, backends, .timeout = 120)
         kinbox__db_t *b = kinbox__db_new(url, NULL, e, sizeof(e));
         cr_assert(a && b && !kinbox__db_connect(a) && !kinbox__db_connect(b));
         /* A claims the whole run with a lease that is over at once. */
-        kinbox__claim_req_t ra = {100, 0, "relay-a", 100, 0, false, 0, 0},
-                            rb = {100, 60000, "relay-b", 100, 0, false, 0, 0};
+        kinbox__claim_req_t ra = {100,   0, "relay-a", 100,  0,
+                                  false, 0, 0,         false},
+                            rb = {100,   60000, "relay-b", 100,  0,
+                                  false, 0,     0,         false};
         struct kinbox_rows_s *ca = NULL, *cb = NULL;
         cr_assert(eq(int, a->ops->outbox->claim(a, &ra, &ca), 0), "%s",
                   a->err.msg);
@@ -306,10 +308,12 @@ ParameterizedTest(int *bidx, outbox_lock_claim, backends, .timeout = 120)
         cr_assert(a && b && z && !kinbox__db_connect(a) &&
                   !kinbox__db_connect(b) && !kinbox__db_connect(z));
         const char *all = "k0,k1,k2,k3,k4,k5,k6,k7,k8,k9,t0,t1,t2";
-        kinbox__claim_req_t lk = {100, 5000, "relay-a", 100, 200, true, 0, 0},
-                            lk0 = {100, 5000, "relay-a", 100, 0, true, 0, 0},
-                            ls = {100, 60000, "relay-b", 100,
-                                  200, false, 0,         0};
+        kinbox__claim_req_t lk = {100,  5000, "relay-a", 100,  200,
+                                  true, 0,    0,         false},
+                            lk0 = {100,  5000, "relay-a", 100,  0,
+                                   true, 0,    0,         false},
+                            ls = {100,   60000, "relay-b", 100,  200,
+                                  false, 0,     0,         false};
 
         /* A claim whose transaction dies: nothing changed. */
         char *k = claim_on(z, &lk, NULL);

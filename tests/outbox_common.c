@@ -337,6 +337,7 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
                 x->value_size = m->len;
                 x->partition = m->partition;
                 x->offset = m->offset;
+                x->ts = rd_kafka_message_timestamp(m, NULL);
                 rd_kafka_headers_t *h = NULL;
                 if (rd_kafka_message_headers(m, &h) == 0 && h) {
                         x->hdrs = rd_kafka_headers_copy(h);

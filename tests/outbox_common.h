@@ -35,6 +35,7 @@ typedef struct tmsg {
         size_t value_size;
         int32_t partition;
         int64_t offset;
+        int64_t ts; /* the record's timestamp (ms) */
         char *msgid;
         rd_kafka_headers_t *hdrs;
 } tmsg_t;

@@ -131,6 +131,52 @@ KINBOX_API kinbox_err_t
 kinbox_outbox_append_mysql(struct st_mysql *conn, const kinbox_outbox_msg_t *m,
                            int64_t *idp, char *errstr, size_t errstr_size);
 
+/**
+ * @brief Append a message with no table row (PostgreSQL, the log relay):
+ *        a transactional logical message in the caller's open transaction.
+ *
+ * Writes `pg_logical_emit_message(true, 'kinbox.outbox.v1', envelope)`:
+ * WAL only (no heap row, index entry or dead tuple, nothing to prune),
+ * decoded with the transaction and dropped on rollback. Only a relay with
+ * `relay.source = wal` publishes it (with the key, headers and
+ * `message_id` of a table row; the record's timestamp is the commit
+ * time); the polling relay never sees it, and nothing in the database
+ * can list, requeue or cancel it afterwards. The envelope (versioned,
+ * length-prefixed: destination, aggregate id, idem key, headers,
+ * payload) is documented in docs/outbox.md. No duplicate check: the same
+ * (destination, idem_key) emitted twice is published twice, with one
+ * `message_id` (consumers' inboxes absorb it). The connection must not be
+ * in pipeline mode. Every pointer is the caller's and only read during
+ * the call.
+ * @param max_attempts of @p m is ignored (a log relay retries without
+ *        limit).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID for a missing or over-long
+ *          field, a header without name or an `action:` destination (local
+ *          actions need the table); ::KINBOX_ERR_TRANSIENT for a deadlock,
+ *          serialization failure or lock timeout; ::KINBOX_ERR_DB for
+ *          another statement error (SQLSTATE in @p errstr; the transaction
+ *          is aborted); ::KINBOX_ERR_DB_CONN when the connection is lost.
+ * @remark Thread-safe for different connections.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_emit_pg(struct pg_conn *conn,
+                                              const kinbox_outbox_msg_t *m,
+                                              char *errstr,
+                                              size_t errstr_size);
+
+/**
+ * @brief kinbox_outbox_emit_pg() inside a kinbox handler transaction
+ *        (PostgreSQL): the logical message commits with the handler's
+ *        inbox row.
+ *
+ * Queued like kinbox_tx_exec() (pipelined, no round trip).
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID as kinbox_outbox_emit_pg(),
+ *          and on MariaDB (no logical messages: use
+ *          kinbox_outbox_append()); a database error as kinbox_tx_exec().
+ * @remark Handler thread only, during the handler call.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_emit(kinbox_tx_t *tx,
+                                           const kinbox_outbox_msg_t *m);
+
 /* ------------------------------------------------------------------------
  * Local actions
  */

@@ -3,7 +3,9 @@
  * database the configuration names, each module's on its consumer's.
  */
 #include "common.h"
+#include "relay_log.h"
 #include "schema.h"
+#include "settings.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -28,6 +30,26 @@ on_step(const char *component, int version, const char *name, int applied,
         else
                 printf("%s: %s %s\n", r->what,
                        applied ? "applied" : "would apply", name);
+}
+
+/* relay.source = wal | binlog: the server's prerequisites (and the slot,
+ * made now so the log keeps every event from here on). */
+static int
+check_relay_source(const kb_config_t *cfg)
+{
+        if (!cfg->relay_enabled ||
+            kinbox__settings_of(cfg->relay)->relay_source ==
+                KINBOX__SOURCE_POLL)
+                return KB_EX_OK;
+        char err[1024];
+        int rc = kinbox__relay_log_check(cfg->relay, err, sizeof(err));
+        if (!rc)
+                return KB_EX_OK;
+        fprintf(stderr, "kinbox migrate: %s\n", err);
+        return rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_STATE ? KB_EX_DB
+               : rc == KINBOX_ERR_CONFIG || rc == KINBOX_ERR_SCHEMA
+                   ? KB_EX_USAGE
+                   : KB_EX_RUNTIME;
 }
 
 /* One component on one database; prints its steps and its state. */
@@ -114,6 +136,8 @@ kb_cmd_migrate(int argc, char **argv)
                     kb_schema_db_label(&t, t.mod_conf[i], lab, sizeof(lab)));
                 ex = migrate_one(t.mod_conf[i], t.mod[i], flags, what, lab);
         }
+        if (!ex && !(flags & KINBOX_MIGRATE_DRY_RUN))
+                ex = check_relay_source(&cfg);
         kb_config_free(&cfg);
         return ex;
 }

@@ -6,6 +6,8 @@
  * counters are asked beside it.
  */
 #include "common.h"
+#include "relay_log.h"
+#include "settings.h"
 #include "schema.h"
 #include "confval.h"
 #include "hdrcodec.h"
@@ -285,6 +287,39 @@ status_read(ctx_t *x, kinbox_status_t **stp)
         return rc;
 }
 
+/* relay.source = wal | binlog: the log relay's slot (reader) and the log
+ * it keeps; into j (JSON) or printed. */
+static void
+status_log_relay(const ctx_t *x, json_t *j)
+{
+        if (!x->cfg.relay_enabled ||
+            kinbox__settings_of(x->cfg.relay)->relay_source ==
+                KINBOX__SOURCE_POLL)
+                return;
+        char slot[128] = "", err[600];
+        kinbox__loglag_t lag;
+        int rc = kinbox__relay_log_lag(x->cfg.relay, slot, sizeof(slot), &lag,
+                                       err, sizeof(err));
+        if (j) {
+                json_object_set_new(
+                    j, "log_relay",
+                    rc ? json_pack("{s:s,s:s}", "slot", slot, "error", err)
+                       : json_pack("{s:s,s:I,s:s}", "slot", slot,
+                                   "retained_bytes",
+                                   (json_int_t)lag.retained_bytes,
+                                   "wal_status", lag.state));
+                return;
+        }
+        if (rc)
+                printf("\nLog relay: slot %s: %s\n", slot, err);
+        else
+                printf(
+                    "\nLog relay: slot %s, wal_status %s, %lld bytes of log "
+                    "kept for it\n",
+                    slot, lag.state[0] ? lag.state : "unknown",
+                    (long long)lag.retained_bytes);
+}
+
 /* Print what was read (and the broker's lag, the local process's dedup
  * counters beside it). */
 static void
@@ -317,6 +352,7 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
                                 "catchall_rows", (json_int_t)st->catchall_rows,
                                 "db_clock_skew_ms",
                                 (json_int_t)st->db_clock_skew_ms));
+                status_log_relay(x, j);
                 json_out(j);
                 tbl_print(&tc, NULL);
                 tbl_print(&td, NULL);
@@ -341,6 +377,7 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
         tbl_print(&td, stdout);
         printf("\nInbox size: %lld rows\n", (long long)st->inbox_rows);
         status_partitions(st);
+        status_log_relay(x, NULL);
 }
 
 int

@@ -53,6 +53,11 @@ typedef struct kinbox__claim_req {
          * claims: other relays' held rows look due and are skipped, so
          * more candidates than limit are needed); 0: the backend's own. */
         int64_t cand;
+        /* Local action rows only (relay.source = wal | binlog: the log
+         * relay publishes the events, which stay pending): event rows are
+         * not claimed and do not hold back an action of their aggregate.
+         * PostgreSQL; MariaDB's claim reads it with relay.source = binlog. */
+        bool actions_only;
 } kinbox__claim_req_t;
 
 /* Columns of a claim result row, in this order. */
@@ -134,6 +139,10 @@ struct kinbox__outbox_ops {
          * $1 kind $2 destination $3 idem_key $4 aggregate_id $5 payload
          * (binary) $6 headers (JSON) $7 max_attempts. */
         const char *append;
+        /* kinbox_outbox_emit(): $1 the envelope (bytea, outbox_env.h) as a
+         * transactional logical message; NULL where the backend has none
+         * (MariaDB). */
+        const char *emit;
         /* The same append, run now in the open transaction; *idp = the new
          * id, or 0 for a duplicate. */
         int (*append_id)(kinbox__db_t *db, const kinbox__param_t *p, int tag,
@@ -158,6 +167,11 @@ extern const struct kinbox__outbox_ops kinbox__mysql_outbox_ops;
 #define KINBOX__OUTBOX_COLS                                                   \
         "kind, destination, idem_key, aggregate_id, payload, headers, "       \
         "max_attempts"
+/* The table-less append (PostgreSQL): the envelope's prefix is
+ * KINBOX__ENV_PREFIX (outbox_env.h). */
+#define KINBOX__PG_EMIT_SQL                                                   \
+        "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1', "           \
+        "$1::bytea)"
 #define KINBOX__OUTBOX_FIND_ID_SQL                                            \
         "SELECT id FROM kinbox_outbox WHERE destination = $1 AND idem_key = " \
         "$2"
@@ -171,6 +185,12 @@ extern const struct kinbox__outbox_ops kinbox__mysql_outbox_ops;
 kinbox_err_t kinbox__pg_outbox_append(struct pg_conn *conn,
                                       const kinbox__param_t p[7], int64_t *idp,
                                       char *errstr, size_t errstr_size);
+/* kinbox_outbox_emit_pg(): the envelope (n bytes) as a transactional
+ * logical message on the caller's connection (db/pg_repl.c). KINBOX_OK, or
+ * an error as kinbox__pg_outbox_append() with errstr set. */
+kinbox_err_t kinbox__pg_outbox_emit(struct pg_conn *conn, const void *env,
+                                    size_t n, char *errstr,
+                                    size_t errstr_size);
 kinbox_err_t kinbox__mysql_outbox_append(struct st_mysql *conn,
                                          const kinbox__param_t p[7],
                                          int64_t *idp, char *errstr,

@@ -12,6 +12,7 @@
  * transaction open.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,10 +200,58 @@ static const char claim_lock_sql[] = LOCK_FRONT
     " UNION ALL SELECT" OUT_COLS " FROM l"
     "  WHERE l.id = ANY (ARRAY(SELECT k.id FROM k))";
 
+/* The claims of a relay whose events come from the log (actions_only):
+ * every "X.status = 'pending'" also asks X.kind = 'action', so event rows
+ * (pending for ever in that mode) are neither claimed nor hold an action
+ * back in its aggregate. Made once from the statements above. */
+static char *claim_act_sql, *claim_lock_act_sql;
+static pthread_once_t act_once = PTHREAD_ONCE_INIT;
+
+static char *
+actions_only(const char *sql)
+{
+        static const char pat[] = ".status = 'pending'";
+        kinbox__buf_t b;
+        kinbox__buf_init(&b);
+        const char *p = sql, *hit;
+        while ((hit = strstr(p, pat))) {
+                const char *a = hit;
+                while (a > sql &&
+                       ((a[-1] >= 'a' && a[-1] <= 'z') || a[-1] == '_'))
+                        a--;
+                kinbox__buf_add(&b, p, (size_t)(hit - p) + strlen(pat));
+                kinbox__buf_adds(&b, " AND ");
+                kinbox__buf_add(&b, a, (size_t)(hit - a));
+                kinbox__buf_adds(&b, ".kind = 'action'");
+                p = hit + strlen(pat);
+        }
+        kinbox__buf_adds(&b, p);
+        if (b.oom) {
+                kinbox__buf_free(&b);
+                return NULL;
+        }
+        return b.p;
+}
+
+static void
+act_init(void)
+{
+        claim_act_sql = actions_only(claim_sql);
+        claim_lock_act_sql = actions_only(claim_lock_sql);
+}
+
 static int
 pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
          struct kinbox_rows_s **out)
 {
+        const char *lease_sql = claim_sql, *lock_sql = claim_lock_sql;
+        if (req->actions_only) {
+                pthread_once(&act_once, act_init);
+                if (!claim_act_sql || !claim_lock_act_sql)
+                        return KINBOX_ERR_NOMEM;
+                lease_sql = claim_act_sql;
+                lock_sql = claim_lock_act_sql;
+        }
         char lim[24], lease[24], run[24], win[24], cand[24], idle[96];
         snprintf(lim, sizeof(lim), "%" PRId64, req->limit);
         snprintf(cand, sizeof(cand), "%" PRId64,
@@ -237,9 +286,8 @@ pg_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
                 rc = db->ops->exec(db, idle, 0, NULL, -1);
         }
         if (!rc)
-                rc = req->lock
-                         ? db->ops->query(db, claim_lock_sql, 4, pl, -1, out)
-                         : db->ops->query(db, claim_sql, 5, p, -1, out);
+                rc = req->lock ? db->ops->query(db, lock_sql, 4, pl, -1, out)
+                               : db->ops->query(db, lease_sql, 5, p, -1, out);
         /* Lock-held: the transaction stays open while it holds rows,
          * idle in the server's eyes (its timeout armed, visible as such
          * in pg_stat_activity), not inside an unfinished pipeline. */
@@ -525,6 +573,7 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
     .heads_scan = HEADS_SCAN "1000",
     .affected = pg_affected,
     .append = append_sql,
+    .emit = KINBOX__PG_EMIT_SQL,
     .append_id = pg_append_id,
     .requeue_id =
         "WITH u AS (" REQUEUE_SET "WHERE id = $1::bigint AND status IN "

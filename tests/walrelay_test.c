@@ -1,0 +1,1218 @@
+/*
+ * walrelay_test.c -- the log relay on PostgreSQL (relay.source = wal),
+ * against the real server (wal_level = logical, scripts/services) and the
+ * broker of the run (dev broker, or real Apache Kafka: walrelay_test@kafka):
+ * the same records as the polling relay, nothing updated in the table;
+ * two writers with rollbacks and a SIGKILL of `kinbox run`; a 100,000-row
+ * transaction, 1 MB TOASTed payloads and an ALTER TABLE mid-stream; an
+ * idle outbox while other tables write (the slot's retained WAL stays
+ * bounded); the refusals (exit 2 naming the setting).
+ *
+ * Each test makes its own database (kt_fresh_db), its own topics and its
+ * own slot (dropped at the end: slots outlive databases' connections).
+ */
+#include "outbox_common.h"
+
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *PG = "postgresql";
+
+/* A wal relay's configuration with its own slot. */
+static kinbox_conf_t *
+wal_conf(const char *url, const char *bootstrap, const char *slot)
+{
+        kinbox_conf_t *c = relay_conf(url, bootstrap);
+        cset(c, "relay.source", "wal");
+        cset(c, "relay.slot", slot);
+        return c;
+}
+
+static void
+drop_slot(const char *url, const char *slot)
+{
+        for (int i = 0; i < 100; i++) {
+                if (!kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s' AND NOT active",
+                              slot) &&
+                    !kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s'",
+                              slot))
+                        return;
+                char sql[300];
+                snprintf(sql, sizeof(sql),
+                         "SELECT pg_drop_replication_slot(slot_name) FROM "
+                         "pg_replication_slots WHERE slot_name = '%s' AND "
+                         "NOT active",
+                         slot);
+                if (!kt_exec_err(url, sql) &&
+                    !kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s'",
+                              slot))
+                        return;
+                usleep(100 * 1000);
+        }
+        cr_assert(false, "slot %s still active", slot);
+}
+
+/* Whether the slot confirmed everything written so far (within s). */
+static bool
+slot_caught_up(const char *url, const char *slot, int timeout_s)
+{
+        char *lsn = qtext(url, "SELECT pg_current_wal_lsn()::text");
+        bool ok = wait_q(url, 1, timeout_s,
+                         "SELECT count(*) FROM pg_replication_slots WHERE "
+                         "slot_name = '%s' AND confirmed_flush_lsn >= '%s'",
+                         slot, lsn);
+        free(lsn);
+        return ok;
+}
+
+static bool
+same_headers(const tmsg_t *a, const tmsg_t *b)
+{
+        size_t n = rd_kafka_header_cnt(a->hdrs);
+        if (n != rd_kafka_header_cnt(b->hdrs))
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                const char *na, *nb;
+                const void *va, *vb;
+                size_t sa, sb;
+                rd_kafka_header_get_all(a->hdrs, i, &na, &va, &sa);
+                rd_kafka_header_get_all(b->hdrs, i, &nb, &vb, &sb);
+                if (strcmp(na, nb) || sa != sb || (!va) != (!vb) ||
+                    (sa && memcmp(va, vb, sa)))
+                        return false;
+        }
+        return true;
+}
+
+static _Atomic int actions_run;
+
+static kinbox_result_t
+count_action(kinbox_action_t *a, void *opaque)
+{
+        (void)a;
+        (void)opaque;
+        actions_run++;
+        return KINBOX_RESULT_OK;
+}
+
+/*
+ * The wal relay publishes what the polling relay publishes for the same
+ * rows: key, value, headers (message_id, user headers, CloudEvents),
+ * timestamp, partition. A rolled-back row is never published; an action
+ * row is run by the polling relay of the same kinbox_relay_t (which claims
+ * nothing else); no event row is updated.
+ */
+Test(walrelay, parity_with_polling, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_par");
+        char *slot = kt_unique("kbt_par");
+        kt_topic(topic, 4);
+        /* The slot first: the log keeps what is appended from here on. */
+        kinbox_conf_t *wc = wal_conf(url, bootstrap, slot);
+        cset(wc, "relay.cloudevents.source", "/walrelay-test");
+        tconn_t c;
+        tc_open(&c, PG, url);
+        static const unsigned char bin[] = {0x00, 0xff, 0x80, 'x'};
+        kinbox_header_t hdrs[] = {{"trace", "abc-123", 7},
+                                  {"binary", bin, sizeof(bin)},
+                                  {"nullhdr", NULL, 0}};
+        kinbox_relay_t *r = relay_new(wc);
+        cr_assert(eq(
+            int, kinbox_relay_register_action(r, "count", count_action, NULL),
+            KINBOX_OK));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        /* One WAL sender for the relay (its checks leave none behind). */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM pg_stat_replication "
+                                  "WHERE application_name = 'kinbox-wal'"),
+                     1));
+        tc_sql(&c, "BEGIN");
+        kinbox_outbox_msg_t rb = {.destination = topic,
+                                  .idem_key = "rolled-back",
+                                  .aggregate_id = "a-1",
+                                  .payload = "nope",
+                                  .payload_size = 4};
+        cr_assert(eq(int, tc_append(&c, &rb, NULL), KINBOX_OK));
+        tc_sql(&c, "ROLLBACK");
+        const int n = 40;
+        tc_sql(&c, "BEGIN");
+        for (int i = 0; i < n; i++) {
+                char idem[32], agg[32], pay[64];
+                snprintf(idem, sizeof(idem), "e-%d", i);
+                snprintf(agg, sizeof(agg), "a-%d", i % 5);
+                int pn = snprintf(pay, sizeof(pay), "{\"i\":%d}", i);
+                kinbox_outbox_msg_t m = {
+                    .destination = topic,
+                    .idem_key = idem,
+                    .aggregate_id = i % 7 == 3 ? NULL : agg,
+                    .payload = i % 11 == 5 ? NULL : pay,
+                    .payload_size = i % 11 == 5 ? 0 : (size_t)pn,
+                    .headers = i % 2 ? hdrs : NULL,
+                    .header_count = i % 2 ? 3 : 0};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                if (i == n / 2) { /* a second transaction */
+                        tc_sql(&c, "COMMIT");
+                        tc_sql(&c, "BEGIN");
+                }
+        }
+        kinbox_outbox_msg_t act = {.destination = "action:count",
+                                   .idem_key = "act-1",
+                                   .aggregate_id = "a-1"};
+        cr_assert(eq(int, tc_append(&c, &act, NULL), KINBOX_OK));
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "kind = 'action' AND status = 'sent'"));
+        relay_stop(&tr);
+        cr_assert(eq(int, actions_run, 1));
+        kinbox_relay_stats_t st;
+        kinbox_relay_stats(r, &st);
+        cr_assert(eq(u64, st.published, (uint64_t)n));
+        kinbox_relay_destroy(r);
+        /* The operator's figures: the slot sampled at the start. */
+        char lb[300];
+        snprintf(lb, sizeof(lb),
+                 "relay=\"outbox-test\",slot=\"%s\",status=\"reserved\"",
+                 slot);
+        cr_assert(kinbox__metrics_value("kinbox_relay_slot_wal_status", lb) ==
+                  1.0);
+        snprintf(lb, sizeof(lb), "relay=\"outbox-test\",slot=\"%s\"", slot);
+        cr_assert(kinbox__metrics_value("kinbox_relay_slot_lag_bytes", lb) >=
+                  0.0);
+        cr_assert(kinbox__metrics_value("kinbox_relay_published_total",
+                                        "relay=\"outbox-test\"") >= n);
+        /* Not one event row was updated: all still pending, version 0. */
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                                   "WHERE status = 'pending' AND version = 0"
+                                   " AND kind = 'event'"),
+                     n));
+        tmsgs_t wal;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &wal);
+        cr_assert(eq(sz, wal.n, (size_t)n), "wal relay: %zu messages", wal.n);
+        msgs_free(&wal);
+
+        /* The polling relay publishes the same rows again. */
+        kinbox_conf_t *pc = relay_conf(url, bootstrap);
+        cset(pc, "relay.cloudevents.source", "/walrelay-test");
+        r = relay_new(pc);
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, (long long)n, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "kind = 'event' AND status = 'sent'"));
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t all;
+        consume(bootstrap, topic, 2 * (size_t)n, 30, 1500, &all);
+        cr_assert(eq(sz, all.n, 2 * (size_t)n), "%zu messages", all.n);
+        for (size_t i = 0; i < all.n; i++) {
+                const tmsg_t *a = &all.v[i];
+                cr_assert(a->msgid != NULL);
+                cr_assert(strstr(a->msgid, "rolled-back") == NULL);
+                cr_assert(eq(sz, count_msgid(&all, a->msgid), 2), "%s",
+                          a->msgid);
+                const tmsg_t *b = NULL;
+                for (size_t k = 0; k < all.n && !b; k++)
+                        if (k != i && !strcmp(all.v[k].msgid, a->msgid))
+                                b = &all.v[k];
+                cr_assert(b != NULL);
+                bool same_key = (!a->key) == (!b->key) &&
+                                (!a->key || !strcmp(a->key, b->key));
+                bool same_value = a->value_size == b->value_size &&
+                                  (!a->value) == (!b->value) &&
+                                  (!a->value_size ||
+                                   !memcmp(a->value, b->value, a->value_size));
+                cr_assert(same_key, "%s: keys differ", a->msgid);
+                cr_assert(same_value, "%s: values differ", a->msgid);
+                cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
+                          a->msgid);
+                if (a->key)
+                        cr_assert(eq(int, a->partition, b->partition));
+                cr_assert(same_headers(a, b), "%s: headers differ", a->msgid);
+        }
+        msgs_free(&all);
+        drop_slot(url, slot);
+}
+
+/* ---------------------------------------------- two writers, SIGKILL */
+
+typedef struct writer {
+        const char *url, *topic;
+        int w, ntx;
+        int committed, rolled; /* rows */
+        int *seq; /* per aggregate: the next sequence number committed */
+} writer_t;
+
+#define AGGS 8
+
+/* Transactions of 1..20 rows on the writer's aggregates, every fifth
+ * rolled back; payload "w:agg:seq", idem "wW-aAGG-sSEQ" (rolled-back rows
+ * "rb-..."): committed sequence numbers of an aggregate have no gaps. */
+static void *
+writer_main(void *arg)
+{
+        writer_t *w = arg;
+        tconn_t c;
+        tc_open(&c, PG, w->url);
+        unsigned seed = (unsigned)w->w * 7919u + 1;
+        for (int t = 0; t < w->ntx; t++) {
+                bool rollback = t % 5 == 4;
+                int rows = 1 + (int)(rand_r(&seed) % 20);
+                int next[AGGS];
+                memcpy(next, w->seq, sizeof(next));
+                tc_sql(&c, "BEGIN");
+                for (int i = 0; i < rows; i++) {
+                        int a = (int)(rand_r(&seed) % AGGS);
+                        char idem[64], agg[32], pay[64];
+                        snprintf(agg, sizeof(agg), "w%d-a%d", w->w, a);
+                        snprintf(idem, sizeof(idem), "%sw%d-a%d-s%d-t%d",
+                                 rollback ? "rb-" : "", w->w, a, next[a], t);
+                        int pn = snprintf(pay, sizeof(pay), "%d", next[a]);
+                        kinbox_outbox_msg_t m = {.destination = w->topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = agg,
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        next[a]++;
+                }
+                tc_sql(&c, rollback ? "ROLLBACK" : "COMMIT");
+                if (rollback) {
+                        w->rolled += rows;
+                } else {
+                        w->committed += rows;
+                        memcpy(w->seq, next, sizeof(next));
+                }
+                usleep(2000);
+        }
+        tc_close(&c);
+        return NULL;
+}
+
+/* Every committed row at least once, no rolled-back row, and per
+ * aggregate the first occurrences in sequence order with no gap. */
+static void
+check_stream(const tmsgs_t *got, const writer_t *ws, int nw, int *dups)
+{
+        *dups = 0;
+        int expect = 0;
+        for (int k = 0; k < nw; k++)
+                expect += ws[k].committed;
+        int seen[4][AGGS];
+        memset(seen, 0, sizeof(seen));
+        int firsts = 0;
+        for (size_t i = 0; i < got->n; i++) {
+                const tmsg_t *m = &got->v[i];
+                cr_assert(m->msgid && !strstr(m->msgid, ":rb-"),
+                          "rolled-back row published: %s", m->msgid);
+                int w = -1, a = -1;
+                cr_assert(m->key && sscanf(m->key, "w%d-a%d", &w, &a) == 2);
+                int s = atoi(m->value);
+                cr_assert(w >= 0 && w < nw && a >= 0 && a < AGGS);
+                if (s < seen[w][a]) {
+                        (*dups)++;
+                        continue;
+                }
+                cr_assert(eq(int, s, seen[w][a]),
+                          "aggregate %s: %d after %d (order or a gap)", m->key,
+                          s, seen[w][a] - 1);
+                seen[w][a]++;
+                firsts++;
+        }
+        for (int w = 0; w < nw; w++)
+                for (int a = 0; a < AGGS; a++)
+                        cr_assert(eq(int, seen[w][a], ws[w].seq[a]),
+                                  "w%d-a%d: %d of %d on the topic", w, a,
+                                  seen[w][a], ws[w].seq[a]);
+        cr_assert(eq(int, firsts, expect));
+}
+
+/* Messages of one partition come in offset order from consume(); an
+ * aggregate lives on one partition: sort by (partition, offset). */
+static int
+by_offset(const void *x, const void *y)
+{
+        const tmsg_t *a = x, *b = y;
+        if (a->partition != b->partition)
+                return a->partition < b->partition ? -1 : 1;
+        return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/*
+ * Two writers (rollbacks included) while `kinbox run` (relay.source =
+ * wal) is SIGKILLed mid-stream and started again: every committed row on
+ * the topic at least once, no rolled-back row, per-aggregate order.
+ */
+Test(walrelay, two_writers_sigkill, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_kill");
+        char *slot = kt_unique("kbt_kill");
+        kt_topic(topic, 4);
+        char *ini = kt_write_ini(url,
+                                 "[relay]\nenabled = true\nsource = wal\n"
+                                 "slot = %s\n",
+                                 slot);
+        cr_assert(
+            eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini), 0));
+        char *log = kt_tmp("wal_kill_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot),
+                  "%s", kt_tail(log, 20));
+        writer_t ws[2];
+        int seqs[2][AGGS];
+        memset(seqs, 0, sizeof(seqs));
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+                ws[k] = (writer_t){url, topic, k, 150, 0, 0, seqs[k]};
+                pthread_create(&th[k], NULL, writer_main, &ws[k]);
+        }
+        usleep(700 * 1000);
+        kill(pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(pid, 10), -SIGKILL));
+        usleep(500 * 1000);
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        for (int k = 0; k < 2; k++)
+                pthread_join(th[k], NULL);
+        cr_assert(slot_caught_up(url, slot, 90), "%s", kt_tail(log, 30));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        int expect = ws[0].committed + ws[1].committed;
+        cr_assert(ws[0].rolled + ws[1].rolled > 0);
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)expect, 60, 2000, &got);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int dups = 0;
+        check_stream(&got, ws, 2, &dups);
+        cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
+                    expect, got.n, dups);
+        /* kinbox status names the slot and what it keeps. */
+        char *st = NULL;
+        cr_assert(eq(int, kt_kinbox(&st, NULL, true, "status -c %s", ini), 0),
+                  "%s", st);
+        char want[300];
+        snprintf(want, sizeof(want), "Log relay: slot %s, wal_status reserved",
+                 slot);
+        cr_assert(strstr(st, want) != NULL, "%s", st);
+        free(st);
+        /* Nothing in the table was touched. */
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                             "WHERE status <> 'pending' OR version <> 0"),
+               0));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
+
+/* ------------------------------------ large transaction, TOAST, DDL */
+
+static char *
+hex_of(const char *p, size_t n)
+{
+        char *h = malloc(2 * n + 1);
+        cr_assert(h != NULL);
+        for (size_t i = 0; i < n; i++)
+                sprintf(h + 2 * i, "%02x", (unsigned char)p[i]);
+        h[2 * n] = '\0';
+        return h;
+}
+
+/*
+ * A 100,000-row transaction; ~900 kB incompressible payloads (TOASTed)
+ * published byte for byte; a 1.2 MB one dead (larger than the producer
+ * takes) while the relay goes on; an ALTER TABLE on the outbox mid-stream
+ * (a new Relation message) and rows after it.
+ */
+Test(walrelay, big_toast_ddl, .timeout = 400)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_big");
+        char *slot = kt_unique("kbt_big");
+        kt_topic(topic, 4);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        const int big = 100000;
+        char sql[1200];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'big-' || g,"
+                 " 'agg-' || (g %% 16), convert_to(g::text, 'UTF8')"
+                 " FROM generate_series(0, %d) g",
+                 topic, big - 1);
+        kt_exec(url, sql);
+        /* TOASTed payloads: random hex decoded, incompressible. */
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'toast-' || k, 't',"
+                 " (SELECT decode(string_agg(md5(random()::text || g::text ||"
+                 " k::text), ''), 'hex') FROM generate_series(1,"
+                 " CASE WHEN k = 2 THEN 75000 ELSE 56250 END) g)"
+                 " FROM generate_series(1, 3) k",
+                 topic);
+        kt_exec(url, sql);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "idem_key LIKE 'toast-%' AND "
+                                  "pg_column_size(payload) > 800000"),
+                     3));
+        kt_exec(url, "ALTER TABLE kinbox_outbox ADD COLUMN walrelay_extra "
+                     "text DEFAULT 'x'");
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'after-' || g,"
+                 " 'agg-after', convert_to(g::text, 'UTF8')"
+                 " FROM generate_series(0, 9) g",
+                 topic);
+        kt_exec(url, sql);
+        cr_assert(slot_caught_up(url, slot, 200), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        /* The 1.2 MB row is dead, with the reason; nothing else changed. */
+        char *err = qtext(url, "SELECT status || ': ' || last_error FROM "
+                               "kinbox_outbox WHERE idem_key = 'toast-2'");
+        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
+                      strstr(err, "SIZE_TOO_LARGE") != NULL,
+                  "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'pending'"),
+                     1));
+        size_t want = (size_t)big + 2 + 10;
+        tmsgs_t got;
+        consume(bootstrap, topic, want, 120, 2000, &got);
+        cr_assert(eq(sz, got.n, want), "%zu of %zu", got.n, want);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int last[17];
+        for (int i = 0; i < 17; i++)
+                last[i] = -1;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a;
+                if (sscanf(m->key, "agg-%d", &a) == 1) {
+                        int v = atoi(m->value);
+                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
+                                  last[a]);
+                        last[a] = v;
+                } else if (!strcmp(m->key, "t")) {
+                        cr_assert(strstr(m->msgid, "toast-2") == NULL);
+                        char q[200];
+                        snprintf(q, sizeof(q),
+                                 "SELECT encode(payload, 'hex') FROM "
+                                 "kinbox_outbox WHERE idem_key = '%s'",
+                                 strchr(m->msgid, ':') + 1);
+                        char *want_hex = qtext(url, q);
+                        char *got_hex = hex_of(m->value, m->value_size);
+                        cr_assert(m->value_size > 800000);
+                        cr_assert(strcmp(want_hex, got_hex) == 0,
+                                  "%s: payload differs", m->msgid);
+                        free(want_hex);
+                        free(got_hex);
+                }
+        }
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
+
+/* ------------------------------------------------------- idle slot */
+
+static long long
+slot_lag(const char *url, const char *slot, const char *col)
+{
+        return kt_qintf(url,
+                        "SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(),"
+                        " %s), -1)::bigint FROM pg_replication_slots WHERE "
+                        "slot_name = '%s'",
+                        col, slot);
+}
+
+/*
+ * An idle outbox on a busy database pins no WAL: other tables write about
+ * 200 MB while the wal relay has nothing to publish; the slot's confirmed
+ * and restart positions follow the server (keepalives confirmed when
+ * nothing is in flight), so the WAL it retains stays bounded.
+ */
+Test(walrelay, idle_slot_bounded, .timeout = 400)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_idle");
+        char *slot = kt_unique("kbt_idle");
+        kt_topic(topic, 1);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        kt_exec(url, "CREATE TABLE walrelay_filler (b bytea)");
+        char *start = qtext(url, "SELECT pg_current_wal_lsn()::text");
+        long long max_lag = 0;
+        const long long mb = 1024 * 1024;
+        for (int i = 0; i < 20; i++) {
+                /* ~10 MB per statement: rows below the TOAST threshold,
+                 * written to the WAL whole. */
+                kt_exec(url, "INSERT INTO walrelay_filler SELECT "
+                             "convert_to(repeat('x', 1900) || g::text, "
+                             "'UTF8') FROM generate_series(1, 5500) g");
+                long long lag = slot_lag(url, slot, "confirmed_flush_lsn");
+                if (lag > max_lag)
+                        max_lag = lag;
+        }
+        long long written = kt_qintf(url,
+                                     "SELECT pg_wal_lsn_diff("
+                                     "pg_current_wal_lsn(), '%s')::bigint",
+                                     start);
+        free(start);
+        cr_assert(written > 190 * mb, "only %lld MB of WAL", written / mb);
+        kt_exec(url, "CHECKPOINT");
+        /* Within a few seconds of the last write the slot holds next to
+         * nothing. */
+        long long lag = -1, rlag = -1;
+        for (int i = 0; i < 60; i++) {
+                lag = slot_lag(url, slot, "confirmed_flush_lsn");
+                rlag = slot_lag(url, slot, "restart_lsn");
+                if (lag >= 0 && lag < 1 * mb && rlag < 16 * mb)
+                        break;
+                usleep(500 * 1000);
+                if (i % 10 == 9)
+                        kt_exec(url, "CHECKPOINT");
+        }
+        cr_log_info("WAL written %lld MB; slot lag at most %lld MB while "
+                    "writing, then %lld bytes (restart %lld bytes)",
+                    written / mb, max_lag / mb, lag, rlag);
+        cr_assert(lag >= 0 && lag < 1 * mb, "confirmed lag %lld", lag);
+        cr_assert(rlag >= 0 && rlag < 16 * mb, "restart lag %lld", rlag);
+        cr_assert(max_lag < 64 * mb, "the slot pinned %lld MB", max_lag / mb);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        drop_slot(url, slot);
+}
+
+/* -------------------------------------------------------- refusals */
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int
+sh(const char *fmt, ...)
+{
+        char cmd[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof(cmd), fmt, ap);
+        va_end(ap);
+        int st = system(cmd);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `kinbox CMD -c ini`: its exit status; *out its output (stderr too). */
+static int
+kinbox_cmd(const char *cmd, const char *ini, char **out)
+{
+        return kt_kinbox(out, NULL, true, "%s -c %s", cmd, ini);
+}
+
+/* `kinbox run` of ini: its exit status within 30 s, its log in *out. */
+static int
+run_refused(const char *ini, char **out)
+{
+        char *log = kt_tmp("wal_refuse_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int rc = kt_wait_exit(pid, 30);
+        *out = kt_slurp(log);
+        return rc;
+}
+
+/*
+ * A role without REPLICATION, and no free replication slot: kinbox run
+ * and kinbox migrate exit 2 naming the setting.
+ */
+Test(walrelay, refuse_role_and_slots, .timeout = 180)
+{
+        char *url = kt_fresh_db(PG);
+        char *role = kt_unique("norepl");
+        char sql[600];
+        snprintf(sql, sizeof(sql),
+                 "CREATE ROLE %s LOGIN PASSWORD 'pw'; GRANT SELECT ON ALL "
+                 "TABLES IN SCHEMA public TO %s",
+                 role, role);
+        kt_exec(url, sql);
+        /* The same database as that role. */
+        const char *at = strchr(url, '@');
+        cr_assert(at != NULL);
+        char rurl[600];
+        snprintf(rurl, sizeof(rurl), "postgresql://%s:pw%s", role, at);
+        char *ini = kt_write_ini(rurl,
+                                 "[relay]\nenabled = true\n"
+                                 "source = wal\nslot = %s\n",
+                                 role);
+        char *out = NULL;
+        cr_assert(eq(int, run_refused(ini, &out), 2), "%s", out);
+        cr_assert(strstr(out, "relay.source = wal") &&
+                      strstr(out, "REPLICATION"),
+                  "%s", out);
+        free(out);
+        cr_assert(eq(int, kinbox_cmd("migrate", ini, &out), 2), "%s", out);
+        cr_assert(strstr(out, "REPLICATION") != NULL, "%s", out);
+        free(out);
+
+        /* Every slot in use. */
+        long long free_slots = kt_qint(
+            url, "SELECT current_setting('max_replication_slots')::int - "
+                 "(SELECT count(*) FROM pg_replication_slots)");
+        char *fill = kt_unique("kbt_fill");
+        for (long long i = 0; i < free_slots; i++) {
+                snprintf(sql, sizeof(sql),
+                         "SELECT 1 FROM pg_create_logical_replication_slot("
+                         "'%s_%lld', 'pgoutput')",
+                         fill, i);
+                kt_exec(url, sql);
+        }
+        char *slot = kt_unique("kbt_none");
+        ini = kt_write_ini(url,
+                           "[relay]\nenabled = true\nsource = wal\n"
+                           "slot = %s\n",
+                           slot);
+        int run_rc = run_refused(ini, &out);
+        int mig_rc = kinbox_cmd("migrate", ini, &out);
+        char *mig_out = out;
+        for (long long i = 0; i < free_slots; i++) {
+                char s[200];
+                snprintf(s, sizeof(s), "%s_%lld", fill, i);
+                drop_slot(url, s);
+        }
+        cr_assert(eq(int, run_rc, 2));
+        cr_assert(eq(int, mig_rc, 2), "%s", mig_out);
+        cr_assert(strstr(mig_out, "max_replication_slots") != NULL, "%s",
+                  mig_out);
+        free(mig_out);
+}
+
+/*
+ * wal_level = replica (a second PostgreSQL of this test's own): kinbox
+ * migrate applies the schema (the publication can be made anyway) and
+ * exits 2 naming wal_level; kinbox run exits 2 too.
+ */
+Test(walrelay, refuse_wal_level, .timeout = 180)
+{
+        const char *ctl = kt_env("KINBOX_PG_CTL");
+        const char *p = strstr(ctl, "/pg_ctl");
+        const char *b = p;
+        while (b > ctl && b[-1] != ' ')
+                b--;
+        cr_assert(p != NULL);
+        char bin[300];
+        snprintf(bin, sizeof(bin), "%.*s", (int)(p - b), b);
+        char *dir = kt_tmp("pg_replica");
+        int port = kt_free_port();
+        cr_assert(eq(int,
+                     sh("mkdir -p %s && chown postgres %s && runuser -u "
+                        "postgres -- %s/initdb -D %s/data -A trust "
+                        ">%s.initdb.log 2>&1",
+                        dir, dir, bin, dir, dir),
+                     0));
+        cr_assert(eq(int,
+                     sh("printf \"port = %d\\nlisten_addresses = "
+                        "'127.0.0.1'\\nunix_socket_directories = '%s'\\n"
+                        "wal_level = replica\\n\" >> %s/data/postgresql.conf "
+                        "&& runuser -u postgres -- %s/pg_ctl -D %s/data -l "
+                        "%s/log -w start >/dev/null 2>&1",
+                        port, dir, dir, bin, dir, dir),
+                     0));
+        int rc = sh("%s/psql -X -q -h 127.0.0.1 -p %d -U postgres -d postgres "
+                    "-c \"CREATE ROLE kinbox LOGIN SUPERUSER\" -c \"CREATE "
+                    "DATABASE kinbox OWNER kinbox\" >/dev/null 2>&1",
+                    bin, port);
+        char url[200];
+        snprintf(url, sizeof(url), "postgresql://kinbox@127.0.0.1:%d/kinbox",
+                 port);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "source = wal\n");
+        char *mig = NULL, *run = NULL;
+        int mig_rc = rc ? -1 : kinbox_cmd("migrate", ini, &mig);
+        int run_rc = rc ? -1 : run_refused(ini, &run);
+        sh("runuser -u postgres -- %s/pg_ctl -D %s/data -m immediate -w stop "
+           ">/dev/null 2>&1; rm -rf %s",
+           bin, dir, dir);
+        cr_assert(eq(int, rc, 0));
+        cr_assert(eq(int, mig_rc, 2), "%s", mig);
+        cr_assert(strstr(mig, "applied") && strstr(mig, "wal_level = logical"),
+                  "%s", mig);
+        cr_assert(eq(int, run_rc, 2), "%s", run);
+        cr_assert(strstr(run, "wal_level = logical") != NULL, "%s", run);
+        free(mig);
+        free(run);
+}
+
+/* ------------------------------------------------ table-less events */
+
+static void
+emit(PGconn *c, const char *topic, const char *idem, const char *agg,
+     const char *payload, const kinbox_header_t *h, size_t nh)
+{
+        kinbox_outbox_msg_t m = {.destination = topic,
+                                 .idem_key = idem,
+                                 .aggregate_id = agg,
+                                 .payload = payload,
+                                 .payload_size = payload ? strlen(payload) : 0,
+                                 .headers = h,
+                                 .header_count = nh};
+        char err[300];
+        cr_assert(
+            eq(int, kinbox_outbox_emit_pg(c, &m, err, sizeof(err)), KINBOX_OK),
+            "%s", err);
+}
+
+/*
+ * kinbox_outbox_emit_pg(): published like a table row (key, payload,
+ * headers, message_id), never when rolled back, with no table row; bad
+ * envelopes under kinbox's prefix (unknown version, truncated, another
+ * writer's) are dead-lettered with their bytes while the relay goes on.
+ */
+Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_emit");
+        char *slot = kt_unique("kbt_emit");
+        kt_topic(topic, 4);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        tconn_t c;
+        tc_open(&c, PG, url);
+        kinbox_header_t hdrs[] = {{"h1", "v1", 2}, {"nul", NULL, 0}};
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "m-1", "agg-1", "one", hdrs, 2);
+        emit(c.pg, topic, "m-2", "agg-1", NULL, NULL, 0);
+        kinbox_outbox_msg_t row = {.destination = topic,
+                                   .idem_key = "row-3",
+                                   .aggregate_id = "agg-1",
+                                   .payload = "three",
+                                   .payload_size = 5};
+        cr_assert(eq(int, tc_append(&c, &row, NULL), KINBOX_OK));
+        emit(c.pg, topic, "m-4", NULL, "four", NULL, 0);
+        tc_sql(&c, "COMMIT");
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "rolled-back", "agg-1", "no", NULL, 0);
+        tc_sql(&c, "ROLLBACK");
+        /* An action needs the table. */
+        kinbox_outbox_msg_t act = {.destination = "action:x", .idem_key = "a"};
+        char err[300];
+        cr_assert(eq(int, kinbox_outbox_emit_pg(c.pg, &act, err, sizeof(err)),
+                     KINBOX_ERR_INVALID));
+        /* Bad envelopes: unknown version, truncated, another writer's. */
+        tc_sql(&c, "BEGIN");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1',"
+                   " '\\x02000000'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.outbox.v1',"
+                   " '\\x0100000010616263'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'kinbox.audit',"
+                   " 'hello'::bytea)");
+        tc_sql(&c, "SELECT pg_logical_emit_message(true, 'someone.else',"
+                   " 'ignored'::bytea)");
+        tc_sql(&c, "COMMIT");
+        tc_sql(&c, "BEGIN");
+        emit(c.pg, topic, "m-5", "agg-1", "five", NULL, 0);
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+
+        tmsgs_t got;
+        consume(bootstrap, topic, 5, 30, 1500, &got);
+        cr_assert(eq(sz, got.n, 5), "%zu messages", got.n);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        char id[300];
+        const char *agg1[] = {"m-1", "m-2", "row-3", "m-5"};
+        int k = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                cr_assert(strstr(m->msgid, "rolled-back") == NULL);
+                if (m->key && !strcmp(m->key, "agg-1")) {
+                        snprintf(id, sizeof(id), "%s:%s", topic, agg1[k++]);
+                        cr_assert(eq(str, m->msgid, id), "order");
+                }
+        }
+        cr_assert(eq(int, k, 4));
+        snprintf(id, sizeof(id), "%s:m-1", topic);
+        const tmsg_t *m1 = find_msgid(&got, id);
+        cr_assert(m1 && m1->value_size == 3 && !memcmp(m1->value, "one", 3));
+        cr_assert(eq(sz, rd_kafka_header_cnt(m1->hdrs), 3));
+        const void *hv;
+        size_t hn;
+        bool h1 = !rd_kafka_header_get_last(m1->hdrs, "h1", &hv, &hn) &&
+                  hn == 2 && !memcmp(hv, "v1", 2);
+        cr_assert(h1, "header h1");
+        snprintf(id, sizeof(id), "%s:m-2", topic);
+        const tmsg_t *m2 = find_msgid(&got, id);
+        cr_assert(m2 && m2->value == NULL, "m-2: null value");
+        snprintf(id, sizeof(id), "%s:m-4", topic);
+        const tmsg_t *m4 = find_msgid(&got, id);
+        cr_assert(m4 && m4->key == NULL);
+        msgs_free(&got);
+        /* One table row (row-3, pending, untouched); the three bad
+         * envelopes dead with their bytes and the reason. */
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status = 'pending'"),
+                     1));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND destination = "
+                            "'kinbox.invalid' AND idem_key LIKE 'wal:%'"),
+               3));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                            "status = 'dead' AND ("
+                            "(payload = '\\x02000000'::bytea AND "
+                            "last_error LIKE '%unknown version 2%') OR "
+                            "(payload = '\\x0100000010616263'::bytea AND "
+                            "last_error LIKE '%truncated%') OR "
+                            "(payload = 'hello'::bytea AND "
+                            "last_error LIKE '%kinbox.audit%'))"),
+               3));
+        drop_slot(url, slot);
+}
+
+/* kinbox_outbox_emit() from a handler: the next hop of each message,
+ * keyed by the message's key. */
+static kinbox_result_t
+emit_hop(kinbox_tx_t *tx, const kinbox_msg_t *msg, void *opaque)
+{
+        const char *out = opaque;
+        size_t kn = 0;
+        const void *k = kinbox_msg_key(msg, &kn);
+        char key[64], idem[300];
+        snprintf(key, sizeof(key), "%.*s", (int)kn, (const char *)k);
+        snprintf(idem, sizeof(idem), "hop-%s", kinbox_msg_id(msg));
+        kinbox_outbox_msg_t m = {.destination = out,
+                                 .idem_key = idem,
+                                 .aggregate_id = key,
+                                 .payload = idem,
+                                 .payload_size = strlen(idem)};
+        return kinbox_outbox_emit(tx, &m) ? KINBOX_RESULT_RETRY
+                                          : KINBOX_RESULT_OK;
+}
+
+/*
+ * Hop by hop with no outbox table: a consumer's handler emits its next
+ * event with kinbox_outbox_emit() in its transaction; the wal relay
+ * publishes each once per committed inbox row, in the key's order.
+ */
+Test(walrelay, emit_from_handler, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *in = kt_unique("wal_hop_in"), *out = kt_unique("wal_hop_out");
+        char *slot = kt_unique("kbt_hop");
+        kt_topic(in, 2);
+        kt_topic(out, 2);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        const int n = 60;
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < n; i++) {
+                char key[16], id[32], val[32];
+                snprintf(key, sizeof(key), "k%d", i % 3);
+                snprintf(id, sizeof(id), "m%03d", i);
+                snprintf(val, sizeof(val), "%d", i);
+                kt_produce(p, in, -1, key, val, id);
+        }
+        kt_producer_flush_destroy(p);
+        kinbox_conf_t *cc = kt_conf(url, "hop", kt_unique("g_hop"), in);
+        kt_set(cc, "message_id", "header:message_id");
+        kt_run_t *cr = kt_run_start(cc, emit_hop, NULL, out);
+        tmsgs_t got;
+        consume(bootstrap, out, (size_t)n, 60, 1500, &got);
+        kt_run_stop(cr);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(eq(sz, got.n, (size_t)n), "%zu of %d", got.n, n);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int last[3] = {-1, -1, -1};
+        for (size_t i = 0; i < got.n; i++) {
+                int k = -1, m = -1;
+                cr_assert(sscanf(got.v[i].key, "k%d", &k) == 1 && k >= 0 &&
+                          k < 3);
+                cr_assert(strstr(got.v[i].value, "hop-") != NULL);
+                m = atoi(strchr(got.v[i].value, 'm') + 1);
+                cr_assert(m > last[k], "k%d: m%d after m%d", k, m, last[k]);
+                last[k] = m;
+        }
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 0));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
+
+/*
+ * Two `kinbox run` on one slot: the second waits (the slot has one
+ * reader), takes over within seconds of a SIGKILL of the first, and
+ * publishes what is appended after it; nothing lost.
+ */
+Test(walrelay, second_relay_takes_over, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_take");
+        char *slot = kt_unique("kbt_take");
+        kt_topic(topic, 2);
+        char *ini = kt_write_ini(url,
+                                 "[relay]\nenabled = true\nsource = wal\n"
+                                 "slot = %s\n",
+                                 slot);
+        char *loga = kt_tmp("wal_take_a"), *logb = kt_tmp("wal_take_b");
+        pid_t a = kt_spawn_kinbox(ini, NULL, loga);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot),
+                  "%s", kt_tail(loga, 20));
+        pid_t b = kt_spawn_kinbox(ini, NULL, logb);
+        tconn_t c;
+        tc_open(&c, PG, url);
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                for (int i = 0; i < 20; i++, n++) {
+                        char idem[32], pay[32];
+                        snprintf(idem, sizeof(idem), "t-%d", n);
+                        int pn = snprintf(pay, sizeof(pay), "%d", n);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = "one",
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        tc_sql(&c, "BEGIN");
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        tc_sql(&c, "COMMIT");
+                }
+                if (round == 0) {
+                        cr_assert(slot_caught_up(url, slot, 30));
+                        /* b is waiting, not reading. */
+                        char *lb = kt_slurp(logb);
+                        cr_assert(lb && strstr(lb, "in use by another reader"),
+                                  "%s", lb ? lb : "");
+                        free(lb);
+                        kill(a, SIGKILL);
+                        cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
+                }
+        }
+        tc_close(&c);
+        cr_assert(slot_caught_up(url, slot, 30), "%s", kt_tail(logb, 20));
+        char *lb = kt_slurp(logb);
+        cr_assert(lb && strstr(lb, "is ours now"), "%s", lb ? lb : "");
+        free(lb);
+        kill(b, SIGTERM);
+        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(logb, 20));
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int next = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                int v = atoi(got.v[i].value);
+                if (v < next)
+                        continue; /* a copy: published again after the kill */
+                cr_assert(eq(int, v, next), "order or a gap");
+                next++;
+        }
+        cr_assert(eq(int, next, n));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
+
+/*
+ * The database stops (immediate: crash recovery) and starts again under a
+ * running wal relay: it reconnects, resumes from the slot, and every
+ * committed row before and after is on the topic, in order.
+ */
+Test(walrelay, database_restart, .timeout = 240)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_pgrs");
+        char *slot = kt_unique("kbt_pgrs");
+        kt_topic(topic, 2);
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                tconn_t c;
+                tc_open(&c, PG, url);
+                tc_sql(&c, "BEGIN");
+                for (int i = 0; i < 50; i++, n++) {
+                        char idem[32], pay[32];
+                        snprintf(idem, sizeof(idem), "r-%d", n);
+                        int pn = snprintf(pay, sizeof(pay), "%d", n);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = "one",
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                }
+                tc_sql(&c, "COMMIT");
+                tc_close(&c);
+                if (round == 0) {
+                        kt_services("pg-stop immediate");
+                        sleep(1);
+                        kt_services("pg-start");
+                }
+        }
+        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int next = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                int v = atoi(got.v[i].value);
+                if (v < next)
+                        continue; /* published again after the restart */
+                cr_assert(eq(int, v, next), "order or a gap");
+                next++;
+        }
+        cr_assert(eq(int, next, n));
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
+
+/*
+ * Broker trouble under the wal relay (librdkafka's mock cluster): retriable
+ * produce errors, then every broker down past the delivery deadline and up
+ * again. The relay starts again from the confirmed position: every row on
+ * the topic at least once, per key in order (a copy only repeats rows
+ * already seen).
+ */
+Test(walrelay, broker_outage, .timeout = 240)
+{
+        mock_t mk;
+        mock_start(&mk, 3);
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_outage");
+        char *slot = kt_unique("kbt_outage");
+        cr_assert(rd_kafka_mock_topic_create(mk.mc, topic, 16, 1) == 0);
+        kinbox_conf_t *conf = wal_conf(url, mk.bootstrap, slot);
+        cset(conf, "kafka.message.timeout.ms", "1000");
+        kinbox_relay_t *r = relay_new(conf);
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        rd_kafka_mock_push_request_errors(
+            mk.mc, 0 /* Produce */, 4,
+            RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT);
+        const int aggs = 20, per = 100;
+        tconn_t c;
+        tc_open(&c, PG, url);
+        for (int seq = 0; seq < per; seq++) {
+                if (seq == per / 2) {
+                        kinbox_relay_stats_t st;
+                        for (int i = 0; i < 300; i++) {
+                                kinbox_relay_stats(r, &st);
+                                if (st.published >= (uint64_t)aggs * 10)
+                                        break;
+                                usleep(100 * 1000);
+                        }
+                        mock_brokers(&mk, 3, false);
+                }
+                tc_sql(&c, "BEGIN");
+                for (int a = 0; a < aggs; a++) {
+                        char key[48], agg[32], pay[16];
+                        snprintf(key, sizeof(key), "a%d-s%d", a, seq);
+                        snprintf(agg, sizeof(agg), "agg-%d", a);
+                        int n = snprintf(pay, sizeof(pay), "%d", seq);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = key,
+                                                 .aggregate_id = agg,
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)n};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                }
+                tc_sql(&c, "COMMIT");
+        }
+        tc_close(&c);
+        usleep(2500 * 1000);
+        mock_brokers(&mk, 3, true);
+        cr_assert(slot_caught_up(url, slot, 120), "slot not confirmed");
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t got;
+        consume(mk.bootstrap, topic, (size_t)(aggs * per), 60, 1000, &got);
+        int last[20];
+        for (int a = 0; a < aggs; a++)
+                last[a] = -1;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a = atoi(m->key + 4), seq = atoi(m->value);
+                cr_assert(seq <= last[a] + 1, "%s: seq %d first seen after %d",
+                          m->key, seq, last[a]);
+                if (seq > last[a])
+                        last[a] = seq;
+        }
+        for (int a = 0; a < aggs; a++)
+                cr_assert(eq(int, last[a], per - 1), "agg %d", a);
+        cr_log_info("%zu records for %d rows", got.n, aggs * per);
+        msgs_free(&got);
+        mock_stop(&mk);
+        drop_slot(url, slot);
+}
