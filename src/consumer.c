@@ -809,7 +809,9 @@ workers_full(kinbox_consumer_t *c)
  * leader for its end offset (a ListOffsets request each): a request to a
  * broker wakes its thread, which then sees room and fetches at once.
  * Pausing and resuming would also wake them, but a resume throws away
- * what was prefetched.
+ * what was prefetched. Kept on every librdkafka release: where the broker
+ * threads wake by themselves, it costs one ListOffsets request per
+ * partition leader each time a full queue has drained to three quarters.
  */
 #define NUDGE_CHECK_MS 20
 
@@ -1094,7 +1096,9 @@ poll_loop(kinbox_consumer_t *c)
  * consumer queue still held (prefetched messages, consumer errors) besides
  * the revoke: librdkafka 2.0's rd_kafka_queue_poll_callback() asserts on a
  * message (an op it cannot serve as a callback), so the close is served
- * with rd_kafka_queue_poll() and each event handled here. */
+ * with rd_kafka_queue_poll() and each event handled here. That is the
+ * queue API's documented way on every release (2.8 included), so it is
+ * not limited to 2.0. */
 static void
 close_event(kinbox_consumer_t *c, rd_kafka_event_t *ev)
 {
