@@ -6,7 +6,9 @@
 #include "consumer_int.h"
 #include "fate.h"
 #include "hdrcodec.h"
+#include "held.h"
 #include "hold.h"
+#include "startpos.h"
 #include "metrics.h"
 #include "settings.h"
 
@@ -153,15 +155,23 @@ queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
                         if (later)
                                 continue;
                 }
-                char part[16], off[24];
+                /* With the identity of the record at W-1 (this one): on
+                 * the next assignment the consumer reads it again to see
+                 * that the log is the one these effects came from. */
+                char part[16], off[24], ts[24], hash[24];
                 snprintf(part, sizeof(part), "%" PRId32, m->rkm->partition);
                 snprintf(off, sizeof(off), "%" PRId64, m->rkm->offset + 1);
-                kinbox__param_t p[4] = {{c->name, 0, 0},
-                                        {m->part->topic, 0, 0},
-                                        {part, 0, 0},
-                                        {off, 0, 0}};
+                snprintf(ts, sizeof(ts), "%" PRId64, m->ts);
+                snprintf(hash, sizeof(hash), "%" PRId64,
+                         (int64_t)kinbox__record_hash(
+                             m->rkm->key, m->rkm->key_len, m->rkm->payload,
+                             m->rkm->len));
+                kinbox__param_t p[6] = {
+                    {c->name, 0, 0}, {m->part->topic, 0, 0},
+                    {part, 0, 0},    {off, 0, 0},
+                    {ts, 0, 0},      {hash, 0, 0}};
                 int rc = w->db->ops->exec(
-                    w->db, w->db->ops->sql->offsets_upsert, 4, p, -1);
+                    w->db, w->db->ops->sql->offsets_upsert, 6, p, -1);
                 if (rc)
                         return rc;
         }
@@ -184,6 +194,15 @@ fail_msg(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i, kinbox__fate_t f,
                 m->failures++;
                 m->state = KINBOX__MSG_DEAD;
                 w->hold_dead = true;
+                return;
+        }
+        if (f == KINBOX__FATE_HOLD) {
+                /* Not the message's fault: uncharged, its partition
+                 * waits (held.c). */
+                for (size_t j = i; j < w->nmsgs; j++)
+                        if (w->msgs[j]->part == m->part)
+                                w->msgs[j]->state = KINBOX__MSG_CUT;
+                kinbox__held_hold(c, m, &w->db->err);
                 return;
         }
         atomic_fetch_add(&c->st_retried, 1);
@@ -612,6 +631,94 @@ resource_error(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox__db_t *db)
                     w->idx, db->err.msg);
 }
 
+/* One notice per consumer per this many ms about hidden batch splits. */
+#define SPLIT_LOG_MS 60000
+
+/* A batch handler's set-based statement failed and its group is to be
+ * narrowed down to the message (or a merged MySQL INSERT re-run row by
+ * row): the handler sees more calls and the batch more rollbacks. Count
+ * it with its cause; say so at most once a minute. */
+static void
+split_noted(kinbox_consumer_t *c, const kinbox__dberr_t *e)
+{
+        char cause[16], l[300];
+        kinbox__db_err_cause(e, cause, sizeof(cause));
+        kinbox__m_add("kinbox_consumer_batch_splits_total",
+                      kinbox__m_labels(l, sizeof(l), "consumer", c->name,
+                                       "cause", cause, (char *)NULL),
+                      1);
+        uint64_t n = atomic_fetch_add(&c->st_splits, 1) + 1;
+        int64_t now = kinbox__now_ms();
+        int64_t last = atomic_load(&c->split_log_ms);
+        if ((last && now - last < SPLIT_LOG_MS) ||
+            !atomic_compare_exchange_strong(&c->split_log_ms, &last, now))
+                return;
+        uint64_t before = atomic_exchange(&c->st_splits_logged, n);
+        kinbox__log(&c->lg, KINBOX_LOG_NOTICE, "consumer",
+                    "consumer %s: a set-based statement failed and its "
+                    "batch is split to find the message (%" PRIu64
+                    " split%s since the last such line): %s%s%s%s; a "
+                    "statement that fails for one message costs rollbacks "
+                    "and handler calls (docs/failures.md, failure "
+                    "isolation)",
+                    c->name, n - before, n - before == 1 ? "" : "s", e->msg,
+                    e->stmt[0] ? " (statement: " : "", e->stmt,
+                    e->stmt[0] ? ")" : "");
+}
+
+/* Hold every partition of the batch (its first message names it). */
+static void
+hold_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
+{
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox_msg_t *m = w->msgs[i];
+                bool first = true;
+                for (size_t j = 0; j < i && first; j++)
+                        first = w->msgs[j]->part != m->part;
+                if (first && m->state != KINBOX__MSG_CUT)
+                        kinbox__held_hold(c, m, &w->db->err);
+        }
+}
+
+/* Charge failure f of group g: the message's fate, or how the group is
+ * narrowed down to it. True when a suspect was cut out of the group. */
+static bool
+charge(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f,
+       size_t g)
+{
+        kinbox__db_t *db = w->db;
+        bool cut = false;
+        if ((f->kind == FL_GROUP && !f->by_result) || f->kind == FL_MERGED)
+                split_noted(c, &db->err);
+        if (f->kind == FL_MSG) {
+                fail_msg(c, w, f->idx, f->fate,
+                         f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
+                /* The culprit is out: the group's next batch handler call
+                 * is set-based again. A set-based call's row named it:
+                 * what follows it becomes a group of its own. */
+                if (c->batch_handler && !c->handler && !wk->single[g] &&
+                    wk->iso)
+                        split_at(wk, g, f->idx + 1);
+                wk->single[g] = false;
+        } else if (f->kind == FL_GROUP && !f->by_result && wk->iso &&
+                   f->suspect && cut_suspect(wk, g, f->suspect - 1)) {
+                /* The suspect runs alone between the rest of the group:
+                 * its own statement's failure is what charges it. */
+                cut = true;
+        } else if (f->kind == FL_GROUP && !f->by_result) {
+                /* Narrow it down to the message: one message at a time
+                 * when the handler's one-message call needs no round trip
+                 * (its statements are pipelined: a group's worth of them
+                 * costs less than the 2 log2(group) set-based calls, each
+                 * waiting, of a bisection), else by bisection. */
+                if (!wk->iso || w->one_call == KINBOX__ONE_CALL_NO_WAIT ||
+                    !bisect(wk, g))
+                        wk->single[g] = true;
+        } else if (f->kind == FL_MERGED)
+                wk->no_merge = true; /* the rows one by one pin it */
+        return cut;
+}
+
 /*
  * Charge failure f and make the transaction usable again: in isolation
  * mode roll back to the failing group's savepoint and go on from there;
@@ -640,44 +747,33 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                         resource_error(c, w, db);
                         return RUN_BACKOFF;
                 }
-                kinbox__log(&c->lg,
-                            db->err.code == KINBOX_ERR_TRANSIENT
-                                ? KINBOX_LOG_INFO
-                                : KINBOX_LOG_ERR,
-                            "consumer", "worker %d: batch rolled back: %s",
-                            w->idx, db->err.msg);
+                if (db->err.deploy) {
+                        /* kinbox's own statement (its tables missing, no
+                         * privilege on them): every partition of the
+                         * batch is held while the batch backs off. */
+                        hold_batch(c, w);
+                        return RUN_BACKOFF;
+                }
+                /* Charged to no message: name where the batch starts. */
+                const kinbox_msg_t *m0 = w->nmsgs ? w->msgs[0] : NULL;
+                kinbox__log(
+                    &c->lg,
+                    db->err.code == KINBOX_ERR_TRANSIENT ? KINBOX_LOG_INFO
+                                                         : KINBOX_LOG_ERR,
+                    "consumer",
+                    "consumer %s: worker %d: batch of %zu from %s "
+                    "[%" PRId32 "] offset %" PRId64 " rolled back: %s%s%s%s",
+                    c->name, w->idx, w->nmsgs, m0 ? m0->part->topic : "?",
+                    m0 ? m0->part->partition : -1,
+                    m0 ? kinbox_msg_offset(m0) : -1, db->err.msg,
+                    db->err.stmt[0] ? " (statement: " : "", db->err.stmt,
+                    db->err.stmt[0] ? ")" : "");
                 return RUN_BACKOFF;
         }
         size_t g = f->kind == FL_MSG ? group_of(wk, f->idx) : f->idx;
-        bool cut = false;
         if (g + 1 < wk->ngroups)
                 wk->suspect[g + 1] = false; /* the failure was before it */
-        if (f->kind == FL_MSG) {
-                fail_msg(c, w, f->idx, f->fate,
-                         f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
-                /* The culprit is out: the group's next batch handler call
-                 * is set-based again. A set-based call's row named it:
-                 * what follows it becomes a group of its own. */
-                if (c->batch_handler && !c->handler && !wk->single[g] &&
-                    wk->iso)
-                        split_at(wk, g, f->idx + 1);
-                wk->single[g] = false;
-        } else if (f->kind == FL_GROUP && !f->by_result && wk->iso &&
-                   f->suspect && cut_suspect(wk, g, f->suspect - 1)) {
-                /* The suspect runs alone between the rest of the group:
-                 * its own statement's failure is what charges it. */
-                cut = true;
-        } else if (f->kind == FL_GROUP && !f->by_result) {
-                /* Narrow it down to the message: one message at a time
-                 * when the handler's one-message call needs no round trip
-                 * (its statements are pipelined: a group's worth of them
-                 * costs less than the 2 log2(group) set-based calls, each
-                 * waiting, of a bisection), else by bisection. */
-                if (!wk->iso || w->one_call == KINBOX__ONE_CALL_NO_WAIT ||
-                    !bisect(wk, g))
-                        wk->single[g] = true;
-        } else if (f->kind == FL_MERGED)
-                wk->no_merge = true; /* the rows one by one pin it */
+        bool cut = charge(c, w, wk, f, g);
         /* A group call whose suspect was cut out counts as exact: its
          * group runs again with no narrowing but the suspect's call. So
          * does a suspect outside isolation mode (the batch runs again
@@ -1071,6 +1167,16 @@ run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
         db->nnone = 0;
         if (w->hold_dead)
                 kinbox__hold_committed(c, w);
+        /* A held partition whose messages all committed is free. */
+        for (size_t i = 0; i < w->nmsgs; i++) {
+                kinbox__part_t *p = w->msgs[i]->part;
+                bool cut = false;
+                for (size_t j = i; p->held && j < w->nmsgs && !cut; j++)
+                        cut = w->msgs[j]->part == p &&
+                              w->msgs[j]->state == KINBOX__MSG_CUT;
+                if (p->held && !cut)
+                        kinbox__held_release(c, p);
+        }
         store_offsets(c, w);
         batch_committed(c, w, mlab, t_begin);
         return RUN_DONE;

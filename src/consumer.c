@@ -16,6 +16,7 @@
  * (or, on a clean stream, one rollback); its neighbours commit once.
  */
 #include "consumer_int.h"
+#include "held.h"
 #include "db.h"
 #include "hold.h"
 #include "internal.h"
@@ -323,6 +324,8 @@ part_free(kinbox__part_t *p)
                 m = n;
         }
         kinbox__hold_free(p);
+        if (p->w)
+                kinbox__held_forget(p->w->c, p);
         free(p->topic);
         free(p);
 }
@@ -500,8 +503,8 @@ worker_main(void *arg)
 /* ------------------------------------------------------------------ */
 /* main thread: partitions, rebalances, dispatch */
 
-static kinbox__part_t *
-part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
+kinbox__part_t *
+kinbox__part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
 {
         for (kinbox__part_t *p = c->parts; p; p = p->next)
                 if (p->partition == partition && !strcmp(p->topic, topic))
@@ -518,65 +521,12 @@ hash_tp(const char *topic, int32_t partition)
         return h + (unsigned)partition;
 }
 
-/*
- * Seek each newly assigned partition to max(DB watermark, committed).
- * Partitions where the DB was ahead are added to *ahead, so their start is
- * stored (and committed) at once: Kafka's view of the group's position,
- * and so its lag, must not wait for the next message.
- */
-static void
-apply_watermarks(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl,
-                 rd_kafka_topic_partition_list_t *ahead)
-{
-        rd_kafka_resp_err_t e = rd_kafka_committed(c->rk, pl, 10000);
-        if (e)
-                kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                            "committed offsets unavailable: %s",
-                            rd_kafka_err2str(e));
-        kinbox_rows_t *rows = NULL;
-        const char *vals[1] = {c->name};
-        static const char sql[] = "SELECT topic, kafka_partition, "
-                                  "next_offset FROM kinbox_offsets WHERE "
-                                  "consumer = $1";
-        int rc = kinbox__db_queryv(c->ctl, sql, 1, vals, &rows);
-        if (rc == KINBOX_ERR_DB_CONN) /* a restarted server: once more */
-                rc = kinbox__db_queryv(c->ctl, sql, 1, vals, &rows);
-        if (rc) {
-                kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                            "reading offset watermarks: %s (starting from "
-                            "Kafka's committed offsets; the inbox still "
-                            "deduplicates)",
-                            c->ctl->err.msg);
-                return;
-        }
-        for (size_t i = 0; i < kinbox_rows_count(rows); i++) {
-                const char *t = kinbox_rows_value(rows, i, 0, NULL);
-                int32_t part = (int32_t)strtol(
-                    kinbox_rows_value(rows, i, 1, NULL), NULL, 10);
-                int64_t off =
-                    strtoll(kinbox_rows_value(rows, i, 2, NULL), NULL, 10);
-                rd_kafka_topic_partition_t *tp =
-                    rd_kafka_topic_partition_list_find(pl, t, part);
-                if (tp && off > tp->offset) {
-                        kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
-                                    "%s [%" PRId32 "]: DB watermark %" PRId64
-                                    " ahead of committed %" PRId64
-                                    ": starting there",
-                                    t, part, off, tp->offset);
-                        tp->offset = off;
-                        rd_kafka_topic_partition_list_add(ahead, t, part)
-                            ->offset = off;
-                }
-        }
-        kinbox_rows_destroy(rows);
-}
-
 static void
 parts_add(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
 {
         for (int i = 0; i < pl->cnt; i++) {
                 rd_kafka_topic_partition_t *tp = &pl->elems[i];
-                if (part_find(c, tp->topic, tp->partition))
+                if (kinbox__part_find(c, tp->topic, tp->partition))
                         continue;
                 kinbox__part_t *p = kinbox__calloc(1, sizeof(*p));
                 if (!p || !(p->topic = kinbox__strdup(tp->topic))) {
@@ -604,8 +554,8 @@ parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
         for (int k = 0; k < c->nworkers; k++)
                 pthread_mutex_lock(&c->workers[k].lock);
         for (int i = 0; pl && i < pl->cnt; i++) {
-                kinbox__part_t *p =
-                    part_find(c, pl->elems[i].topic, pl->elems[i].partition);
+                kinbox__part_t *p = kinbox__part_find(c, pl->elems[i].topic,
+                                                      pl->elems[i].partition);
                 if (p)
                         p->revoked = true;
         }
@@ -690,8 +640,10 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                             "%s: assigned %d partition(s)", c->name, pl->cnt);
                 rd_kafka_topic_partition_list_t *ahead =
                     rd_kafka_topic_partition_list_new(4);
-                apply_watermarks(c, pl, ahead);
+                rd_kafka_topic_partition_list_t *refuse =
+                    rd_kafka_topic_partition_list_new(4);
                 parts_add(c, pl);
+                kinbox__startpos_assign(c, pl, ahead, refuse);
                 if (coop) {
                         rd_kafka_error_t *e =
                             rd_kafka_incremental_assign(rk, pl);
@@ -714,6 +666,18 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                                             rd_kafka_err2str(se));
                 }
                 rd_kafka_topic_partition_list_destroy(ahead);
+                /* Refused partitions stay assigned, paused for good. */
+                if (refuse->cnt)
+                        rd_kafka_pause_partitions(rk, refuse);
+                for (int i = 0; i < refuse->cnt; i++) {
+                        kinbox__part_t *p =
+                            kinbox__part_find(c, refuse->elems[i].topic,
+                                              refuse->elems[i].partition);
+                        if (p)
+                                p->paused = true;
+                }
+                rd_kafka_topic_partition_list_destroy(refuse);
+                kinbox__startpos_gauge(c);
                 metrics_assignment(c, rk);
                 return;
         }
@@ -739,6 +703,7 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         } else {
                 rd_kafka_assign(rk, NULL);
         }
+        kinbox__startpos_gauge(c);
         metrics_assignment(c, rk);
 }
 
@@ -746,20 +711,24 @@ static void
 dispatch(kinbox_consumer_t *c, rd_kafka_message_t *rkm)
 {
         const char *topic = rd_kafka_topic_name(rkm->rkt);
-        kinbox__part_t *p = part_find(c, topic, rkm->partition);
+        kinbox__part_t *p = kinbox__part_find(c, topic, rkm->partition);
         if (!p) {
                 /* Not ours (any more): it will be redelivered to the owner. */
                 rd_kafka_message_destroy(rkm);
                 return;
         }
-        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
+        if (kinbox__startpos_take(c, p, rkm))
+                return;
+        kinbox_msg_t *m = kinbox__msg_alloc(rkm->payload, rkm->len);
         if (!m) {
                 rd_kafka_message_destroy(rkm);
                 return;
         }
         m->rkm = rkm;
         m->part = p;
+        const void *payload = m->v.payload;
         kinbox__msgview_of(rkm, &m->v);
+        m->v.payload = payload; /* the copy with its NUL */
         rd_kafka_timestamp_type_t tstype;
         m->ts = rd_kafka_message_timestamp(rkm, &tstype);
         char why[300];
@@ -794,7 +763,7 @@ update_pauses(kinbox_consumer_t *c)
                 pthread_mutex_lock(&c->workers[k].lock);
         for (kinbox__part_t *p = c->parts; p; p = p->next) {
                 kinbox__worker_t *w = p->w;
-                bool want = kinbox__part_backing_off(p, now) ||
+                bool want = p->refused || kinbox__part_backing_off(p, now) ||
                             (c->stalled && w->queued >= c->queue_max / 2);
                 if (want && !p->paused)
                         rd_kafka_topic_partition_list_add(pause, p->topic,
@@ -840,7 +809,9 @@ workers_full(kinbox_consumer_t *c)
  * leader for its end offset (a ListOffsets request each): a request to a
  * broker wakes its thread, which then sees room and fetches at once.
  * Pausing and resuming would also wake them, but a resume throws away
- * what was prefetched.
+ * what was prefetched. Kept on every librdkafka release: where the broker
+ * threads wake by themselves, it costs one ListOffsets request per
+ * partition leader each time a full queue has drained to three quarters.
  */
 #define NUDGE_CHECK_MS 20
 
@@ -1125,7 +1096,9 @@ poll_loop(kinbox_consumer_t *c)
  * consumer queue still held (prefetched messages, consumer errors) besides
  * the revoke: librdkafka 2.0's rd_kafka_queue_poll_callback() asserts on a
  * message (an op it cannot serve as a callback), so the close is served
- * with rd_kafka_queue_poll() and each event handled here. */
+ * with rd_kafka_queue_poll() and each event handled here. That is the
+ * queue API's documented way on every release (2.8 included), so it is
+ * not limited to 2.0. */
 static void
 close_event(kinbox_consumer_t *c, rd_kafka_event_t *ev)
 {
@@ -1225,6 +1198,8 @@ kinbox_consumer_run(kinbox_consumer_t *c)
                       kinbox__m_labels(alab, sizeof(alab), "consumer", c->name,
                                        (char *)NULL),
                       -1);
+        kinbox__m_set("kinbox_consumer_partitions_refused", alab, 0);
+        kinbox__held_gauge(c);
         kinbox_err_t ret = workers_start(c);
         if (!ret) {
                 rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, c->topics);

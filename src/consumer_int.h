@@ -102,7 +102,11 @@ typedef enum kinbox__fate {
         KINBOX__FATE_DEAD,
         /* The event was already applied (KINBOX_RESULT_DUPLICATE, or a
          * kinbox_tx_exec_unique() statement's unique violation). */
-        KINBOX__FATE_BIZDUP
+        KINBOX__FATE_BIZDUP,
+        /* No retry can fix it and the message is not to blame (an
+         * undefined table, a missing privilege: dberr.deploy): its
+         * partition is held (held.c), the attempt not charged. */
+        KINBOX__FATE_HOLD
 } kinbox__fate_t;
 
 struct kinbox__holdset;
@@ -125,6 +129,20 @@ struct kinbox__part {
         /* Its holds could not be read at assignment: its messages wait
          * until its worker read them (hold.c; under w->lock). */
         bool hold_unknown;
+        /* Start position (consumer_startpos.c; main thread only). refused:
+         * paused for good, its messages dropped, no offset stored. verify:
+         * the first message must be the record at verify_off (W-1) with
+         * this identity; it is dropped, then W stored when store_w. */
+        bool refused;
+        bool verify, store_w;
+        int64_t verify_off, verify_ts;
+        uint64_t verify_hash;
+        int64_t sp_w, sp_c, sp_l, sp_h; /* as found at assignment */
+        /* Held by an error no retry can fix (held.c; its worker): since
+         * when, attempts, the last error line. */
+        bool held;
+        int held_n;
+        int64_t held_since_ms, held_log_ms;
 };
 
 struct kinbox__worker {
@@ -228,12 +246,21 @@ struct kinbox_consumer_s {
         char *hold_src;
         int64_t release_poll;
         atomic_uint_fast64_t st_parked, st_released;
+        atomic_int st_held; /* partitions held (held.c) */
+        /* Hidden batch splits (batch.c): counted, the count at the last
+         * notice, and when it was logged (monotonic ms). */
+        atomic_uint_fast64_t st_splits, st_splits_logged;
+        atomic_int_fast64_t split_log_ms;
         atomic_uint_fast64_t st_processed, st_dup, st_bizdup, st_dead,
             st_retried, st_batches, st_rolled_back;
         char errstr[512];
 };
 
 /* ---- msg.c */
+/* A zeroed message holding a copy of payload (len bytes, NULL: none)
+ * followed by a NUL, m->v.payload/len set; NULL when out of memory. Free
+ * with kinbox__msg_free(). */
+kinbox_msg_t *kinbox__msg_alloc(const void *payload, size_t len);
 void kinbox__msg_free(kinbox_msg_t *m);
 /* Replace the message's reason (a copy; NULL or "" -> "no reason given"). */
 void kinbox__msg_set_reason(kinbox_msg_t *m, const char *r);
@@ -257,6 +284,27 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
 /* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
  * or was abandoned; pops the committed messages from their partitions. */
 void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
+
+/* ---- consumer.c */
+kinbox__part_t *kinbox__part_find(kinbox_consumer_t *c, const char *topic,
+                                  int32_t partition);
+
+/* ---- consumer_startpos.c: start positions (docs/failures.md) */
+/* Rebalance callback, partitions of pl already in c->parts: classify each
+ * one's start (kinbox_startpos_classify()) and set its offset in pl; the
+ * ones to store at once go to ahead, the refused ones to refuse (to pause
+ * right after the assignment). */
+void kinbox__startpos_assign(kinbox_consumer_t *c,
+                             rd_kafka_topic_partition_list_t *pl,
+                             rd_kafka_topic_partition_list_t *ahead,
+                             rd_kafka_topic_partition_list_t *refuse);
+/* Polling thread, before a message of p is handed on: true when it was
+ * taken here (p refused, or the W-1 record of the identity check; rkm is
+ * then destroyed). */
+bool kinbox__startpos_take(kinbox_consumer_t *c, kinbox__part_t *p,
+                           rd_kafka_message_t *rkm);
+/* Polling thread: kinbox_consumer_partitions_refused from c->parts. */
+void kinbox__startpos_gauge(kinbox_consumer_t *c);
 
 /* ---- shared by consumer.c and batch.c */
 static inline bool

@@ -85,6 +85,14 @@ typedef struct kinbox__dberr {
          * a data exception (SQLSTATE class 22 and MySQL equivalents). A
          * unique violation is code KINBOX_ERR_DUPLICATE instead. */
         bool permanent;
+        /* No retry can fix it, and no message is to blame: the statement
+         * cannot run as the database is deployed (an undefined table,
+         * column or function, a syntax error, a missing privilege;
+         * PostgreSQL class 42, MySQL 1146, 1054, 1064, 1142, ...). */
+        bool deploy;
+        /* The failing statement's head (its text up to the first quoted
+         * literal, at most ~100 bytes), "" when unknown: for log lines. */
+        char stmt[128];
         /* The violated constraint / unique index, "" when unknown. */
         char constraint[128];
         char msg[512]; /* one line: "SQLSTATE 23505: ..." */
@@ -249,6 +257,15 @@ struct kinbox__db_ops {
  * of resources, 1114 table full, 3 error writing a file). Retrying
  * helps once the operator frees it; it needs the operator's eyes. */
 bool kinbox__db_resource_error(const kinbox__dberr_t *e);
+
+/* Set db->err.stmt from a statement's text (len bytes): whitespace runs
+ * as one space, cut before the first quoted literal (no values in log
+ * lines) and at about 100 bytes. */
+void kinbox__db_err_stmt(kinbox__db_t *db, const char *sql, size_t len);
+
+/* "42P01" or the MySQL errno of e, for a metric's cause label. */
+const char *kinbox__db_err_cause(const kinbox__dberr_t *e, char *buf,
+                                 size_t sz);
 
 /* The one of a module's two schema texts that is this backend's. */
 const char *kinbox__db_pick(const kinbox__db_t *db, const char *postgresql,

@@ -25,6 +25,8 @@ ukey_matches(const kinbox_tx_t *tx, int t, const char *constraint)
 kinbox__fate_t
 kinbox__fate_of_statement(const kinbox_tx_t *tx, const kinbox__dberr_t *e)
 {
+        if (e->deploy)
+                return KINBOX__FATE_HOLD;
         if (e->code == KINBOX_ERR_DUPLICATE)
                 return ukey_matches(tx, e->stmt_tag, e->constraint)
                            ? KINBOX__FATE_BIZDUP

@@ -17,8 +17,8 @@ bool kinbox__fate_own_failure(const kinbox__dberr_t *e);
 
 /* The fate of a statement failure e for the message it names: a unique
  * violation of a matching kinbox_tx_exec_unique() statement is a business
- * duplicate, any other one dead; otherwise dead when permanent, else
- * retry. */
+ * duplicate, any other one dead; otherwise hold when the deployment is
+ * broken (e->deploy), dead when permanent, else retry. */
 kinbox__fate_t kinbox__fate_of_statement(const kinbox_tx_t *tx,
                                          const kinbox__dberr_t *e);
 

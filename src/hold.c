@@ -646,6 +646,17 @@ release_one(relkey_t *k)
                         rc = KINBOX_ERR_TRANSIENT;
                         goto out;
                 }
+                if (h == RUN_FAILED && fate == KINBOX__FATE_HOLD) {
+                        /* The deployment is broken, not the message: the
+                         * release waits, uncharged (held.h). */
+                        kinbox__log(&k->c->lg, KINBOX_LOG_ERR, "hold",
+                                    "%s [%" PRId32 "] offset %s: release "
+                                    "held: %s",
+                                    k->p->topic, k->p->partition, HV(r, 1),
+                                    why);
+                        rc = KINBOX_ERR_TRANSIENT;
+                        goto out;
+                }
                 if (h == RUN_FAILED && fate == KINBOX__FATE_RETRY &&
                     k->tries + 1 < k->c->retry_max) {
                         k->tries++;

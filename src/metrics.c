@@ -56,6 +56,19 @@ static const family_t families[] = {
      "out of disk, memory or connection slots (retried with backoff; the "
      "server needs the operator).",
      NULL, 0},
+    {"kinbox_consumer_held_errors_total", M_COUNTER,
+     "Statement failures no retry can fix (undefined table, column or "
+     "function, syntax error, missing privilege; cause = SQLSTATE or MySQL "
+     "errno): each holds its partition, nothing is dead-lettered.",
+     NULL, 0},
+    {"kinbox_consumer_held_partitions", M_GAUGE,
+     "Partitions held by an error no retry can fix (/readyz is not ready "
+     "while any is).",
+     NULL, 0},
+    {"kinbox_consumer_batch_splits_total", M_COUNTER,
+     "Set-based statements that failed and made kinbox split their batch "
+     "to find the failing message (cause = SQLSTATE or MySQL errno).",
+     NULL, 0},
     {"kinbox_consumer_batch_size", M_HIST,
      "Messages per committed consumer transaction.", HIST(b_size)},
     {"kinbox_consumer_transaction_seconds", M_HIST,
@@ -71,6 +84,11 @@ static const family_t families[] = {
      NULL, 0},
     {"kinbox_consumer_assigned_partitions", M_GAUGE,
      "Partitions assigned to the consumer; -1 before the first assignment.",
+     NULL, 0},
+    {"kinbox_consumer_partitions_refused", M_GAUGE,
+     "Assigned partitions the consumer refuses to start (the database's "
+     "watermark and Kafka's state disagree in a way that would skip "
+     "records): paused until `kinbox offsets reset` resolves them.",
      NULL, 0},
     {"kinbox_outbox_pending", M_GAUGE,
      "Pending outbox rows per destination (sampled at scrape time).", NULL, 0},

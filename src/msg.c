@@ -124,6 +124,28 @@ kinbox_msg_trace(const kinbox_msg_t *m, kinbox_trace_t *t)
         return (kinbox_err_t)kinbox__msg_traceparent(m, t);
 }
 
+kinbox_msg_t *
+kinbox__msg_alloc(const void *payload, size_t len)
+{
+        /* The payload's copy lives in the message's own allocation, one
+         * NUL after it (kinbox_msg_payload()'s promise): librdkafka's
+         * buffer has the record's headers or the next record there. */
+        size_t extra = payload ? len + 1 : 0;
+        if (extra && extra < len) /* overflow */
+                return NULL;
+        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m) + extra);
+        if (!m)
+                return NULL;
+        if (payload) {
+                char *copy = (char *)(m + 1);
+                memcpy(copy, payload, len);
+                copy[len] = '\0';
+                m->v.payload = copy;
+        }
+        m->v.len = len;
+        return m;
+}
+
 void
 kinbox__msg_free(kinbox_msg_t *m)
 {
@@ -155,12 +177,12 @@ kinbox__msg_set_reason(kinbox_msg_t *m, const char *r)
 kinbox_msg_t *
 kinbox__msg_from_parts(const kinbox__msg_parts_t *parts)
 {
-        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m));
+        kinbox_msg_t *m = kinbox__msg_alloc(parts->payload, parts->len);
         if (!m)
                 return NULL;
         m->v = (kinbox__msgview_t){
             parts->topic,   parts->partition, parts->offset, parts->key,
-            parts->key_len, parts->payload,   parts->len,    NULL};
+            parts->key_len, m->v.payload,     parts->len,    NULL};
         m->ts = parts->timestamp;
         if (parts->nheaders) {
                 m->own_headers = rd_kafka_headers_new(parts->nheaders);

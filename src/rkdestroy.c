@@ -7,7 +7,9 @@
  * before 2.6 (Debian 12 ships 2.0.2) can keep such a reference for ever
  * under load (librdkafka PR #4724: a fetch queue op that holds its own
  * partition), and the caller would hang with them. So the destroy runs in
- * a detached thread and the caller waits for it only so long.
+ * a detached thread and the caller waits for it only so long. With
+ * librdkafka 2.6.0 or later (KINBOX__RK_DESTROY_MAY_HANG false) none of
+ * this is compiled: the destroy is a plain call.
  */
 #include "rkdestroy.h"
 #include "internal.h"
@@ -17,6 +19,15 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#if !KINBOX__RK_DESTROY_MAY_HANG
+bool
+kinbox__rk_destroy_bounded(rd_kafka_t *rk, int flags, const char *fault)
+{
+        (void)fault;
+        rd_kafka_destroy_flags(rk, flags);
+        return true;
+}
+#else
 struct rk_destroy {
         rd_kafka_t *rk;
         int flags;
@@ -91,6 +102,7 @@ kinbox__rk_destroy_bounded(rd_kafka_t *rk, int flags, const char *fault)
         rk_destroy_unref(d);
         return done;
 }
+#endif
 
 static struct abandoned {
         void *owner;

@@ -1,9 +1,10 @@
 /*
  * docs_test.c -- the documentation is the code's: the configuration
  * reference in docs/configuration.md and kinbox.conf(5) are generated from
- * the property table, kinbox(1) has every command, and every relative link
+ * the property table, kinbox(1) has every command, every relative link
  * of the Markdown (README.md, CHANGELOG.md, every docs/NAME.md) resolves to
- * a file and, with a #fragment, to a heading of it.
+ * a file and, with a #fragment, to a heading of it, and every handler the
+ * Markdown defines is marked for snippets_test to run.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -419,4 +420,76 @@ Test(docs, architecture_names_every_source_file)
                   missing);
         free(missing);
         free(arch);
+}
+
+/* Every C block of README.md and docs/NAME.md that defines a handler (a
+ * line "NAME(kinbox_tx_t *tx" opening a definition) is marked
+ * "<!-- snippet: NAME -->" on the line before its fence: snippets_test
+ * extracts the marked blocks and runs them against a broker and both
+ * databases, so a handler a reader copies is one that ran. */
+static int
+check_snippets(const char *path, const char *rel, FILE *bad)
+{
+        char *md = kt_slurp(path);
+        cr_assert(md != NULL, "%s: cannot read", path);
+        int handlers = 0, lineno = 0, start = 0;
+        bool in = false, marked = false, defines = false, prev_marker = false;
+        for (const char *l = md; l && *l;) {
+                const char *nl = strchr(l, '\n');
+                size_t len = nl ? (size_t)(nl - l) : strlen(l);
+                lineno++;
+                if (!in && !strncmp(l, "```c", 4) && len == 4) {
+                        in = true;
+                        start = lineno;
+                        marked = prev_marker;
+                        defines = false;
+                } else if (in && is_fence(l)) {
+                        in = false;
+                        if (defines && !marked)
+                                fprintf(bad,
+                                        "%s:%d: a handler without a "
+                                        "\"<!-- snippet: NAME -->\" line "
+                                        "before its fence\n",
+                                        rel, start);
+                        handlers += defines;
+                } else if (in) {
+                        const char *paren = memchr(l, '(', len);
+                        if (paren && paren > l &&
+                            (isalpha((unsigned char)l[0]) || l[0] == '_') &&
+                            !strncmp(paren, "(kinbox_tx_t *tx", 16)) {
+                                bool ident = true;
+                                for (const char *q = l; q < paren && ident;
+                                     q++)
+                                        ident = isalnum((unsigned char)*q) ||
+                                                *q == '_';
+                                defines = defines || ident;
+                        }
+                }
+                prev_marker = !strncmp(l, "<!-- snippet: ", 14);
+                l = nl ? nl + 1 : NULL;
+        }
+        free(md);
+        return handlers;
+}
+
+Test(docs, handler_snippets_are_marked_to_run)
+{
+        char *bad = NULL;
+        size_t blen = 0;
+        FILE *out = open_memstream(&bad, &blen);
+        int handlers =
+            check_snippets(KINBOX_SOURCE_DIR "/README.md", "README.md", out);
+        glob_t g;
+        cr_assert(glob(KINBOX_SOURCE_DIR "/docs/*.md", 0, NULL, &g) == 0);
+        for (size_t i = 0; i < g.gl_pathc; i++)
+                handlers += check_snippets(
+                    g.gl_pathv[i],
+                    g.gl_pathv[i] + strlen(KINBOX_SOURCE_DIR "/"), out);
+        globfree(&g);
+        fclose(out);
+        cr_assert(blen == 0, "handler snippets not marked:\n%s", bad);
+        cr_assert(handlers >= 2,
+                  "only %d handler snippets found: is the parser broken?",
+                  handlers);
+        free(bad);
 }

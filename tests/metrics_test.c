@@ -347,6 +347,74 @@ ParameterizedTest(int *backend, metrics, readyz_reports_database_loss,
         kt_wait(pid, 30);
 }
 
+/* A partition held by an error no retry can fix (the handler's table is
+ * missing) makes /readyz 503, naming it, with the held gauge and the
+ * counter by cause in /metrics; once the table is back the partition
+ * resumes by itself, every grant applied once, nothing dead-lettered. */
+KT_BACKENDS_PARAMS(metrics, readyz_reports_held_partition)
+ParameterizedTest(int *backend, metrics, readyz_reports_held_partition,
+                  .timeout = 180)
+{
+        bool my = !strcmp(kt_backend(*backend), "mysql");
+        char *url = kt_fresh_db(kt_backend(*backend));
+        kt_exec(url, "ALTER TABLE user_account RENAME TO user_account_away");
+        char *topic = kt_unique("rdh");
+        kt_topic(topic, 1);
+        long long total = kt_produce_grants(topic, 0, 30, 0, "o", 0, NULL);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n"
+                                 "retry.max = 2\n"
+                                 "retry.backoff.max.ms = 300\n"
+                                 "[metrics]\nlisten = 127.0.0.1:%d\n",
+                                 kt_unique("rdhg"), topic, kt_free_port());
+        char *log = kt_tmp("readyz_held");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        int port = wait_port(log);
+        char *body = NULL;
+        cr_assert(eq(int, wait_status(port, "/readyz", 503, &body), 503));
+        for (int i = 0; i < 100 && !strstr(body, "held"); i++) {
+                free(body);
+                body = NULL;
+                usleep(100000);
+                http_get(port, "/readyz", &body);
+        }
+        cr_assert(strstr(body, "not ready: consumer points: 1 partition(s) "
+                               "held by an error no retry can fix") != NULL,
+                  "%s", body);
+        free(body);
+        body = NULL;
+        cr_assert(eq(int, http_get(port, "/metrics", &body), 200));
+        cr_assert(eq(dbl,
+                     metric(body, "kinbox_consumer_held_partitions{consumer="
+                                  "\"points\"}"),
+                     1.0));
+        char series[200];
+        snprintf(series, sizeof(series),
+                 "kinbox_consumer_held_errors_total{consumer=\"points\","
+                 "cause=\"%s\"}",
+                 my ? "1146" : "42P01");
+        cr_assert(metric(body, series) >= 1.0, "%s", body);
+        free(body);
+        char *text = kt_slurp(log);
+        cr_assert(text && strstr(text, "partition held") &&
+                      strstr(text, topic),
+                  "%s", text ? text : "");
+        free(text);
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+        kt_exec(url, "ALTER TABLE user_account_away RENAME TO user_account");
+        cr_assert(eq(int, wait_status(port, "/readyz", 200, NULL), 200));
+        kt_wait_qint(
+            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets",
+            30, 60);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0));
+        kt_assert_points(url, total, 30);
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
+}
+
 /* An INI of `kinbox run` with a points consumer (or none: topic NULL), the
  * relay, [metrics] and extra [kafka] lines. */
 static char *

@@ -169,12 +169,14 @@ migrate_file(kinbox__db_t *db, const char *name)
         free(sql);
 }
 
-/* The inbox as the backend's insert expects it: 0001 and 0008. */
+/* The inbox as the backend's insert expects it: 0001, 0008 and 0009 (the
+ * watermark's record identity). */
 static void
 migrate(kinbox__db_t *db)
 {
         migrate_file(db, "0001_inbox.sql");
         migrate_file(db, "0008_inbox_time.sql");
+        migrate_file(db, "0009_offsets_identity.sql");
 }
 
 /* Single-value query helper: returns a malloc'ed copy or NULL for NULL. */
@@ -687,21 +689,30 @@ Test(mysql, dialect_statements)
         const struct kinbox__sql *d = db->ops->sql;
         struct kinbox_rows_s *r = NULL;
 
-        /* The watermark never moves backwards. */
-        const char *o1[] = {"points", "orders", "3", "10"};
-        const char *o2[] = {"points", "orders", "3", "5"};
-        const char *o3[] = {"points", "orders", "3", "20"};
-        OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 4, o1, NULL));
-        OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 4, o2, NULL));
+        /* The watermark never moves backwards; the identity of the record
+         * at W-1 goes with the watermark that wins. */
+        const char *o1[] = {"points", "orders", "3", "10", "111", "-222"};
+        const char *o2[] = {"points", "orders", "3", "5", "1", "1"};
+        const char *o3[] = {"points", "orders", "3", "20", "333", "444"};
+        OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 6, o1, NULL));
+        OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 6, o2, NULL));
         cr_assert(eq(long,
                      scalar_long(db, "SELECT next_offset FROM "
                                      "kinbox_offsets"),
                      10L));
-        OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 4, o3, NULL));
+        cr_assert(eq(long,
+                     scalar_long(db, "SELECT last_ts + last_hash FROM "
+                                     "kinbox_offsets"),
+                     -111L));
+        OK_OR_FAIL(db, kinbox__db_queryv(db, d->offsets_upsert, 6, o3, NULL));
         cr_assert(eq(long,
                      scalar_long(db, "SELECT next_offset FROM "
                                      "kinbox_offsets"),
                      20L));
+        cr_assert(eq(long,
+                     scalar_long(db, "SELECT last_ts + last_hash FROM "
+                                     "kinbox_offsets"),
+                     777L));
 
         /* Dead letter keeps the original bytes. */
         static const char key[] = {0, 1, 2, (char)0xff};

@@ -4,13 +4,17 @@
 # the installed files only: `kinbox --version`, `man kinbox`, `man
 # kinbox.conf`, `systemd-analyze verify` of the unit, the README handler
 # compiled with the installed pkg-config, `kinbox migrate` and `kinbox run`
-# as the kinbox system user against the test services (a points grant must
-# reach the database), then purge: no file of the packages, no
+# as the kinbox system user against the test services (a points grant from
+# the topic and one from the outbox, through the relay, must reach the
+# database), then purge: no file of the packages, no
 # /etc/kinbox, no kinbox user left. Also `cmake --install --prefix DIR`:
 # the README handler compiles and links with DIR's kinbox.pc.
 #
 # Needs root and the services of scripts/services (KINBOX_PG_URL,
-# KINBOX_BOOTSTRAP). Usage (ctest sets these):
+# KINBOX_BOOTSTRAP). Runs on Debian 12 and in the Debian 13 root of
+# scripts/trixie (the trixie shard): the package's Debian revision must
+# name the distribution it was built on (~deb12u1, ~deb13u1). Usage (ctest
+# sets these):
 #   package_test.sh SOURCE_DIR WORK_DIR BUILD_DIR
 # BUILD_DIR (configured for the default prefix) is the tree installed with
 # --prefix.
@@ -24,10 +28,12 @@ for v in KINBOX_PG_URL KINBOX_BOOTSTRAP; do
 done
 [ "$(id -u)" -eq 0 ] || fail "needs root (dpkg)"
 
-# One package test per machine at a time (the ASan and plain suites, other
-# worktrees): dpkg and /usr are shared.
-exec 9>/tmp/kinbox-package-test.lock
-flock -w 1200 9 || fail "another package test holds /tmp/kinbox-package-test.lock"
+# One package test per system at a time (the ASan and plain suites, other
+# worktrees): dpkg and /usr are shared. The Debian 13 root has its own
+# dpkg and /usr (and shares /tmp with the host).
+codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+exec 9>"/tmp/kinbox-package-test-$codename.lock"
+flock -w 1200 9 || fail "another package test holds /tmp/kinbox-package-test-$codename.lock"
 
 rm -rf "$work"
 mkdir -p "$work"
@@ -51,6 +57,11 @@ devdeb=$(grep '/libkinbox-dev_.*\.deb$' "$work/debs.txt")
 [ -f "$deb" ] && [ -f "$devdeb" ] || fail "packages not built: $(cat "$work/debs.txt")"
 version=$(sed -n 's/^#define KINBOX_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' \
     "$src/include/kinbox/version.h" | paste -sd.)
+want="$version-1~deb$(. /etc/os-release && echo "$VERSION_ID")u1"
+for d in "$deb" "$devdeb"; do
+    [ "$(dpkg-deb -f "$d" Version)" = "$want" ] ||
+        fail "$d has version $(dpkg-deb -f "$d" Version), want $want (built on $codename)"
+done
 
 # A package left by an interrupted run would hide this one's problems.
 dpkg --purge libkinbox-dev kinbox >/dev/null 2>&1 || true
@@ -130,6 +141,8 @@ bootstrap.servers = $KINBOX_BOOTSTRAP
 session.timeout.ms = 6000
 [metrics]
 listen = 127.0.0.1:0
+[relay]
+enabled = true
 [consumer.pkgpoints]
 topics = $topic
 handler = points
@@ -142,14 +155,22 @@ printf '%s\n' '{"order_id": "o-pkg-1", "user_id": 7, "grant_points": 42}' |
 # setpriv execs kinbox itself (runuser would stay the parent and take the signal).
 setpriv --reuid=kinbox --regid=kinbox --init-groups -- /usr/bin/kinbox run -c "$conf" > "$work/run.log" 2>&1 &
 runpid=$!
+# The relay: an outbox row committed by the "service" goes to the topic,
+# and the consumer applies it like the grant produced directly.
+psql "$url" -qc "INSERT INTO kinbox_outbox (destination, idem_key, aggregate_id, payload)
+    VALUES ('$topic', 'pkg-2', '7',
+            convert_to('{\"order_id\": \"o-pkg-2\", \"user_id\": 7, \"grant_points\": 58}', 'UTF8'))" ||
+    fail "cannot append to the outbox"
 points=
 for _ in $(seq 1 120); do
     points=$(psql "$url" -Atc "SELECT coalesce(sum(points), 0) FROM user_account" 2>/dev/null || true)
-    [ "$points" = 42 ] && break
+    [ "$points" = 100 ] && break
     kill -0 "$runpid" 2>/dev/null || break
     sleep 0.5
 done
-[ "$points" = 42 ] || { cat "$work/run.log"; fail "the grant did not reach the database (points = $points)"; }
+[ "$points" = 100 ] || { cat "$work/run.log"; fail "the grants did not reach the database (points = $points, want 42 from the topic + 58 through the outbox)"; }
+sent=$(psql "$url" -Atc "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent'")
+[ "$sent" = 1 ] || fail "the relay did not mark the outbox row sent ($sent)"
 kill -TERM "$runpid"
 rc=0; wait "$runpid" || rc=$?
 runpid=

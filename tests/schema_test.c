@@ -456,23 +456,26 @@ ParameterizedTest(int *backend, schema, consumer_database, .timeout = 180)
 /* Every command that reads or writes kinbox's tables, with arguments that
  * would change rows; DEAD and OUT stand for a dead letter's and an outbox
  * row's id. */
-static const char *const db_cmds[] = {"run",
-                                      "status",
-                                      "dead list",
-                                      "dead parked",
-                                      "dead show DEAD",
-                                      "dead replay DEAD",
-                                      "dead discard DEAD",
-                                      "outbox list",
-                                      "outbox requeue OUT",
-                                      "outbox cancel OUT",
-                                      "outbox pause d",
-                                      "outbox resume d",
-                                      "outbox resend --since 2h",
-                                      "verify",
-                                      "prune",
-                                      "prune --dry-run",
-                                      "reconcile"};
+static const char *const db_cmds[] = {
+    "run",
+    "status",
+    "dead list",
+    "dead parked",
+    "dead show DEAD",
+    "dead replay DEAD",
+    "dead discard DEAD",
+    "outbox list",
+    "outbox requeue OUT",
+    "outbox cancel OUT",
+    "outbox pause d",
+    "outbox resume d",
+    "outbox resend --since 2h",
+    "verify",
+    "offsets list",
+    "offsets reset --consumer p --to earliest",
+    "prune",
+    "prune --dry-run",
+    "reconcile"};
 /* The commands that touch no table, or (migrate) check the schema to
  * change it (the tests above). */
 static const char *const other_cmds[] = {"migrate", "config-reference",

@@ -13,6 +13,7 @@
 #include "db.h"
 #include "internal.h"
 #include "msgid.h"
+#include "startpos.h"
 #include "tracing.h"
 #include "tx.h"
 #include "outbox_int.h"
@@ -569,4 +570,48 @@ Test(trace, sample_ratio)
         cr_assert(not(on));
         cr_assert(strstr(e, "tracing.sample.ratio") != NULL, "%s", e);
         kinbox_conf_destroy(c);
+}
+
+/* The one start-position rule (docs/failures.md, "Start positions"): W the
+ * DB watermark, C Kafka's committed offset, [L, H) the log; -1 none. */
+Test(startpos, classify_every_case)
+{
+        cr_assert(eq(int, kinbox_startpos_classify(-1, -1, 0, 10),
+                     KINBOX_STARTPOS_NEW));
+        cr_assert(eq(int, kinbox_startpos_classify(-1, 5, 0, 10),
+                     KINBOX_STARTPOS_UNKNOWN_GROUP));
+        cr_assert(eq(int, kinbox_startpos_classify(5, -1, 0, 10),
+                     KINBOX_STARTPOS_WATERMARK));
+        cr_assert(eq(int, kinbox_startpos_classify(5, 5, 0, 10),
+                     KINBOX_STARTPOS_WATERMARK));
+        cr_assert(eq(int, kinbox_startpos_classify(10, 10, 0, 10),
+                     KINBOX_STARTPOS_WATERMARK));
+        cr_assert(eq(int, kinbox_startpos_classify(5, 3, 0, 10),
+                     KINBOX_STARTPOS_BEHIND));
+        cr_assert(eq(int, kinbox_startpos_classify(5, 7, 0, 10),
+                     KINBOX_STARTPOS_COMMITTED_AHEAD));
+        cr_assert(eq(int, kinbox_startpos_classify(11, 4, 0, 10),
+                     KINBOX_STARTPOS_PAST_END));
+        cr_assert(eq(int, kinbox_startpos_classify(3, 3, 4, 10),
+                     KINBOX_STARTPOS_BEFORE_START));
+        /* The log's range unknown: not checked. */
+        cr_assert(eq(int, kinbox_startpos_classify(99, 99, -1, -1),
+                     KINBOX_STARTPOS_WATERMARK));
+        for (int v = 0; v <= KINBOX_STARTPOS_INCARNATION; v++)
+                cr_assert(eq(int, kinbox_startpos_refused(v) != 0,
+                             v >= KINBOX_STARTPOS_UNKNOWN_GROUP));
+        cr_assert(eq(str,
+                     (char *)kinbox_startpos_name(KINBOX_STARTPOS_INCARNATION),
+                     "incarnation"));
+}
+
+/* The identity stored with a watermark tells a missing key from an empty
+ * one and where the key ends. */
+Test(startpos, record_hash)
+{
+        uint64_t a = kinbox__record_hash("ab", 2, "c", 1);
+        cr_assert(a != kinbox__record_hash("a", 1, "bc", 2));
+        cr_assert(kinbox__record_hash(NULL, 0, "x", 1) !=
+                  kinbox__record_hash("", 0, "x", 1));
+        cr_assert(eq(u64, a, kinbox__record_hash("ab", 2, "c", 1)));
 }

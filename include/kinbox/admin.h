@@ -4,7 +4,7 @@
  *        reconciliation, the operator's database handle (status counts;
  *        the outbox: pause, summaries, requeue, cancel, list; dead
  *        letters: list, show, discard, replay, the messages parked behind
- *        them; verification).
+ *        them; verification; start positions).
  *
  * Unless a call says otherwise: a ::kinbox_admin_t is used by one thread
  * at a time; rows handed out are the caller's (kinbox_rows_destroy());
@@ -592,6 +592,168 @@ KINBOX_API kinbox_err_t kinbox_verify(kinbox_admin_t *adm,
 
 /** @brief Free kinbox_verify()'s result. NULL is a no-op. */
 KINBOX_API void kinbox_verify_result_destroy(kinbox_verify_result_t *r);
+
+/* ------------------------------------------------------------------------
+ * Start positions (`kinbox offsets`, `kinbox run`'s assignment, `verify`)
+ */
+
+/**
+ * Where a consumer may start on a partition, from the database's watermark
+ * W (`kinbox_offsets.next_offset`), Kafka's committed offset C of the
+ * group and the log's range [L, H). The values 3 and up are refusals:
+ * `kinbox run` keeps such a partition assigned but paused, consumes
+ * nothing of it and stores no offset for it until an operator resolved it
+ * with `kinbox offsets reset` (kinbox_offsets_reset()); docs/failures.md.
+ */
+typedef enum kinbox_startpos {
+        /** No W, no C: a new consumer, starts per auto.offset.reset. */
+        KINBOX_STARTPOS_NEW = 0,
+        /** W present, C absent or equal: starts at W. */
+        KINBOX_STARTPOS_WATERMARK = 1,
+        /** C < W: starts at W (records C..W-1 were applied here: a crash
+         *  between the database's commit and Kafka's offset commit, or an
+         *  offset reset to an earlier position). Logged at warning. */
+        KINBOX_STARTPOS_BEHIND = 2,
+        /** Refused: no W but C present (a new or restored database under a
+         *  group that already committed offsets). */
+        KINBOX_STARTPOS_UNKNOWN_GROUP = 3,
+        /** Refused: W > H, the log is shorter than the watermark (the topic
+         *  was deleted and created again, or the log was truncated). */
+        KINBOX_STARTPOS_PAST_END = 4,
+        /** Refused: W < L, records W..L-1 are gone from the log before
+         *  they were applied. */
+        KINBOX_STARTPOS_BEFORE_START = 5,
+        /** Refused: C > W, starting at C would skip W..C-1, never applied
+         *  here (an offset reset forward, or a database restored from an
+         *  older backup). */
+        KINBOX_STARTPOS_COMMITTED_AHEAD = 6,
+        /** Refused: the record at W-1 is not the one this database applied
+         *  there (a different incarnation of the topic). Found by reading
+         *  the log, never by kinbox_startpos_classify(). */
+        KINBOX_STARTPOS_INCARNATION = 7
+} kinbox_startpos_t;
+
+/**
+ * @brief Classify a partition's start position: the one rule `kinbox run`
+ *        applies at each assignment and `kinbox offsets`, `verify` and
+ *        `status` report.
+ * @param watermark the database's W; negative: no row.
+ * @param committed Kafka's C for the group; negative: none committed.
+ * @param low       the log's first offset L; negative: unknown (not
+ *                  checked).
+ * @param high      the log's end offset H; negative: unknown (not
+ *                  checked).
+ * @returns The class; never ::KINBOX_STARTPOS_INCARNATION.
+ * @remark Thread-safe, pure.
+ */
+KINBOX_API kinbox_startpos_t kinbox_startpos_classify(int64_t watermark,
+                                                      int64_t committed,
+                                                      int64_t low,
+                                                      int64_t high);
+
+/** @brief Non-zero when @p v is a refusal (3 and up). Thread-safe. */
+KINBOX_API int kinbox_startpos_refused(kinbox_startpos_t v);
+
+/** @brief A short stable name for @p v ("new", "watermark", "behind",
+ *         "unknown_group", "past_end", "before_start", "committed_ahead",
+ *         "incarnation"); static string. Thread-safe. */
+KINBOX_API const char *kinbox_startpos_name(kinbox_startpos_t v);
+
+/** @brief One sentence on what @p v means and which
+ *         `kinbox offsets reset --to` resolves it; static string.
+ *         Thread-safe. */
+KINBOX_API const char *kinbox_startpos_reason(kinbox_startpos_t v);
+
+/** One partition of kinbox_offsets_list() / kinbox_offsets_reset(). */
+typedef struct kinbox_offsets_partition {
+        char topic[256];
+        int32_t partition;
+        int64_t watermark; /**< W; -1: no row in kinbox_offsets */
+        int64_t committed; /**< C; -1: none committed */
+        int64_t low; /**< L; -1: unknown (no such partition now) */
+        int64_t high; /**< H; -1: unknown */
+        int identity; /**< 1: the watermark carries the identity of the
+                           record at W-1 (0: written before schema 0009
+                           or cleared by a reset) */
+        kinbox_startpos_t verdict; /**< as kinbox_startpos_classify(), or
+                                        ::KINBOX_STARTPOS_INCARNATION */
+        /** With ::KINBOX_OFFSETS_READ_LOG: 1 the record at W-1 matched,
+         *  0 it did not (verdict INCARNATION), -1 not read (no identity,
+         *  W-1 outside the log, compacted away, or no answer). */
+        int identity_checked;
+        int64_t target; /**< kinbox_offsets_reset(): the new position;
+                             else -1 */
+} kinbox_offsets_partition_t;
+
+/** What kinbox_offsets_list() / kinbox_offsets_reset() found. */
+typedef struct kinbox_offsets {
+        char consumer[256]; /**< the consumer's `name` */
+        char group[256]; /**< its `group.id` */
+        size_t npartitions;
+        kinbox_offsets_partition_t *partitions; /**< by topic, partition */
+} kinbox_offsets_t;
+
+/** kinbox_offsets_list() flag: read the record at W-1 of each partition
+ *  with a stored identity (one fetch per partition) and compare. */
+#define KINBOX_OFFSETS_READ_LOG 1
+
+/**
+ * @brief Per partition of a consumer's topics: W, C, L, H and the verdict
+ *        (`kinbox offsets list`, `kinbox verify`, `kinbox status`).
+ *
+ * The partitions are those the broker has for `topics` plus those with a
+ * watermark row of this consumer for one of these topics (a deleted topic
+ * shows with L and H -1).
+ * @param adm       the database (its errstr receives any failure).
+ * @param conf      a consumer's configuration: `name`, `group.id`,
+ *                  `topics`, `kafka.*` (a client that joins no group
+ *                  reads the committed offsets); not kept.
+ * @param topic     NULL: every topic; else only this one.
+ * @param partition negative: every partition; else only this one.
+ * @param flags     0 or ::KINBOX_OFFSETS_READ_LOG.
+ * @param outp      receives the result (kinbox_offsets_destroy()), NULL on
+ *                  error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_KAFKA (the broker did not answer);
+ *          ::KINBOX_ERR_CONFIG; ::KINBOX_ERR_NOMEM; as kinbox_admin_ping().
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t kinbox_offsets_list(kinbox_admin_t *adm,
+                                            const kinbox_conf_t *conf,
+                                            const char *topic,
+                                            int32_t partition, int flags,
+                                            kinbox_offsets_t **outp);
+
+/**
+ * @brief Move a consumer's start position, on both sides: Kafka's
+ *        committed offset of its group and the database's watermark
+ *        (`kinbox offsets reset`).
+ *
+ * @p to is "earliest" (L), "latest" (H), "committed" (C), "watermark" (W)
+ * or an offset within [L, H]. Without @p dry_run, for each selected
+ * partition: the offsets are committed to the group first (Kafka refuses
+ * while the group has live members: ::KINBOX_ERR_STATE, "stop the
+ * consumers of group G first", nothing changed), then in one transaction
+ * each watermark row is set to the new position with its identity
+ * cleared. A failure between the two leaves Kafka moved and the database
+ * not: run the command again.
+ * @param dry_run non-zero: compute and return the plan, change nothing.
+ * @param outp    receives each partition's W, C, L, H, verdict and
+ *                `target` (kinbox_offsets_destroy()), NULL on error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_INVALID (bad @p to, an offset outside
+ *          [L, H], "committed"/"watermark" where there is none; the
+ *          partition named in kinbox_admin_errstr()); ::KINBOX_ERR_NOT_FOUND
+ *          (no partition selected); ::KINBOX_ERR_STATE (live group);
+ *          ::KINBOX_ERR_KAFKA; as kinbox_offsets_list().
+ * @remark Same thread rules as @p adm. Stop every consumer of the group
+ *         first: a running one would overwrite the watermark.
+ */
+KINBOX_API kinbox_err_t kinbox_offsets_reset(
+    kinbox_admin_t *adm, const kinbox_conf_t *conf, const char *topic,
+    int32_t partition, const char *to, int dry_run, kinbox_offsets_t **outp);
+
+/** @brief Free a kinbox_offsets_list() / kinbox_offsets_reset() result.
+ *         NULL is a no-op. */
+KINBOX_API void kinbox_offsets_destroy(kinbox_offsets_t *o);
 
 /**
  * @brief Replay dead letter @p id: run the handler on its stored copy

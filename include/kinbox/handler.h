@@ -112,9 +112,17 @@ KINBOX_API int32_t kinbox_msg_partition(const kinbox_msg_t *msg);
 KINBOX_API int64_t kinbox_msg_offset(const kinbox_msg_t *msg);
 /** @brief Kafka timestamp in milliseconds since the epoch, -1 if none. */
 KINBOX_API int64_t kinbox_msg_timestamp(const kinbox_msg_t *msg);
-/** @brief Key bytes (NULL for a null key); length in @p sizep. */
+/** @brief Key bytes (NULL for a null key), not NUL-terminated; length in
+ *  @p sizep. */
 KINBOX_API const void *kinbox_msg_key(const kinbox_msg_t *msg, size_t *sizep);
-/** @brief Payload bytes (NULL for a null payload); length in @p sizep. */
+/**
+ * @brief Payload bytes (NULL for a null payload); length in @p sizep.
+ *
+ * The bytes are followed by a NUL that @p sizep does not count (as
+ * hiredis does for replies), so a text payload can be read as a C string:
+ * `sscanf(p, ...)` and `strtol(p, ...)` stop at the payload's end. The
+ * payload may itself contain NUL bytes; @p sizep is its true length.
+ */
 KINBOX_API const void *kinbox_msg_payload(const kinbox_msg_t *msg,
                                           size_t *sizep);
 /** @brief The message id used for deduplication (NUL-terminated). */
@@ -274,9 +282,13 @@ KINBOX_API kinbox_err_t kinbox_tx_exec_unique(kinbox_tx_t *tx, const char *key,
  *   differs.
  *
  * So write a batch as one exec_values() per table, each row built from its
- * own message (e.g. one account credit per message, not a sum per user:
- * `INSERT ... ON DUPLICATE KEY UPDATE points = points + VALUES(points)`
- * applies rows one after the other).
+ * own message. On MySQL `INSERT ... ON DUPLICATE KEY UPDATE points =
+ * points + VALUES(points)` applies rows one after the other; PostgreSQL's
+ * `ON CONFLICT ... DO UPDATE` meets a key only once per statement (else
+ * SQLSTATE 21000 and a batch split), so sum per key in SQL there:
+ * `INSERT INTO t (k, v) SELECT k, sum(v) FROM (VALUES ($1, $2::bigint))
+ * AS r (k, v) GROUP BY k ON CONFLICT (k) DO UPDATE ...` with the tuple
+ * `($1, $2::bigint)` (docs/handlers.md has both in full).
  *
  * @param owners  @p nrows messages of this call (read during the call
  *                only). An entry that is NULL or not a message of this call

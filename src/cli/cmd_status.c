@@ -139,6 +139,37 @@ status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
         free(highs);
 }
 
+/* The partitions `kinbox run` refuses to start (kinbox_offsets_list(),
+ * the consumer's own rule) into jo ("start_refused"), each on stderr;
+ * their number, -1 when unknown. The lag of a refused partition is not
+ * the whole story: its committed offset is not where it would start. */
+static int
+status_refused(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo)
+{
+        char err[512] = "";
+        kinbox_offsets_t *o = kb_start_positions(conf, 0, err, sizeof(err));
+        if (!o) {
+                json_object_set_new(jo, "start_error", json_string(err));
+                return -1;
+        }
+        json_t *ja = json_array();
+        int n = 0;
+        for (size_t i = 0; i < o->npartitions; i++) {
+                const kinbox_offsets_partition_t *p = &o->partitions[i];
+                if (!kinbox_startpos_refused(p->verdict))
+                        continue;
+                char msg[1024];
+                kb_start_refusal(p, msg, sizeof(msg));
+                json_array_append_new(ja, json_string(msg));
+                if (!x->o.json)
+                        fprintf(stderr, "kinbox status: %s: %s\n", name, msg);
+                n++;
+        }
+        json_object_set_new(jo, "start_refused", ja);
+        kinbox_offsets_destroy(o);
+        return n;
+}
+
 /* A partitioned inbox's ranges (nothing for the plain table). */
 static void
 status_partitions(const kinbox_status_t *st)
@@ -189,6 +220,7 @@ status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
                                        : json_null());
         char lagbuf[64];
         status_lag(x, conf, name, jo, lagbuf, sizeof(lagbuf));
+        int refused = status_refused(x, conf, name, jo);
         long long hits = dedup_hits(live, name, "duplicate");
         long long biz = dedup_hits(live, name, "business_duplicate");
         json_object_set_new(jo, "dedup_hits",
@@ -199,6 +231,10 @@ status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
         tbl_add(tc, "%s", name);
         tbl_add(tc, "%s", group_of(conf));
         tbl_add(tc, "%s", lagbuf);
+        if (refused >= 0)
+                tbl_add(tc, "%d", refused);
+        else
+                tbl_add(tc, "?");
         tbl_add(tc, "%lld", (long long)st->inbox_rows);
         for (int k = 0; k < 2; k++) {
                 long long n = k ? biz : hits;
@@ -291,7 +327,7 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
 {
         json_t *jc = json_array(), *jd = json_array();
         table_t tc, td;
-        tbl_init(&tc, 12, "CONSUMER", "GROUP", "LAG", "INBOX ROWS",
+        tbl_init(&tc, 13, "CONSUMER", "GROUP", "LAG", "REFUSED", "INBOX ROWS",
                  "DEDUP HITS", "BUSINESS DUPS", "DEAD", "REPLAYED",
                  "DISCARDED", "PARKED", "HELD KEYS", "OLDEST PARKED");
         tbl_init(&td, 6, "DESTINATION", "PENDING", "OLDEST PENDING", "DEAD",

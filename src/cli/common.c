@@ -271,3 +271,40 @@ consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf)
                 }
         return NULL;
 }
+
+kinbox_offsets_t *
+kb_start_positions(kinbox_conf_t *conf, int flags, char *err, size_t sz)
+{
+        kinbox_admin_t *adm = kinbox_admin_new(conf, err, sz);
+        if (!adm)
+                return NULL;
+        kinbox_offsets_t *o = NULL;
+        if (kinbox_offsets_list(adm, conf, NULL, -1, flags, &o))
+                snprintf(err, sz, "%s", kinbox_admin_errstr(adm));
+        kinbox_admin_destroy(adm);
+        return o;
+}
+
+static const char *
+pos(char *b, size_t sz, int64_t v)
+{
+        if (v < 0)
+                snprintf(b, sz, "none");
+        else
+                snprintf(b, sz, "%" PRId64, v);
+        return b;
+}
+
+void
+kb_start_refusal(const kinbox_offsets_partition_t *p, char *buf, size_t sz)
+{
+        char w[24], c[24], l[24], h[24];
+        snprintf(buf, sz,
+                 "%s [%d]: start refused (%s): %s; DB watermark %s, Kafka "
+                 "committed %s, log %s..%s (kinbox offsets list / reset)",
+                 p->topic, (int)p->partition, kinbox_startpos_name(p->verdict),
+                 kinbox_startpos_reason(p->verdict),
+                 pos(w, sizeof(w), p->watermark),
+                 pos(c, sizeof(c), p->committed), pos(l, sizeof(l), p->low),
+                 pos(h, sizeof(h), p->high));
+}

@@ -35,6 +35,7 @@ int kb_cmd_verify(int argc, char **argv);
 int kb_cmd_prune(int argc, char **argv);
 int kb_cmd_reconcile(int argc, char **argv);
 int kb_cmd_config_reference(int argc, char **argv);
+int kb_cmd_offsets(int argc, char **argv);
 
 /* Help (usage.c): the command list; a command's help (the command list
  * for an unknown one); kb_usage_of() returns 0 for an unknown command. */
@@ -83,6 +84,9 @@ typedef struct opts {
         const char *since; /* outbox resend --since */
         long limit;
         int64_t after;
+        const char *topic; /* offsets: --topic */
+        int32_t partition; /* offsets: --partition, -1 when not given */
+        const char *to; /* offsets reset: --to */
         char *args[4];
         int nargs;
 } opts_t;
@@ -155,5 +159,14 @@ kinbox_kafka_t *group_handle(kinbox_conf_t *conf, char *err, size_t sz);
  * answer. */
 rd_kafka_topic_partition_list_t *
 broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz);
+
+/* A consumer's start positions (kinbox_offsets_list() on its own
+ * database): NULL with err set when they cannot be read. */
+kinbox_offsets_t *kb_start_positions(kinbox_conf_t *conf, int flags, char *err,
+                                     size_t sz);
+/* "topic [p]: refused (name): reason; W .., C .., log L..H" of a refused
+ * partition. */
+void kb_start_refusal(const kinbox_offsets_partition_t *p, char *buf,
+                      size_t sz);
 
 #endif

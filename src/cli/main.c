@@ -18,6 +18,7 @@ static const struct command {
     {"dead", kb_cmd_dead},
     {"outbox", kb_cmd_outbox},
     {"verify", kb_cmd_verify},
+    {"offsets", kb_cmd_offsets},
     {"prune", kb_cmd_prune},
     {"reconcile", kb_cmd_reconcile},
     {"config-reference", kb_cmd_config_reference},

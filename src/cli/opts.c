@@ -13,24 +13,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every option of the operator commands; parse_opts() takes the ones a
+ * command allows. */
+static const struct option lo[] = {
+    {"config", required_argument, NULL, 'c'},
+    {"json", no_argument, NULL, 'j'},
+    {"dry-run", no_argument, NULL, 'n'},
+    {"wait", no_argument, NULL, 'w'},
+    {"consumer", required_argument, NULL, 'C'},
+    {"status", required_argument, NULL, 's'},
+    {"destination", required_argument, NULL, 'd'},
+    {"older-than", required_argument, NULL, 'o'},
+    {"limit", required_argument, NULL, 'l'},
+    {"after", required_argument, NULL, 'a'},
+    {"since", required_argument, NULL, 'S'},
+    {"topic", required_argument, NULL, 'T'},
+    {"partition", required_argument, NULL, 'P'},
+    {"to", required_argument, NULL, 't'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
+/* The options of `kinbox offsets`. */
+static int
+offsets_opt(opts_t *o, int ch, const char *arg)
+{
+        char *end;
+        if (ch == 'T') {
+                o->topic = arg;
+        } else if (ch == 't') {
+                o->to = arg;
+        } else {
+                long v = strtol(arg, &end, 10);
+                if (*end || v < 0 || v > INT32_MAX) {
+                        fprintf(stderr,
+                                "kinbox %s: --partition \"%s\": expected a "
+                                "partition number\n",
+                                o->cmd, arg);
+                        return -1;
+                }
+                o->partition = (int32_t)v;
+        }
+        return 0;
+}
+
 int
 parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
 {
-        static const struct option lo[] = {
-            {"config", required_argument, NULL, 'c'},
-            {"json", no_argument, NULL, 'j'},
-            {"dry-run", no_argument, NULL, 'n'},
-            {"wait", no_argument, NULL, 'w'},
-            {"consumer", required_argument, NULL, 'C'},
-            {"status", required_argument, NULL, 's'},
-            {"destination", required_argument, NULL, 'd'},
-            {"older-than", required_argument, NULL, 'o'},
-            {"limit", required_argument, NULL, 'l'},
-            {"after", required_argument, NULL, 'a'},
-            {"since", required_argument, NULL, 'S'},
-            {"help", no_argument, NULL, 'h'},
-            {NULL, 0, NULL, 0}};
         o->limit = 100;
+        o->partition = -1;
         optind = 1;
         opterr = 0;
         int ch;
@@ -87,6 +117,12 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                                         o->cmd, optarg);
                                 return -1;
                         }
+                        break;
+                case 'T':
+                case 't':
+                case 'P':
+                        if (offsets_opt(o, ch, optarg))
+                                return -1;
                         break;
                 case 'a':
                         o->after = strtoll(optarg, &end, 10);

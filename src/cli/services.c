@@ -151,6 +151,27 @@ ready_cb(char *why, size_t sz, void *opaque)
                                  svc->consumers[i]);
                         return 1;
                 }
+                v = kinbox__metrics_value("kinbox_consumer_partitions_refused",
+                                          l);
+                if (!isnan(v) && v > 0) {
+                        snprintf(why, sz,
+                                 "consumer %s: %.0f partition(s) refused "
+                                 "(the DB watermark and Kafka disagree; see "
+                                 "the error log and `kinbox offsets list`)",
+                                 svc->consumers[i], v);
+                        return 1;
+                }
+                v = kinbox__metrics_value("kinbox_consumer_held_partitions",
+                                          l);
+                if (!isnan(v) && v > 0) {
+                        snprintf(why, sz,
+                                 "consumer %s: %.0f partition(s) held by an "
+                                 "error no retry can fix (an undefined "
+                                 "table, column or function, a syntax "
+                                 "error, a missing privilege; see the log)",
+                                 svc->consumers[i], v);
+                        return 1;
+                }
         }
         return 0;
 }

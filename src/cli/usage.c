@@ -47,6 +47,33 @@ migrate_usage(FILE *fp)
                     "  -h, --help         this text\n");
 }
 
+static void
+offsets_usage(FILE *fp)
+{
+        fprintf(fp, "usage: kinbox offsets list -c FILE [--consumer NAME] "
+                    "[--topic T [--partition P]]\n"
+                    "                           [--json]\n"
+                    "       kinbox offsets reset -c FILE --consumer NAME "
+                    "--to POSITION\n"
+                    "                            [--topic T [--partition "
+                    "P]] [--dry-run] [--json]\n\n"
+                    "list prints, per partition, the DB watermark (next "
+                    "offset to apply), Kafka's\ncommitted offset of the "
+                    "group, the log's start and end, and the verdict "
+                    "`kinbox\nrun` applies at assignment (it reads the "
+                    "record at the watermark again to\ncheck the topic's "
+                    "incarnation). A REFUSED partition is paused by "
+                    "`kinbox run`\nuntil reset.\n\n"
+                    "reset moves both sides to POSITION: earliest (log "
+                    "start), latest (log end),\ncommitted (Kafka's), "
+                    "watermark (the database's) or an offset; Kafka's "
+                    "offsets\nare committed for the group, then the "
+                    "watermarks set (their record identity\ncleared). "
+                    "Stop the group's consumers first: Kafka refuses the "
+                    "commit while\nthe group has members. --dry-run "
+                    "prints the plan and changes nothing.\n");
+}
+
 void
 kb_usage(FILE *fp)
 {
@@ -69,6 +96,8 @@ kb_usage(FILE *fp)
             "outbox\n"
             "  verify -c FILE     audit watermarks, inbox rows and the "
             "outbox (exit 1 on a gap)\n"
+            "  offsets list|reset   show or move the consumers' start "
+            "positions (both sides)\n"
             "  prune -c FILE [--dry-run]   delete rows past their "
             "retention\n"
             "  reconcile -c FILE  run the handlers' business checks "
@@ -190,13 +219,14 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "watermark (offsets\ncommitted without an effect); "
                         "per partition, how many offsets have a row\n(the "
                         "rest are duplicates or pruned rows: reported, not "
-                        "a gap). And the outbox:\nrows pending longer than "
-                        "--older-than. Exit status 1 when a gap is found, "
-                        "4 when there was "
-                        "nothing to\ncheck (no partition with a watermark, "
-                        "an empty outbox). Without any\n[consumer.NAME], "
-                        "the consumers recorded in the database are "
-                        "verified.\n");
+                        "a gap); a start position `kinbox run` refuses "
+                        "(kinbox offsets list).\nAnd the outbox: rows "
+                        "pending longer than --older-than. Exit status 1 "
+                        "when a\ngap is found, 4 when there was nothing to "
+                        "check. Without any [consumer.NAME],\nthe consumers "
+                        "recorded in the database are verified.\n");
+        else if (!strcmp(cmd, "offsets"))
+                offsets_usage(fp);
         else if (!strcmp(cmd, "prune"))
                 fprintf(fp,
                         "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"

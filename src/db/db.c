@@ -342,6 +342,8 @@ kinbox__db_seterr(kinbox__db_t *db, int code, const char *sqlstate, int vendor,
         db->err.stmt_tag = tag;
         db->err.suspect = 0;
         db->err.permanent = false;
+        db->err.deploy = false;
+        db->err.stmt[0] = '\0';
         db->err.constraint[0] = '\0';
         va_list ap;
         va_start(ap, fmt);
@@ -785,4 +787,48 @@ kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,
         int rc = db->ops->exec(db, sql, (int)v->nrows * v->nper, v->p, tag);
         free(sql);
         return rc;
+}
+
+void
+kinbox__db_err_stmt(kinbox__db_t *db, const char *sql, size_t len)
+{
+        char *o = db->err.stmt;
+        size_t n = 0, cap = 100;
+        bool space = false, cut = false;
+        for (size_t i = 0; sql && i < len && sql[i]; i++) {
+                char ch = sql[i];
+                if (ch == '\'' || n >= cap) {
+                        cut = true;
+                        break;
+                }
+                if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+                        space = n > 0;
+                        continue;
+                }
+                if (space)
+                        o[n++] = ' ';
+                space = false;
+                o[n++] = ch;
+        }
+        /* A literal's prefix (_binary, X, N) goes with the literal. */
+        while (cut && n &&
+               ((o[n - 1] >= 'a' && o[n - 1] <= 'z') ||
+                (o[n - 1] >= 'A' && o[n - 1] <= 'Z') || o[n - 1] == '_'))
+                n--;
+        if (cut)
+                n += (size_t)snprintf(o + n, sizeof(db->err.stmt) - n, "%s...",
+                                      n && o[n - 1] != ' ' ? " " : "");
+        o[n] = '\0';
+}
+
+const char *
+kinbox__db_err_cause(const kinbox__dberr_t *e, char *buf, size_t sz)
+{
+        if (e->sqlstate[0])
+                snprintf(buf, sz, "%s", e->sqlstate);
+        else if (e->vendor)
+                snprintf(buf, sz, "%d", e->vendor);
+        else
+                snprintf(buf, sz, "unknown");
+        return buf;
 }

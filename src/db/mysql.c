@@ -683,10 +683,16 @@ out:
  * mysql_insert_id() after the INSERT alone.
  */
 static const struct kinbox__sql my_sql = {
+    /* The identity first: MariaDB assigns left to right, each assignment
+     * seeing the ones before it. */
     .offsets_upsert =
         "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
-        "next_offset, updated_at) VALUES ($1, $2, $3, $4, "
-        "CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
+        "next_offset, last_ts, last_hash, updated_at) VALUES ($1, $2, $3, "
+        "$4, $5, $6, CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE "
+        "last_ts = IF(VALUES(next_offset) >= next_offset, "
+        "VALUES(last_ts), last_ts), "
+        "last_hash = IF(VALUES(next_offset) >= next_offset, "
+        "VALUES(last_hash), last_hash), "
         "next_offset = GREATEST(next_offset, VALUES(next_offset)), "
         "updated_at = CURRENT_TIMESTAMP(6)",
     .dead_letter_insert =

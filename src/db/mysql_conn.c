@@ -135,6 +135,36 @@ my_dup_key(const char *msg, char *out, size_t sz)
         snprintf(out, sz, "%.*s", (int)(end - k), k);
 }
 
+/* Errors no retry can fix and no message is to blame for (see pg.c's
+ * deploy_error()): the statement cannot run against the database as
+ * deployed. */
+static bool
+my_deploy(unsigned int e)
+{
+        switch (e) {
+        case 1044: /* ER_DBACCESS_DENIED_ERROR */
+        case 1052: /* ER_NON_UNIQ_ERROR (ambiguous column) */
+        case 1054: /* ER_BAD_FIELD_ERROR (unknown column) */
+        case 1064: /* ER_PARSE_ERROR */
+        case 1109: /* ER_UNKNOWN_TABLE */
+        case 1128: /* ER_FUNCTION_NOT_DEFINED */
+        case 1136: /* ER_WRONG_VALUE_COUNT_ON_ROW */
+        case 1142: /* ER_TABLEACCESS_DENIED_ERROR */
+        case 1143: /* ER_COLUMNACCESS_DENIED_ERROR */
+        case 1146: /* ER_NO_SUCH_TABLE */
+        case 1227: /* ER_SPECIFIC_ACCESS_DENIED_ERROR */
+        case 1305: /* ER_SP_DOES_NOT_EXIST (function, procedure) */
+        case 1318: /* ER_SP_WRONG_NO_OF_ARGS */
+        case 1356: /* ER_VIEW_INVALID */
+        case 1370: /* ER_PROCACCESS_DENIED_ERROR */
+        case 1582: /* ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT */
+        case 1630: /* ER_FUNC_INEXISTENT_NAME_COLLISION */
+                return true;
+        default:
+                return false;
+        }
+}
+
 static int
 my_code(unsigned int e)
 {
@@ -189,6 +219,7 @@ kinbox__my_fail(kinbox__db_t *db, int tag, bool in_commit, const char *what)
                           e, mysql_sqlstate(m), what ? what : "",
                           what ? ": " : "", mysql_error(m));
         db->err.permanent = code == KINBOX_ERR_DB && my_permanent(e);
+        db->err.deploy = code == KINBOX_ERR_DB && my_deploy(e);
         if (code == KINBOX_ERR_DUPLICATE)
                 my_dup_key(mysql_error(m), db->err.constraint,
                            sizeof(db->err.constraint));

@@ -234,6 +234,13 @@ kinbox__my_q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
                         kinbox__my_sent_note(s, s->ntags);
                         break;
                 }
+                if (s->fail_stmt < s->ntags) {
+                        size_t a = s->offs[s->fail_stmt];
+                        size_t b = s->fail_stmt + 1 < s->ntags
+                                       ? s->offs[s->fail_stmt + 1]
+                                       : s->q.len;
+                        kinbox__db_err_stmt(db, s->q.p + a, b - a);
+                }
                 if (s->nrmaps)
                         rc = kinbox__my_rm_pin(db, rc);
                 if (!db->native)

@@ -24,7 +24,7 @@ enum pkind { K_INTERNAL, K_PREPARE, K_EXEC, K_QUERY, K_COMMIT, K_SYNC };
 typedef struct pend {
         enum pkind kind;
         int tag;
-        int stmt; /* K_PREPARE: cache index */
+        int stmt; /* its statement's cache index, -1: none */
         kinbox__claims_t *claims; /* K_EXEC of exec_claims(), owned */
         bool gone; /* rolled back (rollback_to): its result means nothing */
 } pend_t;
@@ -93,6 +93,18 @@ permanent(const char *state)
                !strcmp(state, "23P01"); /* exclusion_violation */
 }
 
+/* Errors no retry can fix and no message is to blame for: the statement
+ * cannot run against the database as deployed. Class 42 (syntax error or
+ * access rule violation: undefined table 42P01, column 42703, function
+ * 42883, syntax 42601, insufficient privilege 42501, no unique index for
+ * ON CONFLICT 42P10, ...) is found before any row is read; 3F000 is an
+ * undefined schema. */
+static bool
+deploy_error(const char *state)
+{
+        return state && (!strncmp(state, "42", 2) || !strcmp(state, "3F000"));
+}
+
 static int
 fail_res(kinbox__db_t *db, PGresult *res, int tag)
 {
@@ -107,6 +119,7 @@ fail_res(kinbox__db_t *db, PGresult *res, int tag)
                           msg ? msg : PQresultErrorMessage(res),
                           detail ? " — " : "", detail ? detail : "");
         db->err.permanent = code == KINBOX_ERR_DB && permanent(state);
+        db->err.deploy = code == KINBOX_ERR_DB && deploy_error(state);
         snprintf(db->err.constraint, sizeof(db->err.constraint), "%s",
                  cons ? cons : "");
         return code;
@@ -321,6 +334,9 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
         }
         if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK) {
                 *rc = fail_res(db, res, p.tag);
+                if (p.stmt >= 0 && (size_t)p.stmt < pg->nstmts)
+                        kinbox__db_err_stmt(db, pg->stmts[p.stmt].sql,
+                                            strlen(pg->stmts[p.stmt].sql));
                 /* A query with owners: at most one is queued (a query is
                  * read at once), so the failing K_QUERY is that one. */
                 const char *row = failing_row(res);
@@ -459,8 +475,11 @@ stmt_find(const pg_t *pg, const char *sql)
         return -1;
 }
 
+/* The cache index of sql, its Parse queued first when needed: a Parse
+ * that fails (an undefined table, a syntax error) is charged to tag, the
+ * statement that needed it. */
 static int
-stmt_lookup(kinbox__db_t *db, const char *sql, int n)
+stmt_lookup(kinbox__db_t *db, const char *sql, int n, int tag)
 {
         pg_t *pg = PG(db);
         for (size_t i = 0; i < pg->nstmts; i++)
@@ -475,7 +494,7 @@ stmt_lookup(kinbox__db_t *db, const char *sql, int n)
                                            NULL))
                                 return -1;
                         pg->stmts[i].prepared = true;
-                        if (qpush(db, K_PREPARE, -1, (int)i))
+                        if (qpush(db, K_PREPARE, tag, (int)i))
                                 return -1;
                         return (int)i;
                 }
@@ -492,7 +511,7 @@ stmt_lookup(kinbox__db_t *db, const char *sql, int n)
                 return -1;
         s->prepared = false;
         pg->nstmts++;
-        return stmt_lookup(db, sql, n);
+        return stmt_lookup(db, sql, n, tag);
 }
 
 static int
@@ -512,7 +531,7 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
          * statements go unprepared rather than pile up on the server. */
         int si = -2;
         if (pg->nstmts < STMT_CACHE_MAX || stmt_find(pg, sql) >= 0)
-                si = stmt_lookup(db, sql, n);
+                si = stmt_lookup(db, sql, n, tag);
         if (si == -1)
                 return fail_conn(db, tag, "prepare");
         const char *vs[64];
@@ -541,7 +560,7 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 rc = fail_conn(db, tag, "send");
                 goto out;
         }
-        rc = qpush(db, kind, tag, -1);
+        rc = qpush(db, kind, tag, si >= 0 ? si : -1);
 out:
         if (vals != vs) {
                 free(vals);
@@ -923,8 +942,15 @@ out:
 static const struct kinbox__sql pg_sql = {
     .offsets_upsert =
         "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
-        "next_offset, updated_at) VALUES ($1, $2, $3, $4, now()) "
+        "next_offset, last_ts, last_hash, updated_at) VALUES ($1, $2, $3, "
+        "$4, $5, $6, now()) "
         "ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE SET "
+        "last_ts = CASE WHEN EXCLUDED.next_offset >= "
+        "kinbox_offsets.next_offset THEN EXCLUDED.last_ts ELSE "
+        "kinbox_offsets.last_ts END, "
+        "last_hash = CASE WHEN EXCLUDED.next_offset >= "
+        "kinbox_offsets.next_offset THEN EXCLUDED.last_hash ELSE "
+        "kinbox_offsets.last_hash END, "
         "next_offset = GREATEST(kinbox_offsets.next_offset, "
         "EXCLUDED.next_offset), updated_at = now()",
     .dead_letter_insert =

@@ -11,7 +11,9 @@
  * order given in each comment.
  */
 struct kinbox__sql {
-        /* $1 consumer $2 topic $3 partition $4 next_offset: upsert. */
+        /* $1 consumer $2 topic $3 partition $4 next_offset $5 last_ts
+         * $6 last_hash (the record at next_offset - 1, startpos.h): upsert;
+         * the offset never goes back, the identity goes with it. */
         const char *offsets_upsert;
         /* $1 consumer $2 message_id $3 topic $4 partition $5 offset $6 key
          * (binary) $7 headers (text, JSON) $8 payload (binary) $9 error
