@@ -6,7 +6,8 @@
  *   RB_LOCK_MS (relay.lock.ms), RB_PIPELINE, RB_LINGER, RB_NAGLE, RB_LOG
  *   (log.level of the relays: debug logs every batch's timings), RB_SOURCE
  *   (relay.source: wal reads the log; its slot RB_SLOT must exist before
- *   the backlog is written, e.g. made by `kinbox migrate`).
+ *   the backlog is written, e.g. made by `kinbox migrate`; binlog: its
+ *   position in kinbox_relay_position, relay RB_SLOT, likewise).
  *
  *   relay_bench throughput --url URL -b BOOTSTRAP --relays K -n N
  *         [--batch B]

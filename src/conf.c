@@ -138,6 +138,8 @@ static const prop_t props[] = {
  "Where the relay finds the events it publishes. poll: claims and marks rows of kinbox_outbox (any backend). wal (PostgreSQL, wal_level = logical, a role with REPLICATION): streams the inserts into kinbox_outbox and the kinbox_outbox_emit_pg() messages from a logical replication slot (relay.slot) and never updates an outbox row; local actions (action:NAME rows) stay with the polling relay of the same process. binlog (MariaDB): reads the ROW binlog. See docs/outbox.md (the log relay)."},
 {"relay.slot", S(relay_slot), P_STR, NULL, 0, 0, NULL,
  "relay.source = wal: the logical replication slot's name (created when missing); unset: kinbox_ followed by name (characters other than a-z, 0-9 and _ become _)."},
+{"relay.server_id", S(relay_server_id), P_INT, "0", 0, 4294967295LL, NULL,
+ "relay.source = binlog: the server id the relay's binlog reader registers with (it must differ from every server's and replica's); 0: 0x4B42xxxx, xxxx from name. Relays of one name share it: one reads at a time (a named lock), the other waits and takes over."},
 {"relay.notify", S(relay_notify), P_BOOL, "true", 0, 0, NULL,
  "Use PostgreSQL LISTEN/NOTIFY to wake the relay at once."},
 {"relay.cloudevents.source", S(relay_cloudevents_source), P_STR, NULL, 0, 0, NULL,

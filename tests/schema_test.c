@@ -469,6 +469,7 @@ static const char *const db_cmds[] = {
     "outbox cancel OUT",
     "outbox pause d",
     "outbox resume d",
+    "outbox resend --since 2h",
     "verify",
     "offsets list",
     "offsets reset --consumer p --to earliest",

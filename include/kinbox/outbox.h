@@ -327,6 +327,35 @@ KINBOX_API const char *kinbox_relay_errstr(const kinbox_relay_t *r);
  */
 KINBOX_API void kinbox_relay_destroy(kinbox_relay_t *r);
 
+/**
+ * @brief Publish again, from the table, every outbox row of a Kafka
+ *        destination created at or after @p since_ms (ms since the epoch,
+ *        UTC): the way back when a log relay lost its place (relay.source
+ *        = binlog: the binlog after its position was purged).
+ *
+ * Rows are published as the relay publishes them (key, headers, record
+ * timestamp), in id order, each waiting for its acknowledgement; the
+ * consumers' inboxes absorb the copies of rows they already had. Canceled
+ * rows and local actions are left out. No row is updated.
+ *
+ * relay.source = binlog: refuses (KINBOX_ERR_STATE) while a relay of the
+ * same name (relay.slot, else name) reads the binlog; the binlog's
+ * position when it starts is stored as that relay's position once every
+ * row is acknowledged, so the relay then resumes from there.
+ *
+ * @param conf       the relay's configuration (database.url, kafka.*,
+ *                   relay.*); not modified, not kept.
+ * @param published  out, may be NULL: the rows acknowledged.
+ * @return KINBOX_OK; KINBOX_ERR_CONFIG, KINBOX_ERR_DB / DB_CONN,
+ *         KINBOX_ERR_KAFKA (a row was not acknowledged: run it again),
+ *         KINBOX_ERR_STATE, with @p errstr set. Blocks; thread-safe on
+ *         distinct confs.
+ */
+KINBOX_API kinbox_err_t kinbox_outbox_resend(kinbox_conf_t *conf,
+                                             int64_t since_ms,
+                                             int64_t *published, char *errstr,
+                                             size_t errstr_size);
+
 KINBOX_END_DECLS
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * cmd_outbox.c -- `kinbox outbox list|requeue|cancel|pause|resume`.
+ * cmd_outbox.c -- `kinbox outbox list|requeue|cancel|pause|resume|resend`.
  */
 #include "common.h"
 #include "schema.h"
@@ -235,12 +235,66 @@ outbox_row(ctx_t *x, int kind, int64_t id)
         return KB_EX_OK;
 }
 
+/* --since: "YYYY-MM-DD[T ]HH:MM:SS[Z]" (UTC) or a duration back from
+ * now ("2h"). 0 or -1. */
+static int
+since_ms(const char *s, int64_t *ms)
+{
+        struct tm tm;
+        memset(&tm, 0, sizeof(tm));
+        const char *end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+        if (!end)
+                end = strptime(s, "%Y-%m-%d %H:%M:%S", &tm);
+        if (end && (!*end || !strcmp(end, "Z"))) {
+                *ms = (int64_t)timegm(&tm) * 1000;
+                return 0;
+        }
+        int64_t back;
+        if (kb_duration_ms(s, &back))
+                return -1;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        *ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 - back;
+        return 0;
+}
+
+/* kinbox outbox resend --since TIME */
+static int
+outbox_resend(ctx_t *x)
+{
+        int64_t since = 0, n = 0;
+        if (!x->o.since || since_ms(x->o.since, &since)) {
+                fprintf(stderr, "usage: kinbox outbox resend --since TIME "
+                                "-c FILE (TIME: 2026-12-06T05:00:00 in UTC, "
+                                "or a duration back from now: 2h)\n");
+                return KB_EX_USAGE;
+        }
+        char err[1024] = "";
+        kinbox_conf_t *conf = x->cfg.relay ? x->cfg.relay : x->cfg.base;
+        kinbox_err_t rc =
+            kinbox_outbox_resend(conf, since, &n, err, sizeof(err));
+        if (rc) {
+                fprintf(stderr,
+                        "kinbox outbox resend: %s (%" PRId64
+                        " rows published first)\n",
+                        err, n);
+                return rc == KINBOX_ERR_CONFIG || rc == KINBOX_ERR_STATE
+                           ? KB_EX_USAGE
+                           : KB_EX_RUNTIME;
+        }
+        if (x->o.json)
+                json_out(json_pack("{s:I}", "published", (json_int_t)n));
+        else
+                printf("%" PRId64 " rows published again\n", n);
+        return KB_EX_OK;
+}
+
 int
 kb_cmd_outbox(int argc, char **argv)
 {
         ctx_t x = {.o = {.cmd = "outbox"}};
-        static const char *const subs[] = {"list",  "requeue", "cancel",
-                                           "pause", "resume",  NULL};
+        static const char *const subs[] = {
+            "list", "requeue", "cancel", "pause", "resume", "resend", NULL};
         int ex, kind = subcommand("outbox", argc, argv, subs, &ex);
         if (!kind)
                 return ex;
@@ -248,8 +302,16 @@ kb_cmd_outbox(int argc, char **argv)
         if (parse_opts(argc - 1, argv + 1, &x.o,
                        kind == 1   ? "jsdla"
                        : kind <= 3 ? "jd"
+                       : kind == 6 ? "jS"
                                    : "j"))
                 return KB_EX_USAGE;
+        if (kind == 6) {
+                ex = ctx_open(&x);
+                if (!ex)
+                        ex = outbox_resend(&x);
+                ctx_close(&x);
+                return ex;
+        }
         kinbox_outbox_status_t st;
         int64_t id = 0;
         if ((ex = outbox_args(&x, kind, sub, &st, &id)))

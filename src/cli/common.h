@@ -81,6 +81,7 @@ typedef struct opts {
         const char *status;
         const char *destination;
         const char *older_than;
+        const char *since; /* outbox resend --since */
         long limit;
         int64_t after;
         const char *topic; /* offsets: --topic */

@@ -26,6 +26,7 @@ static const struct option lo[] = {
     {"older-than", required_argument, NULL, 'o'},
     {"limit", required_argument, NULL, 'l'},
     {"after", required_argument, NULL, 'a'},
+    {"since", required_argument, NULL, 'S'},
     {"topic", required_argument, NULL, 'T'},
     {"partition", required_argument, NULL, 'P'},
     {"to", required_argument, NULL, 't'},
@@ -103,6 +104,9 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                         break;
                 case 'o':
                         o->older_than = optarg;
+                        break;
+                case 'S':
+                        o->since = optarg;
                         break;
                 case 'l':
                         o->limit = strtol(optarg, &end, 10);

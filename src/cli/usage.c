@@ -92,7 +92,7 @@ kb_usage(FILE *fp)
             "per destination\n"
             "  dead list|show|replay|discard   inspect and replay dead "
             "letters\n"
-            "  outbox list|requeue|cancel|pause|resume   operate the "
+            "  outbox list|requeue|cancel|pause|resume|resend   operate the "
             "outbox\n"
             "  verify -c FILE     audit watermarks, inbox rows and the "
             "outbox (exit 1 on a gap)\n"
@@ -142,6 +142,26 @@ kb_usage_cmd(const char *cmd, FILE *fp)
                 kb_usage(fp);
 }
 
+static void
+outbox_usage(FILE *fp)
+{
+        fprintf(fp, "usage: kinbox outbox list [--status "
+                    "pending|sent|dead|canceled] [--destination D]\n"
+                    "                          [--after ID] [--limit N] "
+                    "-c FILE [--json]\n"
+                    "       kinbox outbox requeue (ID | --destination D) "
+                    "-c FILE   dead/canceled -> pending\n"
+                    "       kinbox outbox cancel (ID | --destination D) "
+                    "-c FILE    pending -> canceled\n"
+                    "       kinbox outbox pause DESTINATION -c FILE      "
+                    "      relays stop claiming it\n"
+                    "       kinbox outbox resume DESTINATION -c FILE\n"
+                    "       kinbox outbox resend --since TIME -c FILE    "
+                    "      publish again rows created since\n"
+                    "         TIME (UTC, 2026-12-06T05:00:00, or a "
+                    "duration back from now: 2h)\n");
+}
+
 int
 kb_usage_of(const char *cmd, FILE *fp)
 {
@@ -188,18 +208,7 @@ kb_usage_of(const char *cmd, FILE *fp)
                         "waits until it did (exit 0), or one of them failed "
                         "and\nholds the key again (exit 1).\n");
         else if (!strcmp(cmd, "outbox"))
-                fprintf(fp,
-                        "usage: kinbox outbox list [--status "
-                        "pending|sent|dead|canceled] [--destination D]\n"
-                        "                          [--after ID] [--limit N] "
-                        "-c FILE [--json]\n"
-                        "       kinbox outbox requeue (ID | --destination D) "
-                        "-c FILE   dead/canceled -> pending\n"
-                        "       kinbox outbox cancel (ID | --destination D) "
-                        "-c FILE    pending -> canceled\n"
-                        "       kinbox outbox pause DESTINATION -c FILE      "
-                        "      relays stop claiming it\n"
-                        "       kinbox outbox resume DESTINATION -c FILE\n");
+                outbox_usage(fp);
         else if (!strcmp(cmd, "verify"))
                 fprintf(fp,
                         "usage: kinbox verify -c FILE [--consumer NAME] "

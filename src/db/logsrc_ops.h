@@ -139,5 +139,7 @@ struct kinbox__logsrc {
 
 /* PostgreSQL's (db/pg_repl.c). */
 extern const kinbox__logsrc_ops_t kinbox__pg_repl_ops;
+/* MariaDB's (db/mysql_binlog_src.c). */
+extern const kinbox__logsrc_ops_t kinbox__binlog_src_ops;
 
 #endif

@@ -138,16 +138,37 @@ truthy(const char *s)
         return s && (!strcmp(s, "1") || !strcmp(s, "t"));
 }
 
+/* The heads among local action rows only (actions_only: relay.source =
+ * binlog publishes the events from the binlog, and they stay pending for
+ * ever): event rows are neither candidates nor hold an action back. */
+#define ACT_SCAN                                                              \
+        "SELECT o.id FROM kinbox_outbox o"                                    \
+        " FORCE INDEX (kinbox_outbox_pending)"                                \
+        " WHERE o.status = 'pending' AND o.kind = 'action'"                   \
+        " AND o.next_attempt_at <= CURRENT_TIMESTAMP(6)"                      \
+        " AND (o.aggregate_id IS NULL OR NOT EXISTS ("                        \
+        "  SELECT 1 FROM kinbox_outbox p"                                     \
+        "  FORCE INDEX (kinbox_outbox_aggregate)"                             \
+        "  WHERE p.aggregate_id = o.aggregate_id"                             \
+        "  AND p.status = 'pending' AND p.kind = 'action' AND p.id < o.id))"  \
+        " AND NOT EXISTS (SELECT 1 FROM kinbox_outbox_paused z"               \
+        "  WHERE z.destination = o.destination)"                              \
+        " ORDER BY o.id LIMIT "
+
 /* Step 1: candidate heads (id first). */
 static int
 candidates(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
-           struct kinbox_rows_s **cand)
+           bool act, struct kinbox_rows_s **cand)
 {
         char sql[1536];
         /* More candidates than wanted: relays racing for the same heads
          * each get a share instead of nothing. */
         if (most <= 0)
                 most = limit * 4;
+        if (act) {
+                snprintf(sql, sizeof(sql), ACT_SCAN "%" PRId64, most);
+                return db->ops->query(db, sql, 0, NULL, -1, cand);
+        }
         if (window <= 0) {
                 snprintf(sql, sizeof(sql), HEADS_SCAN "%" PRId64, most);
                 return db->ops->query(db, sql, 0, NULL, -1, cand);
@@ -217,10 +238,10 @@ rows_append(struct kinbox_rows_s **dst, struct kinbox_rows_s *src)
  */
 static int
 lock_heads(kinbox__db_t *db, int64_t limit, int64_t window, int64_t most,
-           int64_t idle_ms, struct kinbox_rows_s **heads)
+           bool act, int64_t idle_ms, struct kinbox_rows_s **heads)
 {
         struct kinbox_rows_s *cand = NULL;
-        int rc = candidates(db, limit, window, most, &cand);
+        int rc = candidates(db, limit, window, most, act, &cand);
         if (rc || !cand || !cand->nrows) {
                 kinbox_rows_destroy(cand);
                 return rc;
@@ -483,8 +504,9 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         *out = NULL;
         struct kinbox_rows_s *h = NULL;
         claimset_t cs = {0};
-        int rc = lock_heads(db, req->limit, req->window, req->cand,
-                            req->lock ? req->idle_ms : 0, &h);
+        int rc =
+            lock_heads(db, req->limit, req->window, req->cand,
+                       req->actions_only, req->lock ? req->idle_ms : 0, &h);
         if (rc || !h || !h->nrows)
                 goto out;
         for (size_t i = 0; !rc && i < h->nrows; i++) {
@@ -494,6 +516,8 @@ my_claim(kinbox__db_t *db, const kinbox__claim_req_t *req,
         int64_t per = (req->limit - (int64_t)h->nrows) / (int64_t)h->nrows;
         if (per > req->run_max - 1)
                 per = req->run_max - 1;
+        if (req->actions_only) /* a run would hold events of the aggregate */
+                per = 0;
         if (!rc && per > 0)
                 rc = add_runs(db, h, per, req->lock, &cs);
         if (!rc && req->lock) {
@@ -681,6 +705,12 @@ const struct kinbox__outbox_ops kinbox__mysql_outbox_ops = {
             "FROM kinbox_outbox WHERE id > $1 "
             "AND ($2 = '' OR status = $2) "
             "AND ($3 = '' OR destination = $3) ORDER BY id",
+    .resend = "SELECT id, destination, idem_key, aggregate_id, payload, "
+              "headers, FLOOR(UNIX_TIMESTAMP(created_at) * 1000) "
+              "FROM kinbox_outbox WHERE kind = 'event' "
+              "AND status <> 'canceled' "
+              "AND created_at >= FROM_UNIXTIME($1 / 1000) AND id > $2 "
+              "ORDER BY id",
 };
 
 /* ------------------------------------------------ on the caller's MYSQL */

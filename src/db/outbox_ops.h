@@ -56,7 +56,7 @@ typedef struct kinbox__claim_req {
         /* Local action rows only (relay.source = wal | binlog: the log
          * relay publishes the events, which stay pending): event rows are
          * not claimed and do not hold back an action of their aggregate.
-         * PostgreSQL; MariaDB's claim reads it with relay.source = binlog. */
+         * Both backends (MariaDB: one action per aggregate per claim). */
         bool actions_only;
 } kinbox__claim_req_t;
 
@@ -156,6 +156,12 @@ struct kinbox__outbox_ops {
          * next_attempt_at (NULL unless pending), payload size, sent_at,
          * version. */
         const char *list;
+        /* outbox resend: the rows of Kafka destinations (kind event, not
+         * canceled) created at or after $1 (ms since the epoch, UTC) with
+         * id > $2, in id order; the caller appends " LIMIT n". Columns:
+         * id, destination, idem_key, aggregate_id, payload, headers,
+         * created_at (floor, ms since the epoch). */
+        const char *resend;
 };
 
 extern const struct kinbox__outbox_ops kinbox__pg_outbox_ops;

@@ -596,6 +596,12 @@ const struct kinbox__outbox_ops kinbox__pg_outbox_ops = {
             "FROM kinbox_outbox WHERE id > $1::bigint "
             "AND ($2 = '' OR status = $2) "
             "AND ($3 = '' OR destination = $3) ORDER BY id",
+    .resend = "SELECT id, destination, idem_key, aggregate_id, payload, "
+              "headers, floor(extract(epoch FROM created_at) * 1000)::bigint "
+              "FROM kinbox_outbox WHERE kind = 'event' "
+              "AND status <> 'canceled' "
+              "AND created_at >= to_timestamp($1::bigint / 1000.0) "
+              "AND id > $2::bigint ORDER BY id",
 };
 
 /* ------------------------------------------------ on the caller's PGconn */

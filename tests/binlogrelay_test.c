@@ -1,0 +1,814 @@
+/*
+ * binlogrelay_test.c -- the log relay on MariaDB (relay.source = binlog),
+ * `kinbox run` against the real server (binlog in ROW format,
+ * scripts/services) and the broker of the run (dev broker, or real Apache
+ * Kafka: binlogrelay_test@kafka): two writers with rollbacks and a SIGKILL
+ * of the relay; a second relay waiting on the readers' lock taking over
+ * after a kill -9 of the first; a position whose binlog was purged refused
+ * (exit 2) and `kinbox outbox resend --since` exact afterwards.
+ *
+ * Each test makes its own database (kt_fresh_db), topic and relay name
+ * (relay.slot): the binlog and the readers' locks are the server's.
+ */
+#include "outbox_common.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *MY = "mysql";
+
+#define AGGS 8
+
+typedef struct writer {
+        const char *url, *topic;
+        int w, ntx;
+        int committed, rolled; /* rows */
+        int *seq; /* per aggregate: the next sequence number committed */
+} writer_t;
+
+/* Transactions of 1..20 rows on the writer's aggregates, every fifth
+ * rolled back; payload the aggregate's sequence number, idem
+ * "wW-aA-sS-tT" (rolled back: "rb-..."). */
+static void *
+writer_main(void *arg)
+{
+        writer_t *w = arg;
+        tconn_t c;
+        tc_open(&c, MY, w->url);
+        unsigned seed = (unsigned)w->w * 7919u + 1;
+        for (int t = 0; t < w->ntx; t++) {
+                bool rollback = t % 5 == 4;
+                int rows = 1 + (int)(rand_r(&seed) % 20);
+                int next[AGGS];
+                memcpy(next, w->seq, sizeof(next));
+                tc_sql(&c, "BEGIN");
+                for (int i = 0; i < rows; i++) {
+                        int a = (int)(rand_r(&seed) % AGGS);
+                        char idem[64], agg[32], pay[32];
+                        snprintf(agg, sizeof(agg), "w%d-a%d", w->w, a);
+                        snprintf(idem, sizeof(idem), "%sw%d-a%d-s%d-t%d",
+                                 rollback ? "rb-" : "", w->w, a, next[a], t);
+                        int pn = snprintf(pay, sizeof(pay), "%d", next[a]);
+                        kinbox_outbox_msg_t m = {.destination = w->topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = agg,
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        next[a]++;
+                }
+                tc_sql(&c, rollback ? "ROLLBACK" : "COMMIT");
+                if (rollback) {
+                        w->rolled += rows;
+                } else {
+                        w->committed += rows;
+                        memcpy(w->seq, next, sizeof(next));
+                }
+                usleep(2000);
+        }
+        tc_close(&c);
+        return NULL;
+}
+
+/* Every committed row at least once, no rolled-back row, and per
+ * aggregate the first occurrences in sequence order with no gap. */
+static void
+check_stream(const tmsgs_t *got, const writer_t *ws, int nw, int *dups)
+{
+        *dups = 0;
+        int expect = 0;
+        for (int k = 0; k < nw; k++)
+                expect += ws[k].committed;
+        int seen[4][AGGS];
+        memset(seen, 0, sizeof(seen));
+        int firsts = 0;
+        for (size_t i = 0; i < got->n; i++) {
+                const tmsg_t *m = &got->v[i];
+                cr_assert(m->msgid && !strstr(m->msgid, ":rb-"),
+                          "rolled-back row published: %s", m->msgid);
+                int w = -1, a = -1;
+                cr_assert(m->key && sscanf(m->key, "w%d-a%d", &w, &a) == 2);
+                int s = atoi(m->value);
+                cr_assert(w >= 0 && w < nw && a >= 0 && a < AGGS);
+                if (s < seen[w][a]) {
+                        (*dups)++;
+                        continue;
+                }
+                cr_assert(eq(int, s, seen[w][a]),
+                          "aggregate %s: %d after %d (order or a gap)", m->key,
+                          s, seen[w][a] - 1);
+                seen[w][a]++;
+                firsts++;
+        }
+        for (int w = 0; w < nw; w++)
+                for (int a = 0; a < AGGS; a++)
+                        cr_assert(eq(int, seen[w][a], ws[w].seq[a]),
+                                  "w%d-a%d: %d of %d on the topic", w, a,
+                                  seen[w][a], ws[w].seq[a]);
+        cr_assert(eq(int, firsts, expect));
+}
+
+static int
+by_offset(const void *x, const void *y)
+{
+        const tmsg_t *a = x, *b = y;
+        if (a->partition != b->partition)
+                return a->partition < b->partition ? -1 : 1;
+        return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+static char *
+binlog_ini(const char *url, const char *name)
+{
+        return kt_write_ini(url,
+                            "[relay]\nenabled = true\nsource = binlog\n"
+                            "slot = %s\n",
+                            name);
+}
+
+/* The relay named name has read from the binlog (its position row). */
+static bool
+relay_reading(const char *url, const char *name, int timeout_s)
+{
+        return wait_q(url, 1, timeout_s,
+                      "SELECT count(*) FROM kinbox_relay_position WHERE "
+                      "relay = '%s'",
+                      name);
+}
+
+/* Rows inserted as one transaction each: destination topic, idem
+ * "PREFIX-i", aggregate "agg", payload i. */
+static void
+append_rows(const char *backend, const char *url, const char *topic,
+            const char *prefix, int from, int n)
+{
+        tconn_t c;
+        tc_open(&c, backend, url);
+        for (int i = from; i < from + n; i++) {
+                char idem[64], pay[16];
+                snprintf(idem, sizeof(idem), "%s-%d", prefix, i);
+                int pn = snprintf(pay, sizeof(pay), "%d", i);
+                kinbox_outbox_msg_t m = {.destination = topic,
+                                         .idem_key = idem,
+                                         .aggregate_id = "agg",
+                                         .payload = pay,
+                                         .payload_size = (size_t)pn};
+                tc_sql(&c, "BEGIN");
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                tc_sql(&c, "COMMIT");
+        }
+        tc_close(&c);
+}
+
+/* Every row PREFIX-from .. PREFIX-(from+n-1) at least once on got. */
+static void
+assert_all(const tmsgs_t *got, const char *topic, const char *prefix, int from,
+           int n)
+{
+        for (int i = from; i < from + n; i++) {
+                char id[128];
+                snprintf(id, sizeof(id), "%s:%s-%d", topic, prefix, i);
+                cr_assert(count_msgid(got, id) >= 1, "%s not on the topic",
+                          id);
+        }
+}
+
+/*
+ * Two writers (rollbacks included) while `kinbox run` (relay.source =
+ * binlog) is SIGKILLed mid-stream and started again: every committed row
+ * on the topic at least once, no rolled-back row, per-aggregate order;
+ * no outbox row updated.
+ */
+Test(binlogrelay, two_writers_sigkill, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_kill");
+        char *name = kt_unique("blk");
+        kt_topic(topic, 4);
+        char *ini = binlog_ini(url, name);
+        char *log = kt_tmp("bl_kill_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
+        writer_t ws[2];
+        int seqs[2][AGGS];
+        memset(seqs, 0, sizeof(seqs));
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+                ws[k] = (writer_t){url, topic, k, 150, 0, 0, seqs[k]};
+                pthread_create(&th[k], NULL, writer_main, &ws[k]);
+        }
+        usleep(700 * 1000);
+        kill(pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(pid, 10), -SIGKILL));
+        usleep(500 * 1000);
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        for (int k = 0; k < 2; k++)
+                pthread_join(th[k], NULL);
+        int expect = ws[0].committed + ws[1].committed;
+        cr_assert(ws[0].rolled + ws[1].rolled > 0);
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)expect, 90, 2000, &got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int dups = 0;
+        check_stream(&got, ws, 2, &dups);
+        cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
+                    expect, got.n, dups);
+        cr_assert(
+            eq(i64,
+               kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                             "WHERE status <> 'pending' OR version <> 0"),
+               0));
+        msgs_free(&got);
+}
+
+/*
+ * Two `kinbox run` of one relay name: the second waits on the readers'
+ * lock; after a kill -9 of the first it takes over, from the first's
+ * stored position: every row on the topic.
+ */
+Test(binlogrelay, takeover_after_kill9, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_take");
+        char *name = kt_unique("blt");
+        kt_topic(topic, 2);
+        char *ini = binlog_ini(url, name);
+        char *log1 = kt_tmp("bl_take1"), *log2 = kt_tmp("bl_take2");
+        pid_t a = kt_spawn_kinbox(ini, NULL, log1);
+        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log1, 20));
+        pid_t b = kt_spawn_kinbox(ini, NULL, log2);
+        append_rows(MY, url, topic, "one", 0, 50);
+        tmsgs_t got;
+        consume(bootstrap, topic, 50, 60, 500, &got);
+        assert_all(&got, topic, "one", 0, 50);
+        msgs_free(&got);
+        /* b waits: it says so, and has published nothing. */
+        char *t2 = kt_tail(log2, 40);
+        cr_assert(strstr(t2, "waiting to take over") != NULL, "%s", t2);
+        kill(a, SIGKILL);
+        cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
+        append_rows(MY, url, topic, "two", 0, 50);
+        consume(bootstrap, topic, 100, 90, 2000, &got);
+        assert_all(&got, topic, "one", 0, 50);
+        assert_all(&got, topic, "two", 0, 50);
+        kill(b, SIGTERM);
+        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(log2, 30));
+        cr_log_info("%zu messages for 100 rows", got.n);
+        msgs_free(&got);
+}
+
+/* Purge the binlog until its oldest file starts after the current
+ * position (PURGE keeps a file the binlog checkpoint still needs). */
+static void
+purge_all(const char *url)
+{
+        long long seq = kt_qint(url, "SELECT SUBSTRING_INDEX("
+                                     "@@gtid_binlog_pos, '-', -1)");
+        long long until = kt_clock_ms() + 20000;
+        while (kt_clock_ms() < until) {
+                kt_exec(url, "FLUSH BINARY LOGS");
+                char *cur = qtext(url, "SHOW MASTER STATUS");
+                char q[256];
+                snprintf(q, sizeof(q), "PURGE BINARY LOGS TO '%s'", cur);
+                kt_exec(url, q);
+                char *first = qtext(url, "SHOW BINARY LOGS");
+                snprintf(q, sizeof(q),
+                         "SELECT SUBSTRING_INDEX(BINLOG_GTID_POS('%s', 4), "
+                         "'-', -1)",
+                         first);
+                if (kt_qint(url, q) >= seq)
+                        return;
+                usleep(200 * 1000);
+        }
+        cr_assert(false, "the binlog was not purged");
+}
+
+/*
+ * The relay stopped, rows committed meanwhile, the binlog purged past its
+ * position: `kinbox run` exits 2 naming the position and `kinbox outbox
+ * resend --since`; after the resend the relay starts again and every row
+ * is on the topic (the ones the binlog lost from the resend).
+ */
+Test(binlogrelay, purged_then_resend, .timeout = 300)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_purge");
+        char *name = kt_unique("blp");
+        kt_topic(topic, 2);
+        char *ini = binlog_ini(url, name);
+        char *log = kt_tmp("bl_purge_log");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
+        append_rows(MY, url, topic, "a", 0, 20);
+        tmsgs_t got;
+        consume(bootstrap, topic, 20, 60, 500, &got);
+        assert_all(&got, topic, "a", 0, 20);
+        msgs_free(&got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+
+        char *since = qtext(url, "SELECT DATE_FORMAT(UTC_TIMESTAMP() - "
+                                 "INTERVAL 1 SECOND, '%Y-%m-%dT%H:%i:%s')");
+        append_rows(MY, url, topic, "b", 0, 30);
+        purge_all(url);
+
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(int, kt_wait(pid, 60), 2), "%s", kt_tail(log, 30));
+        char *t = kt_tail(log, 30);
+        cr_assert(strstr(t, "was purged") != NULL, "%s", t);
+        cr_assert(strstr(t, "kinbox outbox resend --since") != NULL, "%s", t);
+
+        char *out = NULL;
+        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
+                           since, ini);
+        cr_assert(eq(int, rc, 0), "%s", out);
+        long long n = 0;
+        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
+                  out);
+        cr_assert(ge(i64, n, 30), "%s", out);
+
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        append_rows(MY, url, topic, "c", 0, 10);
+        consume(bootstrap, topic, (size_t)(20 + n + 10), 90, 2000, &got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        assert_all(&got, topic, "a", 0, 20);
+        assert_all(&got, topic, "b", 0, 30);
+        assert_all(&got, topic, "c", 0, 10);
+        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
+        msgs_free(&got);
+}
+
+/*
+ * kinbox_outbox_resend() on both backends (relay.source = poll): every
+ * Kafka row created since the time, in id order, with the relay's key
+ * and message id; older rows, action rows and canceled rows are not
+ * sent; no row is updated.
+ */
+ParameterizedTestParameters(binlogrelay, resend_both_backends)
+{
+        static int b[] = {0, 1};
+        return cr_make_param_array(int, b, 2);
+}
+
+ParameterizedTest(int *bk, binlogrelay, resend_both_backends, .timeout = 120)
+{
+        const char *backend = kt_backend(*bk);
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(backend);
+        char *topic = kt_unique("resend");
+        kt_topic(topic, 2);
+        tconn_t c;
+        tc_open(&c, backend, url);
+        kinbox_outbox_msg_t old = {.destination = topic,
+                                   .idem_key = "old",
+                                   .aggregate_id = "k",
+                                   .payload = "o",
+                                   .payload_size = 1};
+        tc_sql(&c, "BEGIN");
+        cr_assert(eq(int, tc_append(&c, &old, NULL), KINBOX_OK));
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+        usleep(1100 * 1000);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        int64_t since = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+        usleep(20 * 1000);
+        append_rows(backend, url, topic, "new", 0, 25);
+        kt_exec(url, "UPDATE kinbox_outbox SET status = 'canceled' WHERE "
+                     "idem_key = 'new-24'");
+
+        kinbox_conf_t *conf = relay_conf(url, bootstrap);
+        int64_t n = -1;
+        char err[512] = "";
+        cr_assert(eq(int,
+                     kinbox_outbox_resend(conf, since, &n, err, sizeof(err)),
+                     KINBOX_OK),
+                  "%s", err);
+        kinbox_conf_destroy(conf);
+        cr_expect(eq(i64, n, 24));
+        tmsgs_t got;
+        consume(bootstrap, topic, 24, 60, 1000, &got);
+        cr_expect(eq(sz, got.n, 24));
+        assert_all(&got, topic, "new", 0, 24);
+        char id[128];
+        snprintf(id, sizeof(id), "%s:old", topic);
+        cr_expect(eq(sz, count_msgid(&got, id), 0));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        for (size_t i = 0; i < got.n; i++) {
+                cr_expect(eq(str, got.v[i].key, "agg"));
+                cr_expect(eq(int, atoi(got.v[i].value), (int)i));
+        }
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "version <> 0 OR (status <> 'pending' AND "
+                                  "idem_key <> 'new-24')"),
+                     0));
+        msgs_free(&got);
+}
+
+/* -------------------------------------------------------- refusals */
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int
+sh(const char *fmt, ...)
+{
+        char cmd[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof(cmd), fmt, ap);
+        va_end(ap);
+        int st = system(cmd);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/*
+ * log_bin off (a second MariaDB of this test's own, without --log-bin):
+ * kinbox migrate and kinbox run exit 2 naming log_bin.
+ */
+Test(binlogrelay, refuse_log_bin_off, .timeout = 180)
+{
+        char *dir = kt_tmp("my_nobinlog");
+        int port = kt_free_port();
+        cr_assert(eq(int,
+                     sh("mkdir -p %s/data && chown -R mysql:mysql %s && "
+                        "mariadb-install-db --no-defaults --user=mysql "
+                        "--datadir=%s/data --skip-test-db "
+                        "--auth-root-authentication-method=socket "
+                        ">%s.install.log 2>&1",
+                        dir, dir, dir, dir),
+                     0));
+        cr_assert(eq(int,
+                     sh("(setsid mariadbd --no-defaults --user=mysql "
+                        "--datadir=%s/data --socket=%s/sock "
+                        "--pid-file=%s/pid --port=%d "
+                        "--bind-address=127.0.0.1 --skip-name-resolve "
+                        ">%s.log 2>&1 </dev/null &) && for i in $(seq 100); "
+                        "do mariadb-admin --no-defaults -u root -S %s/sock "
+                        "ping >/dev/null 2>&1 && exit 0; sleep 0.2; done; "
+                        "exit 1",
+                        dir, dir, dir, port, dir, dir),
+                     0));
+        int rc = sh("mariadb --no-defaults -u root -S %s/sock -e \"CREATE "
+                    "USER 'kinbox'@'127.0.0.1' IDENTIFIED BY 'kinbox'; GRANT "
+                    "ALL ON *.* TO 'kinbox'@'127.0.0.1'; CREATE DATABASE "
+                    "kinbox\"",
+                    dir);
+        char url[200];
+        snprintf(url, sizeof(url), "mysql://kinbox:kinbox@127.0.0.1:%d/kinbox",
+                 port);
+        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
+                                      "source = binlog\n");
+        char *mig = NULL, *run = NULL;
+        int mig_rc =
+            rc ? -1 : kt_kinbox(&mig, NULL, true, "migrate -c %s", ini);
+        int run_rc = -1;
+        if (!rc) {
+                char *log = kt_tmp("bl_refuse_log");
+                pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+                run_rc = kt_wait_exit(pid, 30);
+                run = kt_slurp(log);
+        }
+        sh("kill -9 $(cat %s/pid) >/dev/null 2>&1; sleep 0.5; rm -rf %s", dir,
+           dir);
+        cr_assert(eq(int, rc, 0));
+        cr_assert(eq(int, mig_rc, 2), "%s", mig);
+        cr_assert(strstr(mig, "log_bin is OFF") != NULL, "%s", mig);
+        cr_assert(eq(int, run_rc, 2), "%s", run);
+        cr_assert(strstr(run, "log_bin is OFF") != NULL, "%s", run);
+        free(mig);
+        free(run);
+}
+
+/* ------------------------------------------------ parity with polling */
+
+static bool
+same_headers(const tmsg_t *a, const tmsg_t *b)
+{
+        size_t n = rd_kafka_header_cnt(a->hdrs);
+        if (n != rd_kafka_header_cnt(b->hdrs))
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                const char *na, *nb;
+                const void *va, *vb;
+                size_t sa, sb;
+                rd_kafka_header_get_all(a->hdrs, i, &na, &va, &sa);
+                rd_kafka_header_get_all(b->hdrs, i, &nb, &vb, &sb);
+                if (strcmp(na, nb) || sa != sb || (!va) != (!vb) ||
+                    (sa && memcmp(va, vb, sa)))
+                        return false;
+        }
+        return true;
+}
+
+static _Atomic int actions_run;
+
+static kinbox_result_t
+count_action(kinbox_action_t *a, void *opaque)
+{
+        (void)a;
+        (void)opaque;
+        actions_run++;
+        return KINBOX_RESULT_OK;
+}
+
+/* The rows of the parity test: n events on 5 aggregates in two
+ * transactions (some without key, payload or headers), a rolled-back row
+ * and one action row. */
+static void
+parity_rows(const char *url, const char *topic, int n)
+{
+        tconn_t c;
+        tc_open(&c, MY, url);
+        static const unsigned char bin[] = {0x00, 0xff, 0x80, 'x'};
+        kinbox_header_t hdrs[] = {{"trace", "abc-123", 7},
+                                  {"binary", bin, sizeof(bin)},
+                                  {"nullhdr", NULL, 0}};
+        tc_sql(&c, "BEGIN");
+        kinbox_outbox_msg_t rb = {.destination = topic,
+                                  .idem_key = "rolled-back",
+                                  .aggregate_id = "a-1",
+                                  .payload = "nope",
+                                  .payload_size = 4};
+        cr_assert(eq(int, tc_append(&c, &rb, NULL), KINBOX_OK));
+        tc_sql(&c, "ROLLBACK");
+        tc_sql(&c, "BEGIN");
+        for (int i = 0; i < n; i++) {
+                char idem[32], agg[32], pay[64];
+                snprintf(idem, sizeof(idem), "e-%d", i);
+                snprintf(agg, sizeof(agg), "a-%d", i % 5);
+                int pn = snprintf(pay, sizeof(pay), "{\"i\":%d}", i);
+                kinbox_outbox_msg_t m = {
+                    .destination = topic,
+                    .idem_key = idem,
+                    .aggregate_id = i % 7 == 3 ? NULL : agg,
+                    .payload = i % 11 == 5 ? NULL : pay,
+                    .payload_size = i % 11 == 5 ? 0 : (size_t)pn,
+                    .headers = i % 2 ? hdrs : NULL,
+                    .header_count = i % 2 ? 3 : 0};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                if (i == n / 2) {
+                        tc_sql(&c, "COMMIT");
+                        tc_sql(&c, "BEGIN");
+                }
+        }
+        kinbox_outbox_msg_t act = {.destination = "action:count",
+                                   .idem_key = "act-1",
+                                   .aggregate_id = "a-1"};
+        cr_assert(eq(int, tc_append(&c, &act, NULL), KINBOX_OK));
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+}
+
+/*
+ * The binlog relay publishes what the polling relay publishes for the
+ * same rows: key, value, headers (message_id, user headers, CloudEvents),
+ * timestamp, partition. A rolled-back row is never published; the action
+ * row is run by the polling relay of the same kinbox_relay_t (which
+ * claims nothing else: MariaDB's actions_only claim); no event row is
+ * updated.
+ */
+Test(binlogrelay, parity_with_polling, .timeout = 180)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_par");
+        char *name = kt_unique("blpar");
+        kt_topic(topic, 4);
+        kinbox_conf_t *bc = relay_conf(url, bootstrap);
+        cset(bc, "relay.source", "binlog");
+        cset(bc, "relay.slot", name);
+        cset(bc, "relay.cloudevents.source", "/binlogrelay-test");
+        kinbox_relay_t *r = relay_new(bc);
+        cr_assert(eq(
+            int, kinbox_relay_register_action(r, "count", count_action, NULL),
+            KINBOX_OK));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(relay_reading(url, name, 30));
+        const int n = 40;
+        parity_rows(url, topic, n);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "kind = 'action' AND status = 'sent'"));
+        kinbox_relay_stats_t st = {0};
+        for (long long t = kt_clock_ms() + 30000;
+             st.published < (uint64_t)n && kt_clock_ms() < t; usleep(50000))
+                kinbox_relay_stats(r, &st);
+        relay_stop(&tr);
+        cr_assert(eq(int, actions_run, 1));
+        kinbox_relay_stats(r, &st);
+        cr_assert(eq(u64, st.published, (uint64_t)n));
+        kinbox_relay_destroy(r);
+        cr_assert(eq(i64,
+                     kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
+                                   "WHERE status = 'pending' AND version = 0"
+                                   " AND kind = 'event'"),
+                     n));
+        tmsgs_t bl;
+        consume(bootstrap, topic, (size_t)n, 30, 1500, &bl);
+        cr_assert(eq(sz, bl.n, (size_t)n), "binlog relay: %zu messages", bl.n);
+        msgs_free(&bl);
+
+        /* The polling relay publishes the same rows again. */
+        kinbox_conf_t *pc = relay_conf(url, bootstrap);
+        cset(pc, "relay.cloudevents.source", "/binlogrelay-test");
+        r = relay_new(pc);
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, (long long)n, 30,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "kind = 'event' AND status = 'sent'"));
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        tmsgs_t all;
+        consume(bootstrap, topic, 2 * (size_t)n, 30, 1500, &all);
+        cr_assert(eq(sz, all.n, 2 * (size_t)n), "%zu messages", all.n);
+        for (size_t i = 0; i < all.n; i++) {
+                const tmsg_t *a = &all.v[i];
+                cr_assert(a->msgid != NULL);
+                cr_assert(strstr(a->msgid, "rolled-back") == NULL);
+                cr_assert(eq(sz, count_msgid(&all, a->msgid), 2), "%s",
+                          a->msgid);
+                const tmsg_t *b = NULL;
+                for (size_t k = 0; k < all.n && !b; k++)
+                        if (k != i && !strcmp(all.v[k].msgid, a->msgid))
+                                b = &all.v[k];
+                cr_assert(b != NULL);
+                bool same_key = (!a->key) == (!b->key) &&
+                                (!a->key || !strcmp(a->key, b->key));
+                bool same_value = a->value_size == b->value_size &&
+                                  (!a->value) == (!b->value) &&
+                                  (!a->value_size ||
+                                   !memcmp(a->value, b->value, a->value_size));
+                cr_assert(same_key, "%s: keys differ", a->msgid);
+                cr_assert(same_value, "%s: values differ", a->msgid);
+                cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
+                          a->msgid);
+                if (a->key)
+                        cr_assert(eq(int, a->partition, b->partition));
+                cr_assert(same_headers(a, b), "%s: headers differ", a->msgid);
+        }
+        msgs_free(&all);
+}
+
+/* ------------------------------------- large transaction, large rows, DDL */
+
+/*
+ * A 100,000-row transaction; ~900 kB payloads published byte for byte; a
+ * 1.2 MB one dead (larger than the producer takes) while the relay goes
+ * on; an ALTER TABLE adding a column to the outbox mid-stream, and rows
+ * after it.
+ */
+Test(binlogrelay, big_rows_ddl, .timeout = 400)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_big");
+        char *name = kt_unique("blbig");
+        kt_topic(topic, 4);
+        kinbox_conf_t *bc = relay_conf(url, bootstrap);
+        cset(bc, "relay.source", "binlog");
+        cset(bc, "relay.slot", name);
+        kinbox_relay_t *r = relay_new(bc);
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(relay_reading(url, name, 30));
+        const int big = 100000;
+        char sql[1200];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, "
+                 "aggregate_id, payload) SELECT '%s', CONCAT('big-', seq), "
+                 "CONCAT('agg-', seq %% 16), seq FROM seq_0_to_%d",
+                 topic, big - 1);
+        kt_exec(url, sql);
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, "
+                 "aggregate_id, payload) SELECT '%s', CONCAT('large-', seq), "
+                 "'t', REPEAT(MD5(seq), IF(seq = 2, 37500, 28125)) FROM "
+                 "seq_1_to_3",
+                 topic);
+        kt_exec(url, sql);
+        kt_exec(url, "ALTER TABLE kinbox_outbox ADD COLUMN binlog_extra "
+                     "VARCHAR(10) DEFAULT 'x'");
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key, "
+                 "aggregate_id, payload) SELECT '%s', CONCAT('after-', seq), "
+                 "'agg-after', seq FROM seq_0_to_9",
+                 topic);
+        kt_exec(url, sql);
+        size_t want = (size_t)big + 2 + 10;
+        tmsgs_t got;
+        consume(bootstrap, topic, want, 200, 2000, &got);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(eq(sz, got.n, want), "%zu of %zu", got.n, want);
+        char *err = qtext(url, "SELECT CONCAT(status, ': ', last_error) FROM "
+                               "kinbox_outbox WHERE idem_key = 'large-2'");
+        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
+                      strstr(err, "SIZE_TOO_LARGE") != NULL,
+                  "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'pending'"),
+                     1));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int last[16];
+        for (int i = 0; i < 16; i++)
+                last[i] = -1;
+        int after = 0, large = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                const tmsg_t *m = &got.v[i];
+                int a;
+                if (sscanf(m->key, "agg-%d", &a) == 1) {
+                        int v = atoi(m->value);
+                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
+                                  last[a]);
+                        last[a] = v;
+                } else if (!strcmp(m->key, "agg-after")) {
+                        cr_assert(eq(int, atoi(m->value), after));
+                        after++;
+                } else {
+                        cr_assert(eq(str, m->key, "t"));
+                        cr_assert(eq(sz, m->value_size, 900000));
+                        large++;
+                }
+        }
+        cr_assert(eq(int, after, 10));
+        cr_assert(eq(int, large, 2));
+        msgs_free(&got);
+}
+
+/*
+ * MariaDB killed (SIGKILL: crash recovery) and started again under a
+ * running binlog relay: it reconnects, resumes from its stored position,
+ * and every committed row before and after is on the topic, in order.
+ */
+Test(binlogrelay, database_restart, .timeout = 240)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_myrs");
+        char *name = kt_unique("blrs");
+        kt_topic(topic, 2);
+        kinbox_conf_t *bc = relay_conf(url, bootstrap);
+        cset(bc, "relay.source", "binlog");
+        cset(bc, "relay.slot", name);
+        kinbox_relay_t *r = relay_new(bc);
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(relay_reading(url, name, 30));
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                tconn_t c;
+                tc_open(&c, MY, url);
+                tc_sql(&c, "BEGIN");
+                for (int i = 0; i < 50; i++, n++) {
+                        char idem[32], pay[32];
+                        snprintf(idem, sizeof(idem), "r-%d", n);
+                        int pn = snprintf(pay, sizeof(pay), "%d", n);
+                        kinbox_outbox_msg_t m = {.destination = topic,
+                                                 .idem_key = idem,
+                                                 .aggregate_id = "one",
+                                                 .payload = pay,
+                                                 .payload_size = (size_t)pn};
+                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                }
+                tc_sql(&c, "COMMIT");
+                tc_close(&c);
+                if (round == 0) {
+                        kt_services("mysql-stop kill");
+                        sleep(1);
+                        kt_services("mysql-start");
+                }
+        }
+        tmsgs_t got;
+        consume(bootstrap, topic, (size_t)n, 90, 2000, &got);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int next = 0;
+        for (size_t i = 0; i < got.n; i++) {
+                int v = atoi(got.v[i].value);
+                if (v < next)
+                        continue; /* published again after the restart */
+                cr_assert(eq(int, v, next), "order or a gap");
+                next++;
+        }
+        cr_assert(eq(int, next, n));
+        msgs_free(&got);
+}
