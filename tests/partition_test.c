@@ -644,10 +644,11 @@ ParameterizedTest(int *backend, partition, clock_ahead, .timeout = 180)
         cr_assert(eq(int, kinbox__db_connect(db), KINBOX_OK));
         kinbox__range_t today = {.start_s = now / DAY_MS * 86400};
         kinbox__range_label(today.name, today.start_s, 86400);
-        char nm[64];
+        char nm[sizeof(today.name) + 16];
         snprintf(nm, sizeof(nm), "%s%s",
                  is_my(*backend) ? "p_" : "kinbox_inbox_p", today.name);
-        snprintf(today.name, sizeof(today.name), "%s", nm);
+        cr_assert(lt(sz, strlen(nm), sizeof(today.name)));
+        memcpy(today.name, nm, strlen(nm) + 1);
         uint64_t kept = 0;
         cr_expect(eq(int,
                      db->ops->part->drop(db, &today, 86400, 2 * DAY_MS, &kept),
