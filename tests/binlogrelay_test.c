@@ -267,6 +267,7 @@ Test(binlogrelay, takeover_after_kill9, .timeout = 300)
         cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(log2, 30));
         cr_log_info("%zu messages for 100 rows", got.n);
         msgs_free(&got);
+        free(t2);
 }
 
 /* Purge the binlog until its oldest file starts after the current
@@ -288,6 +289,8 @@ purge_all(const char *url)
                          "SELECT SUBSTRING_INDEX(BINLOG_GTID_POS('%s', 4), "
                          "'-', -1)",
                          first);
+                free(cur);
+                free(first);
                 if (kt_qint(url, q) >= seq)
                         return;
                 usleep(200 * 1000);
@@ -350,6 +353,9 @@ Test(binlogrelay, purged_then_resend, .timeout = 300)
         assert_all(&got, topic, "c", 0, 10);
         cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
         msgs_free(&got);
+        free(since);
+        free(t);
+        free(out);
 }
 
 /*
