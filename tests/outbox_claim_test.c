@@ -593,8 +593,8 @@ lr_locker(void *arg)
                                             "'pending'");
                 long long id = 0;
                 if (pend >= 2) {
-                        unsigned span = (unsigned)(pend - 1 < 40 ? pend - 1
-                                                                 : 40);
+                        unsigned span =
+                            (unsigned)(pend - 1 < 40 ? pend - 1 : 40);
                         snprintf(sql, sizeof(sql),
                                  "SELECT id FROM kinbox_outbox WHERE status "
                                  "= 'pending' ORDER BY id LIMIT 1 OFFSET %u",
