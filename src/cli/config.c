@@ -506,6 +506,17 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                         goto out;
                 }
         }
+        /* relay.source is how this database's outbox is relayed: the
+         * pruner, `kinbox status`, `kinbox verify` and /metrics (which
+         * run on base) treat event rows as published from the log when it
+         * is wal | binlog, [relay] enabled or not. */
+        const char *src = cfg->relay ? kinbox_conf_get(cfg->relay,
+                                                       "relay.source")
+                                     : NULL;
+        if (src && kinbox_conf_set(cfg->base, "relay.source", src, NULL, 0)) {
+                snprintf(errstr, sz, "%s: [relay] source: bad value", path);
+                goto out;
+        }
         cfg->path = realpath(path, NULL);
         if (!cfg->path && !(cfg->path = strdup(path))) {
                 snprintf(errstr, sz, "out of memory");
