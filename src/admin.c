@@ -32,8 +32,8 @@ kinbox_admin_new(const kinbox_conf_t *conf, char *errstr, size_t sz)
                 free(adm);
                 return NULL;
         }
-        adm->from_log = kinbox__settings_of(conf)->relay_source !=
-                        KINBOX__SOURCE_POLL;
+        adm->from_log =
+            kinbox__settings_of(conf)->relay_source != KINBOX__SOURCE_POLL;
         return adm;
 }
 

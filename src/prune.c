@@ -122,8 +122,7 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
          * audits: hence outbox.retention. Action rows (polled and marked
          * in every mode) are left to the statement above.
          */
-        if (!rc && !(stop && *stop) &&
-            s->relay_source != KINBOX__SOURCE_POLL)
+        if (!rc && !(stop && *stop) && s->relay_source != KINBOX__SOURCE_POLL)
                 rc = prune_table(db, T_OUTBOX_LOG, s->outbox_retention,
                                  s->prune_batch, dry_run, stop,
                                  &res.outbox_log_rows);

@@ -238,10 +238,14 @@ from_log(json_t *o)
 static json_t *
 status_dest(json_t *st, const char *d)
 {
-        json_t *a = json_object_get(st, "outbox"), *v;
-        size_t i;
-        json_array_foreach(a, i, v) if (!strcmp(
-            json_string_value(json_object_get(v, "destination")), d)) return v;
+        json_t *a = json_object_get(st, "outbox");
+        for (size_t i = 0; i < json_array_size(a); i++) {
+                json_t *v = json_array_get(a, i);
+                const char *name =
+                    json_string_value(json_object_get(v, "destination"));
+                if (name && !strcmp(name, d))
+                        return v;
+        }
         cr_assert(false, "no outbox line for %s", d);
         return NULL;
 }
@@ -252,7 +256,8 @@ ParameterizedTest(int *backend, ops, prune_log_source, .timeout = 120)
         bool my = is_my(*backend);
         char *url = kt_fresh_db(kt_backend(*backend));
         seed_log_rows(url, my);
-        const char *prune = "[prune]\noutbox.retention = 7d\nprune.batch = 2\n";
+        const char *prune =
+            "[prune]\noutbox.retention = 7d\nprune.batch = 2\n";
         char *poll = kt_write_ini(url, "%s", prune);
         char *logm = kt_write_ini(url, "%s[relay]\nsource = %s\n", prune,
                                   my ? "binlog" : "wal");
@@ -290,8 +295,8 @@ ParameterizedTest(int *backend, ops, prune_log_source, .timeout = 120)
         cr_assert(eq(i64, jint(j, "outbox_rows"), 1));
         cr_assert(eq(i64, jint(j, "outbox_log_rows"), 6));
         json_decref(j);
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"),
-                     13));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"), 13));
         cr_assert(eq(int, kb(&out, NULL, "prune --dry-run -c %s", logm), 0));
         cr_assert(strstr(out, "would delete 6 event rows") != NULL, "%s", out);
         free(out);
@@ -323,8 +328,8 @@ ParameterizedTest(int *backend, ops, prune_log_source, .timeout = 120)
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "kind = 'action' AND status = 'pending'"),
                      2));
-        cr_assert(eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"),
-                     6));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"), 6));
 }
 
 /* ---- a dry run before the catalog has statistics ---- */

@@ -611,14 +611,14 @@ Test(walrelay, pruned_before_read, .timeout = 240)
         kt_set(pc, "relay.source", "wal");
         kinbox_prune_result_t res;
         char e[512];
-        cr_assert(eq(int, kinbox_prune(pc, 0, NULL, &res, e, sizeof(e)),
-                     KINBOX_OK),
-                  "%s", e);
+        cr_assert(
+            eq(int, kinbox_prune(pc, 0, NULL, &res, e, sizeof(e)), KINBOX_OK),
+            "%s", e);
         kinbox_conf_destroy(pc);
         cr_assert(eq(u64, res.outbox_log_rows, 6));
-        cr_assert(eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"),
-                     1),
-                  "the pending action row must stay");
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 1),
+            "the pending action row must stay");
         /* The relay reads the log: every pruned row is published. */
         r = relay_new(wal_conf(url, bootstrap, slot));
         relay_start(&tr, r);

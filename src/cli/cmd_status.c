@@ -268,13 +268,12 @@ status_destination(const ctx_t *x, const kinbox_destination_status_t *d,
                    json_t *jd, table_t *td)
 {
         bool log = from_log(x, d);
-        json_t *j =
-            json_pack("{s:s,s:I,s:I,s:I,s:I,s:b}", "destination",
-                      d->destination, "pending", (json_int_t)d->pending,
-                      "oldest_pending_age_s",
-                      (json_int_t)d->oldest_pending_age_s, "dead",
-                      (json_int_t)d->dead, "sent_last_hour",
-                      (json_int_t)d->sent_last_hour, "paused", d->paused);
+        json_t *j = json_pack(
+            "{s:s,s:I,s:I,s:I,s:I,s:b}", "destination", d->destination,
+            "pending", (json_int_t)d->pending, "oldest_pending_age_s",
+            (json_int_t)d->oldest_pending_age_s, "dead", (json_int_t)d->dead,
+            "sent_last_hour", (json_int_t)d->sent_last_hour, "paused",
+            d->paused);
         json_object_set_new(j, "from_log", json_boolean(log));
         json_array_append_new(jd, j);
         tbl_add(td, "%s", d->destination);
