@@ -6,7 +6,9 @@
  * two writers with rollbacks and a SIGKILL of `kinbox run`; a 100,000-row
  * transaction, 1 MB TOASTed payloads and an ALTER TABLE mid-stream; an
  * idle outbox while other tables write (the slot's retained WAL stays
- * bounded); the refusals (exit 2 naming the setting).
+ * bounded); the refusals (exit 2 naming the setting); event rows pruned
+ * (relay.source = wal retention) before the relay read them still
+ * published from the WAL.
  *
  * Each test makes its own database (kt_fresh_db), its own topics and its
  * own slot (dropped at the end: slots outlive databases' connections).
