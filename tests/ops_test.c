@@ -290,6 +290,23 @@ ParameterizedTest(int *backend, ops, prune_log_source, .timeout = 120)
         cr_assert(strstr(out, "in the log") != NULL, "%s", out);
         free(out);
 
+        /* verify: old pending rows are gaps, event rows in poll mode only. */
+        for (int m = 0; m < 2; m++) {
+                char *vo = NULL;
+                kb(&vo, NULL, "verify --older-than 1m --json -c %s",
+                   m ? logm : poll);
+                json_t *v = json_loads(vo ? vo : "", 0, NULL);
+                cr_assert(v != NULL, "verify: %s", vo);
+                char *gaps = json_dumps(json_object_get(v, "outbox"), 0);
+                cr_assert(strstr(gaps, "outbox action:mail") != NULL, "%s",
+                          gaps);
+                cr_assert(eq(int, strstr(gaps, "outbox orders") != NULL, !m),
+                          "%s: %s", m ? "log" : "poll", gaps);
+                free(gaps);
+                json_decref(v);
+                free(vo);
+        }
+
         /* The dry run reports them and deletes nothing. */
         j = kb_json(0, "prune --dry-run --json -c %s%s", logm, NULL);
         cr_assert(eq(i64, jint(j, "outbox_rows"), 1));
