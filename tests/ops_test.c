@@ -13,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "admin_int.h"
 #include "db.h"
 #include "internal.h"
+#include "metrics.h"
 
 /* kb() / kb_json() take the command line as a format. */
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
@@ -226,6 +228,27 @@ jint(json_t *j, const char *key)
         return (long long)json_integer_value(json_object_get(j, key));
 }
 
+/* kinbox_outbox_pending{destination="orders"} and {..."action:mail"} as
+ * /metrics samples them with relay.source = src. */
+static void
+pending_gauges(const char *url, const char *src, double *orders, double *mail)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        kt_set(c, "database.url", url);
+        kt_set(c, "relay.source", src);
+        char e[512];
+        kinbox_admin_t *adm = kinbox_admin_new(c, e, sizeof(e));
+        cr_assert(adm != NULL, "%s", e);
+        cr_assert(eq(int, kinbox__admin_collect_metrics(adm), KINBOX_OK), "%s",
+                  kinbox_admin_errstr(adm));
+        *orders = kinbox__metrics_value("kinbox_outbox_pending",
+                                        "destination=\"orders\"");
+        *mail = kinbox__metrics_value("kinbox_outbox_pending",
+                                      "destination=\"action:mail\"");
+        kinbox_admin_destroy(adm);
+        kinbox_conf_destroy(c);
+}
+
 /* The outbox line of `kinbox status --json` for destination d. */
 /* "from_log" of a status line: 1 true, 0 false, -1 absent. */
 static int
@@ -289,6 +312,15 @@ ParameterizedTest(int *backend, ops, prune_log_source, .timeout = 120)
         cr_assert(eq(int, kb(&out, NULL, "status -c %s", logm), 0));
         cr_assert(strstr(out, "in the log") != NULL, "%s", out);
         free(out);
+
+        /* /metrics: the same. */
+        double orders, mail;
+        pending_gauges(url, "poll", &orders, &mail);
+        cr_assert(eq(dbl, orders, 6));
+        cr_assert(eq(dbl, mail, 2));
+        pending_gauges(url, my ? "binlog" : "wal", &orders, &mail);
+        cr_assert(eq(dbl, orders, 0), "event rows counted as pending");
+        cr_assert(eq(dbl, mail, 2));
 
         /* verify: old pending rows are gaps, event rows in poll mode only. */
         for (int m = 0; m < 2; m++) {
