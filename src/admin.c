@@ -32,6 +32,8 @@ kinbox_admin_new(const kinbox_conf_t *conf, char *errstr, size_t sz)
                 free(adm);
                 return NULL;
         }
+        adm->from_log =
+            kinbox__settings_of(conf)->relay_source != KINBOX__SOURCE_POLL;
         return adm;
 }
 
@@ -114,8 +116,9 @@ kinbox_err_t
 kinbox__admin_collect_metrics(kinbox_admin_t *adm)
 {
         kinbox_rows_t *rows = NULL;
+        const char *v[1] = {adm->from_log ? "1" : "0"};
         kinbox_err_t rc = kinbox__admin_query(
-            adm, adm->db->ops->sql->outbox_gauges, 0, NULL, &rows);
+            adm, adm->db->ops->sql->outbox_gauges, 1, v, &rows);
         if (rc)
                 return rc;
         /* Destinations that drained must read 0, not their last value. */
@@ -187,8 +190,9 @@ kinbox_admin_outbox_pause(kinbox_admin_t *adm, const char *destination,
 kinbox_err_t
 kinbox_admin_outbox_summary(kinbox_admin_t *adm, kinbox_rows_t **rowsp)
 {
-        return kinbox__admin_query(adm, adm->db->ops->sql->outbox_summary, 0,
-                                   NULL, rowsp);
+        const char *v[1] = {adm->from_log ? "1" : "0"};
+        return kinbox__admin_query(adm, adm->db->ops->sql->outbox_summary, 1,
+                                   v, rowsp);
 }
 
 kinbox_err_t
@@ -197,8 +201,8 @@ kinbox_admin_outbox_stuck(kinbox_admin_t *adm, int64_t older_ms,
 {
         char ms[24];
         snprintf(ms, sizeof(ms), "%" PRId64, older_ms);
-        const char *v[1] = {ms};
-        return kinbox__admin_query(adm, adm->db->ops->sql->outbox_stuck, 1, v,
+        const char *v[2] = {ms, adm->from_log ? "1" : "0"};
+        return kinbox__admin_query(adm, adm->db->ops->sql->outbox_stuck, 2, v,
                                    rowsp);
 }
 

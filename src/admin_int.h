@@ -7,8 +7,14 @@
 #include "db.h"
 #include "kinbox/admin.h"
 
+#include <stdbool.h>
+
 struct kinbox_admin_s {
         kinbox__db_t *db;
+        /* relay.source = wal | binlog in the conf: event rows are
+         * published from the log and never marked, so they are not
+         * counted as pending (summary, stuck rows, gauges). */
+        bool from_log;
         char errstr[1024];
 };
 

@@ -103,7 +103,7 @@ static const prop_t props[] = {
 {"inbox.partition.ahead", S(inbox_partition_ahead), P_DURATION, "3d", 3600000, 2592000000, NULL,
  "How far ahead of now the pruner (and `kinbox migrate`) keeps inbox partitions created. Rows whose message time has no partition go to a catch-all partition and are never refused."},
 {"outbox.retention", S(outbox_retention), P_DURATION, "7d", 60000, MAXI, NULL,
- "Sent outbox rows older than this are pruned. Dead rows are kept."},
+ "Sent outbox rows older than this are pruned. With relay.source = wal or binlog, event rows (not action:NAME rows) created longer ago than this are pruned whatever their status: the log relay never marks them. Dead rows are kept."},
 {"prune.interval", S(prune_interval), P_DURATION, "10m", 1000, MAXI, NULL,
  "How often the pruner runs."},
 {"prune.batch", S(prune_batch), P_INT, "1000", 1, 1000000, NULL,

@@ -91,10 +91,13 @@ static const family_t families[] = {
      "records): paused until `kinbox offsets reset` resolves them.",
      NULL, 0},
     {"kinbox_outbox_pending", M_GAUGE,
-     "Pending outbox rows per destination (sampled at scrape time).", NULL, 0},
+     "Pending outbox rows per destination (sampled at scrape time; "
+     "relay.source = wal or binlog: action rows only, event rows are "
+     "published from the log and never marked).",
+     NULL, 0},
     {"kinbox_outbox_oldest_pending_seconds", M_GAUGE,
      "Age of the oldest pending outbox row per destination (sampled at "
-     "scrape time).",
+     "scrape time; action rows only with relay.source = wal or binlog).",
      NULL, 0},
     {"kinbox_outbox_dead", M_GAUGE,
      "Dead outbox rows per destination (sampled at scrape time).", NULL, 0},

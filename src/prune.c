@@ -1,6 +1,7 @@
 /*
  * prune.c -- retention: batched deletes of old inbox rows and sent outbox
- * rows under a single-instance lock (a partitioned inbox drops whole
+ * rows (every event row past outbox.retention when relay.source = wal |
+ * binlog) under a single-instance lock (a partitioned inbox drops whole
  * ranges instead: partition.c), and the start-up check that the inbox
  * outlives the broker's redelivery window.
  *
@@ -24,8 +25,8 @@
 #define PRUNE_PAUSE_MS 20
 
 /* Which of the dialect's prune statements (db.h). */
-enum { T_INBOX = 0, T_OUTBOX = 1 };
-static const char *const table_name[2] = {"inbox", "outbox"};
+enum { T_INBOX = 0, T_OUTBOX = 1, T_OUTBOX_LOG = 2 };
+static const char *const table_name[3] = {"inbox", "outbox", "outbox"};
 
 /* The formats are the dialect's constant tables (db/pg.c, db/mysql.c). */
 #pragma GCC diagnostic push
@@ -106,6 +107,25 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                 rc = prune_table(db, T_OUTBOX, s->outbox_retention,
                                  s->prune_batch, dry_run, stop,
                                  &res.outbox_rows);
+        /*
+         * relay.source = wal | binlog: the log relay never marks an event
+         * row, so its rows stay pending and the statement above never
+         * sees them; they go by created_at instead, whatever their status
+         * (dead ones aside: they wait for an operator, as in poll mode).
+         * Safe because the relay reads the log, not the table: the log
+         * holds the whole row as inserted (PostgreSQL's WAL INSERT record,
+         * TOASTed values included in the toast inserts of the same
+         * transaction, decoded from the WAL; MariaDB's ROW binlog event
+         * carries the row's image), so deleting the heap row can never lose
+         * an event the relay has not read yet. The table is kept only for
+         * `kinbox outbox resend --since`, a lost slot's recovery and
+         * audits: hence outbox.retention. Action rows (polled and marked
+         * in every mode) are left to the statement above.
+         */
+        if (!rc && !(stop && *stop) && s->relay_source != KINBOX__SOURCE_POLL)
+                rc = prune_table(db, T_OUTBOX_LOG, s->outbox_retention,
+                                 s->prune_batch, dry_run, stop,
+                                 &res.outbox_log_rows);
         if (rc)
                 goto fail;
         if (!dry_run)

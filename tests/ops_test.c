@@ -13,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "admin_int.h"
 #include "db.h"
 #include "internal.h"
+#include "metrics.h"
 
 /* kb() / kb_json() take the command line as a format. */
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
@@ -171,6 +173,212 @@ ParameterizedTest(int *backend, ops, prune_only_old, .timeout = 120)
         cr_assert(
             eq(i64, json_integer_value(json_object_get(j, "inbox_rows")), 0));
         json_decref(j);
+}
+
+/* ---- relay.source = wal | binlog: event rows go by created_at ---- */
+
+/* The log relay never marks an event row: with relay.source = wal
+ * (PostgreSQL) or binlog (MariaDB) configured, prune deletes event rows
+ * created more than outbox.retention ago whatever their status (dead ones
+ * aside) and leaves action rows to the sent rule; status does not count
+ * event rows as pending. The relay itself is not run: prune and status
+ * only read the setting. */
+static void
+seed_log_rows(const char *url, bool my)
+{
+        const char *old = my ? "CURRENT_TIMESTAMP(6) - INTERVAL 30 DAY"
+                             : "now() - interval '30 days'";
+        const char *now = my ? "CURRENT_TIMESTAMP(6)" : "now()";
+        static const struct {
+                const char *dest, *kind, *status;
+                int n;
+                bool old_created, old_sent;
+        } rows[] = {
+            {"orders", "event", "pending", 4, true, false},
+            {"orders", "event", "pending", 2, false, false},
+            {"orders", "event", "sent", 1, true, false},
+            {"orders", "event", "canceled", 1, true, false},
+            {"orders", "event", "dead", 1, true, false},
+            {"action:mail", "action", "pending", 2, true, false},
+            {"action:mail", "action", "sent", 1, true, true},
+            {"action:mail", "action", "sent", 1, true, false},
+        };
+        int k = 0;
+        for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++)
+                for (int i = 0; i < rows[r].n; i++, k++) {
+                        char sql[512];
+                        bool sent = !strcmp(rows[r].status, "sent");
+                        snprintf(sql, sizeof(sql),
+                                 "INSERT INTO kinbox_outbox (destination, "
+                                 "kind, idem_key, status, sent_at, "
+                                 "created_at) VALUES ('%s', '%s', 'k%d', "
+                                 "'%s', %s, %s)",
+                                 rows[r].dest, rows[r].kind, k, rows[r].status,
+                                 !sent              ? "NULL"
+                                 : rows[r].old_sent ? old
+                                                    : now,
+                                 rows[r].old_created ? old : now);
+                        kt_exec(url, sql);
+                }
+}
+
+static long long
+jint(json_t *j, const char *key)
+{
+        return (long long)json_integer_value(json_object_get(j, key));
+}
+
+/* kinbox_outbox_pending{destination="orders"} and {..."action:mail"} as
+ * /metrics samples them with relay.source = src. */
+static void
+pending_gauges(const char *url, const char *src, double *orders, double *mail)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        kt_set(c, "database.url", url);
+        kt_set(c, "relay.source", src);
+        char e[512];
+        kinbox_admin_t *adm = kinbox_admin_new(c, e, sizeof(e));
+        cr_assert(adm != NULL, "%s", e);
+        cr_assert(eq(int, kinbox__admin_collect_metrics(adm), KINBOX_OK), "%s",
+                  kinbox_admin_errstr(adm));
+        *orders = kinbox__metrics_value("kinbox_outbox_pending",
+                                        "destination=\"orders\"");
+        *mail = kinbox__metrics_value("kinbox_outbox_pending",
+                                      "destination=\"action:mail\"");
+        kinbox_admin_destroy(adm);
+        kinbox_conf_destroy(c);
+}
+
+/* The outbox line of `kinbox status --json` for destination d. */
+/* "from_log" of a status line: 1 true, 0 false, -1 absent. */
+static int
+from_log(json_t *o)
+{
+        json_t *v = json_object_get(o, "from_log");
+        return !v ? -1 : json_is_true(v) ? 1 : 0;
+}
+
+static json_t *
+status_dest(json_t *st, const char *d)
+{
+        json_t *a = json_object_get(st, "outbox");
+        for (size_t i = 0; i < json_array_size(a); i++) {
+                json_t *v = json_array_get(a, i);
+                const char *name =
+                    json_string_value(json_object_get(v, "destination"));
+                if (name && !strcmp(name, d))
+                        return v;
+        }
+        cr_assert(false, "no outbox line for %s", d);
+        return NULL;
+}
+
+KT_BACKENDS_PARAMS(ops, prune_log_source)
+ParameterizedTest(int *backend, ops, prune_log_source, .timeout = 120)
+{
+        bool my = is_my(*backend);
+        char *url = kt_fresh_db(kt_backend(*backend));
+        seed_log_rows(url, my);
+        const char *prune =
+            "[prune]\noutbox.retention = 7d\nprune.batch = 2\n";
+        char *poll = kt_write_ini(url, "%s", prune);
+        char *logm = kt_write_ini(url, "%s[relay]\nsource = %s\n", prune,
+                                  my ? "binlog" : "wal");
+
+        /* poll: unchanged, the pending rows are a backlog. */
+        json_t *st = kb_json(0, "status --json -c %s%s", poll, NULL);
+        json_t *o = status_dest(st, "orders");
+        cr_assert(eq(i64, jint(o, "pending"), 6));
+        cr_assert(gt(i64, jint(o, "oldest_pending_age_s"), 29 * 86400));
+        cr_assert(eq(int, from_log(o), 0));
+        json_decref(st);
+        json_t *j = kb_json(0, "prune --dry-run --json -c %s%s", poll, NULL);
+        cr_assert(eq(i64, jint(j, "outbox_rows"), 1));
+        cr_assert(eq(i64, jint(j, "outbox_log_rows"), 0));
+        json_decref(j);
+
+        /* log: event rows are not pending; action rows still are. */
+        st = kb_json(0, "status --json -c %s%s", logm, NULL);
+        o = status_dest(st, "orders");
+        cr_assert(eq(i64, jint(o, "pending"), 0));
+        cr_assert(eq(i64, jint(o, "oldest_pending_age_s"), 0));
+        cr_assert(eq(i64, jint(o, "dead"), 1));
+        cr_assert(eq(int, from_log(o), 1));
+        json_t *a = status_dest(st, "action:mail");
+        cr_assert(eq(i64, jint(a, "pending"), 2));
+        cr_assert(eq(int, from_log(a), 0));
+        json_decref(st);
+        char *out = NULL;
+        cr_assert(eq(int, kb(&out, NULL, "status -c %s", logm), 0));
+        cr_assert(strstr(out, "in the log") != NULL, "%s", out);
+        free(out);
+
+        /* /metrics: the same. */
+        double orders, mail;
+        pending_gauges(url, "poll", &orders, &mail);
+        cr_assert(eq(dbl, orders, 6));
+        cr_assert(eq(dbl, mail, 2));
+        pending_gauges(url, my ? "binlog" : "wal", &orders, &mail);
+        cr_assert(eq(dbl, orders, 0), "event rows counted as pending");
+        cr_assert(eq(dbl, mail, 2));
+
+        /* verify: old pending rows are gaps, event rows in poll mode only. */
+        for (int m = 0; m < 2; m++) {
+                char *vo = NULL;
+                kb(&vo, NULL, "verify --older-than 1m --json -c %s",
+                   m ? logm : poll);
+                json_t *v = json_loads(vo ? vo : "", 0, NULL);
+                cr_assert(v != NULL, "verify: %s", vo);
+                char *gaps = json_dumps(json_object_get(v, "outbox"), 0);
+                cr_assert(strstr(gaps, "outbox action:mail") != NULL, "%s",
+                          gaps);
+                cr_assert(eq(int, strstr(gaps, "outbox orders") != NULL, !m),
+                          "%s: %s", m ? "log" : "poll", gaps);
+                free(gaps);
+                json_decref(v);
+                free(vo);
+        }
+
+        /* The dry run reports them and deletes nothing. */
+        j = kb_json(0, "prune --dry-run --json -c %s%s", logm, NULL);
+        cr_assert(eq(i64, jint(j, "outbox_rows"), 1));
+        cr_assert(eq(i64, jint(j, "outbox_log_rows"), 6));
+        json_decref(j);
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"), 13));
+        cr_assert(eq(int, kb(&out, NULL, "prune --dry-run -c %s", logm), 0));
+        cr_assert(strstr(out, "would delete 6 event rows") != NULL, "%s", out);
+        free(out);
+
+        /* Old event rows go in batches whatever their status but dead;
+         * young ones, the dead one and pending actions stay. */
+        j = kb_json(0, "prune --json -c %s%s", logm, NULL);
+        cr_assert(eq(i64, jint(j, "outbox_rows"), 1));
+        cr_assert(eq(i64, jint(j, "outbox_log_rows"), 6));
+        json_decref(j);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "destination = 'orders' AND status = "
+                                  "'pending'"),
+                     2),
+                  "young event rows must stay");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "destination = 'orders' AND status = "
+                                  "'dead'"),
+                     1),
+                  "dead event rows must stay");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "kind = 'action'"),
+                     3),
+                  "action rows go only when sent past retention");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "kind = 'action' AND status = 'pending'"),
+                     2));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox"), 6));
 }
 
 /* ---- a dry run before the catalog has statistics ---- */

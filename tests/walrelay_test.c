@@ -6,7 +6,9 @@
  * two writers with rollbacks and a SIGKILL of `kinbox run`; a 100,000-row
  * transaction, 1 MB TOASTed payloads and an ALTER TABLE mid-stream; an
  * idle outbox while other tables write (the slot's retained WAL stays
- * bounded); the refusals (exit 2 naming the setting).
+ * bounded); the refusals (exit 2 naming the setting); event rows pruned
+ * (relay.source = wal retention) before the relay read them still
+ * published from the WAL.
  *
  * Each test makes its own database (kt_fresh_db), its own topics and its
  * own slot (dropped at the end: slots outlive databases' connections).
@@ -545,6 +547,105 @@ Test(walrelay, big_toast_ddl, .timeout = 400)
                         free(got_hex);
                 }
         }
+        msgs_free(&got);
+        drop_slot(url, slot);
+}
+
+/* ------------------------------------------------- retention */
+
+/*
+ * Why the pruner may delete event rows the relay has not read yet
+ * (relay.source = wal): the WAL holds the rows as inserted, TOASTed
+ * values included. Rows appended while no relay reads the slot, backdated
+ * past outbox.retention (an UPDATE: not published) and pruned, are all
+ * published byte for byte once the relay starts; a pending action row of
+ * the same age stays for the polling relay.
+ */
+Test(walrelay, pruned_before_read, .timeout = 240)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(PG);
+        char *topic = kt_unique("wal_prune");
+        char *slot = kt_unique("kbt_prune");
+        kt_topic(topic, 2);
+        /* The slot exists (made by a first relay), nobody reads it. */
+        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        trelay_t tr;
+        relay_start(&tr, r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND active",
+                         slot));
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(wait_q(url, 1, 30,
+                         "SELECT count(*) FROM pg_replication_slots "
+                         "WHERE slot_name = '%s' AND NOT active",
+                         slot));
+        char sql[1200];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'pr-' || g, 'agg',"
+                 " convert_to(g::text, 'UTF8') FROM generate_series(0, 4) g",
+                 topic);
+        kt_exec(url, sql);
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO kinbox_outbox (destination, idem_key,"
+                 " aggregate_id, payload) SELECT '%s', 'pr-toast', 't',"
+                 " decode(string_agg(md5(random()::text || g::text), ''),"
+                 " 'hex') FROM generate_series(1, 56250) g",
+                 topic);
+        kt_exec(url, sql);
+        kt_exec(url, "INSERT INTO kinbox_outbox (destination, kind, "
+                     "idem_key) VALUES ('action:later', 'action', 'act-1')");
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "idem_key = 'pr-toast' AND "
+                                  "pg_column_size(payload) > 800000"),
+                     1));
+        char *want_hex = qtext(url, "SELECT encode(payload, 'hex') FROM "
+                                    "kinbox_outbox WHERE idem_key = "
+                                    "'pr-toast'");
+        kt_exec(url, "UPDATE kinbox_outbox SET created_at = now() - "
+                     "interval '30 days'");
+        kinbox_conf_t *pc = kinbox_conf_new();
+        kt_set(pc, "database.url", url);
+        kt_set(pc, "relay.source", "wal");
+        kinbox_prune_result_t res;
+        char e[512];
+        cr_assert(
+            eq(int, kinbox_prune(pc, 0, NULL, &res, e, sizeof(e)), KINBOX_OK),
+            "%s", e);
+        kinbox_conf_destroy(pc);
+        cr_assert(eq(u64, res.outbox_log_rows, 6));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 1),
+            "the pending action row must stay");
+        /* The relay reads the log: every pruned row is published. */
+        r = relay_new(wal_conf(url, bootstrap, slot));
+        relay_start(&tr, r);
+        tmsgs_t got;
+        consume(bootstrap, topic, 6, 120, 2000, &got);
+        relay_stop(&tr);
+        kinbox_relay_destroy(r);
+        cr_assert(eq(sz, got.n, 6), "%zu of 6 pruned rows published", got.n);
+        for (int g = 0; g < 5; g++) {
+                char id[64];
+                snprintf(id, sizeof(id), "pr-%d", g);
+                bool found = false;
+                for (size_t i = 0; i < got.n; i++)
+                        found |= strstr(got.v[i].msgid, id) != NULL;
+                cr_assert(found, "%s not published", id);
+        }
+        const tmsg_t *t = NULL;
+        for (size_t i = 0; i < got.n; i++)
+                if (strstr(got.v[i].msgid, "pr-toast"))
+                        t = &got.v[i];
+        cr_assert(t != NULL, "the TOASTed row was not published");
+        char *got_hex = hex_of(t->value, t->value_size);
+        cr_assert(strcmp(want_hex, got_hex) == 0, "TOASTed payload differs");
+        free(got_hex);
+        free(want_hex);
         msgs_free(&got);
         drop_slot(url, slot);
 }

@@ -45,6 +45,10 @@ typedef struct kinbox_prune_result {
         uint64_t partitions_created; /**< ranges created ahead */
         uint64_t rows_kept; /**< rows of dropped ranges kept because a dead
                                  letter or parked message needs them */
+        uint64_t outbox_log_rows; /**< `relay.source = wal | binlog`:
+                                       event rows (not action rows) created
+                                       more than outbox.retention ago,
+                                       whatever their status but dead */
 } kinbox_prune_result_t;
 
 /**
@@ -61,9 +65,16 @@ typedef struct kinbox_prune_result {
  * Only one instance prunes at a time: the run first takes a named lock
  * (PostgreSQL advisory lock, MySQL `GET_LOCK`) on its own connection and
  * returns with `skipped = 1` when another instance holds it. Dead outbox
- * rows, canceled rows and dead letters are never deleted.
+ * rows and dead letters are never deleted; canceled rows neither, except
+ * as below.
+ *
+ * With `relay.source = wal | binlog` the log relay publishes event rows
+ * from the database's log and never marks them: event rows (every
+ * destination but `action:NAME`) created more than `outbox.retention` ago
+ * are deleted too, pending, sent or canceled (not dead), counted in
+ * `outbox_log_rows` (docs/outbox.md, the log relay).
  * @param conf    reads `database.*`, `inbox.retention`, `outbox.retention`,
- *                `prune.batch`; not kept.
+ *                `prune.batch`, `relay.source`; not kept.
  * @param dry_run non-zero: count what would go, delete nothing (the lock
  *                is not taken).
  * @param stop    optional flag checked between statements: non-zero stops
@@ -215,7 +226,9 @@ typedef struct kinbox_admin_s kinbox_admin_t;
 
 /**
  * @brief Create a handle from `database.url` / `database.password_file`
- *        (read now, not kept). Connects lazily.
+ *        (read now, not kept). Connects lazily. `relay.source` (read now)
+ *        tells how the outbox is relayed: not `poll`, event rows are not
+ *        counted as pending (kinbox_admin_outbox_summary()).
  * @returns The handle, or NULL with @p errstr set (bad URL, unreadable
  *          password file).
  */
@@ -249,7 +262,10 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_pause(kinbox_admin_t *adm,
  * @brief The outbox per destination, ordered by destination: columns
  *        destination, pending rows, age of the oldest pending row
  *        (whole seconds), dead rows, rows sent in the last hour, paused
- *        (1/0).
+ *        (1/0). With `relay.source = wal | binlog` in the handle's conf,
+ *        pending rows and their age count action rows only: event rows
+ *        are published from the log and never marked (their backlog is
+ *        the log relay's slot or binlog lag).
  * @param rowsp receives the rows (kinbox_rows_destroy()).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
  *          reconnects); ::KINBOX_ERR_DB; the reason in
@@ -261,7 +277,8 @@ KINBOX_API kinbox_err_t kinbox_admin_outbox_summary(kinbox_admin_t *adm,
 /**
  * @brief Destinations with rows pending longer than @p older_ms:
  *        destination, such rows, their smallest id, the oldest one's age
- *        (whole seconds), ordered by destination.
+ *        (whole seconds), ordered by destination. Action rows only with
+ *        `relay.source = wal | binlog` (as kinbox_admin_outbox_summary()).
  * @param rowsp receives the rows (kinbox_rows_destroy()).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN (unreachable; the next call
  *          reconnects); ::KINBOX_ERR_DB; the reason in
@@ -395,7 +412,9 @@ typedef struct kinbox_consumer_status {
 /** One outbox destination (`kinbox status`). */
 typedef struct kinbox_destination_status {
         const char *destination;
-        int64_t pending; /**< pending rows */
+        int64_t pending; /**< pending rows (`relay.source = wal |
+                              binlog`: action rows only, see
+                              kinbox_admin_outbox_summary()) */
         int64_t oldest_pending_age_s; /**< the oldest pending row's age,
                                            whole seconds; 0: none */
         int64_t dead; /**< dead rows */

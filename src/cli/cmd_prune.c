@@ -68,10 +68,11 @@ kb_cmd_prune(int argc, char **argv)
                                                : KB_EX_RUNTIME;
         } else if (x.o.json) {
                 json_out(json_pack(
-                    "{s:b,s:b,s:I,s:I,s:s,s:s,s:I,s:I,s:I}", "dry_run",
+                    "{s:b,s:b,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:I}", "dry_run",
                     x.o.dry_run, "skipped", res.skipped, "inbox_rows",
                     (json_int_t)res.inbox_rows, "outbox_rows",
-                    (json_int_t)res.outbox_rows, "inbox_retention",
+                    (json_int_t)res.outbox_rows, "outbox_log_rows",
+                    (json_int_t)res.outbox_log_rows, "inbox_retention",
                     kinbox_conf_get(x.cfg.base, "inbox.retention"),
                     "outbox_retention",
                     kinbox_conf_get(x.cfg.base, "outbox.retention"),
@@ -97,6 +98,14 @@ kb_cmd_prune(int argc, char **argv)
                        "(dead rows and dead letters are kept)\n",
                        verb, res.outbox_rows,
                        kinbox_conf_get(x.cfg.base, "outbox.retention"));
+                const char *src = kinbox_conf_get(x.cfg.base, "relay.source");
+                if (src && strcmp(src, "poll"))
+                        printf("outbox: %s %" PRIu64 " event rows created "
+                               "more than %s ago (relay.source = %s: "
+                               "published from the log, never marked)\n",
+                               verb, res.outbox_log_rows,
+                               kinbox_conf_get(x.cfg.base, "outbox.retention"),
+                               src);
         }
         ctx_close(&x);
         return ex;

@@ -251,21 +251,39 @@ status_consumer(ctx_t *x, int i, const kinbox_consumer_status_t *st,
         tbl_add(tc, "%s", st->oldest_parked_at);
 }
 
+/* relay.source = wal | binlog and d is not an action: its rows are
+ * published from the log and never marked (no backlog in the table). */
+static bool
+from_log(const ctx_t *x, const kinbox_destination_status_t *d)
+{
+        return kinbox__settings_of(x->cfg.base)->relay_source !=
+                   KINBOX__SOURCE_POLL &&
+               strncmp(d->destination, KINBOX_OUTBOX_ACTION_PREFIX,
+                       strlen(KINBOX_OUTBOX_ACTION_PREFIX));
+}
+
 /* One destination's line of the outbox part of `kinbox status`. */
 static void
-status_destination(const kinbox_destination_status_t *d, json_t *jd,
-                   table_t *td)
+status_destination(const ctx_t *x, const kinbox_destination_status_t *d,
+                   json_t *jd, table_t *td)
 {
-        json_array_append_new(
-            jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:b}", "destination",
-                          d->destination, "pending", (json_int_t)d->pending,
-                          "oldest_pending_age_s",
-                          (json_int_t)d->oldest_pending_age_s, "dead",
-                          (json_int_t)d->dead, "sent_last_hour",
-                          (json_int_t)d->sent_last_hour, "paused", d->paused));
+        bool log = from_log(x, d);
+        json_t *j = json_pack(
+            "{s:s,s:I,s:I,s:I,s:I,s:b}", "destination", d->destination,
+            "pending", (json_int_t)d->pending, "oldest_pending_age_s",
+            (json_int_t)d->oldest_pending_age_s, "dead", (json_int_t)d->dead,
+            "sent_last_hour", (json_int_t)d->sent_last_hour, "paused",
+            d->paused);
+        json_object_set_new(j, "from_log", json_boolean(log));
+        json_array_append_new(jd, j);
         tbl_add(td, "%s", d->destination);
-        tbl_add(td, "%lld", (long long)d->pending);
-        tbl_add(td, "%llds", (long long)d->oldest_pending_age_s);
+        if (log) {
+                tbl_add(td, "in the log");
+                tbl_add(td, "-");
+        } else {
+                tbl_add(td, "%lld", (long long)d->pending);
+                tbl_add(td, "%llds", (long long)d->oldest_pending_age_s);
+        }
         tbl_add(td, "%lld", (long long)d->dead);
         tbl_add(td, "%lld", (long long)d->sent_last_hour);
         tbl_add(td, "%s", d->paused ? "yes" : "no");
@@ -335,7 +353,7 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
         for (size_t i = 0; i < st->nconsumers; i++)
                 status_consumer(x, (int)i, &st->consumers[i], live, jc, &tc);
         for (size_t i = 0; i < st->ndestinations; i++)
-                status_destination(&st->destinations[i], jd, &td);
+                status_destination(x, &st->destinations[i], jd, &td);
         if (x->o.json) {
                 json_t *j =
                     json_pack("{s:o,s:o,s:I}", "consumers", jc, "outbox", jd,
@@ -375,6 +393,13 @@ status_print(ctx_t *x, const kinbox_status_t *st, const char *live)
                        x->o.config);
         printf("\nOutbox\n");
         tbl_print(&td, stdout);
+        if (kinbox__settings_of(x->cfg.base)->relay_source !=
+            KINBOX__SOURCE_POLL)
+                printf("(relay.source = %s: Kafka destinations are "
+                       "published from the log and their rows never marked: "
+                       "\"in the log\"; their backlog is the log relay's "
+                       "lag, not rows)\n",
+                       kinbox_conf_get(x->cfg.base, "relay.source"));
         printf("\nInbox size: %lld rows\n", (long long)st->inbox_rows);
         status_partitions(st);
         status_log_relay(x, NULL);

@@ -435,6 +435,19 @@ toomany:
         return 0;
 }
 
+/* relay.source is how this database's outbox is relayed: the pruner,
+ * `kinbox status`, `kinbox verify` and /metrics (which run on base) treat
+ * event rows as published from the log when it is wal | binlog, [relay]
+ * enabled or not. Copied from the relay's conf to base; non-zero when it
+ * cannot be. */
+static int
+share_source(kb_config_t *cfg)
+{
+        const char *src =
+            cfg->relay ? kinbox_conf_get(cfg->relay, "relay.source") : NULL;
+        return src && kinbox_conf_set(cfg->base, "relay.source", src, NULL, 0);
+}
+
 int
 kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
 {
@@ -505,6 +518,10 @@ kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
                         snprintf(errstr, sz, "%s: [relay] %s", path, e);
                         goto out;
                 }
+        }
+        if (share_source(cfg)) {
+                snprintf(errstr, sz, "%s: [relay] source: bad value", path);
+                goto out;
         }
         cfg->path = realpath(path, NULL);
         if (!cfg->path && !(cfg->path = strdup(path))) {

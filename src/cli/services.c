@@ -112,11 +112,13 @@ pruner_main(void *arg)
                 if (kinbox_prune(svc->conf, 0, &svc->stop, &res, err,
                                  sizeof(err)))
                         fprintf(stderr, "kinbox run: pruner: %s\n", err);
-                else if (res.inbox_rows || res.outbox_rows)
+                else if (res.inbox_rows || res.outbox_rows ||
+                         res.outbox_log_rows)
                         fprintf(stderr,
                                 "kinbox run: pruner: deleted %" PRIu64
                                 " inbox and %" PRIu64 " outbox rows\n",
-                                res.inbox_rows, res.outbox_rows);
+                                res.inbox_rows,
+                                res.outbox_rows + res.outbox_log_rows);
         }
         return NULL;
 }

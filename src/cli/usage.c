@@ -48,6 +48,21 @@ migrate_usage(FILE *fp)
 }
 
 static void
+prune_usage(FILE *fp)
+{
+        fprintf(fp, "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"
+                    "Deletes inbox rows older than inbox.retention and sent "
+                    "outbox rows older than\noutbox.retention ([prune] "
+                    "section), prune.batch rows per statement. Only one\n"
+                    "instance prunes at a time (a database lock); dead rows "
+                    "and dead letters are\nnever deleted. With [relay] "
+                    "source = wal or binlog, event rows created more\nthan "
+                    "outbox.retention ago go too, whatever their status but "
+                    "dead (the log relay\nnever marks them). --dry-run "
+                    "counts what would go.\n");
+}
+
+static void
 offsets_usage(FILE *fp)
 {
         fprintf(fp, "usage: kinbox offsets list -c FILE [--consumer NAME] "
@@ -228,14 +243,7 @@ kb_usage_of(const char *cmd, FILE *fp)
         else if (!strcmp(cmd, "offsets"))
                 offsets_usage(fp);
         else if (!strcmp(cmd, "prune"))
-                fprintf(fp,
-                        "usage: kinbox prune -c FILE [--dry-run] [--json]\n\n"
-                        "Deletes inbox rows older than inbox.retention and "
-                        "sent outbox rows older than\noutbox.retention "
-                        "([prune] section), prune.batch rows per statement. "
-                        "Only one\ninstance prunes at a time (a database "
-                        "lock); dead rows and dead letters are\nnever "
-                        "deleted. --dry-run counts what would go.\n");
+                prune_usage(fp);
         else if (!strcmp(cmd, "reconcile"))
                 fprintf(fp,
                         "usage: kinbox reconcile -c FILE [--json]\n\n"

@@ -726,14 +726,22 @@ static const struct kinbox__sql my_sql = {
         {"SELECT count(*) FROM kinbox_inbox WHERE processed_at < "
          "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
          "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND "
-         "sent_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND"},
+         "sent_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND",
+         "SELECT count(*) FROM kinbox_outbox WHERE kind = 'event' AND "
+         "status <> 'dead' AND created_at < CURRENT_TIMESTAMP(6) - "
+         "INTERVAL %" PRId64 " MICROSECOND"},
     .prune_delete =
         {"DELETE FROM kinbox_inbox WHERE processed_at < "
          "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
          "BY processed_at LIMIT %" PRId64,
          "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
          "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
-         "BY sent_at LIMIT %" PRId64},
+         "BY sent_at LIMIT %" PRId64,
+         /* No index on created_at: the primary key's order (insertion
+          * order) finds the oldest rows first. */
+         "DELETE FROM kinbox_outbox WHERE kind = 'event' AND status <> "
+         "'dead' AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
+         " MICROSECOND ORDER BY id LIMIT %" PRId64},
     .prune_age_scale = 1000,
     .dead_letter_lock = "SELECT consumer, message_id, topic, kafka_partition, "
                         "kafka_offset, msg_key, headers, payload, status FROM "
@@ -749,10 +757,11 @@ static const struct kinbox__sql my_sql = {
     .dead_letter_replayed =
         "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = $1",
     .outbox_gauges =
-        "SELECT destination, SUM(status = 'pending'),"
+        "SELECT destination, SUM(status = 'pending' AND (kind = 'action'"
+        " OR $1 = 0)),"
         " COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status ="
-        " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)) /"
-        " 1000000, 0), SUM(status = 'dead')"
+        " 'pending' AND (kind = 'action' OR $1 = 0) THEN created_at END),"
+        " CURRENT_TIMESTAMP(6)) / 1000000, 0), SUM(status = 'dead')"
         " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
         " GROUP BY destination",
     .outbox_pause =
@@ -760,9 +769,11 @@ static const struct kinbox__sql my_sql = {
         "DUPLICATE KEY UPDATE destination = destination",
     .outbox_wake = NULL,
     .outbox_summary =
-        "SELECT destination, SUM(status = 'pending'),"
+        "SELECT destination, SUM(status = 'pending' AND (kind = 'action'"
+        " OR $1 = 0)),"
         " COALESCE(TIMESTAMPDIFF(SECOND, MIN(CASE WHEN status ="
-        " 'pending' THEN created_at END), CURRENT_TIMESTAMP(6)), 0),"
+        " 'pending' AND (kind = 'action' OR $1 = 0) THEN created_at END),"
+        " CURRENT_TIMESTAMP(6)), 0),"
         " SUM(status = 'dead'),"
         " SUM(status = 'sent' AND sent_at >= CURRENT_TIMESTAMP(6) -"
         "  INTERVAL 1 HOUR),"
@@ -774,6 +785,7 @@ static const struct kinbox__sql my_sql = {
         " TIMESTAMPDIFF(SECOND, min(created_at), CURRENT_TIMESTAMP(6))"
         " FROM kinbox_outbox WHERE status = 'pending' AND created_at <"
         " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000) MICROSECOND"
+        " AND (kind = 'action' OR $2 = 0)"
         " GROUP BY destination ORDER BY destination",
     .dead_letter_gauges =
         "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "

@@ -45,11 +45,14 @@ struct kinbox__sql {
          * the connection's database (schema), else 0. */
         const char *migrations_exists;
         const char *script_begin, *script_commit;
-        /* Pruning, [0] the inbox, [1] sent outbox rows: printf formats of
+        /* Pruning, [0] the inbox, [1] sent outbox rows, [2] event rows
+         * (kind 'event') but dead ones by created_at, whatever their status
+         * (relay.source = wal | binlog: the log relay never marks them; see
+         * prune.c for why deleting them is safe): printf formats of
          * (int64 age) for the count and (int64 age, int64 batch) for one
          * batched delete returning (PG) or affecting (MySQL) the rows
          * deleted. The age is in milliseconds times prune_age_scale. */
-        const char *prune_count[2], *prune_delete[2];
+        const char *prune_count[3], *prune_delete[3];
         int prune_age_scale;
         /* Replay: $1 id: consumer, message_id, topic, kafka_partition,
          * kafka_offset, msg_key, headers, payload, status of the dead
@@ -65,7 +68,9 @@ struct kinbox__sql {
         /* $1 id: the dead letter is replayed. */
         const char *dead_letter_replayed;
         /* Per destination: pending rows, oldest pending age (s), dead rows
-         * (gauges sampled at scrape). */
+         * (gauges sampled at scrape). $1 '1': pending counts action rows
+         * only (relay.source = wal | binlog: event rows are never marked,
+         * their backlog is the log relay's), '0': every row. */
         const char *outbox_gauges;
         /* Per consumer: dead letters (status dead), oldest one's age (s). */
         const char *dead_letter_gauges;
@@ -84,8 +89,9 @@ struct kinbox__sql {
         /* $1 parked row id: delete it, for outbox->affected() (the
          * number of rows deleted). */
         const char *parked_delete;
-        /* See kinbox_admin_outbox_summary() / kinbox_admin_outbox_stuck()
-         * ($1 older than, in ms). */
+        /* See kinbox_admin_outbox_summary() ($1 as for outbox_gauges) /
+         * kinbox_admin_outbox_stuck() ($1 older than, in ms; $2 as $1 of
+         * outbox_gauges). */
         const char *outbox_summary, *outbox_stuck;
         /* The operator statements, alike on both backends (src/db/opsql.h).
          * ping: reachability. outbox_paused / outbox_resume: $1
