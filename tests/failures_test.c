@@ -579,6 +579,7 @@ ParameterizedTest(int *backend, failures, permission_denied_holds,
                 char sql[256];
                 snprintf(sql, sizeof(sql), "DROP USER '%s'@'127.0.0.1'", user);
                 my_root(sql);
+                free(curl);
         }
 }
 
