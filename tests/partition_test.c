@@ -777,7 +777,7 @@ KT_BACKENDS_PARAMS(partition, catchall_million)
 ParameterizedTest(int *backend, partition, catchall_million, .timeout = 600)
 {
         char *url, *topic;
-        setup(*backend, "ptm", 1, &url, &topic);
+        kinbox_conf_destroy(setup(*backend, "ptm", 1, &url, &topic));
         /* A million rows without a time (the epoch's range: MySQL's
          * p_past, PostgreSQL's default partition), one far in the future
          * (MySQL's p_future). */
