@@ -810,7 +810,8 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
                            "[relay]\nenabled = true\nsource = wal\n"
                            "slot = %s\n",
                            slot);
-        int run_rc = run_refused(ini, &out);
+        char *run_out = NULL;
+        int run_rc = run_refused(ini, &run_out);
         int mig_rc = kinbox_cmd("migrate", ini, &out);
         char *mig_out = out;
         for (long long i = 0; i < free_slots; i++) {
@@ -818,7 +819,8 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
                 snprintf(s, sizeof(s), "%s_%lld", fill, i);
                 drop_slot(url, s);
         }
-        cr_assert(eq(int, run_rc, 2));
+        cr_assert(eq(int, run_rc, 2), "%s", run_out);
+        free(run_out);
         cr_assert(eq(int, mig_rc, 2), "%s", mig_out);
         cr_assert(strstr(mig_out, "max_replication_slots") != NULL, "%s",
                   mig_out);
