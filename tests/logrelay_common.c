@@ -110,8 +110,7 @@ count_action(kinbox_action_t *a, void *opaque)
 }
 
 void
-parity_rows(const char *backend, const char *url,
-            const char *topic, int n)
+parity_rows(const char *backend, const char *url, const char *topic, int n)
 {
         tconn_t c;
         tc_open(&c, backend, url);
@@ -176,7 +175,7 @@ same_headers(const tmsg_t *a, const tmsg_t *b)
 
 void
 assert_polling_parity(const char *url, const char *bootstrap,
-                    const char *topic, int n, const char *ce_source)
+                      const char *topic, int n, const char *ce_source)
 {
         kinbox_relay_t *r;
         trelay_t tr;

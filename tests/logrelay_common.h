@@ -49,7 +49,7 @@ void parity_rows(const char *backend, const char *url, const char *topic,
  * copies with the same key, value, timestamp, headers and (keyed)
  * partition. */
 void assert_polling_parity(const char *url, const char *bootstrap,
-                         const char *topic, int n, const char *ce_source);
+                           const char *topic, int n, const char *ce_source);
 
 /* Rows inserted as one transaction each: destination topic, idem
  * "PREFIX-i", aggregate "agg", payload i. */
