@@ -25,15 +25,6 @@
 
 static const char *MY = "mysql";
 
-static char *
-binlog_ini(const char *url, const char *name)
-{
-        return kt_write_ini(url,
-                            "[relay]\nenabled = true\nsource = binlog\n"
-                            "slot = %s\n",
-                            name);
-}
-
 /* The relay named name has read from the binlog (its position row). */
 static bool
 relay_reading(const char *url, const char *name, int timeout_s)
@@ -57,7 +48,7 @@ Test(binlogrelay, two_writers_sigkill, .timeout = 300)
         char *topic = kt_unique("bl_kill");
         char *name = kt_unique("blk");
         kt_topic(topic, 4);
-        char *ini = binlog_ini(url, name);
+        char *ini = log_ini(url, "binlog", name);
         char *log = kt_tmp("bl_kill_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
@@ -107,7 +98,7 @@ Test(binlogrelay, takeover_after_kill9, .timeout = 300)
         char *topic = kt_unique("bl_take");
         char *name = kt_unique("blt");
         kt_topic(topic, 2);
-        char *ini = binlog_ini(url, name);
+        char *ini = log_ini(url, "binlog", name);
         char *log1 = kt_tmp("bl_take1"), *log2 = kt_tmp("bl_take2");
         pid_t a = kt_spawn_kinbox(ini, NULL, log1);
         cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log1, 20));
@@ -174,7 +165,7 @@ Test(binlogrelay, purged_then_resend, .timeout = 300)
         char *topic = kt_unique("bl_purge");
         char *name = kt_unique("blp");
         kt_topic(topic, 2);
-        char *ini = binlog_ini(url, name);
+        char *ini = log_ini(url, "binlog", name);
         char *log = kt_tmp("bl_purge_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
@@ -366,9 +357,7 @@ Test(binlogrelay, parity_with_polling, .timeout = 180)
         char *topic = kt_unique("bl_par");
         char *name = kt_unique("blpar");
         kt_topic(topic, 4);
-        kinbox_conf_t *bc = relay_conf(url, bootstrap);
-        cset(bc, "relay.source", "binlog");
-        cset(bc, "relay.slot", name);
+        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
         cset(bc, "relay.cloudevents.source", "/binlogrelay-test");
         kinbox_relay_t *r = relay_new(bc);
         cr_assert(eq(
@@ -419,9 +408,7 @@ Test(binlogrelay, big_rows_ddl, .timeout = 400)
         char *topic = kt_unique("bl_big");
         char *name = kt_unique("blbig");
         kt_topic(topic, 4);
-        kinbox_conf_t *bc = relay_conf(url, bootstrap);
-        cset(bc, "relay.source", "binlog");
-        cset(bc, "relay.slot", name);
+        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
         kinbox_relay_t *r = relay_new(bc);
         trelay_t tr;
         relay_start(&tr, r);
@@ -504,31 +491,15 @@ Test(binlogrelay, database_restart, .timeout = 240)
         char *topic = kt_unique("bl_myrs");
         char *name = kt_unique("blrs");
         kt_topic(topic, 2);
-        kinbox_conf_t *bc = relay_conf(url, bootstrap);
-        cset(bc, "relay.source", "binlog");
-        cset(bc, "relay.slot", name);
+        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
         kinbox_relay_t *r = relay_new(bc);
         trelay_t tr;
         relay_start(&tr, r);
         cr_assert(relay_reading(url, name, 30));
         int n = 0;
         for (int round = 0; round < 2; round++) {
-                tconn_t c;
-                tc_open(&c, MY, url);
-                tc_sql(&c, "BEGIN");
-                for (int i = 0; i < 50; i++, n++) {
-                        char idem[32], pay[32];
-                        snprintf(idem, sizeof(idem), "r-%d", n);
-                        int pn = snprintf(pay, sizeof(pay), "%d", n);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = idem,
-                                                 .aggregate_id = "one",
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)pn};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
-                }
-                tc_sql(&c, "COMMIT");
-                tc_close(&c);
+                append_tx(MY, url, topic, n, 50);
+                n += 50;
                 if (round == 0) {
                         kt_services("mysql-stop kill");
                         sleep(1);
@@ -539,15 +510,6 @@ Test(binlogrelay, database_restart, .timeout = 240)
         consume(bootstrap, topic, (size_t)n, 90, 2000, &got);
         relay_stop(&tr);
         kinbox_relay_destroy(r);
-        qsort(got.v, got.n, sizeof(*got.v), by_offset);
-        int next = 0;
-        for (size_t i = 0; i < got.n; i++) {
-                int v = atoi(got.v[i].value);
-                if (v < next)
-                        continue; /* published again after the restart */
-                cr_assert(eq(int, v, next), "order or a gap");
-                next++;
-        }
-        cr_assert(eq(int, next, n));
+        assert_in_order(&got, n);
         msgs_free(&got);
 }

@@ -12,6 +12,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+kinbox_conf_t *
+log_conf(const char *url, const char *bootstrap, const char *source,
+         const char *slot)
+{
+        kinbox_conf_t *c = relay_conf(url, bootstrap);
+        cset(c, "relay.source", source);
+        cset(c, "relay.slot", slot);
+        return c;
+}
+
+char *
+log_ini(const char *url, const char *source, const char *slot)
+{
+        return kt_write_ini(url,
+                            "[relay]\nenabled = true\nsource = %s\n"
+                            "slot = %s\n",
+                            source, slot);
+}
+
 void *
 writer_main(void *arg)
 {
@@ -240,6 +259,43 @@ append_rows(const char *backend, const char *url, const char *topic,
                 tc_sql(&c, "COMMIT");
         }
         tc_close(&c);
+}
+
+void
+append_tx(const char *backend, const char *url, const char *topic, int from,
+          int n)
+{
+        tconn_t c;
+        tc_open(&c, backend, url);
+        tc_sql(&c, "BEGIN");
+        for (int i = from; i < from + n; i++) {
+                char idem[32], pay[32];
+                snprintf(idem, sizeof(idem), "r-%d", i);
+                int pn = snprintf(pay, sizeof(pay), "%d", i);
+                kinbox_outbox_msg_t m = {.destination = topic,
+                                         .idem_key = idem,
+                                         .aggregate_id = "one",
+                                         .payload = pay,
+                                         .payload_size = (size_t)pn};
+                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+        }
+        tc_sql(&c, "COMMIT");
+        tc_close(&c);
+}
+
+void
+assert_in_order(tmsgs_t *got, int n)
+{
+        qsort(got->v, got->n, sizeof(*got->v), by_offset);
+        int next = 0;
+        for (size_t i = 0; i < got->n; i++) {
+                int v = atoi(got->v[i].value);
+                if (v < next)
+                        continue; /* published again after a restart */
+                cr_assert(eq(int, v, next), "order or a gap");
+                next++;
+        }
+        cr_assert(eq(int, next, n));
 }
 
 void

@@ -10,6 +10,14 @@
 
 #include "outbox_common.h"
 
+/* A log relay's configuration (relay_conf()): relay.source source
+ * ("wal", "binlog"), relay.slot slot (the relay's name). */
+kinbox_conf_t *log_conf(const char *url, const char *bootstrap,
+                        const char *source, const char *slot);
+
+/* A kinbox.ini of url (kt_write_ini()) with that log relay enabled. */
+char *log_ini(const char *url, const char *source, const char *slot);
+
 #define AGGS 8
 
 typedef struct writer {
@@ -55,6 +63,16 @@ void assert_polling_parity(const char *url, const char *bootstrap,
  * "PREFIX-i", aggregate "agg", payload i. */
 void append_rows(const char *backend, const char *url, const char *topic,
                  const char *prefix, int from, int n);
+
+/* One transaction of n rows: destination topic, idem "r-i", aggregate
+ * "one", payload i, for i from from. */
+void append_tx(const char *backend, const char *url, const char *topic,
+               int from, int n);
+
+/* got (sorted here by by_offset) holds the payloads 0..n-1 of one
+ * aggregate in order, without a gap; a payload below the next one
+ * expected is a repeat (published again after a restart). */
+void assert_in_order(tmsgs_t *got, int n);
 
 /* Every row PREFIX-from .. PREFIX-(from+n-1) at least once on got. */
 void assert_all(const tmsgs_t *got, const char *topic, const char *prefix,

@@ -27,14 +27,14 @@
 
 static const char *PG = "postgresql";
 
-/* A wal relay's configuration with its own slot. */
-static kinbox_conf_t *
-wal_conf(const char *url, const char *bootstrap, const char *slot)
+/* Within 30 s a reader on slot (its WAL sender is active). */
+static bool
+slot_active(const char *url, const char *slot)
 {
-        kinbox_conf_t *c = relay_conf(url, bootstrap);
-        cset(c, "relay.source", "wal");
-        cset(c, "relay.slot", slot);
-        return c;
+        return wait_q(url, 1, 30,
+                      "SELECT count(*) FROM pg_replication_slots "
+                      "WHERE slot_name = '%s' AND active",
+                      slot);
 }
 
 static void
@@ -95,7 +95,7 @@ Test(walrelay, parity_with_polling, .timeout = 180)
         char *slot = kt_unique("kbt_par");
         kt_topic(topic, 4);
         /* The slot first: the log keeps what is appended from here on. */
-        kinbox_conf_t *wc = wal_conf(url, bootstrap, slot);
+        kinbox_conf_t *wc = log_conf(url, bootstrap, "wal", slot);
         cset(wc, "relay.cloudevents.source", "/walrelay-test");
         const int n = 40;
         kinbox_relay_t *r = relay_new(wc);
@@ -104,10 +104,7 @@ Test(walrelay, parity_with_polling, .timeout = 180)
             KINBOX_OK));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         /* One WAL sender for the relay (its checks leave none behind). */
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT count(*) FROM pg_stat_replication "
@@ -165,19 +162,12 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
         char *topic = kt_unique("wal_kill");
         char *slot = kt_unique("kbt_kill");
         kt_topic(topic, 4);
-        char *ini = kt_write_ini(url,
-                                 "[relay]\nenabled = true\nsource = wal\n"
-                                 "slot = %s\n",
-                                 slot);
+        char *ini = log_ini(url, "wal", slot);
         cr_assert(
             eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini), 0));
         char *log = kt_tmp("wal_kill_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot),
-                  "%s", kt_tail(log, 20));
+        cr_assert(slot_active(url, slot), "%s", kt_tail(log, 20));
         writer_t ws[2];
         int seqs[2][AGGS];
         memset(seqs, 0, sizeof(seqs));
@@ -250,13 +240,10 @@ Test(walrelay, big_toast_ddl, .timeout = 400)
         char *topic = kt_unique("wal_big");
         char *slot = kt_unique("kbt_big");
         kt_topic(topic, 4);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         const int big = 100000;
         char sql[1200];
         snprintf(sql, sizeof(sql),
@@ -365,13 +352,10 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
         char *topic = kt_unique("wal_idle");
         char *slot = kt_unique("kbt_idle");
         kt_topic(topic, 1);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         kt_exec(url, "CREATE TABLE walrelay_filler (b bytea)");
         char *start = qtext(url, "SELECT pg_current_wal_lsn()::text");
         long long max_lag = 0;
@@ -482,10 +466,7 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
                 kt_exec(url, sql);
         }
         char *slot = kt_unique("kbt_none");
-        ini = kt_write_ini(url,
-                           "[relay]\nenabled = true\nsource = wal\n"
-                           "slot = %s\n",
-                           slot);
+        ini = log_ini(url, "wal", slot);
         int run_rc = run_refused(ini, &out);
         int mig_rc = kinbox_cmd("migrate", ini, &out);
         char *mig_out = out;
@@ -589,13 +570,10 @@ Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
         char *topic = kt_unique("wal_emit");
         char *slot = kt_unique("kbt_emit");
         kt_topic(topic, 4);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         tconn_t c;
         tc_open(&c, PG, url);
         kinbox_header_t hdrs[] = {{"h1", "v1", 2}, {"nul", NULL, 0}};
@@ -728,13 +706,10 @@ Test(walrelay, emit_from_handler, .timeout = 180)
         char *slot = kt_unique("kbt_hop");
         kt_topic(in, 2);
         kt_topic(out, 2);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         const int n = 60;
         kt_producer_t *p = kt_producer_new();
         for (int i = 0; i < n; i++) {
@@ -783,17 +758,10 @@ Test(walrelay, second_relay_takes_over, .timeout = 180)
         char *topic = kt_unique("wal_take");
         char *slot = kt_unique("kbt_take");
         kt_topic(topic, 2);
-        char *ini = kt_write_ini(url,
-                                 "[relay]\nenabled = true\nsource = wal\n"
-                                 "slot = %s\n",
-                                 slot);
+        char *ini = log_ini(url, "wal", slot);
         char *loga = kt_tmp("wal_take_a"), *logb = kt_tmp("wal_take_b");
         pid_t a = kt_spawn_kinbox(ini, NULL, loga);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot),
-                  "%s", kt_tail(loga, 20));
+        cr_assert(slot_active(url, slot), "%s", kt_tail(loga, 20));
         pid_t b = kt_spawn_kinbox(ini, NULL, logb);
         tconn_t c;
         tc_open(&c, PG, url);
@@ -858,31 +826,14 @@ Test(walrelay, database_restart, .timeout = 240)
         char *topic = kt_unique("wal_pgrs");
         char *slot = kt_unique("kbt_pgrs");
         kt_topic(topic, 2);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         int n = 0;
         for (int round = 0; round < 2; round++) {
-                tconn_t c;
-                tc_open(&c, PG, url);
-                tc_sql(&c, "BEGIN");
-                for (int i = 0; i < 50; i++, n++) {
-                        char idem[32], pay[32];
-                        snprintf(idem, sizeof(idem), "r-%d", n);
-                        int pn = snprintf(pay, sizeof(pay), "%d", n);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = idem,
-                                                 .aggregate_id = "one",
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)pn};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
-                }
-                tc_sql(&c, "COMMIT");
-                tc_close(&c);
+                append_tx(PG, url, topic, n, 50);
+                n += 50;
                 if (round == 0) {
                         kt_services("pg-stop immediate");
                         sleep(1);
@@ -894,16 +845,7 @@ Test(walrelay, database_restart, .timeout = 240)
         kinbox_relay_destroy(r);
         tmsgs_t got;
         consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
-        qsort(got.v, got.n, sizeof(*got.v), by_offset);
-        int next = 0;
-        for (size_t i = 0; i < got.n; i++) {
-                int v = atoi(got.v[i].value);
-                if (v < next)
-                        continue; /* published again after the restart */
-                cr_assert(eq(int, v, next), "order or a gap");
-                next++;
-        }
-        cr_assert(eq(int, next, n));
+        assert_in_order(&got, n);
         msgs_free(&got);
         drop_slot(url, slot);
 }
@@ -923,15 +865,12 @@ Test(walrelay, broker_outage, .timeout = 240)
         char *topic = kt_unique("wal_outage");
         char *slot = kt_unique("kbt_outage");
         cr_assert(rd_kafka_mock_topic_create(mk.mc, topic, 16, 1) == 0);
-        kinbox_conf_t *conf = wal_conf(url, mk.bootstrap, slot);
+        kinbox_conf_t *conf = log_conf(url, mk.bootstrap, "wal", slot);
         cset(conf, "kafka.message.timeout.ms", "1000");
         kinbox_relay_t *r = relay_new(conf);
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         rd_kafka_mock_push_request_errors(
             mk.mc, 0 /* Produce */, 4,
             RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
