@@ -683,8 +683,12 @@ kinbox__relay_log_active(const kinbox_relay_t *r)
         return r->logr != NULL;
 }
 
-int
-kinbox__relay_log_check(const kinbox_conf_t *conf, char *errstr, size_t sz)
+/* A log relay of conf made on a connection of its own (no relay running)
+ * and handed to fn; its error (or the refusal to make it) in errstr.
+ * Returns fn's result, or the error that stopped making it. */
+static int
+log_probe(const kinbox_conf_t *conf, int (*fn)(lrelay_t *L, void *arg),
+          void *arg, char *errstr, size_t sz)
 {
         kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
         if (!db)
@@ -695,9 +699,7 @@ kinbox__relay_log_check(const kinbox_conf_t *conf, char *errstr, size_t sz)
         int rc;
         lrelay_t *L = log_new(&fake, conf, db, &rc);
         if (L) {
-                rc = L->src.ops->open(&L->src);
-                if (!rc)
-                        L->src.ops->close(&L->src);
+                rc = fn(L, arg);
                 kinbox__errstr(errstr, sz, "%s", L->src.err);
                 log_free(L);
         } else {
@@ -707,27 +709,41 @@ kinbox__relay_log_check(const kinbox_conf_t *conf, char *errstr, size_t sz)
         return rc;
 }
 
+static int
+probe_open(lrelay_t *L, void *arg)
+{
+        (void)arg;
+        int rc = L->src.ops->open(&L->src);
+        if (!rc)
+                L->src.ops->close(&L->src);
+        return rc;
+}
+
+int
+kinbox__relay_log_check(const kinbox_conf_t *conf, char *errstr, size_t sz)
+{
+        return log_probe(conf, probe_open, NULL, errstr, sz);
+}
+
+typedef struct lag_arg {
+        char *slot;
+        size_t slotsz;
+        kinbox__loglag_t *out;
+} lag_arg_t;
+
+static int
+probe_lag(lrelay_t *L, void *arg)
+{
+        lag_arg_t *a = arg;
+        snprintf(a->slot, a->slotsz, "%s", L->src.slot);
+        return L->src.ops->lag ? L->src.ops->lag(&L->src, a->out)
+                               : KINBOX_ERR_INVALID;
+}
+
 int
 kinbox__relay_log_lag(const kinbox_conf_t *conf, char *slot, size_t slotsz,
                       kinbox__loglag_t *out, char *errstr, size_t sz)
 {
-        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
-        if (!db)
-                return KINBOX_ERR_CONFIG;
-        kinbox_relay_t fake;
-        memset(&fake, 0, sizeof(fake));
-        kinbox__conf_logger(conf, &fake.log);
-        int rc;
-        lrelay_t *L = log_new(&fake, conf, db, &rc);
-        if (L) {
-                snprintf(slot, slotsz, "%s", L->src.slot);
-                rc = L->src.ops->lag ? L->src.ops->lag(&L->src, out)
-                                     : KINBOX_ERR_INVALID;
-                kinbox__errstr(errstr, sz, "%s", L->src.err);
-                log_free(L);
-        } else {
-                kinbox__errstr(errstr, sz, "%s", fake.errstr);
-        }
-        kinbox__db_destroy(db);
-        return rc;
+        lag_arg_t a = {slot, slotsz, out};
+        return log_probe(conf, probe_lag, &a, errstr, sz);
 }

@@ -237,6 +237,29 @@ assert_dead(const char *url, const char *id, int attempts, const char *like)
                   id, attempts, like);
 }
 
+/* retry.max and the backoff's base and ceiling (ms) of c. */
+static void
+set_retry(kinbox_conf_t *c, const char *max, const char *base,
+          const char *ceiling)
+{
+        kt_set(c, "retry.max", max);
+        kt_set(c, "retry.backoff.base.ms", base);
+        kt_set(c, "retry.backoff.max.ms", ceiling);
+}
+
+/* n messages "x" on partition 0 of topic, ids PREFIX0 .. PREFIX(n-1). */
+static void
+produce_x(const char *topic, const char *prefix, int n)
+{
+        kt_producer_t *p = kt_producer_new();
+        for (int i = 0; i < n; i++) {
+                char id[16];
+                snprintf(id, sizeof(id), "%s%d", prefix, i);
+                kt_produce(p, topic, 0, NULL, "x", id);
+        }
+        kt_producer_flush_destroy(p);
+}
+
 KT_BACKENDS_PARAMS(failures, classes)
 ParameterizedTest(int *backend, failures, classes, .timeout = 180)
 {
@@ -260,9 +283,7 @@ ParameterizedTest(int *backend, failures, classes, .timeout = 180)
         kt_produce(p, topic, 0, NULL, "ok", NULL); /* no id */
         kt_producer_flush_destroy(p);
         kinbox_conf_t *c = kt_conf(url, "classes", kt_unique("g"), topic);
-        kt_set(c, "retry.max", "3");
-        kt_set(c, "retry.backoff.base.ms", "20");
-        kt_set(c, "retry.backoff.max.ms", "100");
+        set_retry(c, "3", "20", "100");
         kinbox_conf_set_log_cb(c, log_cb, NULL);
         kt_run_t *r = kt_run_start(c, class_handler, NULL, NULL);
         /* "column" holds the partition at offset 12: everything before it
@@ -384,9 +405,7 @@ ParameterizedTest(int *backend, failures, undefined_table_holds,
         }
         kt_producer_flush_destroy(p);
         kinbox_conf_t *c = kt_conf(url, "credits", kt_unique("g"), topic);
-        kt_set(c, "retry.max", "2");
-        kt_set(c, "retry.backoff.base.ms", "20");
-        kt_set(c, "retry.backoff.max.ms", "200");
+        set_retry(c, "2", "20", "200");
         kinbox_conf_set_log_cb(c, log_cb, NULL);
         kt_run_t *r = kt_run_start(c, credit, NULL, NULL);
         const char *cause = my ? "1146" : "42P01";
@@ -526,17 +545,9 @@ ParameterizedTest(int *backend, failures, permission_denied_holds,
         }
         char *topic = kt_unique("tfpd");
         kt_topic(topic, 1);
-        kt_producer_t *p = kt_producer_new();
-        for (int i = 0; i < 6; i++) {
-                char id[16];
-                snprintf(id, sizeof(id), "p%d", i);
-                kt_produce(p, topic, 0, NULL, "x", id);
-        }
-        kt_producer_flush_destroy(p);
+        produce_x(topic, "p", 6);
         kinbox_conf_t *c = kt_conf(curl, "perms", kt_unique("g"), topic);
-        kt_set(c, "retry.max", "2");
-        kt_set(c, "retry.backoff.base.ms", "20");
-        kt_set(c, "retry.backoff.max.ms", "200");
+        set_retry(c, "2", "20", "200");
         kinbox_conf_set_log_cb(c, log_cb, NULL);
         kt_run_t *r = kt_run_start(c, perm_handler, NULL, NULL);
         const char *cause = my ? "1142" : "42501";
@@ -624,17 +635,9 @@ ParameterizedTest(int *backend, failures, lock_wait_retries_batch,
         tc_open(&other, b, url);
         tc_sql(&other, "BEGIN");
         tc_sql(&other, "SELECT n FROM kt_lock WHERE id = 1 FOR UPDATE");
-        kt_producer_t *p = kt_producer_new();
-        for (int i = 0; i < 5; i++) {
-                char id[16];
-                snprintf(id, sizeof(id), "l%d", i);
-                kt_produce(p, topic, 0, NULL, "x", id);
-        }
-        kt_producer_flush_destroy(p);
+        produce_x(topic, "l", 5);
         kinbox_conf_t *c = kt_conf(url, "locks", kt_unique("g"), topic);
-        kt_set(c, "retry.max", "2");
-        kt_set(c, "retry.backoff.base.ms", "50");
-        kt_set(c, "retry.backoff.max.ms", "300");
+        set_retry(c, "2", "50", "300");
         kt_run_t *r = kt_run_start(c, lock_handler, NULL, NULL);
         long long t0 = kt_clock_ms();
         kinbox_consumer_stats_t st = {0};

@@ -119,22 +119,40 @@ assert_balances(const char *url, int n)
             i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 0));
 }
 
+/* A fresh database of backend with the table account (the three
+ * accounts acct-0..2 at 0 when seeded); its url. */
+static char *
+accounts_db(int backend, bool seeded)
+{
+        char *url = kt_fresh_db(kt_backend(backend));
+        kt_exec(url, "CREATE TABLE account (id VARCHAR(64) PRIMARY KEY, "
+                     "balance BIGINT NOT NULL)");
+        if (seeded)
+                kt_exec(url, "INSERT INTO account VALUES ('acct-0', 0), "
+                             "('acct-1', 0), ('acct-2', 0)");
+        return url;
+}
+
+/* The offsets committed in url's inbox (their sum) once they reach n
+ * within timeout_s. */
+static long long
+wait_offsets(const char *url, long long n, int timeout_s)
+{
+        return kt_wait_qint(
+            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", n,
+            timeout_s);
+}
+
 /* The README's handler, as the README has it. */
 KT_BACKENDS_PARAMS(snippets, readme_credit)
 ParameterizedTest(int *backend, snippets, readme_credit, .timeout = 120)
 {
-        char *url = kt_fresh_db(kt_backend(*backend));
-        kt_exec(url, "CREATE TABLE account (id VARCHAR(64) PRIMARY KEY, "
-                     "balance BIGINT NOT NULL)");
-        kt_exec(url, "INSERT INTO account VALUES ('acct-0', 0), ('acct-1', "
-                     "0), ('acct-2', 0)");
+        char *url = accounts_db(*backend, true);
         int n = 40;
         char *topic = produce_credits("tsnr", n, 2);
         kinbox_conf_t *c = kt_conf(url, "credits", kt_unique("g"), topic);
         kt_run_t *r = kt_run_start(c, credit, NULL, NULL);
-        long long at = kt_wait_qint(
-            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", n,
-            60);
+        long long at = wait_offsets(url, n, 60);
         kinbox_consumer_stats_t st;
         kt_run_stop_stats(r, &st);
         cr_assert(eq(i64, at, n));
@@ -155,20 +173,14 @@ readme_main_thread(void *arg)
 KT_BACKENDS_PARAMS(snippets, readme_main)
 ParameterizedTest(int *backend, snippets, readme_main, .timeout = 180)
 {
-        char *url = kt_fresh_db(kt_backend(*backend));
-        kt_exec(url, "CREATE TABLE account (id VARCHAR(64) PRIMARY KEY, "
-                     "balance BIGINT NOT NULL)");
-        kt_exec(url, "INSERT INTO account VALUES ('acct-0', 0), ('acct-1', "
-                     "0), ('acct-2', 0)");
+        char *url = accounts_db(*backend, true);
         int n = 25;
         kt_sn_url = url;
         kt_sn_topic = produce_credits("tsnm", n, 2);
         pthread_t thr;
         int rc = -1;
         cr_assert(pthread_create(&thr, NULL, readme_main_thread, &rc) == 0);
-        long long at = kt_wait_qint(
-            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", n,
-            120);
+        long long at = wait_offsets(url, n, 120);
         cr_assert(kt_sn_consumer != NULL);
         kinbox_consumer_stop(kt_sn_consumer);
         pthread_join(thr, NULL);
@@ -183,16 +195,12 @@ KT_BACKENDS_PARAMS(snippets, handlers_credit_batch)
 ParameterizedTest(int *backend, snippets, handlers_credit_batch,
                   .timeout = 120)
 {
-        char *url = kt_fresh_db(kt_backend(*backend));
-        kt_exec(url, "CREATE TABLE account (id VARCHAR(64) PRIMARY KEY, "
-                     "balance BIGINT NOT NULL)");
+        char *url = accounts_db(*backend, false);
         int n = 60;
         char *topic = produce_credits("tsnb", n, 1);
         kinbox_conf_t *c = kt_conf(url, "batchcredits", kt_unique("g"), topic);
         kt_run_t *r = kt_run_start(c, NULL, credit_batch, NULL);
-        long long at = kt_wait_qint(
-            url, "SELECT COALESCE(SUM(next_offset), 0) FROM kinbox_offsets", n,
-            60);
+        long long at = wait_offsets(url, n, 60);
         kinbox_consumer_stats_t st;
         kt_run_stop_stats(r, &st);
         cr_assert(eq(i64, at, n));

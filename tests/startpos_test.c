@@ -151,6 +151,15 @@ start(const char *url, const char *group, const char *topic)
         return kt_run_start(c, add_balance, NULL, NULL);
 }
 
+/* The consumer run until its inbox holds n rows, then stopped. */
+static void
+run_until(const char *url, const char *group, const char *topic, long long n)
+{
+        kt_run_t *r = start(url, group, topic);
+        cr_assert(eq(i64, kt_wait_qint(url, INBOX, n, 90), n));
+        kt_run_stop(r);
+}
+
 static double
 refused_gauge(void)
 {
@@ -269,16 +278,14 @@ ParameterizedTest(int *backend, startpos, topic_recreated, .timeout = 300)
         char *group = kt_unique("g_re");
         kt_topic(topic, 1);
         long long old = produce(topic, "old", 0, 30, 1);
-        kt_run_t *r = start(url, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url, INBOX, 30, 90), 30));
-        kt_run_stop(r);
+        run_until(url, group, topic, 30);
         cr_assert(eq(i64, kt_qint(url, WM), 30));
 
         topic_delete(topic);
         kt_topic(topic, 1);
         long long fresh = produce(topic, "new", 0, 50, 10);
 
-        r = start(url, group, topic);
+        kt_run_t *r = start(url, group, topic);
         assert_refused("incarnation");
         sleep(3);
         cr_assert(eq(i64, kt_qint(url, SUM), old),
@@ -341,13 +348,11 @@ ParameterizedTest(int *backend, startpos, new_database_old_group,
         char *group = kt_unique("g_nd");
         kt_topic(topic, 1);
         long long total = produce(topic, "h", 0, 40, 3);
-        kt_run_t *r = start(url1, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url1, INBOX, 40, 90), 40));
-        kt_run_stop(r);
+        run_until(url1, group, topic, 40);
         cr_assert(eq(i64, kt_committed_sum(group, topic, 1), 40));
 
         char *url2 = db(*backend);
-        r = start(url2, group, topic);
+        kt_run_t *r = start(url2, group, topic);
         assert_refused("unknown_group");
         sleep(2);
         cr_assert(eq(i64, kt_qint(url2, SUM), 0));
@@ -385,14 +390,12 @@ ParameterizedTest(int *backend, startpos, offset_reset_forward, .timeout = 300)
         char *group = kt_unique("g_fw");
         kt_topic(topic, 1);
         long long first = produce(topic, "f", 0, 20, 2);
-        kt_run_t *r = start(url, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url, INBOX, 20, 90), 20));
-        kt_run_stop(r);
+        run_until(url, group, topic, 20);
         produce(topic, "f", 20, 20, 2);
         /* kafka-consumer-groups --reset-offsets --to-latest */
         commit_offset(group, topic, 40);
 
-        r = start(url, group, topic);
+        kt_run_t *r = start(url, group, topic);
         assert_refused("committed_ahead");
         sleep(2);
         cr_assert(eq(i64, kt_qint(url, SUM), first));
@@ -452,9 +455,7 @@ ParameterizedTest(int *backend, startpos, crash_behind, .timeout = 300)
         char *group = kt_unique("g_cr");
         kt_topic(topic, 1);
         long long first = produce(topic, "c", 0, 20, 1);
-        kt_run_t *r = start(url, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url, INBOX, 20, 90), 20));
-        kt_run_stop(r);
+        run_until(url, group, topic, 20);
         /* As after a kill between the database's COMMIT and the offset
          * commit: Kafka's offset behind the watermark. */
         commit_offset(group, topic, 10);
@@ -462,7 +463,7 @@ ParameterizedTest(int *backend, startpos, crash_behind, .timeout = 300)
 
         log_len = 0;
         log_buf[0] = '\0';
-        r = start(url, group, topic);
+        kt_run_t *r = start(url, group, topic);
         cr_assert(eq(i64, kt_wait_qint(url, INBOX, 30, 90), 30));
         sleep(2);
         kinbox_consumer_stats_t st;

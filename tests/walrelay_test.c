@@ -13,7 +13,7 @@
  * Each test makes its own database (kt_fresh_db), its own topics and its
  * own slot (dropped at the end: slots outlive databases' connections).
  */
-#include "outbox_common.h"
+#include "logrelay_common.h"
 
 #include "metrics.h"
 
@@ -29,14 +29,14 @@
 
 static const char *PG = "postgresql";
 
-/* A wal relay's configuration with its own slot. */
-static kinbox_conf_t *
-wal_conf(const char *url, const char *bootstrap, const char *slot)
+/* Within 30 s a reader on slot (its WAL sender is active). */
+static bool
+slot_active(const char *url, const char *slot)
 {
-        kinbox_conf_t *c = relay_conf(url, bootstrap);
-        cset(c, "relay.source", "wal");
-        cset(c, "relay.slot", slot);
-        return c;
+        return wait_q(url, 1, 30,
+                      "SELECT count(*) FROM pg_replication_slots "
+                      "WHERE slot_name = '%s' AND active",
+                      slot);
 }
 
 static void
@@ -82,36 +82,6 @@ slot_caught_up(const char *url, const char *slot, int timeout_s)
         return ok;
 }
 
-static bool
-same_headers(const tmsg_t *a, const tmsg_t *b)
-{
-        size_t n = rd_kafka_header_cnt(a->hdrs);
-        if (n != rd_kafka_header_cnt(b->hdrs))
-                return false;
-        for (size_t i = 0; i < n; i++) {
-                const char *na, *nb;
-                const void *va, *vb;
-                size_t sa, sb;
-                rd_kafka_header_get_all(a->hdrs, i, &na, &va, &sa);
-                rd_kafka_header_get_all(b->hdrs, i, &nb, &vb, &sb);
-                if (strcmp(na, nb) || sa != sb || (!va) != (!vb) ||
-                    (sa && memcmp(va, vb, sa)))
-                        return false;
-        }
-        return true;
-}
-
-static _Atomic int actions_run;
-
-static kinbox_result_t
-count_action(kinbox_action_t *a, void *opaque)
-{
-        (void)a;
-        (void)opaque;
-        actions_run++;
-        return KINBOX_RESULT_OK;
-}
-
 /*
  * The wal relay publishes what the polling relay publishes for the same
  * rows: key, value, headers (message_id, user headers, CloudEvents),
@@ -127,64 +97,22 @@ Test(walrelay, parity_with_polling, .timeout = 180)
         char *slot = kt_unique("kbt_par");
         kt_topic(topic, 4);
         /* The slot first: the log keeps what is appended from here on. */
-        kinbox_conf_t *wc = wal_conf(url, bootstrap, slot);
+        kinbox_conf_t *wc = log_conf(url, bootstrap, "wal", slot);
         cset(wc, "relay.cloudevents.source", "/walrelay-test");
-        tconn_t c;
-        tc_open(&c, PG, url);
-        static const unsigned char bin[] = {0x00, 0xff, 0x80, 'x'};
-        kinbox_header_t hdrs[] = {{"trace", "abc-123", 7},
-                                  {"binary", bin, sizeof(bin)},
-                                  {"nullhdr", NULL, 0}};
+        const int n = 40;
         kinbox_relay_t *r = relay_new(wc);
         cr_assert(eq(
             int, kinbox_relay_register_action(r, "count", count_action, NULL),
             KINBOX_OK));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         /* One WAL sender for the relay (its checks leave none behind). */
         cr_assert(eq(i64,
                      kt_qint(url, "SELECT count(*) FROM pg_stat_replication "
                                   "WHERE application_name = 'kinbox-wal'"),
                      1));
-        tc_sql(&c, "BEGIN");
-        kinbox_outbox_msg_t rb = {.destination = topic,
-                                  .idem_key = "rolled-back",
-                                  .aggregate_id = "a-1",
-                                  .payload = "nope",
-                                  .payload_size = 4};
-        cr_assert(eq(int, tc_append(&c, &rb, NULL), KINBOX_OK));
-        tc_sql(&c, "ROLLBACK");
-        const int n = 40;
-        tc_sql(&c, "BEGIN");
-        for (int i = 0; i < n; i++) {
-                char idem[32], agg[32], pay[64];
-                snprintf(idem, sizeof(idem), "e-%d", i);
-                snprintf(agg, sizeof(agg), "a-%d", i % 5);
-                int pn = snprintf(pay, sizeof(pay), "{\"i\":%d}", i);
-                kinbox_outbox_msg_t m = {
-                    .destination = topic,
-                    .idem_key = idem,
-                    .aggregate_id = i % 7 == 3 ? NULL : agg,
-                    .payload = i % 11 == 5 ? NULL : pay,
-                    .payload_size = i % 11 == 5 ? 0 : (size_t)pn,
-                    .headers = i % 2 ? hdrs : NULL,
-                    .header_count = i % 2 ? 3 : 0};
-                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
-                if (i == n / 2) { /* a second transaction */
-                        tc_sql(&c, "COMMIT");
-                        tc_sql(&c, "BEGIN");
-                }
-        }
-        kinbox_outbox_msg_t act = {.destination = "action:count",
-                                   .idem_key = "act-1",
-                                   .aggregate_id = "a-1"};
-        cr_assert(eq(int, tc_append(&c, &act, NULL), KINBOX_OK));
-        tc_sql(&c, "COMMIT");
-        tc_close(&c);
+        parity_rows(PG, url, topic, n);
         cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
         cr_assert(wait_q(url, 1, 30,
                          "SELECT count(*) FROM kinbox_outbox WHERE "
@@ -218,151 +146,11 @@ Test(walrelay, parity_with_polling, .timeout = 180)
         cr_assert(eq(sz, wal.n, (size_t)n), "wal relay: %zu messages", wal.n);
         msgs_free(&wal);
 
-        /* The polling relay publishes the same rows again. */
-        kinbox_conf_t *pc = relay_conf(url, bootstrap);
-        cset(pc, "relay.cloudevents.source", "/walrelay-test");
-        r = relay_new(pc);
-        relay_start(&tr, r);
-        cr_assert(wait_q(url, (long long)n, 30,
-                         "SELECT count(*) FROM kinbox_outbox WHERE "
-                         "kind = 'event' AND status = 'sent'"));
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        tmsgs_t all;
-        consume(bootstrap, topic, 2 * (size_t)n, 30, 1500, &all);
-        cr_assert(eq(sz, all.n, 2 * (size_t)n), "%zu messages", all.n);
-        for (size_t i = 0; i < all.n; i++) {
-                const tmsg_t *a = &all.v[i];
-                cr_assert(a->msgid != NULL);
-                cr_assert(strstr(a->msgid, "rolled-back") == NULL);
-                cr_assert(eq(sz, count_msgid(&all, a->msgid), 2), "%s",
-                          a->msgid);
-                const tmsg_t *b = NULL;
-                for (size_t k = 0; k < all.n && !b; k++)
-                        if (k != i && !strcmp(all.v[k].msgid, a->msgid))
-                                b = &all.v[k];
-                cr_assert(b != NULL);
-                bool same_key = (!a->key) == (!b->key) &&
-                                (!a->key || !strcmp(a->key, b->key));
-                bool same_value = a->value_size == b->value_size &&
-                                  (!a->value) == (!b->value) &&
-                                  (!a->value_size ||
-                                   !memcmp(a->value, b->value, a->value_size));
-                cr_assert(same_key, "%s: keys differ", a->msgid);
-                cr_assert(same_value, "%s: values differ", a->msgid);
-                cr_assert(eq(i64, a->ts, b->ts), "%s: timestamps differ",
-                          a->msgid);
-                if (a->key)
-                        cr_assert(eq(int, a->partition, b->partition));
-                cr_assert(same_headers(a, b), "%s: headers differ", a->msgid);
-        }
-        msgs_free(&all);
+        assert_polling_parity(url, bootstrap, topic, n, "/walrelay-test");
         drop_slot(url, slot);
 }
 
 /* ---------------------------------------------- two writers, SIGKILL */
-
-typedef struct writer {
-        const char *url, *topic;
-        int w, ntx;
-        int committed, rolled; /* rows */
-        int *seq; /* per aggregate: the next sequence number committed */
-} writer_t;
-
-#define AGGS 8
-
-/* Transactions of 1..20 rows on the writer's aggregates, every fifth
- * rolled back; payload "w:agg:seq", idem "wW-aAGG-sSEQ" (rolled-back rows
- * "rb-..."): committed sequence numbers of an aggregate have no gaps. */
-static void *
-writer_main(void *arg)
-{
-        writer_t *w = arg;
-        tconn_t c;
-        tc_open(&c, PG, w->url);
-        unsigned seed = (unsigned)w->w * 7919u + 1;
-        for (int t = 0; t < w->ntx; t++) {
-                bool rollback = t % 5 == 4;
-                int rows = 1 + (int)(rand_r(&seed) % 20);
-                int next[AGGS];
-                memcpy(next, w->seq, sizeof(next));
-                tc_sql(&c, "BEGIN");
-                for (int i = 0; i < rows; i++) {
-                        int a = (int)(rand_r(&seed) % AGGS);
-                        char idem[64], agg[32], pay[64];
-                        snprintf(agg, sizeof(agg), "w%d-a%d", w->w, a);
-                        snprintf(idem, sizeof(idem), "%sw%d-a%d-s%d-t%d",
-                                 rollback ? "rb-" : "", w->w, a, next[a], t);
-                        int pn = snprintf(pay, sizeof(pay), "%d", next[a]);
-                        kinbox_outbox_msg_t m = {.destination = w->topic,
-                                                 .idem_key = idem,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)pn};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
-                        next[a]++;
-                }
-                tc_sql(&c, rollback ? "ROLLBACK" : "COMMIT");
-                if (rollback) {
-                        w->rolled += rows;
-                } else {
-                        w->committed += rows;
-                        memcpy(w->seq, next, sizeof(next));
-                }
-                usleep(2000);
-        }
-        tc_close(&c);
-        return NULL;
-}
-
-/* Every committed row at least once, no rolled-back row, and per
- * aggregate the first occurrences in sequence order with no gap. */
-static void
-check_stream(const tmsgs_t *got, const writer_t *ws, int nw, int *dups)
-{
-        *dups = 0;
-        int expect = 0;
-        for (int k = 0; k < nw; k++)
-                expect += ws[k].committed;
-        int seen[4][AGGS];
-        memset(seen, 0, sizeof(seen));
-        int firsts = 0;
-        for (size_t i = 0; i < got->n; i++) {
-                const tmsg_t *m = &got->v[i];
-                cr_assert(m->msgid && !strstr(m->msgid, ":rb-"),
-                          "rolled-back row published: %s", m->msgid);
-                int w = -1, a = -1;
-                cr_assert(m->key && sscanf(m->key, "w%d-a%d", &w, &a) == 2);
-                int s = atoi(m->value);
-                cr_assert(w >= 0 && w < nw && a >= 0 && a < AGGS);
-                if (s < seen[w][a]) {
-                        (*dups)++;
-                        continue;
-                }
-                cr_assert(eq(int, s, seen[w][a]),
-                          "aggregate %s: %d after %d (order or a gap)", m->key,
-                          s, seen[w][a] - 1);
-                seen[w][a]++;
-                firsts++;
-        }
-        for (int w = 0; w < nw; w++)
-                for (int a = 0; a < AGGS; a++)
-                        cr_assert(eq(int, seen[w][a], ws[w].seq[a]),
-                                  "w%d-a%d: %d of %d on the topic", w, a,
-                                  seen[w][a], ws[w].seq[a]);
-        cr_assert(eq(int, firsts, expect));
-}
-
-/* Messages of one partition come in offset order from consume(); an
- * aggregate lives on one partition: sort by (partition, offset). */
-static int
-by_offset(const void *x, const void *y)
-{
-        const tmsg_t *a = x, *b = y;
-        if (a->partition != b->partition)
-                return a->partition < b->partition ? -1 : 1;
-        return a->offset < b->offset ? -1 : a->offset > b->offset;
-}
 
 /*
  * Two writers (rollbacks included) while `kinbox run` (relay.source =
@@ -376,25 +164,18 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
         char *topic = kt_unique("wal_kill");
         char *slot = kt_unique("kbt_kill");
         kt_topic(topic, 4);
-        char *ini = kt_write_ini(url,
-                                 "[relay]\nenabled = true\nsource = wal\n"
-                                 "slot = %s\n",
-                                 slot);
+        char *ini = log_ini(url, "wal", slot);
         cr_assert(
             eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", ini), 0));
         char *log = kt_tmp("wal_kill_log");
         pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot),
-                  "%s", kt_tail(log, 20));
+        cr_assert(slot_active(url, slot), "%s", kt_tail(log, 20));
         writer_t ws[2];
         int seqs[2][AGGS];
         memset(seqs, 0, sizeof(seqs));
         pthread_t th[2];
         for (int k = 0; k < 2; k++) {
-                ws[k] = (writer_t){url, topic, k, 150, 0, 0, seqs[k]};
+                ws[k] = (writer_t){PG, url, topic, k, 150, 0, 0, seqs[k]};
                 pthread_create(&th[k], NULL, writer_main, &ws[k]);
         }
         usleep(700 * 1000);
@@ -461,13 +242,10 @@ Test(walrelay, big_toast_ddl, .timeout = 400)
         char *topic = kt_unique("wal_big");
         char *slot = kt_unique("kbt_big");
         kt_topic(topic, 4);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         const int big = 100000;
         char sql[1200];
         snprintf(sql, sizeof(sql),
@@ -675,13 +453,10 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
         char *topic = kt_unique("wal_idle");
         char *slot = kt_unique("kbt_idle");
         kt_topic(topic, 1);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         kt_exec(url, "CREATE TABLE walrelay_filler (b bytea)");
         char *start = qtext(url, "SELECT pg_current_wal_lsn()::text");
         long long max_lag = 0;
@@ -727,20 +502,6 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
 }
 
 /* -------------------------------------------------------- refusals */
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int
-sh(const char *fmt, ...)
-{
-        char cmd[2048];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(cmd, sizeof(cmd), fmt, ap);
-        va_end(ap);
-        int st = system(cmd);
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* `kinbox CMD -c ini`: its exit status; *out its output (stderr too). */
 static int
@@ -806,10 +567,7 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
                 kt_exec(url, sql);
         }
         char *slot = kt_unique("kbt_none");
-        ini = kt_write_ini(url,
-                           "[relay]\nenabled = true\nsource = wal\n"
-                           "slot = %s\n",
-                           slot);
+        ini = log_ini(url, "wal", slot);
         char *run_out = NULL;
         int run_rc = run_refused(ini, &run_out);
         int mig_rc = kinbox_cmd("migrate", ini, &out);
@@ -915,13 +673,10 @@ Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
         char *topic = kt_unique("wal_emit");
         char *slot = kt_unique("kbt_emit");
         kt_topic(topic, 4);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         tconn_t c;
         tc_open(&c, PG, url);
         kinbox_header_t hdrs[] = {{"h1", "v1", 2}, {"nul", NULL, 0}};
@@ -1054,13 +809,10 @@ Test(walrelay, emit_from_handler, .timeout = 180)
         char *slot = kt_unique("kbt_hop");
         kt_topic(in, 2);
         kt_topic(out, 2);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         const int n = 60;
         kt_producer_t *p = kt_producer_new();
         for (int i = 0; i < n; i++) {
@@ -1109,17 +861,10 @@ Test(walrelay, second_relay_takes_over, .timeout = 180)
         char *topic = kt_unique("wal_take");
         char *slot = kt_unique("kbt_take");
         kt_topic(topic, 2);
-        char *ini = kt_write_ini(url,
-                                 "[relay]\nenabled = true\nsource = wal\n"
-                                 "slot = %s\n",
-                                 slot);
+        char *ini = log_ini(url, "wal", slot);
         char *loga = kt_tmp("wal_take_a"), *logb = kt_tmp("wal_take_b");
         pid_t a = kt_spawn_kinbox(ini, NULL, loga);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot),
-                  "%s", kt_tail(loga, 20));
+        cr_assert(slot_active(url, slot), "%s", kt_tail(loga, 20));
         pid_t b = kt_spawn_kinbox(ini, NULL, logb);
         tconn_t c;
         tc_open(&c, PG, url);
@@ -1184,31 +929,14 @@ Test(walrelay, database_restart, .timeout = 240)
         char *topic = kt_unique("wal_pgrs");
         char *slot = kt_unique("kbt_pgrs");
         kt_topic(topic, 2);
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         int n = 0;
         for (int round = 0; round < 2; round++) {
-                tconn_t c;
-                tc_open(&c, PG, url);
-                tc_sql(&c, "BEGIN");
-                for (int i = 0; i < 50; i++, n++) {
-                        char idem[32], pay[32];
-                        snprintf(idem, sizeof(idem), "r-%d", n);
-                        int pn = snprintf(pay, sizeof(pay), "%d", n);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = idem,
-                                                 .aggregate_id = "one",
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)pn};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
-                }
-                tc_sql(&c, "COMMIT");
-                tc_close(&c);
+                append_tx(PG, url, topic, n, 50);
+                n += 50;
                 if (round == 0) {
                         kt_services("pg-stop immediate");
                         sleep(1);
@@ -1220,16 +948,7 @@ Test(walrelay, database_restart, .timeout = 240)
         kinbox_relay_destroy(r);
         tmsgs_t got;
         consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
-        qsort(got.v, got.n, sizeof(*got.v), by_offset);
-        int next = 0;
-        for (size_t i = 0; i < got.n; i++) {
-                int v = atoi(got.v[i].value);
-                if (v < next)
-                        continue; /* published again after the restart */
-                cr_assert(eq(int, v, next), "order or a gap");
-                next++;
-        }
-        cr_assert(eq(int, next, n));
+        assert_in_order(&got, n);
         msgs_free(&got);
         drop_slot(url, slot);
 }
@@ -1249,15 +968,12 @@ Test(walrelay, broker_outage, .timeout = 240)
         char *topic = kt_unique("wal_outage");
         char *slot = kt_unique("kbt_outage");
         cr_assert(rd_kafka_mock_topic_create(mk.mc, topic, 16, 1) == 0);
-        kinbox_conf_t *conf = wal_conf(url, mk.bootstrap, slot);
+        kinbox_conf_t *conf = log_conf(url, mk.bootstrap, "wal", slot);
         cset(conf, "kafka.message.timeout.ms", "1000");
         kinbox_relay_t *r = relay_new(conf);
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(wait_q(url, 1, 30,
-                         "SELECT count(*) FROM pg_replication_slots "
-                         "WHERE slot_name = '%s' AND active",
-                         slot));
+        cr_assert(slot_active(url, slot));
         rd_kafka_mock_push_request_errors(
             mk.mc, 0 /* Produce */, 4,
             RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,

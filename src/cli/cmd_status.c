@@ -153,18 +153,8 @@ status_refused(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo)
                 return -1;
         }
         json_t *ja = json_array();
-        int n = 0;
-        for (size_t i = 0; i < o->npartitions; i++) {
-                const kinbox_offsets_partition_t *p = &o->partitions[i];
-                if (!kinbox_startpos_refused(p->verdict))
-                        continue;
-                char msg[1024];
-                kb_start_refusal(p, msg, sizeof(msg));
-                json_array_append_new(ja, json_string(msg));
-                if (!x->o.json)
-                        fprintf(stderr, "kinbox status: %s: %s\n", name, msg);
-                n++;
-        }
+        int n = kb_start_refusals(o, ja, x->o.json ? NULL : stderr,
+                                  "kinbox status: ", name);
         json_object_set_new(jo, "start_refused", ja);
         kinbox_offsets_destroy(o);
         return n;

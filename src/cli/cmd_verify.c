@@ -47,17 +47,8 @@ start_gaps(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jg,
                                name, err);
                 return;
         }
-        for (size_t i = 0; i < o->npartitions; i++) {
-                const kinbox_offsets_partition_t *p = &o->partitions[i];
-                if (!kinbox_startpos_refused(p->verdict))
-                        continue;
-                char msg[1024];
-                kb_start_refusal(p, msg, sizeof(msg));
-                json_array_append_new(jg, json_string(msg));
-                if (!x->o.json)
-                        printf("GAP  %s: %s\n", name, msg);
-                (*gaps)++;
-        }
+        *gaps +=
+            kb_start_refusals(o, jg, x->o.json ? NULL : stdout, "GAP  ", name);
         kinbox_offsets_destroy(o);
 }
 

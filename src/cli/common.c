@@ -308,3 +308,22 @@ kb_start_refusal(const kinbox_offsets_partition_t *p, char *buf, size_t sz)
                  pos(c, sizeof(c), p->committed), pos(l, sizeof(l), p->low),
                  pos(h, sizeof(h), p->high));
 }
+
+int
+kb_start_refusals(const kinbox_offsets_t *o, json_t *ja, FILE *out,
+                  const char *prefix, const char *name)
+{
+        int n = 0;
+        for (size_t i = 0; i < o->npartitions; i++) {
+                const kinbox_offsets_partition_t *p = &o->partitions[i];
+                if (!kinbox_startpos_refused(p->verdict))
+                        continue;
+                char msg[1024];
+                kb_start_refusal(p, msg, sizeof(msg));
+                json_array_append_new(ja, json_string(msg));
+                if (out)
+                        fprintf(out, "%s%s: %s\n", prefix, name, msg);
+                n++;
+        }
+        return n;
+}

@@ -168,5 +168,10 @@ kinbox_offsets_t *kb_start_positions(kinbox_conf_t *conf, int flags, char *err,
  * partition. */
 void kb_start_refusal(const kinbox_offsets_partition_t *p, char *buf,
                       size_t sz);
+/* Each refused partition of o: its kb_start_refusal() appended to ja and,
+ * when out is not NULL, written to out as "PREFIXname: refusal". Returns
+ * their number. */
+int kb_start_refusals(const kinbox_offsets_t *o, json_t *ja, FILE *out,
+                      const char *prefix, const char *name);
 
 #endif

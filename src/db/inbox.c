@@ -282,6 +282,18 @@ range_count(kinbox__db_t *db, const char *table, const char *name)
 }
 
 int
+kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        *now_ms = !rc && r->nrows && r->values[0]
+                      ? strtoll(r->values[0], NULL, 10)
+                      : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+int
 kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
                     const char *count_fmt, kinbox__range_t **out, size_t *n,
                     int64_t *catchall_rows)

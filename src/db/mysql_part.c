@@ -101,16 +101,10 @@ my_create(kinbox__db_t *db, const char *table, int64_t first_s)
 static int
 my_clock(kinbox__db_t *db, int64_t *now_ms)
 {
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db,
-                                  "SELECT TIMESTAMPDIFF(MICROSECOND, " EPOCH
-                                  ", UTC_TIMESTAMP(6)) DIV 1000",
-                                  0, NULL, &r);
-        *now_ms = !rc && r->nrows && r->values[0]
-                      ? strtoll(r->values[0], NULL, 10)
-                      : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__db_clock_ms(db,
+                                   "SELECT TIMESTAMPDIFF(MICROSECOND, " EPOCH
+                                   ", UTC_TIMESTAMP(6)) DIV 1000",
+                                   now_ms);
 }
 
 /* The first row of sql's answer is "1" (a test the database answers). */

@@ -109,6 +109,11 @@ int kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
                         const char *count_fmt, kinbox__range_t **out,
                         size_t *n, int64_t *catchall_rows);
 
+/* clock() for both backends: the number sql answers in its first row
+ * (milliseconds since the epoch by the database's clock) in *now_ms, 0
+ * when it answers none; the query's error. */
+int kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms);
+
 /* copy(): the key (consumer, message_id) in columns 0 and 1 of row of r
  * replaces *c, *m (freed), *mlen. KINBOX_ERR_NOMEM (or a NULL column):
  * *c, *m unchanged. */

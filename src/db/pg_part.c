@@ -103,16 +103,10 @@ pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
 static int
 pg_clock(kinbox__db_t *db, int64_t *now_ms)
 {
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db,
-                                  "SELECT floor(extract(epoch FROM "
-                                  "clock_timestamp()) * 1000)::bigint",
-                                  0, NULL, &r);
-        *now_ms = !rc && r->nrows && r->values[0]
-                      ? strtoll(r->values[0], NULL, 10)
-                      : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__db_clock_ms(db,
+                                   "SELECT floor(extract(epoch FROM "
+                                   "clock_timestamp()) * 1000)::bigint",
+                                   now_ms);
 }
 
 /* In the drop's transaction: whether the range ending at end_s is over

@@ -1,0 +1,84 @@
+/*
+ * logrelay_common.h -- helpers shared by the log relay suites
+ * (walrelay_test on PostgreSQL, binlogrelay_test on MariaDB): concurrent
+ * writers with rollbacks and the check of their stream, the parity rows
+ * and the comparison with the polling relay, rows appended one per
+ * transaction.
+ */
+#ifndef KINBOX_TESTS_LOGRELAY_COMMON_H
+#define KINBOX_TESTS_LOGRELAY_COMMON_H
+
+#include "outbox_common.h"
+
+/* A log relay's configuration (relay_conf()): relay.source source
+ * ("wal", "binlog"), relay.slot slot (the relay's name). */
+kinbox_conf_t *log_conf(const char *url, const char *bootstrap,
+                        const char *source, const char *slot);
+
+/* A kinbox.ini of url (kt_write_ini()) with that log relay enabled. */
+char *log_ini(const char *url, const char *source, const char *slot);
+
+#define AGGS 8
+
+typedef struct writer {
+        const char *backend, *url, *topic;
+        int w, ntx;
+        int committed, rolled; /* rows */
+        int *seq; /* per aggregate: the next sequence number committed */
+} writer_t;
+
+/* Transactions of 1..20 rows on the writer's aggregates, every fifth
+ * rolled back; payload the aggregate's sequence number, idem
+ * "wW-aA-sS-tT" (rolled back: "rb-..."): committed sequence numbers of an
+ * aggregate have no gaps. A pthread start routine (arg: writer_t *). */
+void *writer_main(void *arg);
+
+/* Every committed row at least once, no rolled-back row, and per
+ * aggregate the first occurrences in sequence order with no gap; *dups
+ * the later occurrences. got sorted by by_offset. */
+void check_stream(const tmsgs_t *got, const writer_t *ws, int nw, int *dups);
+
+/* qsort order (partition, offset): messages of one partition come in
+ * offset order from consume(); an aggregate lives on one partition. */
+int by_offset(const void *x, const void *y);
+
+/* Actions "count" run (count_action, registered by the parity tests). */
+extern _Atomic int actions_run;
+kinbox_result_t count_action(kinbox_action_t *a, void *opaque);
+
+/* The rows of the parity tests: n events on 5 aggregates in two
+ * transactions (some without key, payload or headers), a rolled-back row
+ * and one action row (destination "action:count"). */
+void parity_rows(const char *backend, const char *url, const char *topic,
+                 int n);
+
+/* The polling relay (cloudevents source ce_source) publishes the n event
+ * rows of parity_rows again: every message on the topic twice, both
+ * copies with the same key, value, timestamp, headers and (keyed)
+ * partition. */
+void assert_polling_parity(const char *url, const char *bootstrap,
+                           const char *topic, int n, const char *ce_source);
+
+/* Rows inserted as one transaction each: destination topic, idem
+ * "PREFIX-i", aggregate "agg", payload i. */
+void append_rows(const char *backend, const char *url, const char *topic,
+                 const char *prefix, int from, int n);
+
+/* One transaction of n rows: destination topic, idem "r-i", aggregate
+ * "one", payload i, for i from from. */
+void append_tx(const char *backend, const char *url, const char *topic,
+               int from, int n);
+
+/* got (sorted here by by_offset) holds the payloads 0..n-1 of one
+ * aggregate in order, without a gap; a payload below the next one
+ * expected is a repeat (published again after a restart). */
+void assert_in_order(tmsgs_t *got, int n);
+
+/* Every row PREFIX-from .. PREFIX-(from+n-1) at least once on got. */
+void assert_all(const tmsgs_t *got, const char *topic, const char *prefix,
+                int from, int n);
+
+/* system(3) of the formatted command: its exit status, -1 if killed. */
+int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif
