@@ -347,7 +347,7 @@ Test(walrelay, pruned_before_read, .timeout = 240)
         char *slot = kt_unique("kbt_prune");
         kt_topic(topic, 2);
         /* The slot exists (made by a first relay), nobody reads it. */
-        kinbox_relay_t *r = relay_new(wal_conf(url, bootstrap, slot));
+        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
         trelay_t tr;
         relay_start(&tr, r);
         cr_assert(wait_q(url, 1, 30,
@@ -400,7 +400,7 @@ Test(walrelay, pruned_before_read, .timeout = 240)
             eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 1),
             "the pending action row must stay");
         /* The relay reads the log: every pruned row is published. */
-        r = relay_new(wal_conf(url, bootstrap, slot));
+        r = relay_new(log_conf(url, bootstrap, "wal", slot));
         relay_start(&tr, r);
         tmsgs_t got;
         consume(bootstrap, topic, 6, 120, 2000, &got);
