@@ -116,4 +116,7 @@ struct kinbox__sql {
         const char *verify_ahead, *verify_cover;
 };
 
+/* PostgreSQL's (db/pg_sql.c). */
+extern const struct kinbox__sql kinbox__pg_sql;
+
 #endif
