@@ -1069,6 +1069,7 @@ static const struct kinbox__sql pg_sql = {
         " UNION ALL SELECT consumer, 0, count(*), 0 FROM kinbox_hold"
         "  GROUP BY consumer) x GROUP BY consumer",
     KINBOX__OPSQL,
+    .console_timeout = "SET statement_timeout = 5000",
 };
 
 const struct kinbox__db_ops kinbox__pg_ops = {
