@@ -119,7 +119,6 @@ def check_headers(a):
     code, _, _ = http("PUT", base + "/console/api/overview", {}, b"")
     if code != 405:
         die("PUT: %d, want 405" % code)
-    code, _, _ = http("GET", base + "/console/../metrics")
     return {"checked": sorted(seen)}
 
 
@@ -217,7 +216,7 @@ class Driver:
 
 def act_from_page(d, row_css, label):
     """Click the row's action button, confirm, wait for the result."""
-    d.js("document.getElementById('status').textContent = '';")
+    d.js("document.getElementById('result').textContent = '';")
     btn = "%s button[data-action$='/%s']" % (row_css, label)
     d.wait("return !!document.querySelector(\"%s\");" % btn, btn)
     if d.js("return document.querySelector(\"%s\").disabled;" % btn):
@@ -225,7 +224,7 @@ def act_from_page(d, row_css, label):
     d.click(btn)
     d.wait("return document.getElementById('confirm').open;", "confirm")
     d.click("#confirm-yes")
-    return d.wait("const t = document.getElementById('status').textContent;"
+    return d.wait("const t = document.getElementById('result').textContent;"
                   " return /^(done|refused)/.test(t) ? t : null;",
                   label + " result")
 

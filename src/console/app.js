@@ -29,6 +29,7 @@
     if (v === null || v === undefined) return { v: '-', cls: 'num' };
     return { v: digits === undefined ? String(v) : Number(v).toFixed(digits), cls: 'num' };
   }
+  function result(text, bad) { const s = $('result'); s.textContent = text; s.className = bad ? 'bad' : ''; }
   function status(text, bad) { const s = $('status'); s.textContent = text; s.className = bad ? 'err' : ''; }
 
   async function get(path) {
@@ -64,8 +65,8 @@
       done();
       try {
         const j = await post(path);
-        status('done: ' + text + ' ' + JSON.stringify(j));
-      } catch (e) { status('refused: ' + e.message, true); }
+        result('done: ' + text + ' ' + JSON.stringify(j), false);
+      } catch (e) { result('refused: ' + e.message, true); }
       if (after) after();
       refresh();
     };
