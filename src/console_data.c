@@ -317,7 +317,7 @@ sample(cons_t *c, const char *text, int64_t now)
         if (c->prev_ms)
                 c->rate = (msgs - c->prev_msgs) * 1000.0 /
                           (double)(now - c->prev_ms);
-        if (bc > c->prev_bcount)
+        if (c->prev_ms && bc > c->prev_bcount)
                 c->batch_mean = (bs - c->prev_bsum) / (bc - c->prev_bcount);
         else if (bc > 0)
                 c->batch_mean = bs / bc;

@@ -237,7 +237,7 @@ def browser(a):
         d.wait("return document.body.dataset.loaded === '1' && "
                "document.querySelector('#consumers tbody tr') !== null;",
                "the consumers view")
-        time.sleep(2.5)  # one refresh more: msg/s and the parked view
+        time.sleep(4.5)  # two refreshes more: msg/s and the parked view
         out["dead_shown"] = int(d.js("return document.body.dataset.dead;"))
         out["lag_shown"] = d.js(
             "return document.querySelector('#consumers tbody tr')"

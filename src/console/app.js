@@ -176,6 +176,7 @@
     const t = clear('detail-headers');
     for (const h of d.headers) row(t, [h.name ?? '(binary name)', h.value ? (h.value.text ?? 'hex ' + h.value.hex) : '(no value)']);
     payloadView();
+    $('detail').scrollIntoView();
   }
 
   let busy = false;
