@@ -356,9 +356,10 @@ last_error(kinbox__console_data_t *d, const char *consumer)
         return e;
 }
 
+/* A consumer: the process's figures, and the database's counts as the
+ * sampled gauges hold them (kinbox__admin_collect_metrics(), just run). */
 static json_t *
-consumer_json(kinbox__console_data_t *d, cons_t *c,
-              const kinbox_consumer_status_t *st, const char *text)
+consumer_json(kinbox__console_data_t *d, cons_t *c, const char *text)
 {
         double lag = NAN;
         json_t *parts = lag_parts(text, c->name, &lag);
@@ -392,35 +393,34 @@ consumer_json(kinbox__console_data_t *d, cons_t *c,
                     jnum(kinbox__metrics_value(
                         "kinbox_consumer_messages_total", lv)));
         }
-        if (st)
-                json_object_update_new(
-                    j, json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "dead",
-                                 (json_int_t)st->dead, "replayed",
-                                 (json_int_t)st->replayed, "discarded",
-                                 (json_int_t)st->discarded, "parked",
-                                 (json_int_t)st->parked, "held_keys",
-                                 (json_int_t)st->held_keys, "oldest_parked_at",
-                                 st->oldest_parked_at));
+        static const char *const db[][2] = {
+            {"kinbox_dead_letters", "dead"},
+            {"kinbox_parked_messages", "parked"},
+            {"kinbox_held_keys", "held_keys"},
+            {"kinbox_parked_oldest_age_seconds", "parked_oldest_age_s"}};
+        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(db); i++) {
+                double v = kinbox__metrics_value(db[i][0], l);
+                json_object_set_new(
+                    j, db[i][1], json_integer(isnan(v) ? 0 : (json_int_t)v));
+        }
         json_object_set_new(j, "last_error", last_error(d, c->name));
         return j;
 }
 
+/* kinbox_admin_outbox_summary()'s rows. */
 static json_t *
-outbox_json(const kinbox_status_t *st)
+outbox_json(kinbox_rows_t *r)
 {
         json_t *a = json_array();
-        for (size_t i = 0; st && i < st->ndestinations; i++) {
-                const kinbox_destination_status_t *x = &st->destinations[i];
+        for (size_t i = 0; i < kinbox_rows_count(r); i++)
                 json_array_append_new(
                     a,
-                    json_pack("{s:s,s:I,s:I,s:I,s:I,s:b}", "destination",
-                              x->destination, "pending",
-                              (json_int_t)x->pending, "oldest_pending_age_s",
-                              (json_int_t)x->oldest_pending_age_s, "dead",
-                              (json_int_t)x->dead, "sent_last_hour",
-                              (json_int_t)x->sent_last_hour, "paused",
-                              x->paused));
-        }
+                    json_pack("{s:s,s:o,s:o,s:o,s:o,s:b}", "destination",
+                              rowv(r, i, 0) ? rowv(r, i, 0) : "", "pending",
+                              jint(rowv(r, i, 1)), "oldest_pending_age_s",
+                              jint(rowv(r, i, 2)), "dead", jint(rowv(r, i, 3)),
+                              "sent_last_hour", jint(rowv(r, i, 4)), "paused",
+                              rowv(r, i, 5) && atoi(rowv(r, i, 5)) != 0));
         return a;
 }
 
@@ -457,33 +457,27 @@ get_overview(kinbox__console_data_t *d, char **json)
                 *json = kinbox__strdup(d->overview);
                 return *json ? 200 : 500;
         }
-        const char **names = kinbox__calloc(d->ncons + 1, sizeof(char *));
-        for (size_t i = 0; names && i < d->ncons; i++)
-                names[i] = d->cons[i].name;
-        kinbox_status_t *st = NULL;
-        kinbox_err_t rc =
-            names ? kinbox_admin_status(d->adm, names, d->ncons, &st)
-                  : KINBOX_ERR_NOMEM;
-        free(names);
+        /* The counts /metrics samples (small tables, GROUP BY consumer;
+         * never a count of the inbox), and the outbox per destination. */
+        kinbox_rows_t *ob = NULL;
+        kinbox_err_t rc = kinbox__admin_collect_metrics(d->adm);
+        if (!rc)
+                rc = kinbox_admin_outbox_summary(d->adm, &ob);
         if (rc)
                 return fail(d, rc, json);
         char *text = kinbox__metrics_render();
         json_t *cs = json_array();
         for (size_t i = 0; i < d->ncons; i++) {
                 sample(&d->cons[i], text ? text : "", now);
-                json_array_append_new(cs, consumer_json(d, &d->cons[i],
-                                                        i < st->nconsumers
-                                                            ? &st->consumers[i]
-                                                            : NULL,
-                                                        text ? text : ""));
+                json_array_append_new(
+                    cs, consumer_json(d, &d->cons[i], text ? text : ""));
         }
-        json_t *j = json_pack("{s:o,s:o,s:o,s:I,s:I}", "consumers", cs,
-                              "outbox", outbox_json(st), "relay",
-                              relay_json(d, text ? text : ""), "inbox_rows",
-                              (json_int_t)st->inbox_rows, "at_ms",
+        json_t *j = json_pack("{s:o,s:o,s:o,s:I}", "consumers", cs, "outbox",
+                              outbox_json(ob), "relay",
+                              relay_json(d, text ? text : ""), "at_ms",
                               (json_int_t)kinbox__wall_ms());
         free(text);
-        kinbox_status_destroy(st);
+        kinbox_rows_destroy(ob);
         unsigned code = done(j, json);
         if (code == 200) {
                 free(d->overview);
