@@ -160,6 +160,18 @@ ParameterizedTest(int *backend, console, browser, .timeout = 300)
         long long lag = kt_high_sum(r.topic, 1) -
                         kt_qint(r.url, "SELECT COALESCE(SUM(next_offset), 0) "
                                        "FROM kinbox_offsets");
+        /* The outbox of a destination no relay of this process sends:
+         * a dead row and a pending one. */
+        kt_exec(r.url, "INSERT INTO kinbox_outbox (destination, idem_key, "
+                       "payload, status, attempts, last_error) VALUES "
+                       "('points.audit', 'ob-dead', '{}', 'dead', 3, "
+                       "'broker said no')");
+        kt_exec(r.url, "INSERT INTO kinbox_outbox (destination, idem_key, "
+                       "payload) VALUES ('points.audit', 'ob-pend', '{}')");
+        long long obd = kt_qint(r.url, "SELECT id FROM kinbox_outbox WHERE "
+                                       "idem_key = 'ob-dead'"),
+                  obp = kt_qint(r.url, "SELECT id FROM kinbox_outbox WHERE "
+                                       "idem_key = 'ob-pend'");
         /* The bug behind 998's dead letter is fixed: its replay applies. */
         kt_exec(r.url,
                 "ALTER TABLE user_points_flow DROP CONSTRAINT kt_no998");
@@ -167,8 +179,10 @@ ParameterizedTest(int *backend, console, browser, .timeout = 300)
         bool shots = *backend == 0 && !kt_real_kafka();
         char extra[512];
         snprintf(extra, sizeof(extra),
-                 "--replay %lld --discard %lld --xss %lld%s%s", d998, d999,
-                 dxss, shots ? " --shots " KINBOX_SOURCE_DIR : "",
+                 "--replay %lld --discard %lld --xss %lld --ob-dead %lld "
+                 "--ob-pend %lld --ob-dest points.audit%s%s",
+                 d998, d999, dxss, obd, obp,
+                 shots ? " --shots " KINBOX_SOURCE_DIR : "",
                  shots ? "/docs" : "");
         json_t *j = driver(&r, "browser", extra);
         char *dump = json_dumps(j, 0);
@@ -196,6 +210,12 @@ ParameterizedTest(int *backend, console, browser, .timeout = 300)
         const char *dc = json_string_value(json_object_get(j, "discard"));
         cr_assert(rp && !strncmp(rp, "done", 4), "%s", dump);
         cr_assert(dc && !strncmp(dc, "done", 4), "%s", dump);
+        const char *acts[] = {"requeue", "cancel", "pause"};
+        for (int i = 0; i < 3; i++) {
+                const char *v = json_string_value(json_object_get(j, acts[i]));
+                cr_assert(v && !strncmp(v, "done", 4), "%s: %s", acts[i],
+                          dump);
+        }
         free(dump);
         json_decref(j);
         /* The replay applied 998's grant once; the discard released the
@@ -231,6 +251,18 @@ ParameterizedTest(int *backend, console, browser, .timeout = 300)
                               "%lld AND status = 'discarded')",
                               d998, d999),
                      2));
+        cr_assert(eq(i64,
+                     kt_qintf(r.url,
+                              "SELECT COUNT(*) FROM kinbox_outbox WHERE (id = "
+                              "%lld AND status = 'pending' AND attempts = 0) "
+                              "OR (id = %lld AND status = 'canceled')",
+                              obd, obp),
+                     2));
+        cr_assert(
+            eq(i64,
+               kt_qint(r.url, "SELECT COUNT(*) FROM kinbox_outbox_paused "
+                              "WHERE destination = 'points.audit'"),
+               1));
         stop(&r);
         char *log = kt_slurp(r.log);
         cr_assert(strstr(log, "by=console-test@127.0.0.1 action=\"dead "

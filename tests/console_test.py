@@ -217,7 +217,7 @@ class Driver:
 def act_from_page(d, row_css, label):
     """Click the row's action button, confirm, wait for the result."""
     d.js("document.getElementById('result').textContent = '';")
-    btn = "%s button[data-action$='/%s']" % (row_css, label)
+    btn = "%s button[data-action*='/%s']" % (row_css, label)
     d.wait("return !!document.querySelector(\"%s\");" % btn, btn)
     if d.js("return document.querySelector(\"%s\").disabled;" % btn):
         die("the %s button is disabled" % label)
@@ -246,11 +246,6 @@ def browser(a):
             "return document.querySelectorAll('#parked tbody tr').length;")
         if a.shots:
             d.shot(os.path.join(a.shots, "console-consumers.png"))
-        d.click("#nav-outbox")
-        d.wait("return document.querySelector('#relay').textContent !== '';",
-               "the outbox view")
-        if a.shots:
-            d.shot(os.path.join(a.shots, "console-outbox.png"))
         d.click("#nav-dead")
         d.wait("return document.querySelectorAll('#dead tbody tr')"
                ".length >= 3;", "the dead letters")
@@ -280,6 +275,29 @@ def browser(a):
         time.sleep(2.5)
         if a.shots:
             d.shot(os.path.join(a.shots, "console-dead.png"))
+        # The outbox: requeue a dead row, cancel a pending one, pause the
+        # destination.
+        d.click("#nav-outbox")
+        d.wait("return !!document.querySelector(\"#outbox-rows tr[data-id='%s']\");"
+               % a.ob_dead, "the dead outbox row")
+        out["requeue"] = act_from_page(
+            d, "#outbox-rows tr[data-id='%s']" % a.ob_dead, "requeue")
+        d.js("document.getElementById('ob-status').value = 'pending';")
+        d.click("#outbox-filter button")
+        d.wait("return !!document.querySelector(\"#outbox-rows tr[data-id='%s']\");"
+               % a.ob_pend, "the pending outbox row")
+        out["cancel"] = act_from_page(
+            d, "#outbox-rows tr[data-id='%s']" % a.ob_pend, "cancel")
+        out["pause"] = act_from_page(
+            d, "#outbox tr[data-dest='%s']" % a.ob_dest, "pause")
+        d.wait("return !!document.querySelector(\"#outbox tr[data-dest='%s']"
+               " button[data-action*='/resume']\");" % a.ob_dest,
+               "the resume button")
+        d.js("document.getElementById('ob-status').value = 'any';")
+        d.click("#outbox-filter button")
+        time.sleep(1)
+        if a.shots:
+            d.shot(os.path.join(a.shots, "console-outbox.png"))
         # Every JSON answer the page got: no secret (the same URLs).
         for path in ("overview", "dead?status=any", "dead/%s" % a.xss,
                      "parked", "outbox?status=any"):
@@ -303,6 +321,9 @@ def main():
     p.add_argument("--discard")
     p.add_argument("--xss")
     p.add_argument("--shots")
+    p.add_argument("--ob-dead")
+    p.add_argument("--ob-pend")
+    p.add_argument("--ob-dest")
     a = p.parse_args()
     out = check_headers(a) if a.mode == "headers" else browser(a)
     print(json.dumps(out))

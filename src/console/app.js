@@ -106,7 +106,8 @@
       acts.appendChild(o.paused
         ? actButton('Resume', 'Resume destination ' + o.destination + '?', 'outbox/resume' + q({ destination: o.destination }))
         : actButton('Pause', 'Pause destination ' + o.destination + '?', 'outbox/pause' + q({ destination: o.destination })));
-      row(t, [o.destination, num(o.pending), num(o.oldest_pending_age_s), num(o.dead), num(o.sent_last_hour), o.paused ? 'yes' : 'no', acts]);
+      const tr = row(t, [o.destination, num(o.pending), num(o.oldest_pending_age_s), num(o.dead), num(o.sent_last_hour), o.paused ? 'yes' : 'no', acts]);
+      tr.dataset.dest = o.destination;
     }
   }
   async function renderParked() {
@@ -124,9 +125,11 @@
     const t = clear('outbox-rows');
     for (const x of j.rows) {
       const acts = document.createElement('span');
-      if (x.status === 'dead' || x.status === 'canceled') acts.appendChild(actButton('Requeue', 'Requeue outbox row ' + x.id + '?', 'outbox/' + x.id + '/requeue'));
-      if (x.status === 'pending') acts.appendChild(actButton('Cancel', 'Cancel outbox row ' + x.id + '?', 'outbox/' + x.id + '/cancel'));
-      row(t, [num(x.id), x.status, x.destination, x.idem_key, num(x.attempts), { v: x.last_error || '', cls: 'err' }, x.created_at, acts]);
+      const again = () => renderOutboxRows().catch((e) => status('error: ' + e.message, true));
+      if (x.status === 'dead' || x.status === 'canceled') acts.appendChild(actButton('Requeue', 'Requeue outbox row ' + x.id + '?', 'outbox/' + x.id + '/requeue', again));
+      if (x.status === 'pending') acts.appendChild(actButton('Cancel', 'Cancel outbox row ' + x.id + '?', 'outbox/' + x.id + '/cancel', again));
+      const tr = row(t, [num(x.id), x.status, x.destination, x.idem_key, num(x.attempts), { v: x.last_error || '', cls: 'err' }, x.created_at, acts]);
+      tr.dataset.id = x.id;
     }
   }
   function deadFilter() {
