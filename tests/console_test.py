@@ -113,6 +113,36 @@ def check_headers(a):
         if "Content-Security-Policy" not in h:
             die("POST with %s: no CSP on the refusal" % what)
         no_secret(body, a.secret, "POST " + what)
+    # Dead letters: newest first, paginated, filtered.
+    def dead(q):
+        code, _, body = http("GET", base + "/console/api/dead" + q)
+        return code, json.loads(body)
+    code, p1 = dead("?limit=1")
+    if code != 200 or len(p1["rows"]) != 1 or not p1["next_before"]:
+        die("dead?limit=1: %d %r" % (code, p1))
+    code, p2 = dead("?limit=1&before=%d" % p1["next_before"])
+    if code != 200 or len(p2["rows"]) != 1 or \
+            p2["rows"][0]["id"] >= p1["rows"][0]["id"]:
+        die("the second page: %r after %r" % (p2, p1))
+    code, allrows = dead("?limit=100")
+    ids = [r["id"] for r in allrows["rows"]]
+    if ids != sorted(ids, reverse=True) or allrows["next_before"]:
+        die("dead?limit=100: not newest first, or more pages: %r" % ids)
+    topic = allrows["rows"][0]["topic"]
+    if len(dead("?topic=" + topic)[1]["rows"]) != len(ids) or \
+            dead("?consumer=nobody")[1]["rows"] or \
+            dead("?topic=nope")[1]["rows"]:
+        die("the dead letters' filters")
+    if dead("?status=bogus")[0] != 400:
+        die("dead?status=bogus is not refused")
+    code, one = http("GET", base + "/console/api/dead/%d" % ids[0])[::2]
+    if code != 200 or "payload" not in json.loads(one):
+        die("dead/ID: %d" % code)
+    # A selection must be bounded.
+    code, _, _ = http("POST", base + "/console/api/dead/discard",
+                      {"Authorization": "Bearer " + token}, b"")
+    if code != 400:
+        die("a selection without max: %d, want 400" % code)
     code, _, _ = http("GET", act)
     if code != 404 and code != 405:
         die("GET of an action: %d" % code)
