@@ -138,6 +138,11 @@ def check_headers(a):
     code, one = http("GET", base + "/console/api/dead/%d" % ids[0])[::2]
     if code != 200 or "payload" not in json.loads(one):
         die("dead/ID: %d" % code)
+    # A body over 64 KB is refused before anything runs.
+    code, _, _ = http("POST", act, {"Authorization": "Bearer " + token},
+                      b"x" * 70000)
+    if code != 413:
+        die("a 70 KB body: %d, want 413" % code)
     # A selection must be bounded.
     code, _, _ = http("POST", base + "/console/api/dead/discard",
                       {"Authorization": "Bearer " + token}, b"")
