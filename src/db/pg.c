@@ -1096,5 +1096,4 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .sql = &pg_sql,
     .outbox = &kinbox__pg_outbox_ops,
     .part = &kinbox__pg_part,
-    .logsrc = &kinbox__pg_repl_ops,
 };
