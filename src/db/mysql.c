@@ -807,6 +807,7 @@ static const struct kinbox__sql my_sql = {
         " UNION ALL SELECT consumer, 0, COUNT(*), 0 FROM kinbox_hold"
         "  GROUP BY consumer) x GROUP BY consumer",
     KINBOX__OPSQL,
+    .console_timeout = "SET SESSION max_statement_time = 5",
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {

@@ -137,4 +137,5 @@ const struct kinbox__sql kinbox__pg_sql = {
         " UNION ALL SELECT consumer, 0, count(*), 0 FROM kinbox_hold"
         "  GROUP BY consumer) x GROUP BY consumer",
     KINBOX__OPSQL,
+    .console_timeout = "SET statement_timeout = 5000",
 };
