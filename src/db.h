@@ -309,9 +309,11 @@ kinbox__db_t *kinbox__db_new_conf(const struct kinbox_conf_s *conf,
 
 /* An unconnected handle of the backend ops names (db/db.c): for a
  * backend's own side connections, which must not go back up through
- * kinbox__db_new(). NULL when out of memory. */
-kinbox__db_t *kinbox__db_alloc(const struct kinbox__db_ops *ops,
-                               const char *url, const char *password);
+ * kinbox__db_new(). NULL with errstr when url names another backend or
+ * memory ran out. */
+kinbox__db_t *kinbox__db_new_ops(const struct kinbox__db_ops *ops,
+                                 const char *url, const char *password,
+                                 char *errstr, size_t errstr_size);
 /* The log relay's source of db's backend (db/logsrc_ops.h). */
 const struct kinbox__logsrc_ops *kinbox__db_logsrc(const kinbox__db_t *db);
 

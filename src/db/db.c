@@ -150,12 +150,24 @@ bad:
 }
 
 kinbox__db_t *
-kinbox__db_alloc(const struct kinbox__db_ops *ops, const char *url,
-                 const char *password)
+kinbox__db_new_ops(const struct kinbox__db_ops *ops, const char *url,
+                   const char *password, char *errstr, size_t sz)
 {
-        kinbox__db_t *db = kinbox__calloc(1, sizeof(*db));
-        if (!db)
+        kinbox__dburl_t u;
+        if (kinbox__dburl_split(url, &u, errstr, sz))
                 return NULL;
+        bool same = u.backend == ops->backend;
+        kinbox__dburl_free(&u);
+        if (!same) {
+                kinbox__errstr(errstr, sz, "database.url: not a %s URL",
+                               ops->name);
+                return NULL;
+        }
+        kinbox__db_t *db = kinbox__calloc(1, sizeof(*db));
+        if (!db) {
+                kinbox__errstr(errstr, sz, "out of memory");
+                return NULL;
+        }
         db->backend = ops->backend;
         db->ops = ops;
         db->url = kinbox__strdup(url);
