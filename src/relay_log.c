@@ -557,9 +557,8 @@ log_main(void *arg)
         return NULL;
 }
 
-/* relay.slot, or kinbox_<name> (a-z, 0-9 and _ kept, the rest _). */
-static char *
-slot_name(const kinbox_conf_t *conf)
+char *
+kinbox__relay_slot_name(const kinbox_conf_t *conf)
 {
         const kinbox__settings_t *s = kinbox__settings_of(conf);
         if (s->relay_slot && *s->relay_slot)
@@ -621,7 +620,7 @@ log_new(kinbox_relay_t *r, const kinbox_conf_t *conf, kinbox__db_t *db,
         L->src.log = &r->log;
         L->src.url = db->url;
         L->src.password = db->password;
-        L->src.slot = slot_name(conf);
+        L->src.slot = kinbox__relay_slot_name(conf);
         const char *name = kinbox__settings_of(conf)->name;
         kinbox__m_labels(L->labels, sizeof(L->labels), "relay",
                          name ? name : "", (char *)NULL);

@@ -7,3 +7,13 @@
 -- with it too (it prunes its catch-all partition by created_at).
 CREATE INDEX IF NOT EXISTS kinbox_outbox_created_at
     ON kinbox_outbox (created_at);
+
+-- outbox.layout = partitioned with relay.source = wal: where the log
+-- stood (pos, pg_current_wal_lsn()) at the database's time at, one row
+-- per pruner run, kept two days. A day's range is dropped only once the
+-- relay's slot confirmed past a mark taken after the day ended
+-- (docs/outbox.md, Write-only retention).
+CREATE TABLE IF NOT EXISTS kinbox_outbox_marks (
+    at  timestamptz PRIMARY KEY,
+    pos text        NOT NULL
+);

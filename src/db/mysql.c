@@ -828,5 +828,6 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
     .sql = &my_sql,
     .outbox = &kinbox__mysql_outbox_ops,
     .part = &kinbox__mysql_part,
+    .opart = &kinbox__mysql_opart,
     .logsrc = &kinbox__binlog_src_ops,
 };

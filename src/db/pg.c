@@ -1095,5 +1095,6 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .sql = &pg_sql,
     .outbox = &kinbox__pg_outbox_ops,
     .part = &kinbox__pg_part,
+    .opart = &kinbox__pg_opart,
     .logsrc = &kinbox__pg_repl_ops,
 };
