@@ -149,7 +149,7 @@ kinbox__outbox_partition_prune(kinbox__db_t *db, const kinbox_conf_t *conf,
         kinbox__range_t *r = NULL;
         size_t n = 0;
         int64_t now = 0;
-        if (!(rc = po->finish(db)) && log)
+        if (!(rc = po->finish(db, log ? &relay : NULL)) && log)
                 rc = po->mark(db);
         if (!rc)
                 rc = db->ops->part->clock(db, &now);

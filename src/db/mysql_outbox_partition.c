@@ -20,20 +20,23 @@
 #include <string.h>
 
 /* Appends of one key wait for each other (the key's hash picks a row of
- * kinbox_outbox_keylock, locked until commit); a key already there is
- * refused as the unique index did (error 1062, KINBOX_ERR_DUPLICATE). The
- * lookup is a locking read: it sees rows committed after the
- * transaction's snapshot. */
+ * kinbox_outbox_keylock, locked until commit). A key already there (a
+ * locking read: it sees rows committed after the transaction's snapshot)
+ * gives the new row that row's primary key, so the insert meets it as it
+ * met the unique index: ON DUPLICATE KEY UPDATE changes nothing and
+ * LAST_INSERT_ID() says 0 (a duplicate), a plain INSERT fails with 1062. */
 #define KEYLOCK_ROWS 1024
-static const char idem_trigger[] =
-    "CREATE TRIGGER kinbox_outbox_idem BEFORE INSERT ON kinbox_outbox FOR "
-    "EACH ROW BEGIN DECLARE h INT; SELECT b INTO h FROM "
-    "kinbox_outbox_keylock WHERE b = CRC32(CONCAT(NEW.destination, 0x0a, "
-    "NEW.idem_key)) % 1024 FOR UPDATE; IF EXISTS (SELECT 1 FROM "
-    "kinbox_outbox WHERE destination = NEW.destination AND idem_key = "
-    "NEW.idem_key LOCK IN SHARE MODE) THEN SIGNAL SQLSTATE '23000' SET "
-    "MYSQL_ERRNO = 1062, MESSAGE_TEXT = 'Duplicate entry for key "
-    "''kinbox_outbox_dest_idem'''; END IF; END";
+static const char conv_trigger[] =
+    "CREATE TRIGGER kinbox_outbox_idem BEFORE INSERT ON kinbox_outbox_conv "
+    "FOR "
+    "EACH ROW BEGIN DECLARE h INT; DECLARE i BIGINT DEFAULT NULL; DECLARE "
+    "t TIMESTAMP(6); DECLARE CONTINUE HANDLER FOR NOT FOUND SET i = NULL; "
+    "SELECT b INTO h FROM kinbox_outbox_keylock WHERE b = "
+    "CRC32(CONCAT(NEW.destination, 0x0a, NEW.idem_key)) % 1024 FOR UPDATE; "
+    "SELECT id, created_at INTO i, t FROM kinbox_outbox WHERE destination "
+    "= NEW.destination AND idem_key = NEW.idem_key LIMIT 1 LOCK IN SHARE "
+    "MODE; IF i IS NOT NULL THEN SET NEW.id = i, NEW.created_at = t; END "
+    "IF; END";
 
 static int
 run(kinbox__db_t *db, const char *sql)
@@ -118,10 +121,12 @@ keylock(kinbox__db_t *db)
         return rc;
 }
 
+/* The trigger is made on kinbox_outbox_conv (its body names
+ * kinbox_outbox, which it is after the renames): a table renamed under
+ * LOCK TABLES is no longer locked by its new name. */
 static const char *const conv_locked[] = {
-    "ALTER TABLE kinbox_outbox RENAME TO kinbox_outbox_plain",
-    "ALTER TABLE kinbox_outbox_conv RENAME TO kinbox_outbox", idem_trigger,
-    NULL};
+    conv_trigger, "ALTER TABLE kinbox_outbox RENAME TO kinbox_outbox_plain",
+    "ALTER TABLE kinbox_outbox_conv RENAME TO kinbox_outbox", NULL};
 
 static int
 my_convert(kinbox__db_t *db, int64_t first_s, int64_t end_s, uint64_t *rows)
@@ -295,16 +300,20 @@ drop_checks(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
         return rc || poll ? rc : confirmed(db, r, end, relay->binlog_name);
 }
 
-/* Put the rows still needed (dead; pending again since the checks) of the
- * swapped-out table t back into kinbox_outbox, then drop t. */
+/* Put the rows still needed of the swapped-out table t back into
+ * kinbox_outbox (dead ones; pending ones, made pending again since the
+ * checks: with a log relay only action rows, its event rows are sent),
+ * then drop t. */
 static int
-finish_one(kinbox__db_t *db, const char *t, uint64_t *kept)
+finish_one(kinbox__db_t *db, const char *t, const kinbox__opart_relay_t *relay,
+           uint64_t *kept)
 {
-        char sql[300], *n = NULL;
+        char sql[400], *n = NULL;
+        bool poll = !relay || !relay->binlog_name;
         snprintf(sql, sizeof(sql),
-                 "INSERT INTO kinbox_outbox SELECT * FROM %s WHERE status IN "
-                 "('dead', 'pending');\nSELECT ROW_COUNT()",
-                 t);
+                 "INSERT INTO kinbox_outbox SELECT * FROM %s WHERE status = "
+                 "'dead' OR (status = 'pending'%s);\nSELECT ROW_COUNT()",
+                 t, poll ? "" : " AND kind = 'action'");
         int rc = first(db, sql, 0, NULL, &n);
         *kept = n ? strtoull(n, NULL, 10) : 0;
         free(n);
@@ -337,11 +346,11 @@ my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
                  "ALTER TABLE kinbox_outbox DROP PARTITION %s", r->name);
         if (!rc)
                 rc = run(db, sql);
-        return rc ? rc : finish_one(db, t, kept);
+        return rc ? rc : finish_one(db, t, relay, kept);
 }
 
 static int
-my_finish(kinbox__db_t *db)
+my_finish(kinbox__db_t *db, const kinbox__opart_relay_t *relay)
 {
         struct kinbox_rows_s *r = NULL;
         int rc = kinbox__db_query(
@@ -352,7 +361,8 @@ my_finish(kinbox__db_t *db)
             0, NULL, &r);
         for (size_t i = 0; !rc && i < r->nrows; i++) {
                 uint64_t kept = 0;
-                rc = finish_one(db, r->values[i * (size_t)r->ncols], &kept);
+                rc = finish_one(db, r->values[i * (size_t)r->ncols], relay,
+                                &kept);
         }
         kinbox_rows_destroy(r);
         return rc;

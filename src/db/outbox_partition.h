@@ -14,7 +14,10 @@
  * partitioned table can have no unique index without created_at, so the
  * (destination, idem_key) key is kept by a BEFORE INSERT trigger that
  * serializes appends of one key (a transaction-scoped lock) and looks the
- * key up through the non-unique index kinbox_outbox_dest_idem.
+ * key up through the non-unique index kinbox_outbox_dest_idem: on
+ * PostgreSQL it skips the row (the append's ON CONFLICT DO NOTHING
+ * returns no id), on MySQL it gives the row the existing one's primary
+ * key (the append's ON DUPLICATE KEY UPDATE then changes nothing).
  */
 #ifndef KINBOX_DB_OUTBOX_PARTITION_H
 #define KINBOX_DB_OUTBOX_PARTITION_H
@@ -56,7 +59,8 @@ struct kinbox__opart_ops {
          * kinbox_outbox_marks, and forget marks over two days old. */
         int (*mark)(kinbox__db_t *db);
         /* Drop range r (one DROP of its partition), keeping its dead rows
-         * (and, on MySQL, rows made pending again meanwhile) in the
+         * (and, on MySQL, rows made pending again after the checks:
+         * with relay only action rows) in the
          * catch-all or the next range up. Refused, KINBOX_ERR_STATE with
          * the reason in db->err, unless, decided by the database in the
          * step that detaches it: r's end is over ret_ms old by its
@@ -66,8 +70,8 @@ struct kinbox__opart_ops {
          * kept. */
         int (*drop)(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
                     const kinbox__opart_relay_t *relay, uint64_t *kept);
-        /* Complete the drops a crash interrupted. */
-        int (*finish)(kinbox__db_t *db);
+        /* Complete the drops a crash interrupted (relay as for drop()). */
+        int (*finish)(kinbox__db_t *db, const kinbox__opart_relay_t *relay);
         /* One batched delete of catch-all rows past the retention (the
          * heap layout's rules: sent rows by sent_at; with log, event rows
          * but dead ones by created_at): *n rows. */
