@@ -26,7 +26,6 @@
 #include "db/mysql_binlog.h"
 #include "internal.h"
 #include "metrics.h"
-#include "relay_log.h"
 #include "settings.h"
 
 #include <inttypes.h>
@@ -143,7 +142,7 @@ kinbox__outbox_partition_prune(kinbox__db_t *db, const kinbox_conf_t *conf,
         if (rc || !*partitioned || dry)
                 return rc;
         bool log = s->relay_source != KINBOX__SOURCE_POLL;
-        char *slot = log ? kinbox__relay_slot_name(conf) : NULL;
+        char *slot = log ? kinbox__wal_slot_name(conf) : NULL;
         kinbox__opart_relay_t relay = {slot,
                                        log ? kinbox__binlog_name(conf) : NULL};
         kinbox__range_t *r = NULL;

@@ -39,9 +39,4 @@ int kinbox__relay_log_lag(const struct kinbox_conf_s *conf, char *slot,
                           size_t slotsz, kinbox__loglag_t *out, char *errstr,
                           size_t errsz);
 
-/* The log relay's slot name: relay.slot, or kinbox_<name> (a-z, 0-9
- * and _ kept, the rest _); malloc'ed, NULL when out of memory. Also the
- * slot whose progress a partitioned outbox's prune waits for. */
-char *kinbox__relay_slot_name(const struct kinbox_conf_s *conf);
-
 #endif
