@@ -390,3 +390,63 @@ Test(outbox_partition, binlog, .timeout = 180)
 {
         log_relay(1, "binlog");
 }
+
+/*
+ * Converting a plain outbox under a running log relay: the rows copied
+ * into the partitioned table are not published again (PostgreSQL: the
+ * new table joins the publication after the copy, in the same
+ * transaction; MariaDB: the copy's row events name kinbox_outbox_conv),
+ * and rows appended after the conversion are.
+ */
+static void
+log_convert(int backend, const char *source)
+{
+        const char *be = kt_backend(backend);
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db(be);
+        char *topic = kt_unique("opc");
+        char *slot = kt_unique("kbt_opc");
+        kt_topic(topic, 1);
+        trelay_t tr;
+        relay_start(&tr, relay_new(log_conf(url, bootstrap, source, slot)));
+        cr_assert(wait_q(url, 1, 30,
+                         is_my(backend)
+                             ? "SELECT COUNT(*) FROM kinbox_relay_position "
+                               "WHERE relay = '%s'"
+                             : "SELECT COUNT(*) FROM pg_replication_slots "
+                               "WHERE slot_name = '%s' AND active",
+                         slot));
+        for (int i = 0; i < 3; i++) {
+                char k[16];
+                snprintf(k, sizeof(k), "before-%d", i);
+                cr_assert(eq(int, append(be, url, topic, k), KINBOX_OK));
+        }
+        tmsgs_t got = {0};
+        consume(bootstrap, topic, 3, 30, 500, &got);
+        cr_assert(eq(sz, got.n, 3));
+        msgs_free(&got);
+        migrate_part(url);
+        cr_assert(partitioned(url, backend));
+        cr_assert(eq(int, append(be, url, topic, "after"), KINBOX_OK));
+        cr_assert(
+            eq(int, append(be, url, topic, "before-1"), KINBOX_ERR_DUPLICATE));
+        /* Read on past the fourth, to see copies. */
+        consume(bootstrap, topic, 4, 30, 3000, &got);
+        relay_stop(&tr);
+        cr_expect(eq(sz, got.n, 4));
+        msgs_free(&got);
+        expect_keys(url, backend, "after,before-0,before-1,before-2");
+        free(slot);
+        free(topic);
+        free(url);
+}
+
+Test(outbox_partition, wal_convert, .timeout = 180)
+{
+        log_convert(0, "wal");
+}
+
+Test(outbox_partition, binlog_convert, .timeout = 180)
+{
+        log_convert(1, "binlog");
+}
