@@ -998,10 +998,8 @@ static const struct kinbox__sql pg_sql = {
          "WITH d AS (DELETE FROM kinbox_outbox WHERE id = ANY(ARRAY(SELECT "
          "id FROM kinbox_outbox WHERE kind = 'event' AND status <> 'dead' "
          "AND created_at < now() - %" PRId64 " * interval '1 millisecond' "
-         "ORDER BY created_at LIMIT %" PRId64
-         ")) RETURNING 1) SELECT count(*) "
-         "FROM "
-         "d"},
+         "ORDER BY created_at LIMIT %" PRId64 ")) RETURNING 1) SELECT "
+         "count(*) FROM d"},
     .prune_age_scale = 1,
     .dead_letter_lock =
         "SELECT consumer, message_id, topic, kafka_partition, kafka_offset,"
