@@ -153,8 +153,13 @@ my_convert(kinbox__db_t *db, int64_t first_s, int64_t end_s, uint64_t *rows)
                            "INSERT INTO kinbox_outbox_conv SELECT * FROM "
                            "kinbox_outbox;\nSELECT ROW_COUNT()",
                            0, NULL, &n);
-        for (size_t i = 0; !rc && conv_locked[i]; i++)
+        size_t i = 0;
+        for (; !rc && conv_locked[i]; i++)
                 rc = run(db, conv_locked[i]);
+        /* Failed between the renames: the plain table back in place. */
+        if (rc && i == 3)
+                run(db, "ALTER TABLE kinbox_outbox_plain RENAME TO "
+                        "kinbox_outbox");
         int urc = run(db, "UNLOCK TABLES");
         *rows = n ? strtoull(n, NULL, 10) : 0;
         free(n);
