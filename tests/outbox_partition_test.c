@@ -450,3 +450,52 @@ Test(outbox_partition, binlog_convert, .timeout = 180)
 {
         log_convert(1, "binlog");
 }
+
+/* ---- the key, kept by the trigger under concurrent appends ---- */
+
+typedef struct racer {
+        const char *backend, *url, *topic;
+        kinbox_err_t rc;
+        _Atomic int done;
+} racer_t;
+
+static void *
+racer_main(void *arg)
+{
+        racer_t *x = arg;
+        x->rc = append(x->backend, x->url, x->topic, "same");
+        x->done = 1;
+        return NULL;
+}
+
+/*
+ * Two transactions append one key at once: the second waits for the
+ * first and, once it commits, is a duplicate; the table has one row.
+ */
+KT_BACKENDS_PARAMS(outbox_partition, key_race)
+ParameterizedTest(int *backend, outbox_partition, key_race, .timeout = 120)
+{
+        const char *be = kt_backend(*backend);
+        char *url = kt_fresh_db(be);
+        migrate_part(url);
+        tconn_t a;
+        tc_open(&a, be, url);
+        tc_sql(&a, "BEGIN");
+        kinbox_outbox_msg_t m = {.destination = "t", .idem_key = "same"};
+        int64_t id = 0;
+        cr_assert(eq(int, tc_append(&a, &m, &id), KINBOX_OK));
+        racer_t x = {.backend = be, .url = url, .topic = "t"};
+        pthread_t th;
+        cr_assert(eq(int, pthread_create(&th, NULL, racer_main, &x), 0));
+        usleep(700 * 1000);
+        cr_expect(eq(int, x.done, 0), "the second append did not wait");
+        tc_sql(&a, "COMMIT");
+        pthread_join(th, NULL);
+        tc_close(&a);
+        cr_expect(eq(int, x.rc, KINBOX_ERR_DUPLICATE));
+        cr_expect(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "idem_key = 'same'"),
+                     1));
+        free(url);
+}
