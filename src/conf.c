@@ -104,6 +104,8 @@ static const prop_t props[] = {
  "How far ahead of now the pruner (and `kinbox migrate`) keeps inbox partitions created. Rows whose message time has no partition go to a catch-all partition and are never refused."},
 {"outbox.retention", S(outbox_retention), P_DURATION, "7d", 60000, MAXI, NULL,
  "Sent outbox rows older than this are pruned. With relay.source = wal or binlog, event rows (not action:NAME rows) created longer ago than this are pruned whatever their status: the log relay never marks them. Dead rows are kept."},
+{"outbox.layout", S(outbox_layout), P_ENUM, "plain", 0, 0, "plain|partitioned",
+ "`plain`: one table, sent rows pruned by batched DELETEs. `partitioned`: one partition per UTC day of created_at, pruned by dropping whole days past outbox.retention (with relay.source = poll only days without pending rows; with wal or binlog only days behind the relay's confirmed position); dead rows are kept. `kinbox migrate` creates it or converts a plain outbox, holding writers while it copies (see docs/outbox.md, Write-only retention)."},
 {"prune.interval", S(prune_interval), P_DURATION, "10m", 1000, MAXI, NULL,
  "How often the pruner runs."},
 {"prune.batch", S(prune_batch), P_INT, "1000", 1, 1000000, NULL,

@@ -246,6 +246,9 @@ struct kinbox__db_ops {
         /* The partitioned inbox's statements (db/pg_part.c,
          * db/mysql_part.c). */
         const struct kinbox__part_ops *part;
+        /* The partitioned outbox's statements
+         * (db/pg_outbox_partition.c, db/mysql_outbox_partition.c). */
+        const struct kinbox__opart_ops *opart;
 };
 
 /* The server ran out of a resource: disk, memory, connection slots or
@@ -496,5 +499,6 @@ int kinbox__mysql_url_check(const char *params, char *errstr,
 #include "db/logsrc_ops.h"
 #include "db/outbox_ops.h"
 #include "db/part_ops.h"
+#include "db/outbox_partition.h"
 
 #endif

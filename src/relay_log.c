@@ -557,27 +557,6 @@ log_main(void *arg)
         return NULL;
 }
 
-/* relay.slot, or kinbox_<name> (a-z, 0-9 and _ kept, the rest _). */
-static char *
-slot_name(const kinbox_conf_t *conf)
-{
-        const kinbox__settings_t *s = kinbox__settings_of(conf);
-        if (s->relay_slot && *s->relay_slot)
-                return kinbox__strdup(s->relay_slot);
-        const char *name = s->name && *s->name ? s->name : "relay";
-        char buf[64] = "kinbox_";
-        size_t o = strlen(buf);
-        for (const char *p = name; *p && o < sizeof(buf) - 1; p++) {
-                char c = *p;
-                if (c >= 'A' && c <= 'Z')
-                        c = (char)(c - 'A' + 'a');
-                buf[o++] =
-                    (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
-        }
-        buf[o] = '\0';
-        return kinbox__strdup(buf);
-}
-
 /* The source relay.source names, when the backend has it; NULL with
  * errstr. */
 static const kinbox__logsrc_ops_t *
@@ -621,7 +600,7 @@ log_new(kinbox_relay_t *r, const kinbox_conf_t *conf, kinbox__db_t *db,
         L->src.log = &r->log;
         L->src.url = db->url;
         L->src.password = db->password;
-        L->src.slot = slot_name(conf);
+        L->src.slot = kinbox__wal_slot_name(conf);
         const char *name = kinbox__settings_of(conf)->name;
         kinbox__m_labels(L->labels, sizeof(L->labels), "relay",
                          name ? name : "", (char *)NULL);

@@ -42,7 +42,7 @@ typedef enum {
         KINBOX__SOURCE_BINLOG
 } kinbox__source_t;
 
-/* inbox.layout */
+/* inbox.layout, outbox.layout */
 typedef enum {
         KINBOX__LAYOUT_PLAIN,
         KINBOX__LAYOUT_PARTITIONED
@@ -86,6 +86,7 @@ typedef struct kinbox__settings {
         int64_t inbox_partition_skew; /* ms */
         int64_t inbox_partition_ahead; /* ms */
         int64_t outbox_retention;
+        kinbox__layout_t outbox_layout;
         int64_t prune_interval;
         int64_t prune_batch;
         int64_t reconcile_interval;

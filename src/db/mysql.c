@@ -738,11 +738,11 @@ static const struct kinbox__sql my_sql = {
          "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
          "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
          "BY sent_at LIMIT %" PRId64,
-         /* No index on created_at: the primary key's order (insertion
-          * order) finds the oldest rows first. */
+         /* kinbox_outbox_created_at (migration 0013) finds the oldest
+          * rows first. */
          "DELETE FROM kinbox_outbox WHERE kind = 'event' AND status <> "
          "'dead' AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
-         " MICROSECOND ORDER BY id LIMIT %" PRId64},
+         " MICROSECOND ORDER BY created_at LIMIT %" PRId64},
     .prune_age_scale = 1000,
     .dead_letter_lock = "SELECT consumer, message_id, topic, kafka_partition, "
                         "kafka_offset, msg_key, headers, payload, status FROM "
@@ -830,4 +830,5 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
     .sql = &my_sql,
     .outbox = &kinbox__mysql_outbox_ops,
     .part = &kinbox__mysql_part,
+    .opart = &kinbox__mysql_opart,
 };

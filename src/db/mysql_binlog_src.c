@@ -1,6 +1,6 @@
 /*
  * mysql_binlog_src.c -- relay.source = binlog: MariaDB's ROW binlog as a
- * source of the log relay (db/logsrc_ops.h; db->ops->logsrc of the MySQL
+ * source of the log relay (db/logsrc_ops.h; kinbox__db_logsrc() of the MySQL
  * backend), over the reader of mysql_binlog.h.
  *
  * open(): a SQL session of its own that lives as long as the source: it

@@ -843,4 +843,5 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .sql = &kinbox__pg_sql,
     .outbox = &kinbox__pg_outbox_ops,
     .part = &kinbox__pg_part,
+    .opart = &kinbox__pg_opart,
 };

@@ -973,3 +973,23 @@ const kinbox__logsrc_ops_t kinbox__pg_repl_ops = {
     .lag = repl_lag,
     .close = repl_close,
 };
+
+char *
+kinbox__wal_slot_name(const kinbox_conf_t *conf)
+{
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        if (s->relay_slot && *s->relay_slot)
+                return kinbox__strdup(s->relay_slot);
+        const char *name = s->name && *s->name ? s->name : "relay";
+        char buf[64] = "kinbox_";
+        size_t o = strlen(buf);
+        for (const char *p = name; *p && o < sizeof(buf) - 1; p++) {
+                char c = *p;
+                if (c >= 'A' && c <= 'Z')
+                        c = (char)(c - 'A' + 'a');
+                buf[o++] =
+                    (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
+        }
+        buf[o] = '\0';
+        return kinbox__strdup(buf);
+}
