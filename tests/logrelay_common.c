@@ -4,6 +4,8 @@
  */
 #include "logrelay_common.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -320,4 +322,112 @@ sh(const char *fmt, ...)
         va_end(ap);
         int st = system(cmd);
         return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+bool
+log_reading(const char *backend, const char *url, const char *name,
+            int timeout_s)
+{
+        if (!strcmp(backend, "postgresql"))
+                return wait_q(url, 1, timeout_s,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s' AND active",
+                              name);
+        return wait_q(url, 1, timeout_s,
+                      "SELECT count(*) FROM kinbox_relay_position WHERE "
+                      "relay = '%s'",
+                      name);
+}
+
+void
+brokers_down(void)
+{
+        if (kt_real_kafka())
+                kt_services("kafka-stop kill");
+        else
+                kt_broker("broker-down all");
+}
+
+void
+brokers_up(void)
+{
+        if (kt_real_kafka())
+                kt_services("kafka-start");
+        else
+                kt_broker("broker-up all");
+}
+
+void
+logrun_start(logrun_t *lr, const char *backend, const char *source,
+             const char *tag)
+{
+        memset(lr, 0, sizeof(*lr));
+        lr->backend = backend;
+        lr->source = source;
+        lr->url = kt_fresh_db(backend);
+        lr->topic = kt_unique(tag);
+        lr->name = kt_unique(tag);
+        kt_topic(lr->topic, 4);
+        lr->ini = log_ini(lr->url, source, lr->name);
+        cr_assert(
+            eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", lr->ini), 0));
+        lr->log = kt_tmp(tag);
+        lr->pid = kt_spawn_kinbox(lr->ini, NULL, lr->log);
+        cr_assert(log_reading(backend, lr->url, lr->name, 30), "%s",
+                  kt_tail(lr->log, 20));
+}
+
+int
+two_writers_kill(logrun_t *lr, bool broker_kill,
+                 bool (*caught_up)(const logrun_t *lr))
+{
+        writer_t ws[2];
+        int seqs[2][AGGS];
+        memset(seqs, 0, sizeof(seqs));
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+                ws[k] = (writer_t){lr->backend, lr->url, lr->topic, k, 150,
+                                   0,           0,       seqs[k]};
+                pthread_create(&th[k], NULL, writer_main, &ws[k]);
+        }
+        usleep(700 * 1000);
+        if (broker_kill) {
+                brokers_down();
+                usleep(1000 * 1000);
+        }
+        kill(lr->pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(lr->pid, 10), -SIGKILL));
+        usleep(500 * 1000);
+        lr->pid = kt_spawn_kinbox(lr->ini, NULL, lr->log);
+        if (broker_kill) {
+                usleep(2000 * 1000);
+                brokers_up();
+        }
+        for (int k = 0; k < 2; k++)
+                pthread_join(th[k], NULL);
+        int expect = ws[0].committed + ws[1].committed;
+        cr_assert(ws[0].rolled + ws[1].rolled > 0);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), lr->topic, (size_t)expect, 120,
+                2000, &got);
+        if (caught_up)
+                cr_assert(caught_up(lr), "%s", kt_tail(lr->log, 30));
+        kill(lr->pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(lr->pid, 30), 0), "%s",
+                  kt_tail(lr->log, 30));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int dups = 0;
+        check_stream(&got, ws, 2, &dups);
+        cr_log_info("%s%s: %d rows committed, %zu on the topic, "
+                    "%d duplicates",
+                    lr->source, broker_kill ? " (broker killed)" : "", expect,
+                    got.n, dups);
+        msgs_free(&got);
+        /* Nothing in the table was touched. */
+        cr_assert(
+            eq(i64,
+               kt_qintf(lr->url, "SELECT count(*) FROM kinbox_outbox "
+                                 "WHERE status <> 'pending' OR version <> 0"),
+               0));
+        return dups;
 }

@@ -10,6 +10,8 @@
 
 #include "outbox_common.h"
 
+#include <sys/types.h>
+
 /* A log relay's configuration (relay_conf()): relay.source source
  * ("wal", "binlog"), relay.slot slot (the relay's name). */
 kinbox_conf_t *log_conf(const char *url, const char *bootstrap,
@@ -77,6 +79,42 @@ void assert_in_order(tmsgs_t *got, int n);
 /* Every row PREFIX-from .. PREFIX-(from+n-1) at least once on got. */
 void assert_all(const tmsgs_t *got, const char *topic, const char *prefix,
                 int from, int n);
+
+/* Within timeout_s the log relay of url is reading: on PostgreSQL its
+ * slot name has an active reader; on MariaDB the relay name has a
+ * position row. */
+bool log_reading(const char *backend, const char *url, const char *name,
+                 int timeout_s);
+
+/* Every broker down (kill -9 of the Apache Kafka broker on real Kafka,
+ * KT_BROKER=kafka; "broker-down all" on the dev broker), or up again
+ * (started with its data; returns once it answers). */
+void brokers_down(void);
+void brokers_up(void);
+
+/* A `kinbox run` of a log relay (relay.source source, relay.slot name)
+ * on a fresh database of backend, publishing to topic (4 partitions). */
+typedef struct logrun {
+        const char *backend, *source;
+        char *url, *topic, *name, *ini, *log;
+        pid_t pid;
+} logrun_t;
+
+/* Make the database, topic and ini (migrated), start `kinbox run` and wait
+ * until it reads the log; tag names the topic and relay. */
+void logrun_start(logrun_t *lr, const char *backend, const char *source,
+                  const char *tag);
+
+/* Two writers (writer_main, 150 transactions each, rollbacks included)
+ * while `kinbox run` is SIGKILLed mid-stream and started again; with
+ * broker_kill, every broker is killed first and comes back after the
+ * relay's restart (the relay killed with records in flight, the new one
+ * starting with no broker). Then every committed row on the topic at
+ * least once, no rolled-back row, per-aggregate order (check_stream),
+ * the duplicates logged; caught_up (NULL: none) is asserted before
+ * SIGTERM; no outbox row updated. Returns the duplicates. */
+int two_writers_kill(logrun_t *lr, bool broker_kill,
+                     bool (*caught_up)(const logrun_t *lr));
 
 /* system(3) of the formatted command: its exit status, -1 if killed. */
 int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
