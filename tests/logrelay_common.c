@@ -386,8 +386,8 @@ two_writers_kill(logrun_t *lr, bool broker_kill,
         memset(seqs, 0, sizeof(seqs));
         pthread_t th[2];
         for (int k = 0; k < 2; k++) {
-                ws[k] = (writer_t){lr->backend, lr->url, lr->topic, k, 150,
-                                   0,           0,       seqs[k]};
+                ws[k] = (writer_t){lr->backend, lr->url, lr->topic, k,
+                                   150,         0,       0,         seqs[k]};
                 pthread_create(&th[k], NULL, writer_main, &ws[k]);
         }
         usleep(700 * 1000);

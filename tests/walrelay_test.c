@@ -556,12 +556,18 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
         free(mig_out);
 }
 
-/*
- * wal_level = replica (a second PostgreSQL of this test's own): kinbox
- * migrate applies the schema (the publication can be made anyway) and
- * exits 2 naming wal_level; kinbox run exits 2 too.
- */
-Test(walrelay, refuse_wal_level, .timeout = 180)
+/* A PostgreSQL server of a test's own (initdb, trust), its role kinbox
+ * (SUPERUSER: REPLICATION) and database kinbox. */
+typedef struct ownpg {
+        char bin[300];
+        char *dir;
+        char url[200];
+        int rc; /* 0: running */
+} ownpg_t;
+
+/* Start it with conf (postgresql.conf lines, "\n"-separated). */
+static void
+ownpg_start(ownpg_t *o, const char *conf)
 {
         const char *ctl = kt_env("KINBOX_PG_CTL");
         const char *p = strstr(ctl, "/pg_ctl");
@@ -569,40 +575,55 @@ Test(walrelay, refuse_wal_level, .timeout = 180)
         while (b > ctl && b[-1] != ' ')
                 b--;
         cr_assert(p != NULL);
-        char bin[300];
-        snprintf(bin, sizeof(bin), "%.*s", (int)(p - b), b);
-        char *dir = kt_tmp("pg_replica");
+        snprintf(o->bin, sizeof(o->bin), "%.*s", (int)(p - b), b);
+        o->dir = kt_tmp("pg_own");
         int port = kt_free_port();
         cr_assert(eq(int,
                      sh("mkdir -p %s && chown postgres %s && runuser -u "
                         "postgres -- %s/initdb -D %s/data -A trust "
                         ">%s.initdb.log 2>&1",
-                        dir, dir, bin, dir, dir),
+                        o->dir, o->dir, o->bin, o->dir, o->dir),
                      0));
         cr_assert(eq(int,
                      sh("printf \"port = %d\\nlisten_addresses = "
                         "'127.0.0.1'\\nunix_socket_directories = '%s'\\n"
-                        "wal_level = replica\\n\" >> %s/data/postgresql.conf "
+                        "%s\\n\" >> %s/data/postgresql.conf "
                         "&& runuser -u postgres -- %s/pg_ctl -D %s/data -l "
                         "%s/log -w start >/dev/null 2>&1",
-                        port, dir, dir, bin, dir, dir),
+                        port, o->dir, conf, o->dir, o->bin, o->dir, o->dir),
                      0));
-        int rc = sh("%s/psql -X -q -h 127.0.0.1 -p %d -U postgres -d postgres "
-                    "-c \"CREATE ROLE kinbox LOGIN SUPERUSER\" -c \"CREATE "
-                    "DATABASE kinbox OWNER kinbox\" >/dev/null 2>&1",
-                    bin, port);
-        char url[200];
-        snprintf(url, sizeof(url), "postgresql://kinbox@127.0.0.1:%d/kinbox",
-                 port);
-        char *ini = kt_write_ini(url, "[relay]\nenabled = true\n"
-                                      "source = wal\n");
-        char *mig = NULL, *run = NULL;
-        int mig_rc = rc ? -1 : kinbox_cmd("migrate", ini, &mig);
-        int run_rc = rc ? -1 : run_refused(ini, &run);
+        o->rc = sh("%s/psql -X -q -h 127.0.0.1 -p %d -U postgres -d postgres "
+                   "-c \"CREATE ROLE kinbox LOGIN SUPERUSER\" -c \"CREATE "
+                   "DATABASE kinbox OWNER kinbox\" >/dev/null 2>&1",
+                   o->bin, port);
+        snprintf(o->url, sizeof(o->url),
+                 "postgresql://kinbox@127.0.0.1:%d/kinbox", port);
+}
+
+static void
+ownpg_stop(ownpg_t *o)
+{
         sh("runuser -u postgres -- %s/pg_ctl -D %s/data -m immediate -w stop "
            ">/dev/null 2>&1; rm -rf %s",
-           bin, dir, dir);
-        cr_assert(eq(int, rc, 0));
+           o->bin, o->dir, o->dir);
+}
+
+/*
+ * wal_level = replica (a second PostgreSQL of this test's own): kinbox
+ * migrate applies the schema (the publication can be made anyway) and
+ * exits 2 naming wal_level; kinbox run exits 2 too.
+ */
+Test(walrelay, refuse_wal_level, .timeout = 180)
+{
+        ownpg_t o;
+        ownpg_start(&o, "wal_level = replica");
+        char *ini = kt_write_ini(o.url, "[relay]\nenabled = true\n"
+                                        "source = wal\n");
+        char *mig = NULL, *run = NULL;
+        int mig_rc = o.rc ? -1 : kinbox_cmd("migrate", ini, &mig);
+        int run_rc = o.rc ? -1 : run_refused(ini, &run);
+        ownpg_stop(&o);
+        cr_assert(eq(int, o.rc, 0));
         cr_assert(eq(int, mig_rc, 2), "%s", mig);
         cr_assert(strstr(mig, "applied") && strstr(mig, "wal_level = logical"),
                   "%s", mig);
@@ -610,6 +631,107 @@ Test(walrelay, refuse_wal_level, .timeout = 180)
         cr_assert(strstr(run, "wal_level = logical") != NULL, "%s", run);
         free(mig);
         free(run);
+}
+
+/* Write about mb MB of WAL (a filler table) and end the segment. */
+static void
+write_wal(const char *url, int mb)
+{
+        kt_exec(url, "CREATE TABLE IF NOT EXISTS walrelay_filler (b bytea)");
+        for (int i = 0; i < mb / 10; i++)
+                kt_exec(url, "INSERT INTO walrelay_filler SELECT "
+                             "convert_to(repeat('x', 1900) || g::text, "
+                             "'UTF8') FROM generate_series(1, 5500) g");
+        kt_exec(url, "SELECT pg_switch_wal()");
+        kt_exec(url, "CHECKPOINT");
+}
+
+/* `kinbox run` of ini, SIGTERMed once topic holds want messages (in
+ * *got). */
+static void
+run_until(const char *ini, const char *log, const char *topic, size_t want,
+          tmsgs_t *got)
+{
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        consume(kt_env("KINBOX_BOOTSTRAP"), topic, want, 90, 2000, got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+}
+
+/*
+ * A lost slot (a server of this test's own with max_slot_wal_keep_size =
+ * 16MB; the relay stopped while rows and 100 MB of other WAL were
+ * written): `kinbox run` exits 2 naming the lost slot. The documented way
+ * back (docs/outbox.md, a lost slot): drop the slot, start the relay (a
+ * new slot from now on), `kinbox outbox resend --since` a time before the
+ * loss; then every row is on the topic, the lost ones from the resend.
+ */
+Test(walrelay, lost_slot_then_resend, .timeout = 400)
+{
+        ownpg_t o;
+        ownpg_start(&o, "wal_level = logical\\nmax_slot_wal_keep_size = "
+                        "16MB\\nmax_wal_size = 64MB\\nmin_wal_size = 32MB");
+        cr_assert(eq(int, o.rc, 0));
+        char *topic = kt_unique("wal_lost"), *slot = kt_unique("kbt_lost");
+        kt_topic(topic, 2);
+        char *ini = log_ini(o.url, "wal", slot), *log = kt_tmp("wal_lost");
+        char *out = NULL;
+        cr_assert(eq(int, kinbox_cmd("migrate", ini, &out), 0), "%s", out);
+        free(out);
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(log_reading(PG, o.url, slot, 30), "%s", kt_tail(log, 20));
+        append_rows(PG, o.url, topic, "a", 0, 20);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), topic, 20, 60, 500, &got);
+        assert_all(&got, topic, "a", 0, 20);
+        msgs_free(&got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+
+        char *since = qtext(o.url, "SELECT to_char(now() AT TIME ZONE 'UTC' "
+                                   "- interval '1 second', "
+                                   "'YYYY-MM-DD\"T\"HH24:MI:SS')");
+        append_rows(PG, o.url, topic, "b", 0, 30);
+        bool lost = false;
+        for (int i = 0; i < 5 && !lost; i++) {
+                write_wal(o.url, 40);
+                lost = kt_qintf(o.url,
+                                "SELECT count(*) FROM pg_replication_slots "
+                                "WHERE slot_name = '%s' AND "
+                                "wal_status = 'lost'",
+                                slot) == 1;
+        }
+        cr_assert(lost, "the slot was not lost");
+
+        char *run = NULL;
+        int run_rc = run_refused(ini, &run);
+        cr_assert(eq(int, run_rc, 2), "%s", run);
+        cr_assert(strstr(run, "is lost") && strstr(run, slot), "%s", run);
+        free(run);
+
+        drop_slot(o.url, slot);
+        pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(log_reading(PG, o.url, slot, 30), "%s", kt_tail(log, 20));
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
+                           since, ini);
+        cr_assert(eq(int, rc, 0), "%s", out);
+        long long n = 0;
+        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
+                  out);
+        cr_assert(ge(i64, n, 30), "%s", out);
+        append_rows(PG, o.url, topic, "c", 0, 10);
+        run_until(ini, log, topic, (size_t)(20 + n + 10), &got);
+        assert_all(&got, topic, "a", 0, 20);
+        assert_all(&got, topic, "b", 0, 30);
+        assert_all(&got, topic, "c", 0, 10);
+        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
+        msgs_free(&got);
+        drop_slot(o.url, slot);
+        ownpg_stop(&o);
+        free(since);
+        free(out);
 }
 
 /* ------------------------------------------------ table-less events */
