@@ -369,16 +369,9 @@ Test(binlogrelay, parity_with_polling, .timeout = 180)
  */
 Test(binlogrelay, big_rows_ddl, .timeout = 400)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(MY);
-        char *topic = kt_unique("bl_big");
-        char *name = kt_unique("blbig");
-        kt_topic(topic, 4);
-        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
-        kinbox_relay_t *r = relay_new(bc);
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(log_reading(MY, url, name, 30));
+        logrel_t l;
+        logrel_start(&l, MY, "binlog", "bl_big", 4);
+        const char *bootstrap = l.bootstrap, *url = l.url, *topic = l.topic;
         const int big = 100000;
         char sql[1200];
         snprintf(sql, sizeof(sql),
@@ -405,8 +398,7 @@ Test(binlogrelay, big_rows_ddl, .timeout = 400)
         size_t want = (size_t)big + 2 + 10;
         tmsgs_t got;
         consume(bootstrap, topic, want, 200, 2000, &got);
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
+        logrel_stop(&l);
         cr_assert(eq(sz, got.n, want), "%zu of %zu", got.n, want);
         char *err = qtext(url, "SELECT CONCAT(status, ': ', last_error) FROM "
                                "kinbox_outbox WHERE idem_key = 'large-2'");
@@ -452,30 +444,6 @@ Test(binlogrelay, big_rows_ddl, .timeout = 400)
  */
 Test(binlogrelay, database_restart, .timeout = 240)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(MY);
-        char *topic = kt_unique("bl_myrs");
-        char *name = kt_unique("blrs");
-        kt_topic(topic, 2);
-        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
-        kinbox_relay_t *r = relay_new(bc);
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(log_reading(MY, url, name, 30));
-        int n = 0;
-        for (int round = 0; round < 2; round++) {
-                append_tx(MY, url, topic, n, 50);
-                n += 50;
-                if (round == 0) {
-                        kt_services("mysql-stop kill");
-                        sleep(1);
-                        kt_services("mysql-start");
-                }
-        }
-        tmsgs_t got;
-        consume(bootstrap, topic, (size_t)n, 90, 2000, &got);
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        assert_in_order(&got, n);
-        msgs_free(&got);
+        logrel_t l;
+        restart_under_relay(&l, MY, "binlog", "bl_myrs", NULL);
 }

@@ -431,3 +431,54 @@ two_writers_kill(logrun_t *lr, bool broker_kill,
                0));
         return dups;
 }
+
+void
+logrel_start(logrel_t *l, const char *backend, const char *source,
+             const char *tag, int partitions)
+{
+        memset(l, 0, sizeof(*l));
+        l->backend = backend;
+        l->bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        l->url = kt_fresh_db(backend);
+        l->topic = kt_unique(tag);
+        l->name = kt_unique(tag);
+        kt_topic(l->topic, partitions);
+        l->r = relay_new(log_conf(l->url, l->bootstrap, source, l->name));
+        relay_start(&l->tr, l->r);
+        cr_assert(log_reading(backend, l->url, l->name, 30));
+}
+
+void
+logrel_stop(logrel_t *l)
+{
+        relay_stop(&l->tr);
+        kinbox_relay_destroy(l->r);
+        l->r = NULL;
+}
+
+void
+restart_under_relay(logrel_t *l, const char *backend, const char *source,
+                    const char *tag,
+                    bool (*caught_up)(const char *url, const char *name))
+{
+        bool pg = !strcmp(backend, "postgresql");
+        logrel_start(l, backend, source, tag, 2);
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                append_tx(backend, l->url, l->topic, n, 50);
+                n += 50;
+                if (round == 0) {
+                        kt_services(pg ? "pg-stop immediate"
+                                       : "mysql-stop kill");
+                        sleep(1);
+                        kt_services(pg ? "pg-start" : "mysql-start");
+                }
+        }
+        tmsgs_t got;
+        consume(l->bootstrap, l->topic, (size_t)n, 90, 2000, &got);
+        if (caught_up)
+                cr_assert(caught_up(l->url, l->name), "not confirmed");
+        logrel_stop(l);
+        assert_in_order(&got, n);
+        msgs_free(&got);
+}

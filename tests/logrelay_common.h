@@ -116,6 +116,31 @@ void logrun_start(logrun_t *lr, const char *backend, const char *source,
 int two_writers_kill(logrun_t *lr, bool broker_kill,
                      bool (*caught_up)(const logrun_t *lr));
 
+/* An in-process log relay (relay_new(log_conf()), relay_start) on a fresh
+ * database of backend, publishing to topic; name its slot / relay name. */
+typedef struct logrel {
+        const char *backend, *bootstrap;
+        char *url, *topic, *name;
+        kinbox_relay_t *r;
+        trelay_t tr;
+} logrel_t;
+
+/* Make the database and the topic (partitions), start the relay and wait
+ * until it reads the log; tag names the topic and the relay. */
+void logrel_start(logrel_t *l, const char *backend, const char *source,
+                  const char *tag, int partitions);
+/* relay_stop() and kinbox_relay_destroy(). */
+void logrel_stop(logrel_t *l);
+
+/* The database restarted under a running log relay (PostgreSQL: stop
+ * immediate; MariaDB: kill -9) between two 50-row transactions: every row
+ * on the topic, in order (assert_in_order); caught_up (NULL: none)
+ * asserted before the relay stops. Returns the relay's database and name
+ * in *l (stopped). */
+void restart_under_relay(logrel_t *l, const char *backend, const char *source,
+                         const char *tag,
+                         bool (*caught_up)(const char *url, const char *name));
+
 /* system(3) of the formatted command: its exit status, -1 if killed. */
 int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -208,15 +208,10 @@ hex_of(const char *p, size_t n)
  */
 Test(walrelay, big_toast_ddl, .timeout = 400)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(PG);
-        char *topic = kt_unique("wal_big");
-        char *slot = kt_unique("kbt_big");
-        kt_topic(topic, 4);
-        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(log_reading(PG, url, slot, 30));
+        logrel_t l;
+        logrel_start(&l, PG, "wal", "wal_big", 4);
+        const char *bootstrap = l.bootstrap, *url = l.url, *topic = l.topic,
+                   *slot = l.name;
         const int big = 100000;
         char sql[1200];
         snprintf(sql, sizeof(sql),
@@ -251,8 +246,7 @@ Test(walrelay, big_toast_ddl, .timeout = 400)
                  topic);
         kt_exec(url, sql);
         cr_assert(slot_caught_up(url, slot, 200), "slot not confirmed");
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
+        logrel_stop(&l);
         /* The 1.2 MB row is dead, with the reason; nothing else changed. */
         char *err = qtext(url, "SELECT status || ': ' || last_error FROM "
                                "kinbox_outbox WHERE idem_key = 'toast-2'");
@@ -419,15 +413,9 @@ slot_lag(const char *url, const char *slot, const char *col)
  */
 Test(walrelay, idle_slot_bounded, .timeout = 400)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(PG);
-        char *topic = kt_unique("wal_idle");
-        char *slot = kt_unique("kbt_idle");
-        kt_topic(topic, 1);
-        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(log_reading(PG, url, slot, 30));
+        logrel_t l;
+        logrel_start(&l, PG, "wal", "wal_idle", 1);
+        const char *url = l.url, *slot = l.name;
         kt_exec(url, "CREATE TABLE walrelay_filler (b bytea)");
         char *start = qtext(url, "SELECT pg_current_wal_lsn()::text");
         long long max_lag = 0;
@@ -467,8 +455,7 @@ Test(walrelay, idle_slot_bounded, .timeout = 400)
         cr_assert(lag >= 0 && lag < 1 * mb, "confirmed lag %lld", lag);
         cr_assert(rlag >= 0 && rlag < 16 * mb, "restart lag %lld", rlag);
         cr_assert(max_lag < 64 * mb, "the slot pinned %lld MB", max_lag / mb);
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
+        logrel_stop(&l);
         drop_slot(url, slot);
 }
 
@@ -761,15 +748,10 @@ emit(PGconn *c, const char *topic, const char *idem, const char *agg,
  */
 Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(PG);
-        char *topic = kt_unique("wal_emit");
-        char *slot = kt_unique("kbt_emit");
-        kt_topic(topic, 4);
-        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(log_reading(PG, url, slot, 30));
+        logrel_t l;
+        logrel_start(&l, PG, "wal", "wal_emit", 4);
+        const char *bootstrap = l.bootstrap, *url = l.url, *topic = l.topic,
+                   *slot = l.name;
         tconn_t c;
         tc_open(&c, PG, url);
         kinbox_header_t hdrs[] = {{"h1", "v1", 2}, {"nul", NULL, 0}};
@@ -808,8 +790,7 @@ Test(walrelay, emit_pg_and_bad_envelopes, .timeout = 180)
         tc_sql(&c, "COMMIT");
         tc_close(&c);
         cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
+        logrel_stop(&l);
 
         tmsgs_t got;
         consume(bootstrap, topic, 5, 30, 1500, &got);
@@ -996,18 +977,15 @@ Test(walrelay, second_relay_takes_over, .timeout = 180)
         cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(logb, 20));
         tmsgs_t got;
         consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
-        qsort(got.v, got.n, sizeof(*got.v), by_offset);
-        int next = 0;
-        for (size_t i = 0; i < got.n; i++) {
-                int v = atoi(got.v[i].value);
-                if (v < next)
-                        continue; /* a copy: published again after the kill */
-                cr_assert(eq(int, v, next), "order or a gap");
-                next++;
-        }
-        cr_assert(eq(int, next, n));
+        assert_in_order(&got, n); /* copies: published again after the kill */
         msgs_free(&got);
         drop_slot(url, slot);
+}
+
+static bool
+caught_up_60(const char *url, const char *slot)
+{
+        return slot_caught_up(url, slot, 60);
 }
 
 /*
@@ -1017,33 +995,9 @@ Test(walrelay, second_relay_takes_over, .timeout = 180)
  */
 Test(walrelay, database_restart, .timeout = 240)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(PG);
-        char *topic = kt_unique("wal_pgrs");
-        char *slot = kt_unique("kbt_pgrs");
-        kt_topic(topic, 2);
-        kinbox_relay_t *r = relay_new(log_conf(url, bootstrap, "wal", slot));
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(log_reading(PG, url, slot, 30));
-        int n = 0;
-        for (int round = 0; round < 2; round++) {
-                append_tx(PG, url, topic, n, 50);
-                n += 50;
-                if (round == 0) {
-                        kt_services("pg-stop immediate");
-                        sleep(1);
-                        kt_services("pg-start");
-                }
-        }
-        cr_assert(slot_caught_up(url, slot, 60), "slot not confirmed");
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        tmsgs_t got;
-        consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
-        assert_in_order(&got, n);
-        msgs_free(&got);
-        drop_slot(url, slot);
+        logrel_t l;
+        restart_under_relay(&l, PG, "wal", "wal_pgrs", caught_up_60);
+        drop_slot(l.url, l.name);
 }
 
 /*
