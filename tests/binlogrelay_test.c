@@ -3,7 +3,8 @@
  * `kinbox run` against the real server (binlog in ROW format,
  * scripts/services) and the broker of the run (dev broker, or real Apache
  * Kafka: binlogrelay_test@kafka): two writers with rollbacks and a SIGKILL
- * of the relay; a second relay waiting on the readers' lock taking over
+ * of the relay, also with every broker killed (kill -9 of Apache Kafka on
+ * @kafka); a second relay waiting on the readers' lock taking over
  * after a kill -9 of the first; a position whose binlog was purged refused
  * (exit 2) and `kinbox outbox resend --since` exact afterwards.
  *

@@ -3,12 +3,14 @@
  * against the real server (wal_level = logical, scripts/services) and the
  * broker of the run (dev broker, or real Apache Kafka: walrelay_test@kafka):
  * the same records as the polling relay, nothing updated in the table;
- * two writers with rollbacks and a SIGKILL of `kinbox run`; a 100,000-row
+ * two writers with rollbacks and a SIGKILL of `kinbox run`, also with
+ * every broker killed (kill -9 of Apache Kafka on @kafka); a 100,000-row
  * transaction, 1 MB TOASTed payloads and an ALTER TABLE mid-stream; an
  * idle outbox while other tables write (the slot's retained WAL stays
  * bounded); the refusals (exit 2 naming the setting); event rows pruned
  * (relay.source = wal retention) before the relay read them still
- * published from the WAL.
+ * published from the WAL; a lost slot refused, and the way back (a new
+ * slot, kinbox outbox resend --since) exact.
  *
  * Each test makes its own database (kt_fresh_db), its own topics and its
  * own slot (dropped at the end: slots outlive databases' connections).
