@@ -379,7 +379,7 @@ logrun_start(logrun_t *lr, const char *backend, const char *source,
 
 int
 two_writers_kill(logrun_t *lr, bool broker_kill,
-                 bool (*caught_up)(const logrun_t *lr))
+                 bool (*caught_up)(const char *url, const char *name))
 {
         writer_t ws[2];
         int seqs[2][AGGS];
@@ -411,7 +411,8 @@ two_writers_kill(logrun_t *lr, bool broker_kill,
         consume(kt_env("KINBOX_BOOTSTRAP"), lr->topic, (size_t)expect, 120,
                 2000, &got);
         if (caught_up)
-                cr_assert(caught_up(lr), "%s", kt_tail(lr->log, 30));
+                cr_assert(caught_up(lr->url, lr->name), "%s",
+                          kt_tail(lr->log, 30));
         kill(lr->pid, SIGTERM);
         cr_assert(eq(int, kt_wait(lr->pid, 30), 0), "%s",
                   kt_tail(lr->log, 30));
@@ -480,5 +481,55 @@ restart_under_relay(logrel_t *l, const char *backend, const char *source,
                 cr_assert(caught_up(l->url, l->name), "not confirmed");
         logrel_stop(l);
         assert_in_order(&got, n);
+        msgs_free(&got);
+}
+
+/* Whether the log of path holds what (within a few seconds). */
+static bool
+log_says(const char *path, const char *what)
+{
+        bool found = false;
+        for (int i = 0; i < 50 && !found; i++) {
+                char *t = kt_slurp(path);
+                found = t && strstr(t, what);
+                free(t);
+                if (!found)
+                        usleep(100 * 1000);
+        }
+        return found;
+}
+
+void
+takeover_after_kill9(logrun_t *lr, const char *backend, const char *source,
+                     const char *tag, const char *waiting, const char *ours,
+                     bool (*caught_up)(const char *url, const char *name))
+{
+        logrun_start(lr, backend, source, tag);
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *logb = kt_tmp(tag);
+        pid_t b = kt_spawn_kinbox(lr->ini, NULL, logb);
+        append_rows(backend, lr->url, lr->topic, "one", 0, 50);
+        tmsgs_t got;
+        consume(bootstrap, lr->topic, 50, 60, 500, &got);
+        assert_all(&got, lr->topic, "one", 0, 50);
+        msgs_free(&got);
+        /* b waits: it says so, and has published nothing. */
+        cr_assert(log_says(logb, waiting), "%s", kt_tail(logb, 40));
+        kill(lr->pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(lr->pid, 10), -SIGKILL));
+        append_rows(backend, lr->url, lr->topic, "two", 50, 50);
+        consume(bootstrap, lr->topic, 100, 90, 2000, &got);
+        if (caught_up)
+                cr_assert(caught_up(lr->url, lr->name), "%s",
+                          kt_tail(logb, 20));
+        if (ours)
+                cr_assert(log_says(logb, ours), "%s", kt_tail(logb, 40));
+        kill(b, SIGTERM);
+        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(logb, 30));
+        assert_all(&got, lr->topic, "one", 0, 50);
+        assert_all(&got, lr->topic, "two", 50, 50);
+        cr_log_info("%s: %zu messages for 100 rows", source, got.n);
+        assert_in_order(&got, 100); /* copies: published again after the
+                                       kill */
         msgs_free(&got);
 }

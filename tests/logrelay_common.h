@@ -114,7 +114,18 @@ void logrun_start(logrun_t *lr, const char *backend, const char *source,
  * the duplicates logged; caught_up (NULL: none) is asserted before
  * SIGTERM; no outbox row updated. Returns the duplicates. */
 int two_writers_kill(logrun_t *lr, bool broker_kill,
-                     bool (*caught_up)(const logrun_t *lr));
+                     bool (*caught_up)(const char *url, const char *name));
+
+/* Two `kinbox run` of one relay name (tag names the topic and relay):
+ * the second waits (its log says waiting) while the first publishes 50
+ * rows; after a kill -9 of the first it takes over (its log says ours,
+ * unless NULL) and publishes the next 50: every row on the topic, in
+ * order (assert_in_order); caught_up (NULL: none) asserted before the
+ * second stops. Returns the database and name in *lr. */
+void
+takeover_after_kill9(logrun_t *lr, const char *backend, const char *source,
+                     const char *tag, const char *waiting, const char *ours,
+                     bool (*caught_up)(const char *url, const char *name));
 
 /* An in-process log relay (relay_new(log_conf()), relay_start) on a fresh
  * database of backend, publishing to topic; name its slot / relay name. */

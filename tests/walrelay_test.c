@@ -74,6 +74,13 @@ slot_caught_up(const char *url, const char *slot, int timeout_s)
         return ok;
 }
 
+/* slot_caught_up() within 90 s: the shared tests' check. */
+static bool
+wal_caught_up(const char *url, const char *slot)
+{
+        return slot_caught_up(url, slot, 90);
+}
+
 /*
  * The wal relay publishes what the polling relay publishes for the same
  * rows: key, value, headers (message_id, user headers, CloudEvents),
@@ -144,12 +151,6 @@ Test(walrelay, parity_with_polling, .timeout = 180)
 
 /* ---------------------------------------------- two writers, SIGKILL */
 
-static bool
-run_caught_up(const logrun_t *lr)
-{
-        return slot_caught_up(lr->url, lr->name, 90);
-}
-
 /*
  * Two writers (rollbacks included) while `kinbox run` (relay.source =
  * wal) is SIGKILLed mid-stream and started again: every committed row on
@@ -160,7 +161,7 @@ Test(walrelay, two_writers_sigkill, .timeout = 300)
 {
         logrun_t lr;
         logrun_start(&lr, PG, "wal", "wal_kill");
-        two_writers_kill(&lr, false, run_caught_up);
+        two_writers_kill(&lr, false, wal_caught_up);
         /* kinbox status names the slot and what it keeps. */
         char *st = NULL;
         cr_assert(
@@ -185,7 +186,7 @@ Test(walrelay, two_writers_broker_kill, .timeout = 400)
 {
         logrun_t lr;
         logrun_start(&lr, PG, "wal", "wal_bkill");
-        two_writers_kill(&lr, true, run_caught_up);
+        two_writers_kill(&lr, true, wal_caught_up);
         drop_slot(lr.url, lr.name);
 }
 
@@ -932,62 +933,11 @@ Test(walrelay, emit_from_handler, .timeout = 180)
  */
 Test(walrelay, second_relay_takes_over, .timeout = 180)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(PG);
-        char *topic = kt_unique("wal_take");
-        char *slot = kt_unique("kbt_take");
-        kt_topic(topic, 2);
-        char *ini = log_ini(url, "wal", slot);
-        char *loga = kt_tmp("wal_take_a"), *logb = kt_tmp("wal_take_b");
-        pid_t a = kt_spawn_kinbox(ini, NULL, loga);
-        cr_assert(log_reading(PG, url, slot, 30), "%s", kt_tail(loga, 20));
-        pid_t b = kt_spawn_kinbox(ini, NULL, logb);
-        tconn_t c;
-        tc_open(&c, PG, url);
-        int n = 0;
-        for (int round = 0; round < 2; round++) {
-                for (int i = 0; i < 20; i++, n++) {
-                        char idem[32], pay[32];
-                        snprintf(idem, sizeof(idem), "t-%d", n);
-                        int pn = snprintf(pay, sizeof(pay), "%d", n);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = idem,
-                                                 .aggregate_id = "one",
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)pn};
-                        tc_sql(&c, "BEGIN");
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
-                        tc_sql(&c, "COMMIT");
-                }
-                if (round == 0) {
-                        cr_assert(slot_caught_up(url, slot, 30));
-                        /* b is waiting, not reading. */
-                        char *lb = kt_slurp(logb);
-                        cr_assert(lb && strstr(lb, "in use by another reader"),
-                                  "%s", lb ? lb : "");
-                        free(lb);
-                        kill(a, SIGKILL);
-                        cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
-                }
-        }
-        tc_close(&c);
-        cr_assert(slot_caught_up(url, slot, 30), "%s", kt_tail(logb, 20));
-        char *lb = kt_slurp(logb);
-        cr_assert(lb && strstr(lb, "is ours now"), "%s", lb ? lb : "");
-        free(lb);
-        kill(b, SIGTERM);
-        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(logb, 20));
-        tmsgs_t got;
-        consume(bootstrap, topic, (size_t)n, 30, 1500, &got);
-        assert_in_order(&got, n); /* copies: published again after the kill */
-        msgs_free(&got);
-        drop_slot(url, slot);
-}
-
-static bool
-caught_up_60(const char *url, const char *slot)
-{
-        return slot_caught_up(url, slot, 60);
+        logrun_t lr;
+        takeover_after_kill9(&lr, PG, "wal", "wal_take",
+                             "in use by another reader", "is ours now",
+                             wal_caught_up);
+        drop_slot(lr.url, lr.name);
 }
 
 /*
@@ -998,7 +948,7 @@ caught_up_60(const char *url, const char *slot)
 Test(walrelay, database_restart, .timeout = 240)
 {
         logrel_t l;
-        restart_under_relay(&l, PG, "wal", "wal_pgrs", caught_up_60);
+        restart_under_relay(&l, PG, "wal", "wal_pgrs", wal_caught_up);
         drop_slot(l.url, l.name);
 }
 
