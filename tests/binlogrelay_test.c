@@ -101,56 +101,28 @@ purge_all(const char *url)
  */
 Test(binlogrelay, purged_then_resend, .timeout = 300)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
         char *url = kt_fresh_db(MY);
         char *topic = kt_unique("bl_purge");
         char *name = kt_unique("blp");
         kt_topic(topic, 2);
         char *ini = log_ini(url, "binlog", name);
         char *log = kt_tmp("bl_purge_log");
-        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(log_reading(MY, url, name, 30), "%s", kt_tail(log, 20));
-        append_rows(MY, url, topic, "a", 0, 20);
-        tmsgs_t got;
-        consume(bootstrap, topic, 20, 60, 500, &got);
-        assert_all(&got, topic, "a", 0, 20);
-        msgs_free(&got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        rows_a_then_stop(MY, url, name, ini, log, topic);
 
         char *since = qtext(url, "SELECT DATE_FORMAT(UTC_TIMESTAMP() - "
                                  "INTERVAL 1 SECOND, '%Y-%m-%dT%H:%i:%s')");
         append_rows(MY, url, topic, "b", 0, 30);
         purge_all(url);
 
-        pid = kt_spawn_kinbox(ini, NULL, log);
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(int, kt_wait(pid, 60), 2), "%s", kt_tail(log, 30));
         char *t = kt_tail(log, 30);
         cr_assert(strstr(t, "was purged") != NULL, "%s", t);
         cr_assert(strstr(t, "kinbox outbox resend --since") != NULL, "%s", t);
 
-        char *out = NULL;
-        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
-                           since, ini);
-        cr_assert(eq(int, rc, 0), "%s", out);
-        long long n = 0;
-        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
-                  out);
-        cr_assert(ge(i64, n, 30), "%s", out);
-
-        pid = kt_spawn_kinbox(ini, NULL, log);
-        append_rows(MY, url, topic, "c", 0, 10);
-        consume(bootstrap, topic, (size_t)(20 + n + 10), 90, 2000, &got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
-        assert_all(&got, topic, "a", 0, 20);
-        assert_all(&got, topic, "b", 0, 30);
-        assert_all(&got, topic, "c", 0, 10);
-        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
-        msgs_free(&got);
+        resend_then_all(MY, url, ini, log, topic, since);
         free(since);
         free(t);
-        free(out);
 }
 
 /*

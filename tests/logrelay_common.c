@@ -533,3 +533,45 @@ takeover_after_kill9(logrun_t *lr, const char *backend, const char *source,
                                        kill */
         msgs_free(&got);
 }
+
+void
+rows_a_then_stop(const char *backend, const char *url, const char *name,
+                 const char *ini, const char *log, const char *topic)
+{
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(log_reading(backend, url, name, 30), "%s", kt_tail(log, 20));
+        append_rows(backend, url, topic, "a", 0, 20);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), topic, 20, 60, 500, &got);
+        assert_all(&got, topic, "a", 0, 20);
+        msgs_free(&got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+}
+
+void
+resend_then_all(const char *backend, const char *url, const char *ini,
+                const char *log, const char *topic, const char *since)
+{
+        char *out = NULL;
+        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
+                           since, ini);
+        cr_assert(eq(int, rc, 0), "%s", out);
+        long long n = 0;
+        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
+                  out);
+        cr_assert(ge(i64, n, 30), "%s", out);
+        free(out);
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        append_rows(backend, url, topic, "c", 0, 10);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), topic, (size_t)(20 + n + 10), 90,
+                2000, &got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        assert_all(&got, topic, "a", 0, 20);
+        assert_all(&got, topic, "b", 0, 30);
+        assert_all(&got, topic, "c", 0, 10);
+        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
+        msgs_free(&got);
+}

@@ -152,6 +152,19 @@ void restart_under_relay(logrel_t *l, const char *backend, const char *source,
                          const char *tag,
                          bool (*caught_up)(const char *url, const char *name));
 
+/* The refusal tests' rows (lost slot, purged binlog): `kinbox run` of ini
+ * (log: its log) publishes rows "a-0".."a-19" of url (the relay name),
+ * then stops (SIGTERM, exit 0). */
+void rows_a_then_stop(const char *backend, const char *url, const char *name,
+                      const char *ini, const char *log, const char *topic);
+
+/* After the refusal: `kinbox outbox resend --since since -c ini` publishes
+ * again at least the 30 rows "b-*" appended since; then `kinbox run`
+ * again while rows "c-0".."c-9" are appended: every "a", "b" and "c" row
+ * on the topic. */
+void resend_then_all(const char *backend, const char *url, const char *ini,
+                     const char *log, const char *topic, const char *since);
+
 /* system(3) of the formatted command: its exit status, -1 if killed. */
 int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

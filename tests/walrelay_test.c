@@ -636,18 +636,6 @@ write_wal(const char *url, int mb)
         kt_exec(url, "CHECKPOINT");
 }
 
-/* `kinbox run` of ini, SIGTERMed once topic holds want messages (in
- * *got). */
-static void
-run_until(const char *ini, const char *log, const char *topic, size_t want,
-          tmsgs_t *got)
-{
-        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        consume(kt_env("KINBOX_BOOTSTRAP"), topic, want, 90, 2000, got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
-}
-
 /*
  * A lost slot (a server of this test's own with max_slot_wal_keep_size =
  * 16MB; the relay stopped while rows and 100 MB of other WAL were
@@ -668,15 +656,7 @@ Test(walrelay, lost_slot_then_resend, .timeout = 400)
         char *out = NULL;
         cr_assert(eq(int, kinbox_cmd("migrate", ini, &out), 0), "%s", out);
         free(out);
-        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(log_reading(PG, o.url, slot, 30), "%s", kt_tail(log, 20));
-        append_rows(PG, o.url, topic, "a", 0, 20);
-        tmsgs_t got;
-        consume(kt_env("KINBOX_BOOTSTRAP"), topic, 20, 60, 500, &got);
-        assert_all(&got, topic, "a", 0, 20);
-        msgs_free(&got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        rows_a_then_stop(PG, o.url, slot, ini, log, topic);
 
         char *since = qtext(o.url, "SELECT to_char(now() AT TIME ZONE 'UTC' "
                                    "- interval '1 second', "
@@ -700,28 +680,14 @@ Test(walrelay, lost_slot_then_resend, .timeout = 400)
         free(run);
 
         drop_slot(o.url, slot);
-        pid = kt_spawn_kinbox(ini, NULL, log);
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(log_reading(PG, o.url, slot, 30), "%s", kt_tail(log, 20));
         kill(pid, SIGTERM);
         cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
-        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
-                           since, ini);
-        cr_assert(eq(int, rc, 0), "%s", out);
-        long long n = 0;
-        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
-                  out);
-        cr_assert(ge(i64, n, 30), "%s", out);
-        append_rows(PG, o.url, topic, "c", 0, 10);
-        run_until(ini, log, topic, (size_t)(20 + n + 10), &got);
-        assert_all(&got, topic, "a", 0, 20);
-        assert_all(&got, topic, "b", 0, 30);
-        assert_all(&got, topic, "c", 0, 10);
-        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
-        msgs_free(&got);
+        resend_then_all(PG, o.url, ini, log, topic, since);
         drop_slot(o.url, slot);
         ownpg_stop(&o);
         free(since);
-        free(out);
 }
 
 /* ------------------------------------------------ table-less events */
