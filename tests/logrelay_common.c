@@ -575,3 +575,41 @@ resend_then_all(const char *backend, const char *url, const char *ini,
         cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
         msgs_free(&got);
 }
+
+void
+check_big_stream(const char *url, tmsgs_t *got, size_t want, const char *dead,
+                 void (*other)(const tmsg_t *m, void *arg), void *arg)
+{
+        cr_assert(eq(sz, got->n, want), "%zu of %zu", got->n, want);
+        char q[300];
+        snprintf(q, sizeof(q),
+                 "SELECT CONCAT(status, ': ', last_error) FROM "
+                 "kinbox_outbox WHERE idem_key = '%s'",
+                 dead);
+        char *err = qtext(url, q);
+        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
+                      strstr(err, "SIZE_TOO_LARGE") != NULL,
+                  "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'pending'"),
+                     1));
+        qsort(got->v, got->n, sizeof(*got->v), by_offset);
+        int last[16];
+        for (int i = 0; i < 16; i++)
+                last[i] = -1;
+        for (size_t i = 0; i < got->n; i++) {
+                const tmsg_t *m = &got->v[i];
+                int a;
+                if (sscanf(m->key, "agg-%d", &a) == 1) {
+                        cr_assert(a >= 0 && a < 16, "%s", m->key);
+                        int v = atoi(m->value);
+                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
+                                  last[a]);
+                        last[a] = v;
+                } else {
+                        other(m, arg);
+                }
+        }
+}

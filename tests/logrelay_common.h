@@ -165,6 +165,15 @@ void rows_a_then_stop(const char *backend, const char *url, const char *name,
 void resend_then_all(const char *backend, const char *url, const char *ini,
                      const char *log, const char *topic, const char *since);
 
+/* The large-transaction tests' stream: got (sorted here by by_offset)
+ * holds want messages; the row with idem key dead is dead with
+ * SIZE_TOO_LARGE, the only outbox row not pending; each aggregate
+ * "agg-N" (N < 16) comes in its payloads' order; every other message is
+ * handed to other(m, arg). */
+void check_big_stream(const char *url, tmsgs_t *got, size_t want,
+                      const char *dead,
+                      void (*other)(const tmsg_t *m, void *arg), void *arg);
+
 /* system(3) of the formatted command: its exit status, -1 if killed. */
 int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
