@@ -88,8 +88,7 @@ node_new(node_t *n, const char *base, const char *name)
 }
 
 /* Lines appended to the node's postgresql.conf. */
-static void
-node_conf(const node_t *n, const char *fmt, ...)
+static void node_conf(const node_t *n, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 static void
@@ -147,9 +146,8 @@ static void
 pair_start(node_t *pri, node_t *sby)
 {
         char *base = kt_tmp("pgfo");
-        cr_assert(eq(int, sh("install -d -o postgres -g postgres -m 755 %s",
-                             base),
-                     0));
+        cr_assert(eq(
+            int, sh("install -d -o postgres -g postgres -m 755 %s", base), 0));
         node_new(pri, base, "primary");
         node_new(sby, base, "standby");
         const char *bin = pgbin();
@@ -187,9 +185,8 @@ pair_start(node_t *pri, node_t *sby)
                   "hot_standby_feedback = on\nsync_replication_slots = on\n",
                   sby->port, sby->dir, pri->port);
         /* Only the primary waits for the standby (not the promoted one). */
-        node_conf(pri,
-                  "synchronous_standby_names = '" FO_SLOT "'\n"
-                  "synchronized_standby_slots = '" FO_SLOT "'\n");
+        node_conf(pri, "synchronous_standby_names = '" FO_SLOT "'\n"
+                       "synchronized_standby_slots = '" FO_SLOT "'\n");
         kt_exec(pri->admin, "SELECT pg_reload_conf()");
         node_start(sby);
         cr_assert(wait_q(pri->admin, 1, 60,
@@ -238,8 +235,8 @@ fw_ok(PGconn *c, const char *sql)
  * promoted server has. false: the outcome is unknown (idem: its first
  * row's key). */
 static bool
-fw_tx(fwriter_t *w, PGconn *c, unsigned *seed, int t, int *next,
-      char *idem0, size_t sz)
+fw_tx(fwriter_t *w, PGconn *c, unsigned *seed, int t, int *next, char *idem0,
+      size_t sz)
 {
         int rows = 1 + (int)(rand_r(seed) % 4);
         if (!fw_ok(c, "BEGIN"))
@@ -281,8 +278,7 @@ fw_main(void *arg)
                          * is on the new primary or nowhere. */
                         PQfinish(c);
                         c = fw_connect(w);
-                        char *lit =
-                            PQescapeLiteral(c, idem0, strlen(idem0));
+                        char *lit = PQescapeLiteral(c, idem0, strlen(idem0));
                         char sql[300];
                         snprintf(sql, sizeof(sql),
                                  "SELECT 1 FROM kinbox_outbox WHERE "
@@ -300,7 +296,7 @@ fw_main(void *arg)
                         w->txs++;
                         atomic_fetch_add(&w->committed, 1);
                 }
-                usleep(3000);
+                usleep(20 * 1000);
         }
         PQfinish(c);
         return NULL;
@@ -359,7 +355,8 @@ check_topic(const char *url, const tmsgs_t *got, const fwriter_t *ws)
                           "message id %s", m->msgid ? m->msgid : "(none)");
                 char want[200], *wp = want;
                 snprintf(want, sizeof(want), "%s=%d", m->msgid + tl + 1, s);
-                cr_assert(bsearch(&wp, rows, nrows, sizeof(*rows), cmp_str) != NULL,
+                cr_assert(bsearch(&wp, rows, nrows, sizeof(*rows), cmp_str) !=
+                              NULL,
                           "%s (seq %d) is no row of the promoted server",
                           m->msgid, s);
                 if (s <= last[w][a]) {
@@ -407,8 +404,8 @@ wait_committed(fwriter_t *ws, int more, int s)
         for (int k = 0; k < FO_WRITERS; k++)
                 want[k] = atomic_load(&ws[k].committed) + more;
         for (int k = 0; k < FO_WRITERS; k++)
-                for (int i = 0; i < s * 10 &&
-                                atomic_load(&ws[k].committed) < want[k];
+                for (int i = 0;
+                     i < s * 10 && atomic_load(&ws[k].committed) < want[k];
                      i++)
                         usleep(100 * 1000);
 }
@@ -493,7 +490,8 @@ Test(walfailover, promote_mid_stream, .timeout = 400)
                           "standby");
         cr_assert(after > before, "nothing published after the promotion");
 
-        long long rows = kt_qint(sby_url, "SELECT count(*) FROM kinbox_outbox");
+        long long rows =
+            kt_qint(sby_url, "SELECT count(*) FROM kinbox_outbox");
         int committed = 0, retried = 0;
         for (int k = 0; k < FO_WRITERS; k++) {
                 retried += ws[k].retried;
@@ -513,4 +511,45 @@ Test(walfailover, promote_mid_stream, .timeout = 400)
         msgs_free(&got);
         node_kill(&sby);
         sh("rm -rf %s %s", pri.dir, sby.dir);
+}
+
+/*
+ * A slot made without failover (by a kinbox before relay.slot_failover, or
+ * by hand) is altered into one by kinbox migrate (ALTER_REPLICATION_SLOT),
+ * and one already failover is left as it is.
+ */
+Test(walfailover, existing_slot_altered, .timeout = 120)
+{
+        pgbin(); /* PostgreSQL 17 or later */
+        char *url = kt_fresh_db("postgresql");
+        char *slot = kt_unique("kbt_alt");
+        char sql[300];
+        snprintf(sql, sizeof(sql),
+                 "SELECT 1 FROM pg_create_logical_replication_slot('%s', "
+                 "'pgoutput')",
+                 slot);
+        kt_exec(url, sql);
+        char *ini = kt_write_ini(url,
+                                 "[relay]\nenabled = true\nsource = wal\n"
+                                 "slot = %s\nslot_failover = true\n",
+                                 slot);
+        for (int i = 0; i < 2; i++) {
+                char *out = NULL;
+                cr_assert(eq(int,
+                             kt_kinbox(&out, NULL, true, "migrate -c %s", ini),
+                             0),
+                          "%s", out);
+                cr_assert(i == 0 || strstr(out, "altered") == NULL, "%s", out);
+                free(out);
+                cr_assert(eq(i64,
+                             kt_qintf(url,
+                                      "SELECT count(*) FROM "
+                                      "pg_replication_slots WHERE slot_name = "
+                                      "'%s' AND failover",
+                                      slot),
+                             1));
+        }
+        snprintf(sql, sizeof(sql), "SELECT pg_drop_replication_slot('%s')",
+                 slot);
+        kt_exec(url, sql);
 }
