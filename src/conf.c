@@ -33,7 +33,7 @@ static const prop_t props[] = {
 {"name", S(name), P_STR, "kinbox", 0, 0, NULL,
  "Consumer (or relay) name. The inbox key is (name, message id), so two consumers with different names each apply a message once."},
 {"database.url", S(database_url), P_STR, NULL, 0, 0, NULL,
- "Database to use: `postgresql://user@host:port/db` (or `postgres://`) or `mysql://user@host:port/db`. Required."},
+ "Database to use: `postgresql://user@host:port/db` (or `postgres://`) or `mysql://user@host:port/db`. Required. PostgreSQL takes libpq's list of hosts, `postgresql://user@host1:port1,host2:port2/db?target_session_attrs=read-write`: the primary of a pair whichever it is (docs/outbox.md, failover)."},
 {"database.password_file", S(database_password_file), P_STR, NULL, 0, 0, NULL,
  "File whose first line is the database password (never logged). A password in the URL also works."},
 {"topics", S(topics), P_STR, NULL, 0, 0, NULL,
