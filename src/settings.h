@@ -105,6 +105,7 @@ typedef struct kinbox__settings {
         bool relay_notify;
         kinbox__source_t relay_source;
         const char *relay_slot;
+        bool relay_slot_failover;
         int64_t relay_server_id;
         const char *relay_cloudevents_source;
         const char *relay_cloudevents_type;

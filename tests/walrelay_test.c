@@ -531,6 +531,45 @@ Test(walrelay, refuse_role_and_slots, .timeout = 180)
         free(mig_out);
 }
 
+/*
+ * relay.slot_failover = true: before PostgreSQL 17 (Debian 12's 15) kinbox
+ * run and kinbox migrate exit 2 naming the setting; from 17 on the slot is
+ * made a failover slot (walfailover_test: the failover itself).
+ */
+Test(walrelay, slot_failover_by_version, .timeout = 120)
+{
+        char *url = kt_fresh_db(PG);
+        char *slot = kt_unique("kbt_fov");
+        char *ini = kt_write_ini(url,
+                                 "[relay]\nenabled = true\nsource = wal\n"
+                                 "slot = %s\nslot_failover = true\n",
+                                 slot);
+        char *out = NULL;
+        if (kt_qint(url, "SELECT current_setting('server_version_num')::int") <
+            170000) {
+                cr_assert(eq(int, run_refused(ini, &out), 2), "%s", out);
+                cr_assert(strstr(out, "relay.slot_failover needs "
+                                      "PostgreSQL 17") != NULL,
+                          "%s", out);
+                free(out);
+                cr_assert(eq(int, kinbox_cmd("migrate", ini, &out), 2), "%s",
+                          out);
+                cr_assert(strstr(out, "relay.slot_failover") != NULL, "%s",
+                          out);
+                free(out);
+                return;
+        }
+        cr_assert(eq(int, kinbox_cmd("migrate", ini, &out), 0), "%s", out);
+        free(out);
+        cr_assert(eq(i64,
+                     kt_qintf(url,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s' AND failover",
+                              slot),
+                     1));
+        drop_slot(url, slot);
+}
+
 /* A PostgreSQL server of a test's own (initdb, trust), its role kinbox
  * (SUPERUSER: REPLICATION) and database kinbox. */
 typedef struct ownpg {

@@ -83,6 +83,41 @@ url_scheme(const char *url, kinbox__dburl_t *u, char *errstr, size_t sz)
         return NULL;
 }
 
+/* The host and port of p .. hostend into u; -1 when malformed. A
+ * PostgreSQL list of hosts (host1:port1,host2:port2, which libpq tries in
+ * turn, see target_session_attrs) is kept whole in u->host. */
+static int
+host_port(kinbox__dburl_t *u, const char *p, const char *hostend)
+{
+        const char *colon = NULL;
+        if (u->backend == KINBOX_BACKEND_POSTGRESQL &&
+            memchr(p, ',', (size_t)(hostend - p))) {
+                u->host = kinbox__strndup(p, (size_t)(hostend - p));
+                return 0;
+        }
+        if (*p == '[') {
+                const char *rb = memchr(p, ']', (size_t)(hostend - p));
+                if (!rb)
+                        return -1;
+                u->host = kinbox__strndup(p + 1, (size_t)(rb - p - 1));
+                if (rb + 1 < hostend && rb[1] == ':')
+                        colon = rb + 1;
+        } else {
+                colon = memchr(p, ':', (size_t)(hostend - p));
+                size_t hl = (size_t)((colon ? colon : hostend) - p);
+                if (hl)
+                        u->host = kinbox__strndup(p, hl);
+        }
+        if (colon) {
+                char *end;
+                long port = strtol(colon + 1, &end, 10);
+                if (end != hostend || port <= 0 || port > 65535)
+                        return -1;
+                u->port = (int)port;
+        }
+        return 0;
+}
+
 int
 kinbox__dburl_split(const char *url, kinbox__dburl_t *u, char *errstr,
                     size_t sz)
@@ -112,28 +147,8 @@ kinbox__dburl_split(const char *url, kinbox__dburl_t *u, char *errstr,
                 }
                 p = at + 1;
         }
-        const char *hostend = auth_end;
-        const char *colon = NULL;
-        if (*p == '[') {
-                const char *rb = memchr(p, ']', (size_t)(hostend - p));
-                if (!rb)
-                        goto bad;
-                u->host = kinbox__strndup(p + 1, (size_t)(rb - p - 1));
-                if (rb + 1 < hostend && rb[1] == ':')
-                        colon = rb + 1;
-        } else {
-                colon = memchr(p, ':', (size_t)(hostend - p));
-                size_t hl = (size_t)((colon ? colon : hostend) - p);
-                if (hl)
-                        u->host = kinbox__strndup(p, hl);
-        }
-        if (colon) {
-                char *end;
-                long port = strtol(colon + 1, &end, 10);
-                if (end != hostend || port <= 0 || port > 65535)
-                        goto bad;
-                u->port = (int)port;
-        }
+        if (host_port(u, p, auth_end))
+                goto bad;
         if (slash) {
                 const char *q = strchr(slash + 1, '?');
                 size_t dl = q ? (size_t)(q - slash - 1) : strlen(slash + 1);

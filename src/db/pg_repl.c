@@ -7,7 +7,8 @@
  * open(): on a plain connection, the prerequisites (wal_level = logical,
  * a role with REPLICATION, a free slot and walsender, the publication
  * kinbox_outbox_pub of migration 0010, the slot not lost); then the
- * replication connection, and the slot when missing (pgoutput).
+ * replication connection, and the slot when missing (pgoutput; a failover
+ * slot with relay.slot_failover, PostgreSQL 17 and later).
  * start(): START_REPLICATION ... LOGICAL 0/0: from the slot's
  * confirmed_flush_lsn. next(): CopyData: 'w' XLogData carrying one
  * pgoutput message (B begin, C commit, R relation, I insert, M message;
@@ -207,37 +208,79 @@ check(kinbox__logsrc_t *s, bool *exists)
         return rc;
 }
 
+/*
+ * The slot: made when missing (pgoutput, no snapshot). relay.slot_failover
+ * (PostgreSQL 17 and later, refused below): made with FAILOVER, or an
+ * existing slot without it altered (ALTER_REPLICATION_SLOT), so that the
+ * standbys' slot synchronization keeps a copy the relay goes on from after
+ * a promotion.
+ */
 static int
-create_slot(kinbox__logsrc_t *s, repl_t *x)
+create_slot(kinbox__logsrc_t *s, repl_t *x, bool exists)
 {
+        bool fo = kinbox__settings_of(s->conf)->relay_slot_failover;
+        if (fo && PQserverVersion(x->conn) < 170000) {
+                kinbox__pgr_seterr(s,
+                       "relay.slot_failover needs PostgreSQL 17 or later "
+                       "(the server is %d): before 17 a logical slot does "
+                       "not survive a failover; see docs/outbox.md (failover)",
+                       PQserverVersion(x->conn));
+                return KINBOX_ERR_CONFIG;
+        }
+        if (exists && !fo)
+                return KINBOX_OK;
         char *id = PQescapeIdentifier(x->conn, s->slot, strlen(s->slot));
-        if (!id) {
-                kinbox__pgr_seterr(s, "relay.source = wal: %s",
-                                   PQerrorMessage(x->conn));
+        char *lit = PQescapeLiteral(x->conn, s->slot, strlen(s->slot));
+        char sql[600];
+        PGresult *res = NULL;
+        if (id && lit && exists) {
+                snprintf(sql, sizeof(sql),
+                         "SELECT 1 FROM pg_replication_slots WHERE "
+                         "slot_name = %s AND NOT failover",
+                         lit);
+                res = PQexec(x->conn, sql);
+                exists = PQresultStatus(res) == PGRES_TUPLES_OK &&
+                         PQntuples(res) == 0; /* failover already */
+                PQclear(res);
+                snprintf(sql, sizeof(sql),
+                         "ALTER_REPLICATION_SLOT %s (FAILOVER true)", id);
+        } else if (id && lit) {
+                snprintf(sql, sizeof(sql),
+                         fo ? "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput "
+                              "(SNAPSHOT 'nothing', FAILOVER true)"
+                            : "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput "
+                              "NOEXPORT_SNAPSHOT",
+                         id);
+        }
+        PQfreemem(id);
+        PQfreemem(lit);
+        if (!id || !lit) {
+                kinbox__pgr_seterr(s, "relay.source = wal: %s", PQerrorMessage(x->conn));
                 return KINBOX_ERR_DB;
         }
-        char sql[512];
-        snprintf(sql, sizeof(sql),
-                 "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput "
-                 "NOEXPORT_SNAPSHOT",
-                 id);
-        PQfreemem(id);
-        PGresult *res = PQexec(x->conn, sql);
+        if (exists) /* a failover slot already */
+                return KINBOX_OK;
+        res = PQexec(x->conn, sql);
         int rc = KINBOX_OK;
-        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        ExecStatusType ok = sql[0] == 'A' ? PGRES_COMMAND_OK : PGRES_TUPLES_OK;
+        if (PQresultStatus(res) != ok) {
                 const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-                /* 42710: made meanwhile by another relay: use it. */
-                if (!st || strcmp(st, "42710")) {
-                        kinbox__pgr_seterr(
-                            s, "relay.source = wal: creating slot %s: %s",
-                            s->slot, PQerrorMessage(x->conn));
+                /* 42710: made meanwhile by another relay: use it. 55006:
+                 * altered by the reader that holds it (it is altered when
+                 * this relay takes the slot over). */
+                if (!st || (strcmp(st, "42710") && strcmp(st, "55006"))) {
+                        kinbox__pgr_seterr(s, "relay.source = wal: %s slot %s: %s",
+                               sql[0] == 'A' ? "altering" : "creating",
+                               s->slot, PQerrorMessage(x->conn));
                         rc = st && !strcmp(st, "53400") ? KINBOX_ERR_CONFIG
                                                         : KINBOX_ERR_DB;
                 }
         } else {
                 kinbox__log(s->log, KINBOX_LOG_NOTICE, "relay",
-                            "replication slot %s created at %s", s->slot,
-                            PQgetvalue(res, 0, 1));
+                            "replication slot %s %s%s", s->slot,
+                            sql[0] == 'A' ? "altered to failover"
+                                          : "created at ",
+                            sql[0] == 'A' ? "" : PQgetvalue(res, 0, 1));
         }
         PQclear(res);
         return rc;
@@ -283,7 +326,7 @@ repl_open(kinbox__logsrc_t *s)
                 repl_free(x);
                 return rc;
         }
-        if (!exists && (rc = create_slot(s, x))) {
+        if ((rc = create_slot(s, x, exists))) {
                 repl_free(x);
                 return rc;
         }
