@@ -587,6 +587,10 @@ run_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
         size_t lo = wk->lo[wk->g], hi = wk->lo[wk->g + 1];
         for (size_t i = lo; i < hi; i++) {
                 kinbox_msg_t *m = w->msgs[i];
+                char why[160];
+                if (m->state == KINBOX__MSG_RUN &&
+                    kinbox__hold_ambiguous(c, m, why, sizeof(why)))
+                        fail_msg(c, w, i, KINBOX__FATE_DEAD, why);
                 if (m->state == KINBOX__MSG_DEAD) {
                         if (queue_dead_letter(c, w, m)) {
                                 *f = failure_of(w, wk, &w->db->err, tx);

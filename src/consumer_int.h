@@ -44,7 +44,9 @@ typedef enum kinbox__msg_state {
 typedef enum kinbox__hkey_state {
         KINBOX__HKEY_UNKNOWN, /* not looked up yet */
         KINBOX__HKEY_NONE, /* the message has no held-key value */
-        KINBOX__HKEY_SET /* in hkey/hkey_len */
+        KINBOX__HKEY_SET, /* in hkey/hkey_len */
+        /* its source is a header the message carries more than once */
+        KINBOX__HKEY_AMBIGUOUS
 } kinbox__hkey_state_t;
 
 /* How a batch handler's last one-message call went; zero (a calloc'ed

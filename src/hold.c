@@ -152,39 +152,50 @@ kinbox__hold_conf(kinbox_consumer_t *c, const kinbox_conf_t *conf)
                 c->hold_on = false;
 }
 
+/* Look the message's held key up once (msgid.h's locator, the rule of
+ * the message id: a repeated header is ambiguous). */
+static void
+msg_key_find(const kinbox_consumer_t *c, kinbox_msg_t *m)
+{
+        kinbox__field_t f;
+        char why[160];
+        kinbox__field_rc_t rc = kinbox__msgfield_locate(
+            c->hold_src, &m->v, "held key", &f, why, sizeof(why));
+        m->hkey_own = f.own;
+        m->hkey_state = rc == KINBOX__FIELD_AMBIGUOUS ? KINBOX__HKEY_AMBIGUOUS
+                                                      : KINBOX__HKEY_NONE;
+        if (rc == KINBOX__FIELD_SET && f.n && f.n <= KINBOX__HOLD_KEY_MAX) {
+                m->hkey = f.v;
+                m->hkey_len = f.n;
+                m->hkey_state = KINBOX__HKEY_SET;
+        }
+}
+
 /* The message's held-key value, or false when it has none. */
 static bool
 msg_key(const kinbox_consumer_t *c, kinbox_msg_t *m, const void **k, size_t *n)
 {
-        if (m->hkey_state == KINBOX__HKEY_UNKNOWN) {
-                const char *src = c->hold_src;
-                const void *v = NULL;
-                size_t len = 0;
-                m->hkey_state = KINBOX__HKEY_NONE;
-                if (!strcmp(src, "key")) {
-                        v = m->v.key;
-                        len = m->v.key_len;
-                } else if (!strncmp(src, "header:", 7) && m->v.headers) {
-                        if (rd_kafka_header_get_last(
-                                (rd_kafka_headers_t *)m->v.headers, src + 7,
-                                &v, &len))
-                                v = NULL;
-                } else if (!strncmp(src, "json:", 5) && m->v.payload) {
-                        char why[64];
-                        m->hkey_own = kinbox__json_pointer(
-                            m->v.payload, m->v.len, src + 5, why, sizeof(why));
-                        v = m->hkey_own;
-                        len = v ? strlen(v) : 0;
-                }
-                if (v && len && len <= KINBOX__HOLD_KEY_MAX) {
-                        m->hkey = v;
-                        m->hkey_len = len;
-                        m->hkey_state = KINBOX__HKEY_SET;
-                }
-        }
+        if (m->hkey_state == KINBOX__HKEY_UNKNOWN)
+                msg_key_find(c, m);
         *k = m->hkey;
         *n = m->hkey_len;
         return m->hkey_state == KINBOX__HKEY_SET;
+}
+
+bool
+kinbox__hold_ambiguous(const kinbox_consumer_t *c, kinbox_msg_t *m, char *why,
+                       size_t wsz)
+{
+        /* Only a header can be repeated: other sources cost nothing. */
+        if (!c->hold_on || strncmp(c->hold_src, "header:", 7))
+                return false;
+        if (m->hkey_state == KINBOX__HKEY_UNKNOWN)
+                msg_key_find(c, m);
+        if (m->hkey_state != KINBOX__HKEY_AMBIGUOUS)
+                return false;
+        kinbox__field_t f; /* again, for the reason (a header: nothing own) */
+        kinbox__msgfield_locate(c->hold_src, &m->v, "held key", &f, why, wsz);
+        return true;
 }
 
 /* ------------------------------------------------------------------ */

@@ -42,6 +42,11 @@ void kinbox__hold_free(kinbox__part_t *p);
  *  followers(): a batch handler call rejected a message and also ran a
  *             later message of the same key (the call must be undone).
  *  committed(): the batch committed: its dead keys are held now. */
+/* True when m's held key is ambiguous (dead_letter.hold_key.source a
+ * header m carries more than once), with the reason in why: m is
+ * dead-lettered like a message whose id is ambiguous, and holds nothing. */
+bool kinbox__hold_ambiguous(const kinbox_consumer_t *c, kinbox_msg_t *m,
+                            char *why, size_t why_size);
 bool kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i);
 int kinbox__hold_queue_park(kinbox_consumer_t *c, kinbox__worker_t *w,
                             kinbox_msg_t *m);
