@@ -47,12 +47,13 @@ metrics_stats(kinbox_consumer_t *c)
 
 /* Offsets for the committed prefix of each partition in the batch. */
 static void
-store_offsets(kinbox_consumer_t *c, kinbox__worker_t *w)
+store_offsets(kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         rd_kafka_topic_partition_list_t *l =
             rd_kafka_topic_partition_list_new(4);
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 if (m->state == KINBOX__MSG_CUT)
                         continue;
                 rd_kafka_topic_partition_t *tp =
@@ -94,8 +95,9 @@ store_offsets(kinbox_consumer_t *c, kinbox__worker_t *w)
 }
 
 static int
-queue_dead_letter(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m)
+queue_dead_letter(kinbox__batch_t *b, kinbox_msg_t *m)
 {
+        kinbox_consumer_t *c = b->c;
         char part[16], off[24], att[16];
         snprintf(part, sizeof(part), "%" PRId32, m->rkm->partition);
         snprintf(off, sizeof(off), "%" PRId64, m->rkm->offset);
@@ -120,23 +122,24 @@ queue_dead_letter(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m)
             {m->reason ? m->reason : "no reason given", 0, 0},
             {att, 0, 0},
         };
-        int rc = w->db->ops->exec(w->db, w->db->ops->sql->dead_letter_insert,
+        int rc = b->db->ops->exec(b->db, b->db->ops->sql->dead_letter_insert,
                                   10, p, -1);
         kinbox__buf_free(&h);
         if (!rc && c->hold_on)
-                rc = kinbox__hold_block(c, w, m);
+                rc = kinbox__hold_block(b, m);
         return rc;
 }
 
 static int
-queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
+queue_watermarks(kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         /* Walk backwards: the first message seen of a partition is its last
          * committed one. A batch spans few partitions; a short list does. */
         kinbox__part_t *seen[64];
         size_t nseen = 0;
-        for (size_t i = w->nmsgs; i-- > 0;) {
-                kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = b->nmsgs; i-- > 0;) {
+                kinbox_msg_t *m = b->msgs[i];
                 if (m->state == KINBOX__MSG_CUT)
                         continue;
                 bool dup = false;
@@ -149,9 +152,9 @@ queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
                 } else {
                         /* Very many partitions: fall back to a scan. */
                         bool later = false;
-                        for (size_t j = i + 1; j < w->nmsgs && !later; j++)
-                                later = w->msgs[j]->part == m->part &&
-                                        w->msgs[j]->state != KINBOX__MSG_CUT;
+                        for (size_t j = i + 1; j < b->nmsgs && !later; j++)
+                                later = b->msgs[j]->part == m->part &&
+                                        b->msgs[j]->state != KINBOX__MSG_CUT;
                         if (later)
                                 continue;
                 }
@@ -170,8 +173,8 @@ queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
                     {c->name, 0, 0}, {m->part->topic, 0, 0},
                     {part, 0, 0},    {off, 0, 0},
                     {ts, 0, 0},      {hash, 0, 0}};
-                int rc = w->db->ops->exec(
-                    w->db, w->db->ops->sql->offsets_upsert, 6, p, -1);
+                int rc = b->db->ops->exec(
+                    b->db, b->db->ops->sql->offsets_upsert, 6, p, -1);
                 if (rc)
                         return rc;
         }
@@ -181,10 +184,10 @@ queue_watermarks(kinbox_consumer_t *c, kinbox__worker_t *w)
 /* Message i failed (its own statement or result): decide its fate and cut
  * the rest of its partition when it is to be retried. */
 static void
-fail_msg(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i, kinbox__fate_t f,
-         const char *reason)
+fail_msg(kinbox__batch_t *b, size_t i, kinbox__fate_t f, const char *reason)
 {
-        kinbox_msg_t *m = w->msgs[i];
+        kinbox_consumer_t *c = b->c;
+        kinbox_msg_t *m = b->msgs[i];
         kinbox__msg_set_reason(m, reason);
         if (f == KINBOX__FATE_BIZDUP) {
                 m->state = KINBOX__MSG_BIZDUP;
@@ -193,36 +196,36 @@ fail_msg(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i, kinbox__fate_t f,
         if (f == KINBOX__FATE_DEAD) {
                 m->failures++;
                 m->state = KINBOX__MSG_DEAD;
-                w->hold_dead = true;
+                b->hold_dead = true;
                 return;
         }
         if (f == KINBOX__FATE_HOLD) {
                 /* Not the message's fault: uncharged, its partition
                  * waits (held.c). */
-                for (size_t j = i; j < w->nmsgs; j++)
-                        if (w->msgs[j]->part == m->part)
-                                w->msgs[j]->state = KINBOX__MSG_CUT;
-                kinbox__held_hold(c, m, &w->db->err);
+                for (size_t j = i; j < b->nmsgs; j++)
+                        if (b->msgs[j]->part == m->part)
+                                b->msgs[j]->state = KINBOX__MSG_CUT;
+                kinbox__held_hold(c, m, &b->db->err);
                 return;
         }
         atomic_fetch_add(&c->st_retried, 1);
         if (++m->failures >= c->retry_max) {
-                char b[600];
-                snprintf(b, sizeof(b), "gave up after %d attempts: %s",
+                char gb[600];
+                snprintf(gb, sizeof(gb), "gave up after %d attempts: %s",
                          m->failures, m->reason ? m->reason : "");
-                kinbox__msg_set_reason(m, b);
+                kinbox__msg_set_reason(m, gb);
                 m->state = KINBOX__MSG_DEAD;
-                w->hold_dead = true;
+                b->hold_dead = true;
                 return;
         }
-        for (size_t j = i; j < w->nmsgs; j++)
-                if (w->msgs[j]->part == m->part)
-                        w->msgs[j]->state = KINBOX__MSG_CUT;
+        for (size_t j = i; j < b->nmsgs; j++)
+                if (b->msgs[j]->part == m->part)
+                        b->msgs[j]->state = KINBOX__MSG_CUT;
         int64_t delay = kinbox__backoff_ms(m->failures - 1, c->backoff_base,
                                            c->backoff_max);
-        pthread_mutex_lock(&w->lock);
+        pthread_mutex_lock(&b->w->lock);
         m->part->retry_at = kinbox__now_ms() + delay;
-        pthread_mutex_unlock(&w->lock);
+        pthread_mutex_unlock(&b->w->lock);
         atomic_store(&c->pause_dirty, true);
         char tn[48];
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
@@ -389,7 +392,7 @@ typedef struct failure {
 
 /* Charge db->err to a message, a group or the whole batch. */
 static failure_t
-failure_of(const kinbox__worker_t *w, const walk_t *wk,
+failure_of(const kinbox__batch_t *b, const walk_t *wk,
            const kinbox__dberr_t *e, const kinbox_tx_t *tx)
 {
         failure_t f = {FL_BATCH, 0, KINBOX__FATE_RETRY, false, 0};
@@ -398,31 +401,30 @@ failure_of(const kinbox__worker_t *w, const walk_t *wk,
                 return f;
         size_t low = (size_t)KINBOX__TAG_LOW(t);
         if (t & KINBOX__TAG_MERGED_BIT) {
-                if (low < w->nmsgs)
+                if (low < b->nmsgs)
                         f = (failure_t){FL_MERGED, group_of(wk, low),
                                         KINBOX__FATE_RETRY, false, 0};
         } else if (t & KINBOX__TAG_GROUP) {
                 /* The low bits: the group's first message. */
-                if (low < w->nmsgs)
+                if (low < b->nmsgs)
                         f = (failure_t){FL_GROUP, group_of(wk, low),
                                         kinbox__fate_of_statement(tx, e),
                                         false, 0};
                 /* A suspect only in the failing call's own group. */
                 size_t s = (size_t)KINBOX__TAG_LOW(e->suspect - 1);
                 if (f.kind == FL_GROUP && e->suspect > 0 &&
-                    !((e->suspect - 1) & KINBOX__TAG_GROUP) && s < w->nmsgs &&
-                    w->msgs[s]->state == KINBOX__MSG_RUN &&
+                    !((e->suspect - 1) & KINBOX__TAG_GROUP) && s < b->nmsgs &&
+                    b->msgs[s]->state == KINBOX__MSG_RUN &&
                     group_of(wk, s) == f.idx)
                         f.suspect = s + 1;
-        } else if (low < w->nmsgs && w->msgs[low]->state == KINBOX__MSG_RUN) {
+        } else if (low < b->nmsgs && b->msgs[low]->state == KINBOX__MSG_RUN) {
                 f = (failure_t){FL_MSG, low, kinbox__fate_of_statement(tx, e),
                                 false, 0};
         }
         return f;
 }
 
-static int queue_dead_letter(kinbox_consumer_t *c, kinbox__worker_t *w,
-                             kinbox_msg_t *m);
+static int queue_dead_letter(kinbox__batch_t *b, kinbox_msg_t *m);
 
 /* A group's savepoint is named by its first message: a bisection leaves
  * the names of the groups before the cut alone. */
@@ -436,11 +438,12 @@ savepoint_name(char *b, size_t sz, const walk_t *wk, size_t g)
  * then says why (a statement failed, or the handler's own verdict needs
  * its statements undone). */
 static bool
-run_handler(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-            const walk_t *wk, size_t i, failure_t *f)
+run_handler(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk, size_t i,
+            failure_t *f)
 {
-        kinbox__db_t *db = w->db;
-        kinbox_msg_t *m = w->msgs[i];
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
+        kinbox_msg_t *m = b->msgs[i];
         tx->tag = (int)i;
         tx->failed = tx->touched = false;
         tx->reason[0] = '\0';
@@ -451,10 +454,10 @@ run_handler(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
         m->dup_ok = false;
         int64_t t_h = kinbox__now_us();
         kinbox_result_t r = c->handler(tx, m, c->opaque);
-        w->handler_us += kinbox__now_us() - t_h;
+        b->handler_us += kinbox__now_us() - t_h;
         if (tx->failed && db->err.code) {
                 /* A statement failed: whose? Its result decides nothing. */
-                *f = failure_of(w, wk, &db->err, tx);
+                *f = failure_of(b, wk, &db->err, tx);
                 return false;
         }
         if (r == KINBOX_RESULT_OK)
@@ -468,10 +471,9 @@ run_handler(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
             r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD : KINBOX__FATE_RETRY;
         if (!tx->touched) {
                 /* Nothing to undo: decide now and go on. */
-                fail_msg(c, w, i, fate, why);
-                if (m->state == KINBOX__MSG_DEAD &&
-                    queue_dead_letter(c, w, m)) {
-                        *f = failure_of(w, wk, &db->err, tx);
+                fail_msg(b, i, fate, why);
+                if (m->state == KINBOX__MSG_DEAD && queue_dead_letter(b, m)) {
+                        *f = failure_of(b, wk, &db->err, tx);
                         return false;
                 }
                 return true;
@@ -484,35 +486,35 @@ run_handler(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
 /* A batch handler's verdicts for run[0..n) (indexes idx[]). Returns false
  * with *f when statements must be undone. */
 static bool
-batch_results(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-              const walk_t *wk, kinbox_msg_t **run, const size_t *idx,
-              size_t n, failure_t *f)
+batch_results(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk,
+              kinbox_msg_t **run, const size_t *idx, size_t n, failure_t *f)
 {
+        kinbox_consumer_t *c = b->c;
         bool undo = false;
         for (size_t j = 0; j < n; j++) {
-                kinbox_result_t r = w->results[j];
+                kinbox_result_t r = b->results[j];
                 if (r == KINBOX_RESULT_OK)
                         continue;
                 if (r == KINBOX_RESULT_DUPLICATE) {
                         run[j]->dup_ok = true;
                         continue;
                 }
-                fail_msg(c, w, idx[j],
+                fail_msg(b, idx[j],
                          r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD
                                                    : KINBOX__FATE_RETRY,
                          run[j]->reason ? run[j]->reason : tx->reason);
                 if (!tx->touched &&
-                    w->msgs[idx[j]]->state == KINBOX__MSG_DEAD &&
-                    queue_dead_letter(c, w, w->msgs[idx[j]])) {
-                        *f = failure_of(w, wk, &w->db->err, tx);
+                    b->msgs[idx[j]]->state == KINBOX__MSG_DEAD &&
+                    queue_dead_letter(b, b->msgs[idx[j]])) {
+                        *f = failure_of(b, wk, &b->db->err, tx);
                         return false;
                 }
                 undo = undo || tx->touched;
         }
         /* A rejected message's follower (same key) ran in this call: the
          * call goes, the follower is parked when the group runs again. */
-        if (!undo && w->hold_dead && c->hold_on &&
-            kinbox__hold_followers(c, w, idx, n))
+        if (!undo && b->hold_dead && c->hold_on &&
+            kinbox__hold_followers(b, idx, n))
                 undo = true;
         if (undo) /* fates decided: only the statements are to go */
                 *f = (failure_t){FL_GROUP, wk->g, KINBOX__FATE_RETRY, true, 0};
@@ -522,22 +524,23 @@ batch_results(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
 /* The batch handler on group g's runnable messages: one call, or one per
  * message once a set-based statement of the group failed. */
 static bool
-run_batch_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-                const walk_t *wk, size_t lo, size_t hi, failure_t *f)
+run_batch_group(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk,
+                size_t lo, size_t hi, failure_t *f)
 {
-        kinbox__db_t *db = w->db;
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
         kinbox_msg_t *run[hi - lo + 1];
         size_t idx[hi - lo + 1], n = 0;
         for (size_t i = lo; i < hi; i++)
-                if (w->msgs[i]->state == KINBOX__MSG_RUN) {
-                        run[n] = w->msgs[i];
+                if (b->msgs[i]->state == KINBOX__MSG_RUN) {
+                        run[n] = b->msgs[i];
                         idx[n++] = i;
                 }
         bool single = wk->single[wk->g];
         for (size_t j0 = 0; j0 < n; j0 += single ? 1 : n) {
                 size_t cnt = single ? 1 : n;
                 for (size_t j = j0; j < j0 + cnt; j++) {
-                        w->results[j - j0] = KINBOX_RESULT_OK;
+                        b->results[j - j0] = KINBOX_RESULT_OK;
                         run[j]->attempt = run[j]->failures + 1;
                         run[j]->dup_ok = false;
                 }
@@ -549,18 +552,18 @@ run_batch_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                 db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
                 int64_t t_h = kinbox__now_us();
                 uint64_t waits = tx->waits;
-                db->call_tag = tx->tag;
+                b->attr.call_tag = tx->tag;
                 kinbox_result_t r =
                     c->batch_handler(tx, (const kinbox_msg_t *const *)run + j0,
-                                     cnt, w->results, c->opaque);
-                db->call_tag = -1;
-                w->handler_us += kinbox__now_us() - t_h;
+                                     cnt, b->results, c->opaque);
+                b->attr.call_tag = -1;
+                b->handler_us += kinbox__now_us() - t_h;
                 if (cnt == 1)
-                        w->one_call = tx->waits == waits
+                        b->one_call = tx->waits == waits
                                           ? KINBOX__ONE_CALL_NO_WAIT
                                           : KINBOX__ONE_CALL_WAITED;
                 if (tx->failed && db->err.code) {
-                        *f = failure_of(w, wk, &db->err, tx);
+                        *f = failure_of(b, wk, &db->err, tx);
                         return false;
                 }
                 if (r != KINBOX_RESULT_OK) {
@@ -572,7 +575,7 @@ run_batch_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                                          0};
                         return false;
                 }
-                if (!batch_results(c, w, tx, wk, run + j0, idx + j0, cnt, f))
+                if (!batch_results(b, tx, wk, run + j0, idx + j0, cnt, f))
                         return false;
         }
         return true;
@@ -581,38 +584,38 @@ run_batch_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
 /* Group wk->g: dead letters of its decided messages, then its handlers.
  * Returns false with *f when the walk must stop. */
 static bool
-run_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-          const walk_t *wk, failure_t *f)
+run_group(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk, failure_t *f)
 {
+        kinbox_consumer_t *c = b->c;
         size_t lo = wk->lo[wk->g], hi = wk->lo[wk->g + 1];
         for (size_t i = lo; i < hi; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+                kinbox_msg_t *m = b->msgs[i];
                 char why[160];
                 if (m->state == KINBOX__MSG_RUN &&
                     kinbox__hold_ambiguous(c, m, why, sizeof(why)))
-                        fail_msg(c, w, i, KINBOX__FATE_DEAD, why);
+                        fail_msg(b, i, KINBOX__FATE_DEAD, why);
                 if (m->state == KINBOX__MSG_DEAD) {
-                        if (queue_dead_letter(c, w, m)) {
-                                *f = failure_of(w, wk, &w->db->err, tx);
+                        if (queue_dead_letter(b, m)) {
+                                *f = failure_of(b, wk, &b->db->err, tx);
                                 return false;
                         }
                         continue;
                 }
-                if (m->state == KINBOX__MSG_RUN && kinbox__hold_park(c, w, i))
+                if (m->state == KINBOX__MSG_RUN && kinbox__hold_park(b, i))
                         m->state = KINBOX__MSG_PARK;
                 if (m->state == KINBOX__MSG_PARK) {
-                        if (kinbox__hold_queue_park(c, w, m)) {
-                                *f = failure_of(w, wk, &w->db->err, tx);
+                        if (kinbox__hold_queue_park(b, m)) {
+                                *f = failure_of(b, wk, &b->db->err, tx);
                                 return false;
                         }
                         continue;
                 }
                 if (m->state == KINBOX__MSG_RUN && c->handler &&
-                    !run_handler(c, w, tx, wk, i, f))
+                    !run_handler(b, tx, wk, i, f))
                         return false;
         }
         if (c->batch_handler && !c->handler)
-                return run_batch_group(c, w, tx, wk, lo, hi, f);
+                return run_batch_group(b, tx, wk, lo, hi, f);
         return true;
 }
 
@@ -620,8 +623,9 @@ run_group(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
  * lost (the batch is retried with backoff), but only the operator can
  * fix it, so it is a warning and a counter, not an info line. */
 static void
-resource_error(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox__db_t *db)
+resource_error(kinbox__batch_t *b, kinbox__db_t *db)
 {
+        kinbox_consumer_t *c = b->c;
         char l[300];
         kinbox__m_add(
             "kinbox_db_resource_errors_total",
@@ -632,7 +636,7 @@ resource_error(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox__db_t *db)
                     "resource (disk, memory or connection slots): %s; "
                     "retrying with backoff, offsets not advanced: free "
                     "space or raise the limit on the database server",
-                    w->idx, db->err.msg);
+                    b->w->idx, db->err.msg);
 }
 
 /* One notice per consumer per this many ms about hidden batch splits. */
@@ -672,31 +676,32 @@ split_noted(kinbox_consumer_t *c, const kinbox__dberr_t *e)
 
 /* Hold every partition of the batch (its first message names it). */
 static void
-hold_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
+hold_batch(kinbox__batch_t *b)
 {
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        kinbox_consumer_t *c = b->c;
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 bool first = true;
                 for (size_t j = 0; j < i && first; j++)
-                        first = w->msgs[j]->part != m->part;
+                        first = b->msgs[j]->part != m->part;
                 if (first && m->state != KINBOX__MSG_CUT)
-                        kinbox__held_hold(c, m, &w->db->err);
+                        kinbox__held_hold(c, m, &b->db->err);
         }
 }
 
 /* Charge failure f of group g: the message's fate, or how the group is
  * narrowed down to it. True when a suspect was cut out of the group. */
 static bool
-charge(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f,
-       size_t g)
+charge(kinbox__batch_t *b, walk_t *wk, failure_t *f, size_t g)
 {
-        kinbox__db_t *db = w->db;
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
         bool cut = false;
         if ((f->kind == FL_GROUP && !f->by_result) || f->kind == FL_MERGED)
                 split_noted(c, &db->err);
         if (f->kind == FL_MSG) {
-                fail_msg(c, w, f->idx, f->fate,
-                         f->by_result ? w->msgs[f->idx]->reason : db->err.msg);
+                fail_msg(b, f->idx, f->fate,
+                         f->by_result ? b->msgs[f->idx]->reason : db->err.msg);
                 /* The culprit is out: the group's next batch handler call
                  * is set-based again. A set-based call's row named it:
                  * what follows it becomes a group of its own. */
@@ -715,7 +720,7 @@ charge(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f,
                  * (its statements are pipelined: a group's worth of them
                  * costs less than the 2 log2(group) set-based calls, each
                  * waiting, of a bisection), else by bisection. */
-                if (!wk->iso || w->one_call == KINBOX__ONE_CALL_NO_WAIT ||
+                if (!wk->iso || b->one_call == KINBOX__ONE_CALL_NO_WAIT ||
                     !bisect(wk, g))
                         wk->single[g] = true;
         } else if (f->kind == FL_MERGED)
@@ -730,9 +735,10 @@ charge(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f,
  * Returns RUN_AGAIN when the walk resumes at wk->g, or how run_once ends.
  */
 static enum run_rc
-recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
+recover(kinbox__batch_t *b, walk_t *wk, failure_t *f)
 {
-        kinbox__db_t *db = w->db;
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
         if (f->kind == FL_BATCH) {
                 db->ops->rollback(db);
                 atomic_fetch_add(&c->st_rolled_back, 1);
@@ -743,23 +749,23 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                         kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                                     "worker %d: %s; offsets not advanced, "
                                     "reconnecting",
-                                    w->idx, db->err.msg);
+                                    b->w->idx, db->err.msg);
                         return RUN_DB_DOWN;
                 }
                 atomic_fetch_add(&c->st_retried, 1);
                 if (kinbox__db_resource_error(&db->err)) {
-                        resource_error(c, w, db);
+                        resource_error(b, db);
                         return RUN_BACKOFF;
                 }
                 if (db->err.deploy) {
                         /* kinbox's own statement (its tables missing, no
                          * privilege on them): every partition of the
                          * batch is held while the batch backs off. */
-                        hold_batch(c, w);
+                        hold_batch(b);
                         return RUN_BACKOFF;
                 }
                 /* Charged to no message: name where the batch starts. */
-                const kinbox_msg_t *m0 = w->nmsgs ? w->msgs[0] : NULL;
+                const kinbox_msg_t *m0 = b->nmsgs ? b->msgs[0] : NULL;
                 kinbox__log(
                     &c->lg,
                     db->err.code == KINBOX_ERR_TRANSIENT ? KINBOX_LOG_INFO
@@ -767,7 +773,7 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                     "consumer",
                     "consumer %s: worker %d: batch of %zu from %s "
                     "[%" PRId32 "] offset %" PRId64 " rolled back: %s%s%s%s",
-                    c->name, w->idx, w->nmsgs, m0 ? m0->part->topic : "?",
+                    c->name, b->w->idx, b->nmsgs, m0 ? m0->part->topic : "?",
                     m0 ? m0->part->partition : -1,
                     m0 ? kinbox_msg_offset(m0) : -1, db->err.msg,
                     db->err.stmt[0] ? " (statement: " : "", db->err.stmt,
@@ -777,7 +783,7 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
         size_t g = f->kind == FL_MSG ? group_of(wk, f->idx) : f->idx;
         if (g + 1 < wk->ngroups)
                 wk->suspect[g + 1] = false; /* the failure was before it */
-        bool cut = charge(c, w, wk, f, g);
+        bool cut = charge(b, wk, f, g);
         /* A group call whose suspect was cut out counts as exact: its
          * group runs again with no narrowing but the suspect's call. So
          * does a suspect outside isolation mode (the batch runs again
@@ -786,10 +792,10 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
         bool exact = f->kind == FL_MSG || f->by_result || cut ||
                      (!wk->iso && f->suspect);
         bool was_iso = wk->iso;
-        w->iso_exact = (was_iso ? w->iso_exact : true) && exact;
+        b->iso_exact = (was_iso ? b->iso_exact : true) && exact;
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
-                    "worker %d: group %zu of %zu failed (%s%s%s), %s", w->idx,
-                    g, wk->ngroups,
+                    "worker %d: group %zu of %zu failed (%s%s%s), %s",
+                    b->w->idx, g, wk->ngroups,
                     f->kind == FL_MSG     ? "one message"
                     : f->kind == FL_GROUP ? "a group call"
                                           : "a merged statement",
@@ -798,8 +804,8 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
                     was_iso ? "rolling back to its savepoint"
                             : "rolling back the batch");
         atomic_fetch_add(&c->st_rolled_back, 1);
-        w->iso_left = ISO_BATCHES;
-        w->iso_hit = true;
+        b->iso_left = ISO_BATCHES;
+        b->iso_hit = true;
         if (!was_iso) {
                 db->ops->rollback(db);
                 return RUN_AGAIN;
@@ -807,15 +813,15 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
         char sp[32];
         savepoint_name(sp, sizeof(sp), wk, g);
         if (db->ops->rollback_to(db, sp)) {
-                failure_t b = {FL_BATCH, 0, KINBOX__FATE_RETRY, false, 0};
-                return recover(c, w, wk, &b);
+                failure_t fb = {FL_BATCH, 0, KINBOX__FATE_RETRY, false, 0};
+                return recover(b, wk, &fb);
         }
         /* Claims of the messages rolled back are void. */
         size_t keep = 0;
-        for (size_t k = 0; k < db->nnone; k++)
-                if ((size_t)KINBOX__TAG_LOW(db->none_tags[k]) < wk->lo[g])
-                        db->none_tags[keep++] = db->none_tags[k];
-        db->nnone = keep;
+        for (size_t k = 0; k < b->attr.nnone; k++)
+                if ((size_t)KINBOX__TAG_LOW(b->attr.none_tags[k]) < wk->lo[g])
+                        b->attr.none_tags[keep++] = b->attr.none_tags[k];
+        b->attr.nnone = keep;
         wk->g = g;
         wk->sp_done = true;
         return RUN_AGAIN;
@@ -824,10 +830,11 @@ recover(kinbox_consumer_t *c, kinbox__worker_t *w, walk_t *wk, failure_t *f)
 /* Statements after the walk: the inbox rows of messages cut from this
  * transaction go (they run again later), then the watermarks. */
 static int
-queue_epilogue(kinbox_consumer_t *c, kinbox__worker_t *w)
+queue_epilogue(kinbox__batch_t *b)
 {
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        kinbox_consumer_t *c = b->c;
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 if (m->state != KINBOX__MSG_CUT || !m->inserted)
                         continue;
                 /* Only this delivery's rows: another delivery of the id
@@ -840,8 +847,8 @@ queue_epilogue(kinbox_consumer_t *c, kinbox__worker_t *w)
                                         {m->part->topic, 0, 0},
                                         {part, 0, 0},
                                         {off, 0, 0}};
-                int rc = w->db->ops->exec(
-                    w->db,
+                int rc = b->db->ops->exec(
+                    b->db,
                     "DELETE FROM kinbox_inbox WHERE consumer = $1 AND "
                     "message_id = $2 AND topic = $3 AND kafka_partition = "
                     "$4 AND kafka_offset = $5",
@@ -849,18 +856,18 @@ queue_epilogue(kinbox_consumer_t *c, kinbox__worker_t *w)
                 if (rc)
                         return rc;
         }
-        return queue_watermarks(c, w);
+        return queue_watermarks(b);
 }
 
 /* Counters and logs for a committed batch. */
 static void
-batch_committed(kinbox_consumer_t *c, kinbox__worker_t *w, const char *mlab,
-                int64_t t_begin)
+batch_committed(kinbox__batch_t *b, const char *mlab, int64_t t_begin)
 {
+        kinbox_consumer_t *c = b->c;
         size_t done = 0, dups = 0, biz = 0, dead = 0, parked = 0;
         char tn[48];
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 switch (m->state) {
                 case KINBOX__MSG_RUN:
                         if (m->dup_ok)
@@ -902,50 +909,51 @@ batch_committed(kinbox_consumer_t *c, kinbox__worker_t *w, const char *mlab,
                           (double)(kinbox__now_ms() - t_begin) / 1000.0);
         /* Once per transaction: the metrics lock is process-wide. */
         kinbox__m_observe("kinbox_handler_seconds", mlab,
-                          (double)w->handler_us / 1e6);
+                          (double)b->handler_us / 1e6);
         if (c->tracing)
-                kinbox__consume_spans(c, w);
+                kinbox__consume_spans(b);
 }
 
 /* BEGIN and the inbox insert: which messages of the batch are new. */
 static int
-begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
+begin_batch(kinbox__batch_t *b)
 {
-        kinbox__db_t *db = w->db;
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
         size_t n = 0;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 m->inserted = false;
                 if (m->state == KINBOX__MSG_CUT || !m->id)
                         continue;
-                w->rows[n++] = (kinbox__inbox_row_t){m->id, m->part->topic,
+                b->rows[n++] = (kinbox__inbox_row_t){m->id, m->part->topic,
                                                      m->rkm->partition,
                                                      m->rkm->offset, m->ts};
         }
-        db->nnone = 0;
-        db->ndrops = 0;
+        b->attr.nnone = 0;
+        b->attr.ndrops = 0;
         /* exec_values() rows may be dropped (not with held keys: a
          * follower of the dropped message's key may be in the call). */
-        db->drop_rows = c->batch_handler && !c->handler && !c->hold_on;
-        w->handler_us = 0;
+        b->attr.drop_rows = c->batch_handler && !c->handler && !c->hold_on;
+        b->handler_us = 0;
         /* A conversion by kinbox migrate is seen within 10 s. */
         int rc = kinbox__inbox_layout_load(
             db, kinbox__settings_of(c->conf)->inbox_partition_width, false);
         if (!rc)
-                rc = db->ops->begin(db);
+                rc = kinbox__db_begin(db, &b->attr);
         if (!rc && n)
-                rc = db->ops->inbox_insert(db, c->name, n, w->rows, w->is_new);
+                rc = db->ops->inbox_insert(db, c->name, n, b->rows, b->is_new);
         /* Rows a conversion kept without their record's time. */
         if (!rc && n)
-                rc = kinbox__inbox_legacy(db, c->name, w->rows, n, w->is_new);
+                rc = kinbox__inbox_legacy(db, c->name, b->rows, n, b->is_new);
         if (rc)
                 return rc;
         size_t k = 0;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 if (m->state == KINBOX__MSG_CUT || !m->id)
                         continue;
-                m->inserted = w->is_new[k++];
+                m->inserted = b->is_new[k++];
                 if (!m->inserted && (m->state == KINBOX__MSG_RUN ||
                                      m->state == KINBOX__MSG_PARK))
                         m->state = KINBOX__MSG_DUP;
@@ -956,26 +964,26 @@ begin_batch(kinbox_consumer_t *c, kinbox__worker_t *w)
         return KINBOX_OK;
 }
 
-/* Messages whose exec_values() rows the backend dropped (db->drops): a
+/* Messages whose exec_values() rows the backend dropped (b->attr.drops): a
  * permanent failure or a unique violation of their own row, found after
  * their call returned; the statements went on without their rows, so
  * only their fate and dead letter are left to do. */
 static bool
-drops_decide(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-             const walk_t *wk, failure_t *f, bool queue)
+drops_decide(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk,
+             failure_t *f, bool queue)
 {
-        kinbox__db_t *db = w->db;
-        size_t n = db->ndrops;
-        db->ndrops = 0;
+        kinbox__db_t *db = b->db;
+        size_t n = b->attr.ndrops;
+        b->attr.ndrops = 0;
         for (size_t k = 0; k < n; k++) {
-                const kinbox__dberr_t *e = &db->drops[k];
+                const kinbox__dberr_t *e = &b->attr.drops[k];
                 size_t i = (size_t)KINBOX__TAG_LOW(e->tag);
-                if (i >= w->nmsgs || w->msgs[i]->state != KINBOX__MSG_RUN)
+                if (i >= b->nmsgs || b->msgs[i]->state != KINBOX__MSG_RUN)
                         continue;
-                fail_msg(c, w, i, kinbox__fate_of_statement(tx, e), e->msg);
-                if (queue && w->msgs[i]->state == KINBOX__MSG_DEAD &&
-                    queue_dead_letter(c, w, w->msgs[i])) {
-                        *f = failure_of(w, wk, &db->err, tx);
+                fail_msg(b, i, kinbox__fate_of_statement(tx, e), e->msg);
+                if (queue && b->msgs[i]->state == KINBOX__MSG_DEAD &&
+                    queue_dead_letter(b, b->msgs[i])) {
+                        *f = failure_of(b, wk, &db->err, tx);
                         return false;
                 }
         }
@@ -983,44 +991,43 @@ drops_decide(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
 }
 
 static bool
-take_drops(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-           const walk_t *wk, failure_t *f)
+take_drops(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk, failure_t *f)
 {
-        return drops_decide(c, w, tx, wk, f, true);
+        return drops_decide(b, tx, wk, f, true);
 }
 
 /* Send what is queued when exec_values() rows with owners are among it
- * (db->rows_queued), then take the dropped messages: their dead letters
+ * (b->attr.rows_queued), then take the dropped messages: their dead letters
  * are queued here (before the next savepoint, or before the epilogue) and
  * not inside a later group. */
 static bool
-flush_values(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-             const walk_t *wk, failure_t *f)
+flush_values(kinbox__batch_t *b, kinbox_tx_t *tx, const walk_t *wk,
+             failure_t *f)
 {
-        if (!w->db->rows_queued)
-                return take_drops(c, w, tx, wk, f);
-        if (w->db->ops->flush(w->db)) {
-                *f = failure_of(w, wk, &w->db->err, tx);
+        if (!b->attr.rows_queued)
+                return take_drops(b, tx, wk, f);
+        if (b->db->ops->flush(b->db)) {
+                *f = failure_of(b, wk, &b->db->err, tx);
                 return false; /* its drops: see walk_groups() */
         }
-        return take_drops(c, w, tx, wk, f);
+        return take_drops(b, tx, wk, f);
 }
 
-static bool batch_abandoned(kinbox_consumer_t *c, kinbox__worker_t *w);
+static bool batch_abandoned(kinbox__batch_t *b);
 
 /* Walk every group from wk->g on; RUN_AGAIN means "committed nothing yet,
  * the walk may go on" only inside; returns RUN_DONE when all ran. */
 static enum run_rc
-walk_groups(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
-            walk_t *wk)
+walk_groups(kinbox__batch_t *b, kinbox_tx_t *tx, walk_t *wk)
 {
-        kinbox__db_t *db = w->db;
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
         bool coalesce = db->coalesce;
         failure_t f;
         enum run_rc rc = RUN_DONE;
         while (wk->g < wk->ngroups) {
                 if (wk->iso && !wk->sp_done) {
-                        if (!flush_values(c, w, tx, wk, &f))
+                        if (!flush_values(b, tx, wk, &f))
                                 goto failed;
                         /* A failure of an earlier group is taken before
                          * this group's statements are built behind it for
@@ -1030,19 +1037,19 @@ walk_groups(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                                            ? ISO_AHEAD_BATCH
                                            : ISO_AHEAD;
                         if (kinbox__db_peek(db, ahead)) {
-                                f = failure_of(w, wk, &db->err, tx);
+                                f = failure_of(b, wk, &db->err, tx);
                                 goto failed;
                         }
                         char sp[32];
                         savepoint_name(sp, sizeof(sp), wk, wk->g);
                         if (db->ops->savepoint(db, sp)) {
-                                f = failure_of(w, wk, &db->err, tx);
+                                f = failure_of(b, wk, &db->err, tx);
                                 goto failed;
                         }
                 }
                 wk->sp_done = false;
                 db->coalesce = coalesce && !wk->no_merge;
-                bool ok = run_group(c, w, tx, wk, &f);
+                bool ok = run_group(b, tx, wk, &f);
                 db->coalesce = coalesce;
                 wk->no_merge = false;
                 if (ok) {
@@ -1053,11 +1060,11 @@ walk_groups(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                             db->ops->flush(db)) {
                                 /* Surface errors while a savepoint can
                                  * still undo them. */
-                                f = failure_of(w, wk, &db->err, tx);
+                                f = failure_of(b, wk, &db->err, tx);
                                 goto failed;
                         }
                         if (wk->g == wk->ngroups &&
-                            !flush_values(c, w, tx, wk, &f))
+                            !flush_values(b, tx, wk, &f))
                                 goto failed;
                         continue;
                 }
@@ -1067,14 +1074,14 @@ walk_groups(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx,
                  * their group runs again after the rollback (queued now,
                  * before the next savepoint, they would be queued twice
                  * when a cut puts the message in a later group). */
-                drops_decide(c, w, tx, wk, &(failure_t){0}, false);
-                rc = recover(c, w, wk, &f);
+                drops_decide(b, tx, wk, &(failure_t){0}, false);
+                rc = recover(b, wk, &f);
                 if (rc != RUN_AGAIN || !wk->iso)
                         return rc;
                 /* Narrowing a failure down may take many round trips: a
                  * revoke or a stop ends it (kinbox__batch_process()
                  * abandons the batch; nothing of it is committed). */
-                if (batch_abandoned(c, w)) {
+                if (batch_abandoned(b)) {
                         db->ops->rollback(db);
                         return RUN_AGAIN;
                 }
@@ -1102,12 +1109,13 @@ walk_init(walk_t *wk, bool iso, size_t ng, size_t n)
 
 /* One attempt at the batch in one transaction. */
 static enum run_rc
-run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
+run_once(kinbox__batch_t *b, kinbox_tx_t *tx)
 {
-        kinbox__db_t *db = w->db;
+        kinbox_consumer_t *c = b->c;
+        kinbox__db_t *db = b->db;
         bool any = false;
-        for (size_t i = 0; i < w->nmsgs; i++)
-                if (w->msgs[i]->state != KINBOX__MSG_CUT)
+        for (size_t i = 0; i < b->nmsgs; i++)
+                if (b->msgs[i]->state != KINBOX__MSG_CUT)
                         any = true;
         if (!any)
                 return RUN_DONE;
@@ -1119,26 +1127,26 @@ run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
         walk_t wk = {0};
         size_t ng = ISO_GROUPS;
         if (c->batch_handler && !c->handler)
-                ng = w->iso_exact ? ISO_GROUPS_EXACT : ISO_GROUPS_BATCH;
-        walk_init(&wk, w->iso_left > 0, ng, w->nmsgs);
+                ng = b->iso_exact ? ISO_GROUPS_EXACT : ISO_GROUPS_BATCH;
+        walk_init(&wk, b->iso_left > 0, ng, b->nmsgs);
         kinbox__tx_clear_ukeys(tx);
         failure_t f;
-        if (begin_batch(c, w)) {
-                f = failure_of(w, &wk, &db->err, tx);
+        if (begin_batch(b)) {
+                f = failure_of(b, &wk, &db->err, tx);
                 wk.iso = false; /* no savepoint yet: run it again */
-                return recover(c, w, &wk, &f);
+                return recover(b, &wk, &f);
         }
         int64_t t_inbox = kinbox__now_us();
-        enum run_rc rc = walk_groups(c, w, tx, &wk);
+        enum run_rc rc = walk_groups(b, tx, &wk);
         if (rc != RUN_DONE)
                 return rc;
         int64_t t_handlers = kinbox__now_us();
-        if (queue_epilogue(c, w)) {
-                f = failure_of(w, &wk, &db->err, tx);
+        if (queue_epilogue(b)) {
+                f = failure_of(b, &wk, &db->err, tx);
                 /* The walk is over: a RUN_AGAIN out of here must leave no
                  * transaction open (run_once() begins a new one). */
                 wk.iso = false;
-                return recover(c, w, &wk, &f);
+                return recover(b, &wk, &f);
         }
         if (kinbox__fault("before_commit")) {
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "fault",
@@ -1146,15 +1154,15 @@ run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
                 raise(SIGKILL);
         }
         if (db->ops->commit(db)) {
-                f = failure_of(w, &wk, &db->err, tx);
+                f = failure_of(b, &wk, &db->err, tx);
                 wk.iso = false; /* the transaction is gone: run it again */
-                return recover(c, w, &wk, &f);
+                return recover(b, &wk, &f);
         }
         int64_t t_commit = kinbox__now_us();
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
                     "worker %d: batch of %zu: inbox %lld us, handlers %lld "
                     "us, commit %lld us",
-                    w->idx, w->nmsgs, (long long)(t_inbox - t_begin_us),
+                    b->w->idx, b->nmsgs, (long long)(t_inbox - t_begin_us),
                     (long long)(t_handlers - t_inbox),
                     (long long)(t_commit - t_handlers));
         if (kinbox__fault("after_commit")) {
@@ -1163,55 +1171,57 @@ run_once(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_tx_t *tx)
                 raise(SIGKILL);
         }
         /* kinbox_tx_exec_claim() statements that found the key taken. */
-        for (size_t k = 0; k < db->nnone; k++) {
-                size_t i = (size_t)KINBOX__TAG_LOW(db->none_tags[k]);
-                if (i < w->nmsgs && w->msgs[i]->state == KINBOX__MSG_RUN)
-                        w->msgs[i]->dup_ok = true;
+        for (size_t k = 0; k < b->attr.nnone; k++) {
+                size_t i = (size_t)KINBOX__TAG_LOW(b->attr.none_tags[k]);
+                if (i < b->nmsgs && b->msgs[i]->state == KINBOX__MSG_RUN)
+                        b->msgs[i]->dup_ok = true;
         }
-        db->nnone = 0;
-        if (w->hold_dead)
-                kinbox__hold_committed(c, w);
+        b->attr.nnone = 0;
+        if (b->hold_dead)
+                kinbox__hold_committed(b);
         /* A held partition whose messages all committed is free. */
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox__part_t *p = w->msgs[i]->part;
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox__part_t *p = b->msgs[i]->part;
                 bool cut = false;
-                for (size_t j = i; p->held && j < w->nmsgs && !cut; j++)
-                        cut = w->msgs[j]->part == p &&
-                              w->msgs[j]->state == KINBOX__MSG_CUT;
+                for (size_t j = i; p->held && j < b->nmsgs && !cut; j++)
+                        cut = b->msgs[j]->part == p &&
+                              b->msgs[j]->state == KINBOX__MSG_CUT;
                 if (p->held && !cut)
                         kinbox__held_release(c, p);
         }
-        store_offsets(c, w);
-        batch_committed(c, w, mlab, t_begin);
+        store_offsets(b);
+        batch_committed(b, mlab, t_begin);
         return RUN_DONE;
 }
 
 /* True when a partition of the batch was revoked or we are stopping hard. */
 static bool
-batch_abandoned(kinbox_consumer_t *c, kinbox__worker_t *w)
+batch_abandoned(kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         bool gone = false;
-        pthread_mutex_lock(&w->lock);
-        for (size_t i = 0; i < w->nmsgs && !gone; i++)
-                if (w->msgs[i]->part->revoked)
+        pthread_mutex_lock(&b->w->lock);
+        for (size_t i = 0; i < b->nmsgs && !gone; i++)
+                if (b->msgs[i]->part->revoked)
                         gone = true;
-        if (w->stop)
+        if (b->w->stop)
                 gone = true;
-        pthread_mutex_unlock(&w->lock);
+        pthread_mutex_unlock(&b->w->lock);
         KINBOX__UNUSED(c);
         return gone;
 }
 
 /* Committed: pop the committed prefix of each partition. */
 static void
-pop_committed(kinbox_consumer_t *c, kinbox__worker_t *w)
+pop_committed(kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         pthread_mutex_lock(&c->drain_lock);
         pthread_cond_broadcast(&c->drained);
         pthread_mutex_unlock(&c->drain_lock);
-        pthread_mutex_lock(&w->lock);
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        pthread_mutex_lock(&b->w->lock);
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 if (m->state == KINBOX__MSG_CUT)
                         continue;
                 kinbox__part_t *p = m->part;
@@ -1220,87 +1230,90 @@ pop_committed(kinbox_consumer_t *c, kinbox__worker_t *w)
                 if (!p->head)
                         p->tail = NULL;
                 p->count--;
-                w->queued--;
+                b->w->queued--;
                 if (p->retry_at &&
                     !kinbox__part_backing_off(p, kinbox__now_ms()))
                         p->retry_at = 0;
                 kinbox__msg_free(m);
         }
-        pthread_mutex_unlock(&w->lock);
+        pthread_mutex_unlock(&b->w->lock);
 }
 
 void
-kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w)
+kinbox__batch_process(kinbox__batch_t *b)
 {
-        kinbox_tx_t tx = {.c = c, .w = w, .db = w->db, .tag = -1};
+        kinbox_consumer_t *c = b->c;
+        kinbox_tx_t tx = {.c = c, .b = b, .db = b->db, .tag = -1};
         int down = 0, backoff = 0;
-        w->hold_dead = false;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                w->msgs[i]->bidx = i;
-                w->msgs[i]->state =
-                    w->msgs[i]->id ? KINBOX__MSG_RUN : KINBOX__MSG_DEAD;
-                w->hold_dead = w->hold_dead || !w->msgs[i]->id;
+        b->hold_dead = false;
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                b->msgs[i]->bidx = i;
+                b->msgs[i]->state =
+                    b->msgs[i]->id ? KINBOX__MSG_RUN : KINBOX__MSG_DEAD;
+                b->hold_dead = b->hold_dead || !b->msgs[i]->id;
         }
-        w->iso_hit = false;
+        b->iso_hit = false;
         for (;;) {
-                if (!w->db->native) {
-                        if (batch_abandoned(c, w))
+                if (!b->db->native) {
+                        if (batch_abandoned(b))
                                 goto abandon;
-                        if (kinbox__db_connect(w->db)) {
+                        if (kinbox__db_connect(b->db)) {
                                 if (down++ == 0 || down % 20 == 0)
                                         kinbox__log(&c->lg, KINBOX_LOG_WARNING,
                                                     "consumer",
-                                                    "worker %d: %s", w->idx,
-                                                    w->db->err.msg);
+                                                    "worker %d: %s", b->w->idx,
+                                                    b->db->err.msg);
                                 kinbox__worker_nap(
-                                    w, kinbox__backoff_ms(down, 50,
-                                                          c->reconnect_max));
+                                    b->w, kinbox__backoff_ms(
+                                              down, 50, c->reconnect_max));
                                 continue;
                         }
                         if (down)
-                                kinbox__log(
-                                    &c->lg, KINBOX_LOG_NOTICE, "consumer",
-                                    "worker %d: database reconnected", w->idx);
+                                kinbox__log(&c->lg, KINBOX_LOG_NOTICE,
+                                            "consumer",
+                                            "worker %d: database reconnected",
+                                            b->w->idx);
                         down = 0;
                 }
-                enum run_rc r = run_once(c, w, &tx);
+                enum run_rc r = run_once(b, &tx);
                 metrics_stats(c);
                 if (r == RUN_DONE) {
-                        if (!w->iso_hit && w->iso_left > 0)
-                                w->iso_left--;
+                        if (!b->iso_hit && b->iso_left > 0)
+                                b->iso_left--;
                         break;
                 }
                 if (r == RUN_DB_DOWN) {
                         /* Everything not cut runs again: the inbox decides
                          * whether a commit of unknown outcome happened. */
-                        for (size_t i = 0; i < w->nmsgs; i++)
-                                if (w->msgs[i]->state == KINBOX__MSG_DUP)
-                                        w->msgs[i]->state = KINBOX__MSG_RUN;
+                        for (size_t i = 0; i < b->nmsgs; i++)
+                                if (b->msgs[i]->state == KINBOX__MSG_DUP)
+                                        b->msgs[i]->state = KINBOX__MSG_RUN;
                         continue;
                 }
                 if (r == RUN_BACKOFF) {
-                        if (batch_abandoned(c, w))
+                        if (batch_abandoned(b))
                                 goto abandon;
-                        kinbox__worker_nap(
-                            w, kinbox__backoff_ms(++backoff, c->backoff_base,
-                                                  c->backoff_max));
-                        for (size_t i = 0; i < w->nmsgs; i++)
-                                if (w->msgs[i]->state == KINBOX__MSG_DUP)
-                                        w->msgs[i]->state = KINBOX__MSG_RUN;
+                        kinbox__worker_nap(b->w,
+                                           kinbox__backoff_ms(++backoff,
+                                                              c->backoff_base,
+                                                              c->backoff_max));
+                        for (size_t i = 0; i < b->nmsgs; i++)
+                                if (b->msgs[i]->state == KINBOX__MSG_DUP)
+                                        b->msgs[i]->state = KINBOX__MSG_RUN;
                         continue;
                 }
                 /* RUN_AGAIN: states changed; duplicates are re-detected.
                  * A stop or revoke is seen here too, not only when the
                  * connection is down (the transaction is rolled back). */
-                if (batch_abandoned(c, w)) {
-                        kinbox__db_abandon(w->db);
+                if (batch_abandoned(b)) {
+                        kinbox__db_abandon(b->db);
                         goto abandon;
                 }
-                for (size_t i = 0; i < w->nmsgs; i++)
-                        if (w->msgs[i]->state == KINBOX__MSG_DUP)
-                                w->msgs[i]->state = KINBOX__MSG_RUN;
+                for (size_t i = 0; i < b->nmsgs; i++)
+                        if (b->msgs[i]->state == KINBOX__MSG_DUP)
+                                b->msgs[i]->state = KINBOX__MSG_RUN;
         }
-        pop_committed(c, w);
+        pop_committed(b);
         atomic_store(&c->pause_dirty, true);
         kinbox__tx_clear_ukeys(&tx);
         free(tx.ukeys);
@@ -1309,9 +1322,50 @@ abandon:
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
                     "worker %d: batch abandoned (partition revoked or "
                     "stopping); it will be redelivered",
-                    w->idx);
-        for (size_t i = 0; i < w->nmsgs; i++)
-                w->msgs[i]->state = KINBOX__MSG_CUT;
+                    b->w->idx);
+        for (size_t i = 0; i < b->nmsgs; i++)
+                b->msgs[i]->state = KINBOX__MSG_CUT;
         kinbox__tx_clear_ukeys(&tx);
         free(tx.ukeys);
+}
+
+int
+kinbox__batch_reserve(kinbox__batch_t *b, size_t need)
+{
+        if (need <= b->capmsgs)
+                return KINBOX_OK;
+        size_t cap = need;
+        kinbox_msg_t **m = realloc(b->msgs, cap * sizeof(*m));
+        if (!m)
+                return KINBOX_ERR_NOMEM;
+        b->msgs = m;
+        kinbox__inbox_row_t *r = realloc(b->rows, cap * sizeof(*r));
+        if (!r)
+                return KINBOX_ERR_NOMEM;
+        b->rows = r;
+        bool *nw = realloc(b->is_new, cap * sizeof(*nw));
+        if (!nw)
+                return KINBOX_ERR_NOMEM;
+        b->is_new = nw;
+        kinbox_result_t *res = realloc(b->results, cap * sizeof(*res));
+        if (!res)
+                return KINBOX_ERR_NOMEM;
+        b->results = res;
+        b->capmsgs = cap;
+        return KINBOX_OK;
+}
+
+void
+kinbox__batch_free(kinbox__batch_t *b)
+{
+        free(b->msgs);
+        free(b->rows);
+        free(b->is_new);
+        free(b->results);
+        kinbox__attr_free(&b->attr);
+        b->msgs = NULL;
+        b->rows = NULL;
+        b->is_new = NULL;
+        b->results = NULL;
+        b->capmsgs = b->nmsgs = 0;
 }

@@ -86,11 +86,12 @@ consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m, const char *group)
 }
 
 void
-kinbox__consume_spans(kinbox_consumer_t *c, kinbox__worker_t *w)
+kinbox__consume_spans(const kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         const char *group = kinbox__settings_of(c->conf)->group_id;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                const kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                const kinbox_msg_t *m = b->msgs[i];
                 /* KINBOX__MSG_CUT: not decided by this transaction (runs again). */
                 if (m->state != KINBOX__MSG_CUT && m->rkm)
                         consume_span(c, m, group);

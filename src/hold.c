@@ -213,11 +213,12 @@ static const char SQL_PARK[] =
     "($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 bool
-kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i)
+kinbox__hold_park(kinbox__batch_t *b, size_t i)
 {
-        kinbox_msg_t *m = w->msgs[i];
+        kinbox_consumer_t *c = b->c;
+        kinbox_msg_t *m = b->msgs[i];
         struct kinbox__holdset *s = m->part->holds;
-        if (!c->hold_on || ((!s || !s->n) && !w->hold_dead))
+        if (!c->hold_on || ((!s || !s->n) && !b->hold_dead))
                 return false;
         const void *k;
         size_t n;
@@ -229,7 +230,7 @@ kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i)
                 return true;
         }
         for (size_t j = 0; j < i; j++) {
-                kinbox_msg_t *d = w->msgs[j];
+                kinbox_msg_t *d = b->msgs[j];
                 const void *dk;
                 size_t dn;
                 if (d->state == KINBOX__MSG_DEAD && d->part == m->part &&
@@ -244,9 +245,9 @@ kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i)
 /* The hold row of m's key, blocker at offset boff: inserted, or (when it
  * exists) locked and kept, so that a release of the key waits for us. */
 static int
-queue_hold(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m,
-           int64_t boff)
+queue_hold(kinbox__batch_t *b, kinbox_msg_t *m, int64_t boff)
 {
+        kinbox_consumer_t *c = b->c;
         hparams_t h;
         snprintf(h.part, sizeof(h.part), "%" PRId32, m->part->partition);
         snprintf(h.boff, sizeof(h.boff), "%" PRId64, boff);
@@ -255,14 +256,14 @@ queue_hold(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m,
                                 {h.part, 0, 0},
                                 {m->hkey, m->hkey_len, 1},
                                 {h.boff, 0, 0}};
-        return w->db->ops->exec(w->db, w->db->ops->sql->hold_upsert, 5, p, -1);
+        return b->db->ops->exec(b->db, b->db->ops->sql->hold_upsert, 5, p, -1);
 }
 
 int
-kinbox__hold_queue_park(kinbox_consumer_t *c, kinbox__worker_t *w,
-                        kinbox_msg_t *m)
+kinbox__hold_queue_park(kinbox__batch_t *b, kinbox_msg_t *m)
 {
-        int rc = queue_hold(c, w, m, m->hold_off);
+        kinbox_consumer_t *c = b->c;
+        int rc = queue_hold(b, m, m->hold_off);
         if (rc)
                 return rc;
         hparams_t h;
@@ -284,33 +285,34 @@ kinbox__hold_queue_park(kinbox_consumer_t *c, kinbox__worker_t *w,
                                 {m->rkm->key, m->rkm->key_len, 1},
                                 {hb.p, 0, 0},
                                 {m->rkm->payload, m->rkm->len, 1}};
-        rc = w->db->ops->exec(w->db, SQL_PARK, 9, p, -1);
+        rc = b->db->ops->exec(b->db, SQL_PARK, 9, p, -1);
         kinbox__buf_free(&hb);
         return rc;
 }
 
 int
-kinbox__hold_block(kinbox_consumer_t *c, kinbox__worker_t *w, kinbox_msg_t *m)
+kinbox__hold_block(kinbox__batch_t *b, kinbox_msg_t *m)
 {
+        kinbox_consumer_t *c = b->c;
         const void *k;
         size_t n;
         if (!msg_key(c, m, &k, &n))
                 return KINBOX_OK;
-        return queue_hold(c, w, m, m->rkm->offset);
+        return queue_hold(b, m, m->rkm->offset);
 }
 
 bool
-kinbox__hold_followers(kinbox_consumer_t *c, kinbox__worker_t *w,
-                       const size_t *idx, size_t n)
+kinbox__hold_followers(kinbox__batch_t *b, const size_t *idx, size_t n)
 {
+        kinbox_consumer_t *c = b->c;
         for (size_t a = 0; a < n; a++) {
-                kinbox_msg_t *d = w->msgs[idx[a]];
+                kinbox_msg_t *d = b->msgs[idx[a]];
                 const void *dk, *k;
                 size_t dn, kn;
                 if (d->state != KINBOX__MSG_DEAD || !msg_key(c, d, &dk, &dn))
                         continue;
-                for (size_t b = a + 1; b < n; b++) {
-                        kinbox_msg_t *m = w->msgs[idx[b]];
+                for (size_t j = a + 1; j < n; j++) {
+                        kinbox_msg_t *m = b->msgs[idx[j]];
                         if (m->state == KINBOX__MSG_RUN &&
                             m->part == d->part && msg_key(c, m, &k, &kn) &&
                             kn == dn && !memcmp(k, dk, dn))
@@ -321,12 +323,13 @@ kinbox__hold_followers(kinbox_consumer_t *c, kinbox__worker_t *w,
 }
 
 void
-kinbox__hold_committed(kinbox_consumer_t *c, kinbox__worker_t *w)
+kinbox__hold_committed(kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         if (!c->hold_on)
                 return;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                kinbox_msg_t *m = b->msgs[i];
                 const void *k;
                 size_t n;
                 if (m->state != KINBOX__MSG_DEAD || !msg_key(c, m, &k, &n))
@@ -508,7 +511,7 @@ rel_handle(relkey_t *k, kinbox_msg_t *m, kinbox__fate_t *fate, char *why,
 {
         kinbox_consumer_t *c = k->c;
         kinbox__db_t *db = k->w->db;
-        kinbox_tx_t tx = {.c = c, .w = k->w, .db = db, .tag = 0};
+        kinbox_tx_t tx = {.c = c, .b = &k->w->b, .db = db, .tag = 0};
         db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
         kinbox_result_t r;
         if (c->handler) {
@@ -597,7 +600,7 @@ rel_head(relkey_t *k, struct kinbox_rows_s **r, enum rel *st)
                                 {k->key, k->klen, 1}};
         *r = NULL;
         *st = REL_ONE;
-        int rc = db->ops->begin(db);
+        int rc = kinbox__db_begin(db, NULL); /* nothing to attribute */
         if (!rc)
                 rc = db->ops->query(db, SQL_LOCK, 4, p, -1, &lk);
         if (!rc && (!lk || !lk->nrows || !strcmp(lk->values[0], "dead"))) {

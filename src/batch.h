@@ -1,0 +1,77 @@
+/*
+ * batch.h -- the consumer's unit of work (internal).
+ *
+ * A batch is the head runs of a worker's partitions, up to batch.max
+ * messages, applied in one transaction (docs/architecture.md, "A consumed
+ * message"): its messages, their run's results, the isolation state the
+ * worker carries from batch to batch, the hold flag and the attribution
+ * record the backend writes while the batch's transaction runs. A worker
+ * owns one batch (consumer_int.h) and hands it from the poll loop's
+ * queues to batch.c and back; everything here is the worker's thread
+ * only, except collecting it (under the worker's lock).
+ */
+#ifndef KINBOX_BATCH_H
+#define KINBOX_BATCH_H
+
+#include "db.h"
+#include "kinbox/consumer.h"
+#include "kinbox/handler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kinbox__worker;
+
+/* How a batch handler's last one-message call went; zero (a calloc'ed
+ * worker) is not seen yet. */
+typedef enum kinbox__one_call {
+        KINBOX__ONE_CALL_UNSEEN,
+        /* Without a round trip of its own: narrowing a failed group one
+         * message at a time costs statements, not waits. */
+        KINBOX__ONE_CALL_NO_WAIT,
+        /* It waited for the server: bisect instead. */
+        KINBOX__ONE_CALL_WAITED
+} kinbox__one_call_t;
+
+typedef struct kinbox__batch {
+        kinbox_consumer_t *c;
+        struct kinbox__worker *w;
+        kinbox__db_t *db; /* the worker's connection */
+        size_t limit; /* batch size cap */
+        /* The messages, in partition-queue order: msgs[0..nmsgs); a
+         * message's index here is its statement tag (db/tags.h). */
+        kinbox_msg_t **msgs;
+        size_t nmsgs, capmsgs;
+        /* Per message, for the run (capmsgs each): the inbox rows of the
+         * insert, which came back new, a batch handler's verdicts. */
+        kinbox__inbox_row_t *rows;
+        bool *is_new;
+        kinbox_result_t *results;
+        /* Isolation (batch.c, ISO_GROUPS): batches left in isolation
+         * mode, whether this one had a failure; a batch handler's
+         * failures all pinned on their messages this spell (few groups),
+         * and how its last one-message call went. */
+        int iso_left;
+        bool iso_hit;
+        bool iso_exact;
+        kinbox__one_call_t one_call;
+        int64_t handler_us; /* in handler calls, this transaction */
+        bool hold_dead; /* hold.c: this batch has a dead message */
+        /* What the backend tells of this batch's statements (db/tags.h),
+         * handed to it by kinbox__db_begin(). */
+        kinbox__attr_t attr;
+} kinbox__batch_t;
+
+/* Make room for n messages (the arrays above): 0, or KINBOX_ERR_NOMEM
+ * with the batch as it was. */
+int kinbox__batch_reserve(kinbox__batch_t *b, size_t n);
+/* Free the batch's arrays (not its messages: the partitions own them). */
+void kinbox__batch_free(kinbox__batch_t *b);
+
+/* Run the batch (b->msgs[0..nmsgs)) until it committed or was abandoned;
+ * pops the committed messages from their partitions. The worker's thread,
+ * without its lock. */
+void kinbox__batch_process(kinbox__batch_t *b);
+
+#endif
