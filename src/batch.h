@@ -34,6 +34,25 @@ typedef enum kinbox__one_call {
         KINBOX__ONE_CALL_WAITED
 } kinbox__one_call_t;
 
+/* Groups of a walk after bisections and cuts, at most (the arrays). */
+#define KINBOX__WALK_MAX_GROUPS 64
+
+/* One walk over the batch's groups, inside the open transaction. Group g
+ * is the messages [lo[g], lo[g + 1]). */
+typedef struct kinbox__walk {
+        size_t ngroups;
+        size_t lo[KINBOX__WALK_MAX_GROUPS + 1];
+        bool single
+            [KINBOX__WALK_MAX_GROUPS]; /* batch handler: call per message */
+        /* The second half of a failed group: when the first half ran
+         * clean, the failure lies here, so it is cut before it runs. */
+        bool suspect[KINBOX__WALK_MAX_GROUPS];
+        bool iso;
+        size_t g; /* the group running now */
+        bool sp_done; /* group g's savepoint is already defined */
+        bool no_merge; /* MySQL: group g runs without merged INSERTs */
+} kinbox__walk_t;
+
 typedef struct kinbox__batch {
         kinbox_consumer_t *c;
         struct kinbox__worker *w;
@@ -58,6 +77,10 @@ typedef struct kinbox__batch {
         kinbox__one_call_t one_call;
         int64_t handler_us; /* in handler calls, this transaction */
         bool hold_dead; /* hold.c: this batch has a dead message */
+        /* The attempt running now (batch.c): the walk over its groups,
+         * the transaction its handlers write through. */
+        kinbox__walk_t wk;
+        kinbox_tx_t *tx;
         /* What the backend tells of this batch's statements (db/tags.h),
          * handed to it by kinbox__db_begin(). */
         kinbox__attr_t attr;

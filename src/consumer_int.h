@@ -2,10 +2,10 @@
  * consumer_int.h -- what the consumer's files share (internal).
  *
  * A message travels: consumer.c (poll loop, rebalances, hands each message
- * to the worker owning its partition; worker threads build batches) ->
- * batch.c (one batch in one transaction: inbox insert, handlers, failure
- * isolation and classification, dead letters, watermarks, COMMIT, offset
- * store). Handlers read the message through msg.c and write through the
+ * to the worker owning its partition; worker threads collect batches,
+ * batch.h) -> batch*.c (one batch in one transaction: inbox insert,
+ * handlers, failure isolation and classification, dead letters,
+ * watermarks, COMMIT, offset store). Handlers read the message through msg.c and write through the
  * transaction API in txapi.c.
  */
 #ifndef KINBOX_CONSUMER_INT_H

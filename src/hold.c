@@ -624,6 +624,50 @@ rel_head(relkey_t *k, struct kinbox_rows_s **r, enum rel *st)
         return rc;
 }
 
+/* Run the handler on m, the head row r, behind a savepoint of the
+ * release's transaction: 0 when the transaction is to commit (applied, a
+ * business duplicate, or dead-lettered: *st REL_BLOCKED), else why not. */
+static int
+rel_apply(relkey_t *k, struct kinbox_rows_s *r, kinbox_msg_t *m, enum rel *st)
+{
+        kinbox__db_t *db = k->w->db;
+        kinbox__fate_t fate = KINBOX__FATE_RETRY;
+        char why[600];
+        int rc = db->ops->savepoint(db, "kinbox_rel");
+        if (rc)
+                return rc;
+        enum rel_run h = rel_handle(k, m, &fate, why, sizeof(why));
+        if (h == RUN_NOT_ITS_OWN)
+                return KINBOX_ERR_TRANSIENT;
+        if (h == RUN_FAILED && fate == KINBOX__FATE_HOLD) {
+                /* The deployment is broken, not the message: the release
+                 * waits, uncharged (held.h). */
+                kinbox__log(&k->c->lg, KINBOX_LOG_ERR, "hold",
+                            "%s [%" PRId32 "] offset %s: release held: %s",
+                            k->p->topic, k->p->partition, HV(r, 1), why);
+                return KINBOX_ERR_TRANSIENT;
+        }
+        if (h == RUN_FAILED && fate == KINBOX__FATE_RETRY &&
+            k->tries + 1 < k->c->retry_max) {
+                k->tries++;
+                char tn[48];
+                kinbox__log(&k->c->lg, KINBOX_LOG_INFO, "hold",
+                            "%s [%" PRId32 "] offset %s%s: release attempt "
+                            "%d failed: %s",
+                            k->p->topic, k->p->partition, HV(r, 1),
+                            kinbox__msg_trace_note(m, tn), k->tries, why);
+                return KINBOX_ERR_TRANSIENT;
+        }
+        if (h == RUN_FAILED && (rc = db->ops->rollback_to(db, "kinbox_rel")))
+                return rc;
+        if (h == RUN_FAILED && fate != KINBOX__FATE_BIZDUP) {
+                if ((rc = rel_dead(k, r, why)))
+                        return rc;
+                *st = REL_BLOCKED;
+        }
+        return KINBOX_OK;
+}
+
 /* Apply the head row of the key (see relkey_t) in one transaction. */
 static enum rel
 release_one(relkey_t *k)
@@ -647,51 +691,11 @@ release_one(relkey_t *k)
         if (!rc)
                 rc = rel_inbox(k, r, &dup);
         if (!rc && !dup) {
-                kinbox__fate_t fate = KINBOX__FATE_RETRY;
-                char why[600];
                 if (!(m = rel_msg(k, r, &hd, &hv))) {
                         rc = KINBOX_ERR_NOMEM;
                         goto out;
                 }
-                if ((rc = db->ops->savepoint(db, "kinbox_rel")))
-                        goto out;
-                enum rel_run h = rel_handle(k, m, &fate, why, sizeof(why));
-                if (h == RUN_NOT_ITS_OWN) {
-                        rc = KINBOX_ERR_TRANSIENT;
-                        goto out;
-                }
-                if (h == RUN_FAILED && fate == KINBOX__FATE_HOLD) {
-                        /* The deployment is broken, not the message: the
-                         * release waits, uncharged (held.h). */
-                        kinbox__log(&k->c->lg, KINBOX_LOG_ERR, "hold",
-                                    "%s [%" PRId32 "] offset %s: release "
-                                    "held: %s",
-                                    k->p->topic, k->p->partition, HV(r, 1),
-                                    why);
-                        rc = KINBOX_ERR_TRANSIENT;
-                        goto out;
-                }
-                if (h == RUN_FAILED && fate == KINBOX__FATE_RETRY &&
-                    k->tries + 1 < k->c->retry_max) {
-                        k->tries++;
-                        char tn[48];
-                        kinbox__log(&k->c->lg, KINBOX_LOG_INFO, "hold",
-                                    "%s [%" PRId32 "] offset %s%s: release "
-                                    "attempt %d failed: %s",
-                                    k->p->topic, k->p->partition, HV(r, 1),
-                                    kinbox__msg_trace_note(m, tn), k->tries,
-                                    why);
-                        rc = KINBOX_ERR_TRANSIENT;
-                        goto out;
-                }
-                if (h == RUN_FAILED &&
-                    (rc = db->ops->rollback_to(db, "kinbox_rel")))
-                        goto out;
-                if (h == RUN_FAILED && fate != KINBOX__FATE_BIZDUP) {
-                        if ((rc = rel_dead(k, r, why)))
-                                goto out;
-                        st = REL_BLOCKED;
-                }
+                rc = rel_apply(k, r, m, &st);
         }
         if (!rc)
                 rc = rel_commit(k);
