@@ -54,7 +54,8 @@ store_offsets(kinbox__batch_t *b)
             rd_kafka_topic_partition_list_new(4);
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
-                if (m->state == KINBOX__MSG_CUT)
+                kinbox__run_t *ru = &b->run[i];
+                if (ru->state == KINBOX__MSG_CUT)
                         continue;
                 rd_kafka_topic_partition_t *tp =
                     rd_kafka_topic_partition_list_find(l, m->part->topic,
@@ -104,7 +105,8 @@ queue_watermarks(kinbox__batch_t *b)
         size_t nseen = 0;
         for (size_t i = b->nmsgs; i-- > 0;) {
                 kinbox_msg_t *m = b->msgs[i];
-                if (m->state == KINBOX__MSG_CUT)
+                kinbox__run_t *ru = &b->run[i];
+                if (ru->state == KINBOX__MSG_CUT)
                         continue;
                 bool dup = false;
                 for (size_t k = 0; k < nseen && !dup; k++)
@@ -118,7 +120,7 @@ queue_watermarks(kinbox__batch_t *b)
                         bool later = false;
                         for (size_t j = i + 1; j < b->nmsgs && !later; j++)
                                 later = b->msgs[j]->part == m->part &&
-                                        b->msgs[j]->state != KINBOX__MSG_CUT;
+                                        b->run[j].state != KINBOX__MSG_CUT;
                         if (later)
                                 continue;
                 }
@@ -153,7 +155,8 @@ queue_epilogue(kinbox__batch_t *b)
         kinbox_consumer_t *c = b->c;
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
-                if (m->state != KINBOX__MSG_CUT || !m->inserted)
+                kinbox__run_t *ru = &b->run[i];
+                if (ru->state != KINBOX__MSG_CUT || !ru->inserted)
                         continue;
                 /* Only this delivery's rows: another delivery of the id
                  * may have a row in another range (db/inbox.c). */
@@ -186,9 +189,10 @@ batch_committed(kinbox__batch_t *b, const char *mlab, int64_t t_begin)
         char tn[48];
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
-                switch (m->state) {
+                kinbox__run_t *ru = &b->run[i];
+                switch (ru->state) {
                 case KINBOX__MSG_RUN:
-                        if (m->dup_ok)
+                        if (ru->dup_ok)
                                 biz++;
                         else
                                 done++;
@@ -241,8 +245,9 @@ begin_batch(kinbox__batch_t *b)
         size_t n = 0;
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
-                m->inserted = false;
-                if (m->state == KINBOX__MSG_CUT || !m->id)
+                kinbox__run_t *ru = &b->run[i];
+                ru->inserted = false;
+                if (ru->state == KINBOX__MSG_CUT || !m->id)
                         continue;
                 b->rows[n++] = (kinbox__inbox_row_t){m->id, m->part->topic,
                                                      m->rkm->partition,
@@ -269,15 +274,16 @@ begin_batch(kinbox__batch_t *b)
         size_t k = 0;
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
-                if (m->state == KINBOX__MSG_CUT || !m->id)
+                kinbox__run_t *ru = &b->run[i];
+                if (ru->state == KINBOX__MSG_CUT || !m->id)
                         continue;
-                m->inserted = b->is_new[k++];
-                if (!m->inserted && (m->state == KINBOX__MSG_RUN ||
-                                     m->state == KINBOX__MSG_PARK))
-                        m->state = KINBOX__MSG_DUP;
-                else if (m->inserted && m->state == KINBOX__MSG_DUP)
+                ru->inserted = b->is_new[k++];
+                if (!ru->inserted && (ru->state == KINBOX__MSG_RUN ||
+                                      ru->state == KINBOX__MSG_PARK))
+                        ru->state = KINBOX__MSG_DUP;
+                else if (ru->inserted && ru->state == KINBOX__MSG_DUP)
                         /* its twin was cut this time */
-                        m->state = KINBOX__MSG_RUN;
+                        ru->state = KINBOX__MSG_RUN;
         }
         return KINBOX_OK;
 }
@@ -290,8 +296,8 @@ batch_settled(kinbox__batch_t *b)
         /* kinbox_tx_exec_claim() statements that found the key taken. */
         for (size_t k = 0; k < b->attr.nnone; k++) {
                 size_t i = (size_t)KINBOX__TAG_LOW(b->attr.none_tags[k]);
-                if (i < b->nmsgs && b->msgs[i]->state == KINBOX__MSG_RUN)
-                        b->msgs[i]->dup_ok = true;
+                if (i < b->nmsgs && b->run[i].state == KINBOX__MSG_RUN)
+                        b->run[i].dup_ok = true;
         }
         b->attr.nnone = 0;
         if (b->hold_dead)
@@ -302,7 +308,7 @@ batch_settled(kinbox__batch_t *b)
                 bool cut = false;
                 for (size_t j = i; p->held && j < b->nmsgs && !cut; j++)
                         cut = b->msgs[j]->part == p &&
-                              b->msgs[j]->state == KINBOX__MSG_CUT;
+                              b->run[j].state == KINBOX__MSG_CUT;
                 if (p->held && !cut)
                         kinbox__held_release(b->c, p);
         }
@@ -317,7 +323,7 @@ run_once(kinbox__batch_t *b)
         kinbox__db_t *db = b->db;
         bool any = false;
         for (size_t i = 0; i < b->nmsgs; i++)
-                if (b->msgs[i]->state != KINBOX__MSG_CUT)
+                if (b->run[i].state != KINBOX__MSG_CUT)
                         any = true;
         if (!any)
                 return RUN_DONE;
@@ -386,7 +392,8 @@ pop_committed(kinbox__batch_t *b)
         pthread_mutex_lock(&b->w->lock);
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
-                if (m->state == KINBOX__MSG_CUT)
+                kinbox__run_t *ru = &b->run[i];
+                if (ru->state == KINBOX__MSG_CUT)
                         continue;
                 kinbox__part_t *p = m->part;
                 /* m is p->head: batches take each partition's head run. */
@@ -411,8 +418,9 @@ batch_start(kinbox__batch_t *b)
         b->hold_dead = false;
         for (size_t i = 0; i < b->nmsgs; i++) {
                 b->msgs[i]->bidx = i;
-                b->msgs[i]->state =
-                    b->msgs[i]->id ? KINBOX__MSG_RUN : KINBOX__MSG_DEAD;
+                b->run[i] = (kinbox__run_t){.state = b->msgs[i]->id
+                                                         ? KINBOX__MSG_RUN
+                                                         : KINBOX__MSG_DEAD};
                 b->hold_dead = b->hold_dead || !b->msgs[i]->id;
         }
         b->iso_hit = false;
@@ -423,8 +431,8 @@ static void
 dups_again(kinbox__batch_t *b)
 {
         for (size_t i = 0; i < b->nmsgs; i++)
-                if (b->msgs[i]->state == KINBOX__MSG_DUP)
-                        b->msgs[i]->state = KINBOX__MSG_RUN;
+                if (b->run[i].state == KINBOX__MSG_DUP)
+                        b->run[i].state = KINBOX__MSG_RUN;
 }
 
 /* A worker without a connection: connect, or nap (a backoff in *down
@@ -506,7 +514,7 @@ kinbox__batch_process(kinbox__batch_t *b)
                             "or stopping); it will be redelivered",
                             b->w->idx);
                 for (size_t i = 0; i < b->nmsgs; i++)
-                        b->msgs[i]->state = KINBOX__MSG_CUT;
+                        b->run[i].state = KINBOX__MSG_CUT;
         }
         kinbox__tx_clear_ukeys(&tx);
         free(tx.ukeys);
@@ -523,6 +531,10 @@ kinbox__batch_reserve(kinbox__batch_t *b, size_t need)
         if (!m)
                 return KINBOX_ERR_NOMEM;
         b->msgs = m;
+        kinbox__run_t *ru = realloc(b->run, cap * sizeof(*ru));
+        if (!ru)
+                return KINBOX_ERR_NOMEM;
+        b->run = ru;
         kinbox__inbox_row_t *r = realloc(b->rows, cap * sizeof(*r));
         if (!r)
                 return KINBOX_ERR_NOMEM;
@@ -543,11 +555,13 @@ void
 kinbox__batch_free(kinbox__batch_t *b)
 {
         free(b->msgs);
+        free(b->run);
         free(b->rows);
         free(b->is_new);
         free(b->results);
         kinbox__attr_free(&b->attr);
         b->msgs = NULL;
+        b->run = NULL;
         b->rows = NULL;
         b->is_new = NULL;
         b->results = NULL;

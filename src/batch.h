@@ -34,6 +34,26 @@ typedef enum kinbox__one_call {
         KINBOX__ONE_CALL_WAITED
 } kinbox__one_call_t;
 
+/* What a batch run does with a message. */
+typedef enum kinbox__msg_state {
+        KINBOX__MSG_RUN, /* run the handler */
+        KINBOX__MSG_DUP, /* the inbox has its id (redelivery) */
+        KINBOX__MSG_DEAD, /* dead-letter it */
+        KINBOX__MSG_CUT, /* not in this transaction (retried later) */
+        /* A business duplicate: inbox row only, the handler's effect
+         * undone. */
+        KINBOX__MSG_BIZDUP,
+        /* Its key is held (hold.c): inbox row and parked row. */
+        KINBOX__MSG_PARK
+} kinbox__msg_state_t;
+
+/* A message's part in its batch's run (b->run[i] for b->msgs[i]). */
+typedef struct kinbox__run {
+        kinbox__msg_state_t state;
+        bool inserted; /* this transaction inserted its inbox row */
+        bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
+} kinbox__run_t;
+
 /* Groups of a walk after bisections and cuts, at most (the arrays). */
 #define KINBOX__WALK_MAX_GROUPS 64
 
@@ -62,8 +82,10 @@ typedef struct kinbox__batch {
          * message's index here is its statement tag (db/tags.h). */
         kinbox_msg_t **msgs;
         size_t nmsgs, capmsgs;
-        /* Per message, for the run (capmsgs each): the inbox rows of the
-         * insert, which came back new, a batch handler's verdicts. */
+        /* Per message, for the run (capmsgs each): its state, the inbox
+         * rows of the insert, which came back new, a batch handler's
+         * verdicts. */
+        kinbox__run_t *run;
         kinbox__inbox_row_t *rows;
         bool *is_new;
         kinbox_result_t *results;

@@ -61,14 +61,15 @@ kinbox__batch_fail(kinbox__batch_t *b, size_t i, kinbox__fate_t f,
 {
         kinbox_consumer_t *c = b->c;
         kinbox_msg_t *m = b->msgs[i];
+        kinbox__run_t *ru = &b->run[i];
         kinbox__msg_set_reason(m, reason);
         if (f == KINBOX__FATE_BIZDUP) {
-                m->state = KINBOX__MSG_BIZDUP;
+                ru->state = KINBOX__MSG_BIZDUP;
                 return;
         }
         if (f == KINBOX__FATE_DEAD) {
                 m->failures++;
-                m->state = KINBOX__MSG_DEAD;
+                ru->state = KINBOX__MSG_DEAD;
                 b->hold_dead = true;
                 return;
         }
@@ -77,7 +78,7 @@ kinbox__batch_fail(kinbox__batch_t *b, size_t i, kinbox__fate_t f,
                  * waits (held.c). */
                 for (size_t j = i; j < b->nmsgs; j++)
                         if (b->msgs[j]->part == m->part)
-                                b->msgs[j]->state = KINBOX__MSG_CUT;
+                                b->run[j].state = KINBOX__MSG_CUT;
                 kinbox__held_hold(c, m, &b->db->err);
                 return;
         }
@@ -87,13 +88,13 @@ kinbox__batch_fail(kinbox__batch_t *b, size_t i, kinbox__fate_t f,
                 snprintf(gb, sizeof(gb), "gave up after %d attempts: %s",
                          m->failures, m->reason ? m->reason : "");
                 kinbox__msg_set_reason(m, gb);
-                m->state = KINBOX__MSG_DEAD;
+                ru->state = KINBOX__MSG_DEAD;
                 b->hold_dead = true;
                 return;
         }
         for (size_t j = i; j < b->nmsgs; j++)
                 if (b->msgs[j]->part == m->part)
-                        b->msgs[j]->state = KINBOX__MSG_CUT;
+                        b->run[j].state = KINBOX__MSG_CUT;
         int64_t delay = kinbox__backoff_ms(m->failures - 1, c->backoff_base,
                                            c->backoff_max);
         pthread_mutex_lock(&b->w->lock);
@@ -150,10 +151,10 @@ kinbox__batch_failure_of(const kinbox__batch_t *b, const kinbox__dberr_t *e)
                 size_t s = (size_t)KINBOX__TAG_LOW(e->suspect - 1);
                 if (f.kind == FL_GROUP && e->suspect > 0 &&
                     !((e->suspect - 1) & KINBOX__TAG_GROUP) && s < b->nmsgs &&
-                    b->msgs[s]->state == KINBOX__MSG_RUN &&
+                    b->run[s].state == KINBOX__MSG_RUN &&
                     kinbox__batch_group_of(wk, s) == f.idx)
                         f.suspect = s + 1;
-        } else if (low < b->nmsgs && b->msgs[low]->state == KINBOX__MSG_RUN) {
+        } else if (low < b->nmsgs && b->run[low].state == KINBOX__MSG_RUN) {
                 f = (failure_t){FL_MSG, low, kinbox__fate_of_statement(tx, e),
                                 false, 0};
         }
@@ -170,6 +171,7 @@ run_handler(kinbox__batch_t *b, size_t i, failure_t *f)
         kinbox_consumer_t *c = b->c;
         kinbox__db_t *db = b->db;
         kinbox_msg_t *m = b->msgs[i];
+        kinbox__run_t *ru = &b->run[i];
         tx->tag = (int)i;
         tx->failed = tx->touched = false;
         tx->reason[0] = '\0';
@@ -177,7 +179,7 @@ run_handler(kinbox__batch_t *b, size_t i, failure_t *f)
          * calls ran into (maybe another message's deferred statement). */
         db->err = (kinbox__dberr_t){.tag = -1, .stmt_tag = -1};
         m->attempt = m->failures + 1;
-        m->dup_ok = false;
+        ru->dup_ok = false;
         int64_t t_h = kinbox__now_us();
         kinbox_result_t r = c->handler(tx, m, c->opaque);
         b->handler_us += kinbox__now_us() - t_h;
@@ -189,7 +191,7 @@ run_handler(kinbox__batch_t *b, size_t i, failure_t *f)
         if (r == KINBOX_RESULT_OK)
                 return true;
         if (r == KINBOX_RESULT_DUPLICATE) {
-                m->dup_ok = true;
+                ru->dup_ok = true;
                 return true;
         }
         const char *why = tx->reason[0] ? tx->reason : "no reason given";
@@ -198,7 +200,7 @@ run_handler(kinbox__batch_t *b, size_t i, failure_t *f)
         if (!tx->touched) {
                 /* Nothing to undo: decide now and go on. */
                 kinbox__batch_fail(b, i, fate, why);
-                if (m->state == KINBOX__MSG_DEAD &&
+                if (ru->state == KINBOX__MSG_DEAD &&
                     kinbox__batch_dead_letter(b, m)) {
                         *f = kinbox__batch_failure_of(b, &db->err);
                         return false;
@@ -225,7 +227,7 @@ batch_results(kinbox__batch_t *b, kinbox_msg_t **run, const size_t *idx,
                 if (r == KINBOX_RESULT_OK)
                         continue;
                 if (r == KINBOX_RESULT_DUPLICATE) {
-                        run[j]->dup_ok = true;
+                        b->run[idx[j]].dup_ok = true;
                         continue;
                 }
                 kinbox__batch_fail(
@@ -233,8 +235,7 @@ batch_results(kinbox__batch_t *b, kinbox_msg_t **run, const size_t *idx,
                     r == KINBOX_RESULT_REJECT ? KINBOX__FATE_DEAD
                                               : KINBOX__FATE_RETRY,
                     run[j]->reason ? run[j]->reason : tx->reason);
-                if (!tx->touched &&
-                    b->msgs[idx[j]]->state == KINBOX__MSG_DEAD &&
+                if (!tx->touched && b->run[idx[j]].state == KINBOX__MSG_DEAD &&
                     kinbox__batch_dead_letter(b, b->msgs[idx[j]])) {
                         *f = kinbox__batch_failure_of(b, &b->db->err);
                         return false;
@@ -263,7 +264,7 @@ run_batch_group(kinbox__batch_t *b, size_t lo, size_t hi, failure_t *f)
         kinbox_msg_t *run[hi - lo + 1];
         size_t idx[hi - lo + 1], n = 0;
         for (size_t i = lo; i < hi; i++)
-                if (b->msgs[i]->state == KINBOX__MSG_RUN) {
+                if (b->run[i].state == KINBOX__MSG_RUN) {
                         run[n] = b->msgs[i];
                         idx[n++] = i;
                 }
@@ -273,7 +274,7 @@ run_batch_group(kinbox__batch_t *b, size_t lo, size_t hi, failure_t *f)
                 for (size_t j = j0; j < j0 + cnt; j++) {
                         b->results[j - j0] = KINBOX_RESULT_OK;
                         run[j]->attempt = run[j]->failures + 1;
-                        run[j]->dup_ok = false;
+                        b->run[idx[j]].dup_ok = false;
                 }
                 /* A one-message call's statements are that message's. */
                 tx->tag = cnt == 1 ? (int)idx[j0]
@@ -322,27 +323,33 @@ kinbox__batch_run_group(kinbox__batch_t *b, failure_t *f)
         size_t lo = wk->lo[wk->g], hi = wk->lo[wk->g + 1];
         for (size_t i = lo; i < hi; i++) {
                 kinbox_msg_t *m = b->msgs[i];
+                kinbox__run_t *ru = &b->run[i];
                 char why[160];
-                if (m->state == KINBOX__MSG_RUN &&
-                    kinbox__hold_ambiguous(c, m, why, sizeof(why)))
-                        kinbox__batch_fail(b, i, KINBOX__FATE_DEAD, why);
-                if (m->state == KINBOX__MSG_DEAD) {
+                if (ru->state == KINBOX__MSG_RUN &&
+                    kinbox__hold_ambiguous(c, m, why, sizeof(why))) {
+                        /* Like an ambiguous id: dead before its handler
+                         * ran (0 attempts), holding no key. */
+                        kinbox__msg_set_reason(m, why);
+                        ru->state = KINBOX__MSG_DEAD;
+                        b->hold_dead = true;
+                }
+                if (ru->state == KINBOX__MSG_DEAD) {
                         if (kinbox__batch_dead_letter(b, m)) {
                                 *f = kinbox__batch_failure_of(b, &b->db->err);
                                 return false;
                         }
                         continue;
                 }
-                if (m->state == KINBOX__MSG_RUN && kinbox__hold_park(b, i))
-                        m->state = KINBOX__MSG_PARK;
-                if (m->state == KINBOX__MSG_PARK) {
+                if (ru->state == KINBOX__MSG_RUN && kinbox__hold_park(b, i))
+                        ru->state = KINBOX__MSG_PARK;
+                if (ru->state == KINBOX__MSG_PARK) {
                         if (kinbox__hold_queue_park(b, m)) {
                                 *f = kinbox__batch_failure_of(b, &b->db->err);
                                 return false;
                         }
                         continue;
                 }
-                if (m->state == KINBOX__MSG_RUN && c->handler &&
+                if (ru->state == KINBOX__MSG_RUN && c->handler &&
                     !run_handler(b, i, f))
                         return false;
         }

@@ -195,10 +195,11 @@ hold_batch(kinbox__batch_t *b)
         kinbox_consumer_t *c = b->c;
         for (size_t i = 0; i < b->nmsgs; i++) {
                 kinbox_msg_t *m = b->msgs[i];
+                kinbox__run_t *ru = &b->run[i];
                 bool first = true;
                 for (size_t j = 0; j < i && first; j++)
                         first = b->msgs[j]->part != m->part;
-                if (first && m->state != KINBOX__MSG_CUT)
+                if (first && ru->state != KINBOX__MSG_CUT)
                         kinbox__held_hold(c, m, &b->db->err);
         }
 }
@@ -367,11 +368,11 @@ drops_decide(kinbox__batch_t *b, failure_t *f, bool queue)
         for (size_t k = 0; k < n; k++) {
                 const kinbox__dberr_t *e = &b->attr.drops[k];
                 size_t i = (size_t)KINBOX__TAG_LOW(e->tag);
-                if (i >= b->nmsgs || b->msgs[i]->state != KINBOX__MSG_RUN)
+                if (i >= b->nmsgs || b->run[i].state != KINBOX__MSG_RUN)
                         continue;
                 kinbox__batch_fail(b, i, kinbox__fate_of_statement(tx, e),
                                    e->msg);
-                if (queue && b->msgs[i]->state == KINBOX__MSG_DEAD &&
+                if (queue && b->run[i].state == KINBOX__MSG_DEAD &&
                     kinbox__batch_dead_letter(b, b->msgs[i])) {
                         *f = kinbox__batch_failure_of(b, &db->err);
                         return false;

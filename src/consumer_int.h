@@ -27,19 +27,6 @@
 typedef struct kinbox__part kinbox__part_t;
 typedef struct kinbox__worker kinbox__worker_t;
 
-/* What a batch run does with a message. */
-typedef enum kinbox__msg_state {
-        KINBOX__MSG_RUN, /* run the handler */
-        KINBOX__MSG_DUP, /* the inbox has its id (redelivery) */
-        KINBOX__MSG_DEAD, /* dead-letter it */
-        KINBOX__MSG_CUT, /* not in this transaction (retried later) */
-        /* A business duplicate: inbox row only, the handler's effect
-         * undone. */
-        KINBOX__MSG_BIZDUP,
-        /* Its key is held (hold.c): inbox row and parked row. */
-        KINBOX__MSG_PARK
-} kinbox__msg_state_t;
-
 /* Whether a message's held key (dead_letter.hold_key, hold.c) was looked
  * up; zero (a calloc'ed message) is not yet. */
 typedef enum kinbox__hkey_state {
@@ -58,10 +45,7 @@ struct kinbox_msg_s {
         char *reason; /* why it failed last (malloc), or why it has no id */
         int attempt; /* deliveries to the handler so far, +1 when running */
         int failures; /* its own failed attempts (results, statements) */
-        kinbox__msg_state_t state; /* per batch run */
-        bool inserted; /* this transaction inserted its inbox row */
-        bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
-        size_t bidx; /* its index in its batch (b->msgs) */
+        size_t bidx; /* its index in its batch (b->msgs, b->run) */
         kinbox_msg_t *next;
         kinbox__msgview_t v; /* what the accessors read */
         int64_t ts; /* Kafka timestamp (ms), -1 if none */

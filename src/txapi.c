@@ -162,7 +162,7 @@ row_tags(kinbox_tx_t *tx, int tag, const kinbox_msg_t *const *owners,
                 const kinbox_msg_t *m = owners[r];
                 t[r] = tag;
                 if (m && m->bidx < tx->b->nmsgs && tx->b->msgs[m->bidx] == m &&
-                    m->state == KINBOX__MSG_RUN)
+                    tx->b->run[m->bidx].state == KINBOX__MSG_RUN)
                         t[r] = (int)m->bidx | (tag & KINBOX__TAG_UNIQUE);
         }
         return t;
