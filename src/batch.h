@@ -62,8 +62,8 @@ typedef struct kinbox__run {
 typedef struct kinbox__walk {
         size_t ngroups;
         size_t lo[KINBOX__WALK_MAX_GROUPS + 1];
-        bool single
-            [KINBOX__WALK_MAX_GROUPS]; /* batch handler: call per message */
+        /* Batch handler: call the group's handler one message at a time. */
+        bool single[KINBOX__WALK_MAX_GROUPS];
         /* The second half of a failed group: when the first half ran
          * clean, the failure lies here, so it is cut before it runs. */
         bool suspect[KINBOX__WALK_MAX_GROUPS];

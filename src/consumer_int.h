@@ -5,8 +5,8 @@
  * to the worker owning its partition; worker threads collect batches,
  * batch.h) -> batch*.c (one batch in one transaction: inbox insert,
  * handlers, failure isolation and classification, dead letters,
- * watermarks, COMMIT, offset store). Handlers read the message through msg.c and write through the
- * transaction API in txapi.c.
+ * watermarks, COMMIT, offset store). Handlers read the message through
+ * msg.c and write through the transaction API in txapi.c.
  */
 #ifndef KINBOX_CONSUMER_INT_H
 #define KINBOX_CONSUMER_INT_H
