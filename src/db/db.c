@@ -188,7 +188,6 @@ kinbox__db_new_ops(const struct kinbox__db_ops *ops, const char *url,
         db->url = kinbox__strdup(url);
         db->password = kinbox__strdup(password);
         db->err.tag = db->err.stmt_tag = -1;
-        db->call_tag = -1;
         return db;
 }
 
@@ -202,8 +201,6 @@ kinbox__db_destroy(kinbox__db_t *db)
                 db->ops->release(db);
         free(db->url);
         free(db->password);
-        free(db->none_tags);
-        free(db->drops);
         free(db);
 }
 
@@ -282,18 +279,38 @@ kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes)
         return rc;
 }
 
+int
+kinbox__db_begin(kinbox__db_t *db, kinbox__attr_t *attr)
+{
+        db->attr = attr;
+        return db->ops->begin(db);
+}
+
+void
+kinbox__attr_free(kinbox__attr_t *a)
+{
+        free(a->none_tags);
+        free(a->drops);
+        a->none_tags = NULL;
+        a->drops = NULL;
+        a->nnone = a->capnone = a->ndrops = a->capdrops = 0;
+}
+
 void
 kinbox__db_note_none(kinbox__db_t *db, int tag)
 {
-        if (db->nnone == db->capnone) {
-                size_t cap = db->capnone ? db->capnone * 2 : 64;
-                int *t = realloc(db->none_tags, cap * sizeof(*t));
+        kinbox__attr_t *a = db->attr;
+        if (!a)
+                return;
+        if (a->nnone == a->capnone) {
+                size_t cap = a->capnone ? a->capnone * 2 : 64;
+                int *t = realloc(a->none_tags, cap * sizeof(*t));
                 if (!t)
                         return; /* counted as processed, not as duplicate */
-                db->none_tags = t;
-                db->capnone = cap;
+                a->none_tags = t;
+                a->capnone = cap;
         }
-        db->none_tags[db->nnone++] = tag;
+        a->none_tags[a->nnone++] = tag;
 }
 
 static void *
@@ -566,15 +583,18 @@ kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
                         const char *const *keys, const int *tags, size_t nrows,
                         struct kinbox_rows_s **out)
 {
-        if (keys) {
-                db->hint_keys = keys;
-                db->hint_tags = tags;
-                db->hint_n = nrows;
+        kinbox__attr_t *a = db->attr;
+        if (keys && a) {
+                a->hint_keys = keys;
+                a->hint_tags = tags;
+                a->hint_n = nrows;
         }
         int rc = db->ops->query(db, sql, n, p, tag, out);
-        db->hint_keys = NULL;
-        db->hint_tags = NULL;
-        db->hint_n = 0;
+        if (a) {
+                a->hint_keys = NULL;
+                a->hint_tags = NULL;
+                a->hint_n = 0;
+        }
         return rc;
 }
 
@@ -613,7 +633,9 @@ keys_suspect(const char *const *keys, const int *tags, size_t n,
 int
 kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
 {
-        return keys_suspect(db->hint_keys, db->hint_tags, db->hint_n, row);
+        const kinbox__attr_t *a = db->attr;
+        return a ? keys_suspect(a->hint_keys, a->hint_tags, a->hint_n, row)
+                 : 0;
 }
 
 kinbox__claims_t *

@@ -56,7 +56,8 @@ my_begin(kinbox__db_t *db)
         }
         kinbox__my_q_reset(s);
         s->nsent = s->nran = 0;
-        db->rows_queued = false;
+        if (db->attr)
+                db->attr->rows_queued = false;
         s->tx_sent = false;
         kinbox__my_m_begin(s->merge);
         int rc = kinbox__my_q_append(db, "START TRANSACTION", 17, -1, 1);
@@ -258,7 +259,8 @@ my_exec_values(kinbox__db_t *db, const kinbox__values_t *v, int tag)
                 goto out;
         rm.stmt = s->ntags - 1;
         s->rmaps[s->nrmaps++] = rm;
-        db->rows_queued = true;
+        if (db->attr)
+                db->attr->rows_queued = true;
         return KINBOX_OK;
 out:
         kinbox__my_rm_free(&rm);
@@ -350,7 +352,8 @@ my_rollback(kinbox__db_t *db)
         bool sent = s->tx_sent;
         kinbox__my_q_reset(s);
         s->nsent = s->nran = 0;
-        db->rows_queued = false;
+        if (db->attr)
+                db->attr->rows_queued = false;
         s->tx_sent = false;
         if (!sent)
                 return;

@@ -220,11 +220,12 @@ create_slot(kinbox__logsrc_t *s, repl_t *x, bool exists)
 {
         bool fo = kinbox__settings_of(s->conf)->relay_slot_failover;
         if (fo && PQserverVersion(x->conn) < 170000) {
-                kinbox__pgr_seterr(s,
-                       "relay.slot_failover needs PostgreSQL 17 or later "
-                       "(the server is %d): before 17 a logical slot does "
-                       "not survive a failover; see docs/outbox.md (failover)",
-                       PQserverVersion(x->conn));
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.slot_failover needs PostgreSQL 17 or later "
+                    "(the server is %d): before 17 a logical slot does "
+                    "not survive a failover; see docs/outbox.md (failover)",
+                    PQserverVersion(x->conn));
                 return KINBOX_ERR_CONFIG;
         }
         if (exists && !fo)
@@ -255,7 +256,8 @@ create_slot(kinbox__logsrc_t *s, repl_t *x, bool exists)
         PQfreemem(id);
         PQfreemem(lit);
         if (!id || !lit) {
-                kinbox__pgr_seterr(s, "relay.source = wal: %s", PQerrorMessage(x->conn));
+                kinbox__pgr_seterr(s, "relay.source = wal: %s",
+                                   PQerrorMessage(x->conn));
                 return KINBOX_ERR_DB;
         }
         if (exists) /* a failover slot already */
@@ -269,9 +271,10 @@ create_slot(kinbox__logsrc_t *s, repl_t *x, bool exists)
                  * altered by the reader that holds it (it is altered when
                  * this relay takes the slot over). */
                 if (!st || (strcmp(st, "42710") && strcmp(st, "55006"))) {
-                        kinbox__pgr_seterr(s, "relay.source = wal: %s slot %s: %s",
-                               sql[0] == 'A' ? "altering" : "creating",
-                               s->slot, PQerrorMessage(x->conn));
+                        kinbox__pgr_seterr(
+                            s, "relay.source = wal: %s slot %s: %s",
+                            sql[0] == 'A' ? "altering" : "creating", s->slot,
+                            PQerrorMessage(x->conn));
                         rc = st && !strcmp(st, "53400") ? KINBOX_ERR_CONFIG
                                                         : KINBOX_ERR_DB;
                 }
