@@ -1,12 +1,14 @@
 /*
  * consumer_int.h -- what the consumer's files share (internal).
  *
- * A message travels: consumer.c (poll loop, rebalances, hands each message
- * to the worker owning its partition; worker threads build batches) ->
- * batch.c (one batch in one transaction: inbox insert, handlers, failure
- * isolation and classification, dead letters, watermarks, COMMIT, offset
- * store). Handlers read the message through msg.c and write through the
- * transaction API in txapi.c.
+ * A message travels: consumer_poll.c (the polling thread hands each
+ * message to the worker owning its partition) -> consumer_worker.c (worker
+ * threads build batches) -> batch.c (one batch in one transaction: inbox
+ * insert, handlers, failure isolation and classification, dead letters,
+ * watermarks, COMMIT, offset store). Handlers read the message through msg.c and write through the
+ * transaction API in txapi.c. consumer.c has the API and the lifecycle;
+ * consumer_rebalance.c the partitions as the group assigns and revokes
+ * them, with consumer_startpos.c for where each starts.
  */
 #ifndef KINBOX_CONSUMER_INT_H
 #define KINBOX_CONSUMER_INT_H
@@ -22,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct kinbox__part kinbox__part_t;
 typedef struct kinbox__worker kinbox__worker_t;
@@ -285,9 +288,32 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
  * or was abandoned; pops the committed messages from their partitions. */
 void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
 
-/* ---- consumer.c */
-kinbox__part_t *kinbox__part_find(kinbox_consumer_t *c, const char *topic,
-                                  int32_t partition);
+/* ---- consumer_poll.c: the polling thread */
+/* Poll until kinbox_consumer_stop() (the fetch nudge's thread started
+ * here): KINBOX_OK, or KINBOX_ERR_KAFKA on a fatal Kafka error. */
+kinbox_err_t kinbox__poll_loop(kinbox_consumer_t *c);
+/* Stop the fetch nudge's thread (if it runs). */
+void kinbox__nudger_stop(kinbox_consumer_t *c);
+
+/* ---- consumer_rebalance.c: assignments, revokes, leaving the group */
+/* librdkafka's rebalance callback (opaque: the consumer); also serves the
+ * revoke of the close queue. */
+void kinbox__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                          rd_kafka_topic_partition_list_t *pl, void *opaque);
+/* Shutdown, workers stopped: the final offset commit, then leaving the
+ * group, each bounded. */
+void kinbox__group_leave(kinbox_consumer_t *c);
+/* Free every partition of the table with its queued messages. */
+void kinbox__parts_free(kinbox_consumer_t *c);
+
+/* ---- consumer_worker.c: the workers */
+/* The control connection (schema and layout checked) and the workers
+ * (connections, threads): KINBOX_OK or the error (c->errstr). */
+kinbox_err_t kinbox__workers_start(kinbox_consumer_t *c);
+/* Tell every worker to stop and join its thread. */
+void kinbox__workers_stop(kinbox_consumer_t *c);
+/* Free the workers (after kinbox__workers_stop()). */
+void kinbox__workers_free(kinbox_consumer_t *c);
 
 /* ---- consumer_startpos.c: start positions (docs/failures.md) */
 /* Rebalance callback, partitions of pl already in c->parts: classify each
@@ -306,7 +332,18 @@ bool kinbox__startpos_take(kinbox_consumer_t *c, kinbox__part_t *p,
 /* Polling thread: kinbox_consumer_partitions_refused from c->parts. */
 void kinbox__startpos_gauge(kinbox_consumer_t *c);
 
-/* ---- shared by consumer.c and batch.c */
+/* ---- the partition table (every stage; the polling thread and the
+ * rebalance callback change it, workers walk it under their locks) */
+static inline kinbox__part_t *
+kinbox__part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
+{
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
+                if (p->partition == partition && !strcmp(p->topic, topic))
+                        return p;
+        return NULL;
+}
+
+/* ---- shared by the consumer's files and batch.c */
 static inline bool
 kinbox__part_backing_off(const kinbox__part_t *p, int64_t now)
 {
