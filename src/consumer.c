@@ -66,7 +66,7 @@ kafka_set(const char *k, const char *v, void *arg)
 static kinbox_err_t
 parse_topics(kinbox_consumer_t *c, const char *topics, char *errstr, size_t sz)
 {
-        c->topics = rd_kafka_topic_partition_list_new(4);
+        c->grp.topics = rd_kafka_topic_partition_list_new(4);
         const char *p = topics;
         while (p && *p) {
                 size_t n = strcspn(p, ",");
@@ -85,11 +85,11 @@ parse_topics(kinbox_consumer_t *c, const char *topics, char *errstr, size_t sz)
                         memcpy(t, p + s, e - s);
                         t[e - s] = '\0';
                         rd_kafka_topic_partition_list_add(
-                            c->topics, t, RD_KAFKA_PARTITION_UA);
+                            c->grp.topics, t, RD_KAFKA_PARTITION_UA);
                 }
                 p += n + (p[n] ? 1 : 0);
         }
-        if (!c->topics->cnt) {
+        if (!c->grp.topics->cnt) {
                 kinbox__errstr(errstr, sz, "topics: no topic configured");
                 return KINBOX_ERR_CONFIG;
         }
@@ -103,30 +103,13 @@ take_settings(kinbox_consumer_t *c, const kinbox__settings_t *s)
         c->nworkers = (int)s->workers;
         c->batch_max = (size_t)s->batch_max;
         c->batch_wait = s->batch_wait_ms;
-        c->queue_max = (size_t)s->queue_max_messages;
+        c->poll.queue_max = (size_t)s->queue_max_messages;
         c->retry_max = s->retry_max;
         c->backoff_base = s->retry_backoff_base_ms;
         c->backoff_max = s->retry_backoff_max_ms;
         c->reconnect_max = s->reconnect_backoff_max_ms;
-        if (c->queue_max < c->batch_max)
-                c->queue_max = c->batch_max;
-}
-
-/* The prefetch bounds librdkafka runs with (kinbox's defaults or the
- * user's kafka.*): the fetch nudge wakes its fetchers against them. */
-static void
-read_prefetch(kinbox_consumer_t *c)
-{
-        const rd_kafka_conf_t *rc = rd_kafka_conf(c->rk);
-        char v[64];
-        size_t vl = sizeof(v);
-        if (rd_kafka_conf_get(rc, "queued.min.messages", v, &vl) ==
-            RD_KAFKA_CONF_OK)
-                c->prefetch_msgs = (size_t)strtoull(v, NULL, 10);
-        vl = sizeof(v);
-        if (rd_kafka_conf_get(rc, "queued.max.messages.kbytes", v, &vl) ==
-            RD_KAFKA_CONF_OK)
-                c->prefetch_bytes = 1024.0 * strtod(v, NULL);
+        if (c->poll.queue_max < c->batch_max)
+                c->poll.queue_max = c->batch_max;
 }
 
 kinbox_consumer_t *
@@ -143,8 +126,8 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         }
         pthread_mutex_init(&c->drain_lock, NULL);
         pthread_cond_init(&c->drained, NULL);
-        pthread_mutex_init(&c->nudge_lock, NULL);
-        pthread_cond_init(&c->nudge_cond, NULL);
+        pthread_mutex_init(&c->poll.nudge_lock, NULL);
+        pthread_cond_init(&c->poll.nudge_cond, NULL);
         kinbox__conf_logger(conf, &c->lg);
         const kinbox__settings_t *s = kinbox__settings_of(conf);
         c->name = kinbox__strdup(s->name);
@@ -204,8 +187,7 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
                 goto kafka_fail;
         rkc = NULL; /* owned by rk now */
         rd_kafka_poll_set_consumer(c->rk);
-        c->cq = rd_kafka_queue_get_consumer(c->rk);
-        read_prefetch(c);
+        kinbox__poll_prefetch(c);
         if (kinbox__tracing_acquire(conf, &c->tracing, errstr, sz))
                 goto fail;
         c->conf = conf;
@@ -284,13 +266,14 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
         if (!c)
                 return;
         kinbox__parts_free(c);
-        if (c->cq)
-                rd_kafka_queue_destroy(c->cq);
-        c->cq = NULL;
+        if (c->poll.cq)
+                rd_kafka_queue_destroy(c->poll.cq);
+        c->poll.cq = NULL;
         if (c->rk &&
             !kinbox__rk_destroy_bounded(
                 c->rk,
-                c->left_unclosed ? RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE : 0,
+                c->grp.left_unclosed ? RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE
+                                     : 0,
                 "consumer_destroy_stall")) {
                 /* librdkafka's threads may still call back with c (its
                  * log callback's opaque): c stays theirs. */
@@ -303,14 +286,14 @@ kinbox_consumer_destroy(kinbox_consumer_t *c)
                 kinbox__rk_abandon(c);
                 return;
         }
-        if (c->topics)
-                rd_kafka_topic_partition_list_destroy(c->topics);
-        kinbox__db_destroy(c->ctl);
+        if (c->grp.topics)
+                rd_kafka_topic_partition_list_destroy(c->grp.topics);
+        kinbox__db_destroy(c->grp.ctl);
         kinbox__tracing_release(c->tracing);
         pthread_mutex_destroy(&c->drain_lock);
         pthread_cond_destroy(&c->drained);
-        pthread_mutex_destroy(&c->nudge_lock);
-        pthread_cond_destroy(&c->nudge_cond);
+        pthread_mutex_destroy(&c->poll.nudge_lock);
+        pthread_cond_destroy(&c->poll.nudge_cond);
         free(c->name);
         free(c->msgid_spec);
         free(c->hold_src);
@@ -350,7 +333,8 @@ kinbox_consumer_run(kinbox_consumer_t *c)
         kinbox__held_gauge(c);
         kinbox_err_t ret = kinbox__workers_start(c);
         if (!ret) {
-                rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, c->topics);
+                rd_kafka_resp_err_t e =
+                    rd_kafka_subscribe(c->rk, c->grp.topics);
                 if (e) {
                         snprintf(c->errstr, sizeof(c->errstr), "subscribe: %s",
                                  rd_kafka_err2str(e));

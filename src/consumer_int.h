@@ -202,37 +202,15 @@ struct kinbox_tx_s {
         size_t nukeys, capukeys;
 };
 
-struct kinbox_consumer_s {
-        kinbox_conf_t *conf;
-        bool tracing; /* holds a reference on the span exporter */
-        bool left_unclosed; /* leaving the group timed out at shutdown */
-        kinbox__log_t lg;
-        char *name;
-        char *msgid_spec;
-        rd_kafka_t *rk;
-        rd_kafka_topic_partition_list_t *topics;
-        kinbox_handler_fn handler;
-        kinbox_batch_handler_fn batch_handler;
-        void *opaque;
-        int nworkers;
-        kinbox__worker_t *workers;
-        kinbox__part_t *parts;
-        kinbox__db_t *ctl; /* main thread's connection (watermarks) */
-        size_t batch_max, queue_max;
-        int64_t batch_wait, retry_max, backoff_base, backoff_max,
-            reconnect_max;
-        atomic_bool stopping;
-        atomic_bool running;
-        atomic_bool pause_dirty;
-        /* Backpressure: while a worker's queue is full the polling thread
-         * holds off (librdkafka's own bounded queue then stops fetching);
-         * only a long stall pauses partitions, because a pause drops what
-         * librdkafka prefetched and a resume fetches it again. */
-        pthread_mutex_t drain_lock;
-        pthread_cond_t drained;
-        int64_t full_since; /* polling thread only */
-        bool stalled; /* polling thread only */
-        /* Fetch nudge (polling thread only, see nudge_fetchers()). */
+/* The polling thread's own state (consumer_poll.c). Backpressure: while
+ * a worker's queue is full the polling thread holds off (librdkafka's own
+ * bounded queue then stops fetching); only a long stall pauses
+ * partitions, because a pause drops what librdkafka prefetched and a
+ * resume fetches it again. The fetch nudge: see nudge_fetchers(). */
+typedef struct kinbox__poller {
+        size_t queue_max; /* a worker's queue is full at this many */
+        int64_t full_since;
+        bool stalled;
         rd_kafka_queue_t *cq; /* librdkafka's consumer queue */
         size_t prefetch_msgs; /* queued.min.messages */
         double prefetch_bytes; /* queued.max.messages.kbytes * 1024 */
@@ -244,6 +222,42 @@ struct kinbox_consumer_s {
         pthread_mutex_t nudge_lock;
         pthread_cond_t nudge_cond;
         bool nudge_req, nudge_stop; /* under nudge_lock */
+} kinbox__poller_t;
+
+/* The group's side (consumer_rebalance.c, consumer_startpos.c; the main
+ * thread only). */
+typedef struct kinbox__group {
+        rd_kafka_topic_partition_list_t *topics; /* subscribed */
+        kinbox__db_t *ctl; /* the main thread's connection (watermarks,
+                              holds) */
+        bool left_unclosed; /* leaving the group timed out at shutdown */
+} kinbox__group_t;
+
+struct kinbox_consumer_s {
+        kinbox_conf_t *conf;
+        bool tracing; /* holds a reference on the span exporter */
+        kinbox__log_t lg;
+        char *name;
+        char *msgid_spec;
+        rd_kafka_t *rk;
+        kinbox_handler_fn handler;
+        kinbox_batch_handler_fn batch_handler;
+        void *opaque;
+        int nworkers;
+        kinbox__worker_t *workers;
+        kinbox__part_t *parts;
+        size_t batch_max;
+        int64_t batch_wait, retry_max, backoff_base, backoff_max,
+            reconnect_max;
+        atomic_bool stopping;
+        atomic_bool running;
+        /* Workers -> polling thread: pauses to update; a batch finished
+         * (queue room, see kinbox__poller_t). */
+        atomic_bool pause_dirty;
+        pthread_mutex_t drain_lock;
+        pthread_cond_t drained;
+        kinbox__poller_t poll;
+        kinbox__group_t grp;
         /* dead_letter.hold_key (hold.c) */
         bool hold_on;
         char *hold_src;
@@ -294,6 +308,10 @@ void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
 kinbox_err_t kinbox__poll_loop(kinbox_consumer_t *c);
 /* Stop the fetch nudge's thread (if it runs). */
 void kinbox__nudger_stop(kinbox_consumer_t *c);
+/* Once c->rk exists: the consumer queue and the prefetch bounds
+ * librdkafka runs with (kinbox's defaults or the user's kafka.*), which
+ * the fetch nudge measures its queue against. */
+void kinbox__poll_prefetch(kinbox_consumer_t *c);
 
 /* ---- consumer_rebalance.c: assignments, revokes, leaving the group */
 /* librdkafka's rebalance callback (opaque: the consumer); also serves the
@@ -314,6 +332,10 @@ kinbox_err_t kinbox__workers_start(kinbox_consumer_t *c);
 void kinbox__workers_stop(kinbox_consumer_t *c);
 /* Free the workers (after kinbox__workers_stop()). */
 void kinbox__workers_free(kinbox_consumer_t *c);
+/* Take (release) every worker's lock, in worker order: workers walk the
+ * partition table under their own lock. */
+void kinbox__workers_lock(kinbox_consumer_t *c);
+void kinbox__workers_unlock(kinbox_consumer_t *c);
 
 /* ---- consumer_startpos.c: start positions (docs/failures.md) */
 /* Rebalance callback, partitions of pl already in c->parts: classify each

@@ -69,12 +69,12 @@ update_pauses(kinbox_consumer_t *c)
         rd_kafka_topic_partition_list_t *resume =
             rd_kafka_topic_partition_list_new(4);
         int64_t now = kinbox__now_ms();
-        for (int k = 0; k < c->nworkers; k++)
-                pthread_mutex_lock(&c->workers[k].lock);
+        kinbox__workers_lock(c);
         for (kinbox__part_t *p = c->parts; p; p = p->next) {
                 kinbox__worker_t *w = p->w;
-                bool want = p->refused || kinbox__part_backing_off(p, now) ||
-                            (c->stalled && w->queued >= c->queue_max / 2);
+                bool want =
+                    p->refused || kinbox__part_backing_off(p, now) ||
+                    (c->poll.stalled && w->queued >= c->poll.queue_max / 2);
                 if (want && !p->paused)
                         rd_kafka_topic_partition_list_add(pause, p->topic,
                                                           p->partition);
@@ -83,8 +83,7 @@ update_pauses(kinbox_consumer_t *c)
                                                           p->partition);
                 p->paused = want;
         }
-        for (int k = 0; k < c->nworkers; k++)
-                pthread_mutex_unlock(&c->workers[k].lock);
+        kinbox__workers_unlock(c);
         if (pause->cnt)
                 rd_kafka_pause_partitions(c->rk, pause);
         if (resume->cnt)
@@ -103,7 +102,7 @@ workers_full(kinbox_consumer_t *c)
         for (int k = 0; k < c->nworkers && !full; k++) {
                 kinbox__worker_t *w = &c->workers[k];
                 pthread_mutex_lock(&w->lock);
-                full = w->queued >= c->queue_max;
+                full = w->queued >= c->poll.queue_max;
                 pthread_mutex_unlock(&w->lock);
         }
         return full;
@@ -125,34 +124,51 @@ workers_full(kinbox_consumer_t *c)
  */
 #define NUDGE_CHECK_MS 20
 
+void
+kinbox__poll_prefetch(kinbox_consumer_t *c)
+{
+        c->poll.cq = rd_kafka_queue_get_consumer(c->rk);
+        const rd_kafka_conf_t *rc = rd_kafka_conf(c->rk);
+        char v[64];
+        size_t vl = sizeof(v);
+        if (rd_kafka_conf_get(rc, "queued.min.messages", v, &vl) ==
+            RD_KAFKA_CONF_OK)
+                c->poll.prefetch_msgs = (size_t)strtoull(v, NULL, 10);
+        vl = sizeof(v);
+        if (rd_kafka_conf_get(rc, "queued.max.messages.kbytes", v, &vl) ==
+            RD_KAFKA_CONF_OK)
+                c->poll.prefetch_bytes = 1024.0 * strtod(v, NULL);
+}
+
 static void
 nudge_fetchers(kinbox_consumer_t *c, int64_t now)
 {
-        if (!c->cq || now - c->last_nudge_check < NUDGE_CHECK_MS)
+        if (!c->poll.cq || now - c->poll.last_nudge_check < NUDGE_CHECK_MS)
                 return;
-        c->last_nudge_check = now;
-        double n = (double)rd_kafka_queue_length(c->cq);
-        double fill = c->prefetch_msgs ? n / (double)c->prefetch_msgs : 0;
-        if (c->prefetch_bytes > 0 && c->avg_bytes > 0) {
-                double b = n * c->avg_bytes / c->prefetch_bytes;
+        c->poll.last_nudge_check = now;
+        double n = (double)rd_kafka_queue_length(c->poll.cq);
+        double fill =
+            c->poll.prefetch_msgs ? n / (double)c->poll.prefetch_msgs : 0;
+        if (c->poll.prefetch_bytes > 0 && c->poll.avg_bytes > 0) {
+                double b = n * c->poll.avg_bytes / c->poll.prefetch_bytes;
                 if (b > fill)
                         fill = b;
         }
         if (fill >= 0.9) {
-                c->prefetch_full = true;
+                c->poll.prefetch_full = true;
                 return;
         }
-        if (!c->prefetch_full || fill > 0.75)
+        if (!c->poll.prefetch_full || fill > 0.75)
                 return;
-        c->prefetch_full = false;
+        c->poll.prefetch_full = false;
         kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
                     "prefetch queue drained to %.0f messages: nudging the "
                     "fetchers",
                     n);
-        pthread_mutex_lock(&c->nudge_lock);
-        c->nudge_req = true;
-        pthread_cond_signal(&c->nudge_cond);
-        pthread_mutex_unlock(&c->nudge_lock);
+        pthread_mutex_lock(&c->poll.nudge_lock);
+        c->poll.nudge_req = true;
+        pthread_cond_signal(&c->poll.nudge_cond);
+        pthread_mutex_unlock(&c->poll.nudge_lock);
 }
 
 /* The request may wait behind a fetch the broker holds for
@@ -161,14 +177,15 @@ static void *
 nudger_main(void *arg)
 {
         kinbox_consumer_t *c = arg;
-        pthread_mutex_lock(&c->nudge_lock);
+        pthread_mutex_lock(&c->poll.nudge_lock);
         for (;;) {
-                while (!c->nudge_req && !c->nudge_stop)
-                        pthread_cond_wait(&c->nudge_cond, &c->nudge_lock);
-                if (c->nudge_stop)
+                while (!c->poll.nudge_req && !c->poll.nudge_stop)
+                        pthread_cond_wait(&c->poll.nudge_cond,
+                                          &c->poll.nudge_lock);
+                if (c->poll.nudge_stop)
                         break;
-                c->nudge_req = false;
-                pthread_mutex_unlock(&c->nudge_lock);
+                c->poll.nudge_req = false;
+                pthread_mutex_unlock(&c->poll.nudge_lock);
                 rd_kafka_topic_partition_list_t *a = NULL;
                 if (!rd_kafka_assignment(c->rk, &a) && a) {
                         for (int i = 0; i < a->cnt; i++)
@@ -178,23 +195,23 @@ nudger_main(void *arg)
                                                                  500);
                         rd_kafka_topic_partition_list_destroy(a);
                 }
-                pthread_mutex_lock(&c->nudge_lock);
+                pthread_mutex_lock(&c->poll.nudge_lock);
         }
-        pthread_mutex_unlock(&c->nudge_lock);
+        pthread_mutex_unlock(&c->poll.nudge_lock);
         return NULL;
 }
 
 void
 kinbox__nudger_stop(kinbox_consumer_t *c)
 {
-        if (!c->nudger_started)
+        if (!c->poll.nudger_started)
                 return;
-        pthread_mutex_lock(&c->nudge_lock);
-        c->nudge_stop = true;
-        pthread_cond_signal(&c->nudge_cond);
-        pthread_mutex_unlock(&c->nudge_lock);
-        pthread_join(c->nudger, NULL);
-        c->nudger_started = false;
+        pthread_mutex_lock(&c->poll.nudge_lock);
+        c->poll.nudge_stop = true;
+        pthread_cond_signal(&c->poll.nudge_cond);
+        pthread_mutex_unlock(&c->poll.nudge_lock);
+        pthread_join(c->poll.nudger, NULL);
+        c->poll.nudger_started = false;
 }
 
 /* Polling thread: true when it should hold off polling for now. */
@@ -202,27 +219,28 @@ static bool
 hold_off(kinbox_consumer_t *c)
 {
         if (!workers_full(c)) {
-                if (c->full_since && kinbox__now_ms() - c->full_since > 50)
-                        kinbox__log(
-                            &c->lg, KINBOX_LOG_DEBUG, "consumer",
-                            "held off polling for %lld ms",
-                            (long long)(kinbox__now_ms() - c->full_since));
-                c->full_since = 0;
-                if (c->stalled) {
-                        c->stalled = false;
+                if (c->poll.full_since &&
+                    kinbox__now_ms() - c->poll.full_since > 50)
+                        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                                    "held off polling for %lld ms",
+                                    (long long)(kinbox__now_ms() -
+                                                c->poll.full_since));
+                c->poll.full_since = 0;
+                if (c->poll.stalled) {
+                        c->poll.stalled = false;
                         atomic_store(&c->pause_dirty, true);
                 }
                 return false;
         }
         int64_t now = kinbox__now_ms();
-        if (!c->full_since)
-                c->full_since = now;
-        if (now - c->full_since >= STALL_PAUSE_MS) {
+        if (!c->poll.full_since)
+                c->poll.full_since = now;
+        if (now - c->poll.full_since >= STALL_PAUSE_MS) {
                 /* A long stall (database down, a partition backing off
                  * with a full queue): pause and keep polling so the group
                  * membership and rebalances go on. */
-                if (!c->stalled) {
-                        c->stalled = true;
+                if (!c->poll.stalled) {
+                        c->poll.stalled = true;
                         atomic_store(&c->pause_dirty, true);
                 }
                 return false;
@@ -245,8 +263,9 @@ poll_once(kinbox_consumer_t *c)
                 return KINBOX_OK;
         if (!rkm->err) {
                 double sz = (double)(rkm->len + rkm->key_len);
-                c->avg_bytes =
-                    c->avg_bytes > 0 ? 0.99 * c->avg_bytes + 0.01 * sz : sz;
+                c->poll.avg_bytes = c->poll.avg_bytes > 0
+                                        ? 0.99 * c->poll.avg_bytes + 0.01 * sz
+                                        : sz;
                 dispatch(c, rkm);
                 return KINBOX_OK;
         }
@@ -282,10 +301,10 @@ kinbox_err_t
 kinbox__poll_loop(kinbox_consumer_t *c)
 {
         int64_t last_pause_check = 0;
-        c->nudge_stop = false;
-        c->nudge_req = false;
-        if (pthread_create(&c->nudger, NULL, nudger_main, c) == 0)
-                c->nudger_started = true;
+        c->poll.nudge_stop = false;
+        c->poll.nudge_req = false;
+        if (pthread_create(&c->poll.nudger, NULL, nudger_main, c) == 0)
+                c->poll.nudger_started = true;
         while (!atomic_load(&c->stopping)) {
                 if (hold_off(c)) {
                         if (atomic_exchange(&c->pause_dirty, false))

@@ -85,14 +85,12 @@ parts_add(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                 p->partition = tp->partition;
                 p->w = &c->workers[hash_tp(tp->topic, tp->partition) %
                                    (unsigned)c->nworkers];
-                p->hold_unknown = !kinbox__hold_load(c, c->ctl, p);
+                p->hold_unknown = !kinbox__hold_load(c, c->grp.ctl, p);
                 /* Workers walk c->parts under their own lock. */
-                for (int k = 0; k < c->nworkers; k++)
-                        pthread_mutex_lock(&c->workers[k].lock);
+                kinbox__workers_lock(c);
                 p->next = c->parts;
                 c->parts = p;
-                for (int k = 0; k < c->nworkers; k++)
-                        pthread_mutex_unlock(&c->workers[k].lock);
+                kinbox__workers_unlock(c);
         }
 }
 
@@ -100,8 +98,7 @@ parts_add(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
 static void
 parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
 {
-        for (int k = 0; k < c->nworkers; k++)
-                pthread_mutex_lock(&c->workers[k].lock);
+        kinbox__workers_lock(c);
         for (int i = 0; pl && i < pl->cnt; i++) {
                 kinbox__part_t *p = kinbox__part_find(c, pl->elems[i].topic,
                                                       pl->elems[i].partition);
@@ -133,8 +130,7 @@ parts_revoke(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
                         pp = &p->next;
                 }
         }
-        for (int k = 0; k < c->nworkers; k++)
-                pthread_mutex_unlock(&c->workers[k].lock);
+        kinbox__workers_unlock(c);
 }
 
 /* How long an offset commit on a revoke or at shutdown may wait for the
@@ -317,7 +313,7 @@ leave_group(kinbox_consumer_t *c)
                                     "within %d s (the broker drops this "
                                     "member after session.timeout.ms)",
                                     c->name, LEAVE_GROUP_MS / 1000);
-                        c->left_unclosed = true;
+                        c->grp.left_unclosed = true;
                         break;
                 }
                 rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 100);
@@ -327,7 +323,7 @@ leave_group(kinbox_consumer_t *c)
         /* Events queued after the close finished: destroy them too (after
          * a timeout, rd_kafka_destroy() does). */
         rd_kafka_event_t *ev;
-        while (!c->left_unclosed && (ev = rd_kafka_queue_poll(q, 0)))
+        while (!c->grp.left_unclosed && (ev = rd_kafka_queue_poll(q, 0)))
                 close_event(c, ev);
         rd_kafka_queue_destroy(q);
 }

@@ -141,13 +141,13 @@ kinbox__startpos_assign(kinbox_consumer_t *c,
                             c->name, rd_kafka_err2str(e));
         kinbox__wm_t *wms = NULL;
         size_t nwm = 0;
-        int rc = kinbox__wms_read(c->ctl, c->name, &wms, &nwm);
+        int rc = kinbox__wms_read(c->grp.ctl, c->name, &wms, &nwm);
         if (rc)
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                             "%s: reading offset watermarks: %s (starting "
                             "from Kafka's committed offsets; the inbox "
                             "still deduplicates)",
-                            c->name, c->ctl->err.msg);
+                            c->name, c->grp.ctl->err.msg);
         for (int i = 0; !rc && i < pl->cnt; i++) {
                 rd_kafka_topic_partition_t *tp = &pl->elems[i];
                 kinbox__part_t *p =

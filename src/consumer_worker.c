@@ -194,17 +194,18 @@ kinbox__workers_free(kinbox_consumer_t *c)
 kinbox_err_t
 kinbox__workers_start(kinbox_consumer_t *c)
 {
-        c->ctl = db_open(c, c->errstr, sizeof(c->errstr));
-        if (!c->ctl)
+        c->grp.ctl = db_open(c, c->errstr, sizeof(c->errstr));
+        if (!c->grp.ctl)
                 return KINBOX_ERR_CONFIG;
-        if (kinbox__db_connect(c->ctl)) {
-                snprintf(c->errstr, sizeof(c->errstr), "%s", c->ctl->err.msg);
+        if (kinbox__db_connect(c->grp.ctl)) {
+                snprintf(c->errstr, sizeof(c->errstr), "%s",
+                         c->grp.ctl->err.msg);
                 return KINBOX_ERR_DB_CONN;
         }
-        int src = kinbox__schema_check_db(c->ctl, NULL, c->errstr,
+        int src = kinbox__schema_check_db(c->grp.ctl, NULL, c->errstr,
                                           sizeof(c->errstr));
         if (!src)
-                src = kinbox__partition_check(c->ctl,
+                src = kinbox__partition_check(c->grp.ctl,
                                               kinbox__settings_of(c->conf),
                                               c->errstr, sizeof(c->errstr));
         if (src)
@@ -236,4 +237,18 @@ kinbox__workers_start(kinbox_consumer_t *c)
                 c->workers[k].started = true;
         }
         return KINBOX_OK;
+}
+
+void
+kinbox__workers_lock(kinbox_consumer_t *c)
+{
+        for (int k = 0; k < c->nworkers; k++)
+                pthread_mutex_lock(&c->workers[k].lock);
+}
+
+void
+kinbox__workers_unlock(kinbox_consumer_t *c)
+{
+        for (int k = 0; k < c->nworkers; k++)
+                pthread_mutex_unlock(&c->workers[k].lock);
 }
