@@ -24,6 +24,7 @@
 #include "db.h"
 #include "hold.h"
 #include "internal.h"
+#include "kafka.h"
 #include "metrics.h"
 #include "rkdestroy.h"
 
@@ -40,27 +41,6 @@ rk_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
         kinbox_consumer_t *c = rd_kafka_opaque(rk);
         if (c)
                 kinbox__log(&c->lg, level, "rdkafka", "%s: %s", fac, buf);
-}
-
-struct kafka_set_ctx {
-        rd_kafka_conf_t *rkc;
-        char *errstr;
-        size_t errsz;
-        bool failed;
-};
-
-static void
-kafka_set(const char *k, const char *v, void *arg)
-{
-        struct kafka_set_ctx *x = arg;
-        char e[256];
-        if (x->failed)
-                return;
-        if (rd_kafka_conf_set(x->rkc, k, v, e, sizeof(e)) !=
-            RD_KAFKA_CONF_OK) {
-                kinbox__errstr(x->errstr, x->errsz, "kafka.%s: %s", k, e);
-                x->failed = true;
-        }
 }
 
 static kinbox_err_t
@@ -112,6 +92,52 @@ take_settings(kinbox_consumer_t *c, const kinbox__settings_t *s)
                 c->poll.queue_max = c->batch_max;
 }
 
+/* The consumer's librdkafka handle (c->rk). kinbox's defaults first; the
+ * user's kafka.* may override them, except the two that the
+ * exactly-once effect depends on.
+ * Prefetch: once the consumer queue holds queued.min.messages, librdkafka
+ * 2.0 stops fetching until something wakes its broker threads
+ * (consumer_poll.c's fetch nudge does, once a quarter has drained).
+ * 50,000 messages keep the consumer's memory bounded with any backlog
+ * (the figures: docs/benchmarks.md).
+ * Metadata every 30 s (librdkafka: 5 min): a subscribed topic created
+ * after the start, or partitions added to one, are consumed within 30 s,
+ * not 5 min (docs/kafka.md). */
+static bool
+kafka_open(kinbox_consumer_t *c, const kinbox_conf_t *conf,
+           const kinbox__settings_t *s, char *errstr, size_t sz)
+{
+        const char *const defaults[] = {"auto.offset.reset",
+                                        "earliest",
+                                        "topic.metadata.refresh.interval.ms",
+                                        "30000",
+                                        "queued.max.messages.kbytes",
+                                        "16384",
+                                        "queued.min.messages",
+                                        "50000",
+                                        "group.id",
+                                        s->group_id,
+                                        NULL};
+        static const char *const forced[] = {"enable.auto.offset.store",
+                                             "false", "enable.partition.eof",
+                                             "false", NULL};
+        const kinbox__rkconf_spec_t spec = {defaults, NULL, forced};
+        rd_kafka_conf_t *rkc = kinbox__rkconf_new(conf, &spec, errstr, sz);
+        if (!rkc)
+                return false;
+        rd_kafka_conf_set_opaque(rkc, c);
+        rd_kafka_conf_set_log_cb(rkc, rk_log);
+        rd_kafka_conf_set_rebalance_cb(rkc, kinbox__rebalance_cb);
+        char e[256];
+        c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, rkc, e, sizeof(e));
+        if (!c->rk) {
+                kinbox__errstr(errstr, sz, "Kafka configuration: %s", e);
+                rd_kafka_conf_destroy(rkc);
+                return false;
+        }
+        return true;
+}
+
 kinbox_consumer_t *
 kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
 {
@@ -134,7 +160,6 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
         c->msgid_spec = kinbox__strdup(s->message_id);
         take_settings(c, s);
         kinbox__hold_conf(c, conf);
-        rd_kafka_conf_t *rkc = NULL;
         if (!c->name || !c->msgid_spec)
                 goto oom;
         kinbox__dburl_t u;
@@ -148,58 +173,17 @@ kinbox_consumer_new(kinbox_conf_t *conf, char *errstr, size_t sz)
                                "kafka.bootstrap.servers is not set");
                 goto fail;
         }
-        rkc = rd_kafka_conf_new();
-        char e[256];
-        /* kinbox's defaults first; the user's kafka.* may override them,
-         * except the two that the exactly-once effect depends on.
-         * Prefetch: once the consumer queue holds queued.min.messages,
-         * librdkafka 2.0 stops fetching until something wakes its broker
-         * threads (nudge_fetchers() does, once a quarter has drained).
-         * 50,000 messages keep the consumer's memory bounded with any
-         * backlog (the figures: docs/benchmarks.md).
-         * Metadata every 30 s (librdkafka: 5 min): a subscribed topic
-         * created after the start, or partitions added to one, are
-         * consumed within 30 s, not 5 min (docs/kafka.md). */
-        if (rd_kafka_conf_set(rkc, "auto.offset.reset", "earliest", e,
-                              sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "topic.metadata.refresh.interval.ms",
-                              "30000", e, sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "queued.max.messages.kbytes", "16384", e,
-                              sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "queued.min.messages", "50000", e,
-                              sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "group.id", s->group_id, e, sizeof(e)))
-                goto kafka_fail;
-        struct kafka_set_ctx ks = {rkc, errstr, sz, false};
-        kinbox__conf_kafka_each(conf, kafka_set, &ks);
-        if (ks.failed)
+        if (!kafka_open(c, conf, s, errstr, sz))
                 goto fail;
-        if (rd_kafka_conf_set(rkc, "enable.auto.offset.store", "false", e,
-                              sizeof(e)) ||
-            rd_kafka_conf_set(rkc, "enable.partition.eof", "false", e,
-                              sizeof(e)))
-                goto kafka_fail;
-        rd_kafka_conf_set_opaque(rkc, c);
-        rd_kafka_conf_set_log_cb(rkc, rk_log);
-        rd_kafka_conf_set_rebalance_cb(rkc, kinbox__rebalance_cb);
-        c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, rkc, e, sizeof(e));
-        if (!c->rk)
-                goto kafka_fail;
-        rkc = NULL; /* owned by rk now */
         rd_kafka_poll_set_consumer(c->rk);
         kinbox__poll_prefetch(c);
         if (kinbox__tracing_acquire(conf, &c->tracing, errstr, sz))
                 goto fail;
         c->conf = conf;
         return c;
-kafka_fail:
-        kinbox__errstr(errstr, sz, "Kafka configuration: %s", e);
-        goto fail;
 oom:
         kinbox__errstr(errstr, sz, "out of memory");
 fail:
-        if (rkc)
-                rd_kafka_conf_destroy(rkc);
         c->conf = NULL; /* the caller keeps it on failure */
         kinbox_consumer_destroy(c);
         return NULL;
