@@ -149,3 +149,76 @@ kinbox_kafka_destroy(kinbox_kafka_t *k)
         rd_kafka_destroy(k->rk);
         free(k);
 }
+
+/* One ListOffsets pass over pl: each partition's offset at `which`
+ * (RD_KAFKA_OFFSET_BEGINNING or _END) into out[i], one request per
+ * leader. An error of the whole pass is returned and nothing written;
+ * else out[i] is -1 where err[i] says why (or the broker sent none). */
+static rd_kafka_resp_err_t
+list_offsets(rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *pl,
+             int64_t which, int64_t *out, rd_kafka_resp_err_t *err,
+             int timeout_ms)
+{
+        rd_kafka_topic_partition_list_t *l =
+            rd_kafka_topic_partition_list_copy(pl);
+        if (!l)
+                return RD_KAFKA_RESP_ERR__FAIL;
+        for (int i = 0; i < l->cnt; i++) {
+                l->elems[i].offset = which;
+                l->elems[i].err = RD_KAFKA_RESP_ERR_NO_ERROR;
+        }
+        rd_kafka_resp_err_t e =
+            rd_kafka_offsets_for_times(rk, l, timeout_ms > 0 ? timeout_ms : 1);
+        for (int i = 0; !e && i < l->cnt; i++) {
+                /* (the offset of one the broker left out is still which) */
+                bool ok = !l->elems[i].err && l->elems[i].offset >= 0;
+                out[i] = ok ? l->elems[i].offset : -1;
+                if (l->elems[i].err && !err[i])
+                        err[i] = l->elems[i].err;
+        }
+        rd_kafka_topic_partition_list_destroy(l);
+        return e;
+}
+
+void
+kinbox__log_ranges(rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *pl,
+                   int64_t *lo, int64_t *hi, rd_kafka_resp_err_t *err,
+                   int timeout_ms)
+{
+        int64_t end = kinbox__now_ms() + timeout_ms;
+        for (int i = 0; i < pl->cnt; i++) {
+                lo[i] = hi[i] = -1;
+                err[i] = RD_KAFKA_RESP_ERR_NO_ERROR;
+        }
+        if (!pl->cnt)
+                return;
+        rd_kafka_resp_err_t e = list_offsets(rk, pl, RD_KAFKA_OFFSET_BEGINNING,
+                                             lo, err, timeout_ms);
+        if (!e)
+                e = list_offsets(rk, pl, RD_KAFKA_OFFSET_END, hi, err,
+                                 (int)(end - kinbox__now_ms()));
+        for (int i = 0; !e && i < pl->cnt; i++) {
+                if (err[i] || hi[i] < 0) {
+                        lo[i] = hi[i] = -1;
+                        if (!err[i])
+                                err[i] = RD_KAFKA_RESP_ERR__BAD_MSG;
+                } else if (lo[i] < 0) {
+                        lo[i] = hi[i]; /* an empty partition */
+                }
+        }
+        if (!e)
+                return;
+        /* A pass failed as a whole (one partition's error fails its
+         * leader's request): ask each partition on its own, within what
+         * is left. */
+        for (int i = 0; i < pl->cnt; i++) {
+                int64_t left = end - kinbox__now_ms();
+                const rd_kafka_topic_partition_t *tp = &pl->elems[i];
+                err[i] = left <= 0 ? RD_KAFKA_RESP_ERR__TIMED_OUT
+                                   : rd_kafka_query_watermark_offsets(
+                                         rk, tp->topic, tp->partition, &lo[i],
+                                         &hi[i], (int)left);
+                if (err[i])
+                        lo[i] = hi[i] = -1;
+        }
+}

@@ -6,6 +6,7 @@
  */
 #include "admin_int.h"
 #include "internal.h"
+#include "kafka.h"
 #include "settings.h"
 #include "startpos.h"
 
@@ -129,22 +130,28 @@ kafka_side(kinbox_admin_t *adm, rd_kafka_t *rk, kinbox_offsets_t *o)
                 rd_kafka_topic_partition_list_destroy(l);
                 return KINBOX_ERR_KAFKA;
         }
-        for (size_t i = 0; i < o->npartitions; i++) {
+        size_t n = (size_t)l->cnt + 1;
+        int64_t *lo = kinbox__calloc(n, sizeof(*lo));
+        int64_t *hi = kinbox__calloc(n, sizeof(*hi));
+        rd_kafka_resp_err_t *le = kinbox__calloc(n, sizeof(*le));
+        if (lo && hi && le)
+                kinbox__log_ranges(rk, l, lo, hi, le, ASK_MS);
+        for (size_t i = 0; lo && hi && le && i < o->npartitions; i++) {
                 kinbox_offsets_partition_t *p = &o->partitions[i];
                 rd_kafka_topic_partition_t *tp =
                     rd_kafka_topic_partition_list_find(l, p->topic,
                                                        p->partition);
                 p->committed =
                     tp && !tp->err && tp->offset >= 0 ? tp->offset : -1;
-                int64_t lo = -1, hi = -1;
-                if (rd_kafka_query_watermark_offsets(
-                        rk, p->topic, p->partition, &lo, &hi, ASK_MS))
-                        lo = hi = -1;
-                p->low = lo;
-                p->high = hi;
+                p->low = tp ? lo[tp - l->elems] : -1;
+                p->high = tp ? hi[tp - l->elems] : -1;
         }
+        kinbox_err_t rc = lo && hi && le ? KINBOX_OK : KINBOX_ERR_NOMEM;
+        free(lo);
+        free(hi);
+        free(le);
         rd_kafka_topic_partition_list_destroy(l);
-        return KINBOX_OK;
+        return rc;
 }
 
 /* KINBOX_OFFSETS_READ_LOG: read the record at W-1 of each partition whose
