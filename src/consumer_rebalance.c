@@ -174,58 +174,57 @@ commit_bounded(rd_kafka_t *rk)
         return r;
 }
 
-void
-kinbox__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                     rd_kafka_topic_partition_list_t *pl, void *opaque)
+/* An assignment: the partitions join the table (their holds read), each
+ * one's start is set (consumer_startpos.c), refused ones stay assigned,
+ * paused for good. */
+static void
+assign(kinbox_consumer_t *c, rd_kafka_t *rk,
+       rd_kafka_topic_partition_list_t *pl, bool coop)
 {
-        kinbox_consumer_t *c = opaque;
-        bool coop = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
-        if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-                kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
-                            "%s: assigned %d partition(s)", c->name, pl->cnt);
-                rd_kafka_topic_partition_list_t *ahead =
-                    rd_kafka_topic_partition_list_new(4);
-                rd_kafka_topic_partition_list_t *refuse =
-                    rd_kafka_topic_partition_list_new(4);
-                parts_add(c, pl);
-                kinbox__startpos_assign(c, pl, ahead, refuse);
-                if (coop) {
-                        rd_kafka_error_t *e =
-                            rd_kafka_incremental_assign(rk, pl);
-                        if (e) {
-                                kinbox__log(&c->lg, KINBOX_LOG_ERR, "consumer",
-                                            "assign: %s",
-                                            rd_kafka_error_string(e));
-                                rd_kafka_error_destroy(e);
-                        }
-                } else {
-                        rd_kafka_assign(rk, pl);
+        kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
+                    "%s: assigned %d partition(s)", c->name, pl->cnt);
+        rd_kafka_topic_partition_list_t *ahead =
+            rd_kafka_topic_partition_list_new(4);
+        rd_kafka_topic_partition_list_t *refuse =
+            rd_kafka_topic_partition_list_new(4);
+        parts_add(c, pl);
+        kinbox__startpos_assign(c, pl, ahead, refuse);
+        if (coop) {
+                rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, pl);
+                if (e) {
+                        kinbox__log(&c->lg, KINBOX_LOG_ERR, "consumer",
+                                    "assign: %s", rd_kafka_error_string(e));
+                        rd_kafka_error_destroy(e);
                 }
-                if (ahead->cnt) {
-                        rd_kafka_resp_err_t se =
-                            rd_kafka_offsets_store(rk, ahead);
-                        if (se)
-                                kinbox__log(&c->lg, KINBOX_LOG_DEBUG,
-                                            "consumer",
-                                            "storing start offsets: %s",
-                                            rd_kafka_err2str(se));
-                }
-                rd_kafka_topic_partition_list_destroy(ahead);
-                /* Refused partitions stay assigned, paused for good. */
-                if (refuse->cnt)
-                        rd_kafka_pause_partitions(rk, refuse);
-                for (int i = 0; i < refuse->cnt; i++) {
-                        kinbox__part_t *p =
-                            kinbox__part_find(c, refuse->elems[i].topic,
-                                              refuse->elems[i].partition);
-                        if (p)
-                                p->paused = true;
-                }
-                rd_kafka_topic_partition_list_destroy(refuse);
-                kinbox__startpos_gauge(c);
-                metrics_assignment(c, rk);
-                return;
+        } else {
+                rd_kafka_assign(rk, pl);
         }
+        if (ahead->cnt) {
+                rd_kafka_resp_err_t se = rd_kafka_offsets_store(rk, ahead);
+                if (se)
+                        kinbox__log(&c->lg, KINBOX_LOG_DEBUG, "consumer",
+                                    "storing start offsets: %s",
+                                    rd_kafka_err2str(se));
+        }
+        rd_kafka_topic_partition_list_destroy(ahead);
+        /* Refused partitions stay assigned, paused for good. */
+        if (refuse->cnt)
+                rd_kafka_pause_partitions(rk, refuse);
+        for (int i = 0; i < refuse->cnt; i++) {
+                kinbox__part_t *p = kinbox__part_find(
+                    c, refuse->elems[i].topic, refuse->elems[i].partition);
+                if (p)
+                        p->paused = true;
+        }
+        rd_kafka_topic_partition_list_destroy(refuse);
+}
+
+/* A revoke: the batches in flight finish, what was queued is dropped,
+ * the offsets stored are committed before letting go. */
+static void
+revoke(kinbox_consumer_t *c, rd_kafka_t *rk, rd_kafka_resp_err_t err,
+       rd_kafka_topic_partition_list_t *pl, bool coop)
+{
         kinbox__log(&c->lg, KINBOX_LOG_INFO, "consumer",
                     "%s: revoking %d partition(s)%s", c->name, pl->cnt,
                     err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS ? ""
@@ -248,6 +247,18 @@ kinbox__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         } else {
                 rd_kafka_assign(rk, NULL);
         }
+}
+
+void
+kinbox__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                     rd_kafka_topic_partition_list_t *pl, void *opaque)
+{
+        kinbox_consumer_t *c = opaque;
+        bool coop = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+        if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+                assign(c, rk, pl, coop);
+        else
+                revoke(c, rk, err, pl, coop);
         kinbox__startpos_gauge(c);
         metrics_assignment(c, rk);
 }
