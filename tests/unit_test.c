@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 
 #include "db.h"
 #include "internal.h"
+#include "kafka.h"
 #include "msgid.h"
 #include "startpos.h"
 #include "tracing.h"
@@ -800,4 +802,73 @@ Test(kafkaconf, operator_client)
         rk_expect(rc, want2);
         kinbox_kafka_destroy(kk);
         kinbox_conf_destroy(c);
+}
+
+/* The log's range of many partitions comes back in one pass (a request per
+ * leader, not two round trips per partition): 48 partitions over brokers
+ * answering after 150 ms each take about two round trips, where one
+ * partition after another took 48 x 2. A partition the topic does not
+ * have is unknown, the others not. In-process mock cluster. */
+Test(kafka, log_ranges_in_one_pass, .timeout = 60)
+{
+        char e[512];
+        rd_kafka_conf_t *mconf = rd_kafka_conf_new();
+        rd_kafka_conf_set(mconf, "log_level", "0", e, sizeof(e));
+        rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mconf, e, sizeof(e));
+        cr_assert(mrk != NULL, "%s", e);
+        rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mrk, 3);
+        cr_assert(mc != NULL);
+        const char *bs = rd_kafka_mock_cluster_bootstraps(mc);
+        const int n = 48;
+        cr_assert(eq(int, rd_kafka_mock_topic_create(mc, "lr", n, 1), 0));
+        rd_kafka_conf_t *pc = rd_kafka_conf_new();
+        rd_kafka_conf_set(pc, "bootstrap.servers", bs, e, sizeof(e));
+        rd_kafka_t *prod = rd_kafka_new(RD_KAFKA_PRODUCER, pc, e, sizeof(e));
+        cr_assert(prod != NULL, "%s", e);
+        for (int p = 0; p < n; p++)
+                for (int k = 0; k < p % 4; k++)
+                        cr_assert(
+                            eq(int,
+                               rd_kafka_producev(prod, RD_KAFKA_V_TOPIC("lr"),
+                                                 RD_KAFKA_V_PARTITION(p),
+                                                 RD_KAFKA_V_VALUE("x", 1),
+                                                 RD_KAFKA_V_END),
+                               0));
+        cr_assert(eq(int, rd_kafka_flush(prod, 10000), 0));
+        rd_kafka_destroy(prod);
+        rd_kafka_conf_t *cc = rd_kafka_conf_new();
+        rd_kafka_conf_set(cc, "bootstrap.servers", bs, e, sizeof(e));
+        rd_kafka_conf_set(cc, "log_level", "0", e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, cc, e, sizeof(e));
+        cr_assert(rk != NULL, "%s", e);
+        const struct rd_kafka_metadata *md = NULL;
+        cr_assert(eq(int, rd_kafka_metadata(rk, 1, NULL, &md, 10000), 0));
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_partition_list_t *pl =
+            rd_kafka_topic_partition_list_new(n + 1);
+        for (int p = 0; p < n; p++)
+                rd_kafka_topic_partition_list_add(pl, "lr", p);
+        rd_kafka_topic_partition_list_add(pl, "lr", 99); /* no such one */
+        for (int id = 1; id <= 3; id++)
+                rd_kafka_mock_broker_set_rtt(mc, id, 150);
+        int64_t lo[49], hi[49];
+        rd_kafka_resp_err_t err[49];
+        int64_t t0 = kinbox__now_ms();
+        kinbox__log_ranges(rk, pl, lo, hi, err, 10000);
+        int64_t took = kinbox__now_ms() - t0;
+        for (int p = 0; p < n; p++) {
+                cr_assert(eq(int, err[p], 0), "partition %d: %s", p,
+                          rd_kafka_err2str(err[p]));
+                cr_assert(eq(i64, lo[p], 0), "partition %d", p);
+                cr_assert(eq(i64, hi[p], p % 4), "partition %d", p);
+        }
+        cr_assert(err[n] != 0);
+        cr_assert(eq(i64, lo[n], -1));
+        cr_assert(eq(i64, hi[n], -1));
+        /* One partition after another: at least 48 x 2 x 150 ms. */
+        cr_assert(lt(i64, took, 3000), "took %lld ms", (long long)took);
+        rd_kafka_topic_partition_list_destroy(pl);
+        rd_kafka_destroy(rk);
+        rd_kafka_mock_cluster_destroy(mc);
+        rd_kafka_destroy(mrk);
 }
