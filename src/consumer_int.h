@@ -1,12 +1,14 @@
 /*
  * consumer_int.h -- what the consumer's files share (internal).
  *
- * A message travels: consumer.c (poll loop, rebalances, hands each message
- * to the worker owning its partition; worker threads collect batches,
- * batch.h) -> batch*.c (one batch in one transaction: inbox insert,
- * handlers, failure isolation and classification, dead letters,
+ * A message travels: consumer_poll.c (the polling thread hands each
+ * message to the worker owning its partition) -> consumer_worker.c (worker
+ * threads build batches) -> batch*.c (one batch in one transaction: inbox
+ * insert, handlers, failure isolation and classification, dead letters,
  * watermarks, COMMIT, offset store). Handlers read the message through
- * msg.c and write through the transaction API in txapi.c.
+ * msg.c and write through the transaction API in txapi.c. consumer.c has the API and the lifecycle;
+ * consumer_rebalance.c the partitions as the group assigns and revokes
+ * them, with consumer_startpos.c for where each starts.
  */
 #ifndef KINBOX_CONSUMER_INT_H
 #define KINBOX_CONSUMER_INT_H
@@ -161,37 +163,15 @@ struct kinbox_tx_s {
         size_t nukeys, capukeys;
 };
 
-struct kinbox_consumer_s {
-        kinbox_conf_t *conf;
-        bool tracing; /* holds a reference on the span exporter */
-        bool left_unclosed; /* leaving the group timed out at shutdown */
-        kinbox__log_t lg;
-        char *name;
-        char *msgid_spec;
-        rd_kafka_t *rk;
-        rd_kafka_topic_partition_list_t *topics;
-        kinbox_handler_fn handler;
-        kinbox_batch_handler_fn batch_handler;
-        void *opaque;
-        int nworkers;
-        kinbox__worker_t *workers;
-        kinbox__part_t *parts;
-        kinbox__db_t *ctl; /* main thread's connection (watermarks) */
-        size_t batch_max, queue_max;
-        int64_t batch_wait, retry_max, backoff_base, backoff_max,
-            reconnect_max;
-        atomic_bool stopping;
-        atomic_bool running;
-        atomic_bool pause_dirty;
-        /* Backpressure: while a worker's queue is full the polling thread
-         * holds off (librdkafka's own bounded queue then stops fetching);
-         * only a long stall pauses partitions, because a pause drops what
-         * librdkafka prefetched and a resume fetches it again. */
-        pthread_mutex_t drain_lock;
-        pthread_cond_t drained;
-        int64_t full_since; /* polling thread only */
-        bool stalled; /* polling thread only */
-        /* Fetch nudge (polling thread only, see nudge_fetchers()). */
+/* The polling thread's own state (consumer_poll.c). Backpressure: while
+ * a worker's queue is full the polling thread holds off (librdkafka's own
+ * bounded queue then stops fetching); only a long stall pauses
+ * partitions, because a pause drops what librdkafka prefetched and a
+ * resume fetches it again. The fetch nudge: see nudge_fetchers(). */
+typedef struct kinbox__poller {
+        size_t queue_max; /* a worker's queue is full at this many */
+        int64_t full_since;
+        bool stalled;
         rd_kafka_queue_t *cq; /* librdkafka's consumer queue */
         size_t prefetch_msgs; /* queued.min.messages */
         double prefetch_bytes; /* queued.max.messages.kbytes * 1024 */
@@ -203,6 +183,42 @@ struct kinbox_consumer_s {
         pthread_mutex_t nudge_lock;
         pthread_cond_t nudge_cond;
         bool nudge_req, nudge_stop; /* under nudge_lock */
+} kinbox__poller_t;
+
+/* The group's side (consumer_rebalance.c, consumer_startpos.c; the main
+ * thread only). */
+typedef struct kinbox__group {
+        rd_kafka_topic_partition_list_t *topics; /* subscribed */
+        kinbox__db_t *ctl; /* the main thread's connection (watermarks,
+                              holds) */
+        bool left_unclosed; /* leaving the group timed out at shutdown */
+} kinbox__group_t;
+
+struct kinbox_consumer_s {
+        kinbox_conf_t *conf;
+        bool tracing; /* holds a reference on the span exporter */
+        kinbox__log_t lg;
+        char *name;
+        char *msgid_spec;
+        rd_kafka_t *rk;
+        kinbox_handler_fn handler;
+        kinbox_batch_handler_fn batch_handler;
+        void *opaque;
+        int nworkers;
+        kinbox__worker_t *workers;
+        kinbox__part_t *parts;
+        size_t batch_max;
+        int64_t batch_wait, retry_max, backoff_base, backoff_max,
+            reconnect_max;
+        atomic_bool stopping;
+        atomic_bool running;
+        /* Workers -> polling thread: pauses to update; a batch finished
+         * (queue room, see kinbox__poller_t). */
+        atomic_bool pause_dirty;
+        pthread_mutex_t drain_lock;
+        pthread_cond_t drained;
+        kinbox__poller_t poll;
+        kinbox__group_t grp;
         /* dead_letter.hold_key (hold.c) */
         bool hold_on;
         char *hold_src;
@@ -242,16 +258,40 @@ const char *kinbox__msg_trace_note(const kinbox_msg_t *m, char buf[48]);
 /* Forget the transaction's kinbox_tx_exec_unique() keys. */
 void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
 
-/* The partition (topic, partition) of c's assignment, or NULL (the
- * polling thread's list). */
-static inline kinbox__part_t *
-kinbox__part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
-{
-        for (kinbox__part_t *p = c->parts; p; p = p->next)
-                if (p->partition == partition && !strcmp(p->topic, topic))
-                        return p;
-        return NULL;
-}
+/* ---- consumer_poll.c: the polling thread */
+/* Poll until kinbox_consumer_stop() (the fetch nudge's thread started
+ * here): KINBOX_OK, or KINBOX_ERR_KAFKA on a fatal Kafka error. */
+kinbox_err_t kinbox__poll_loop(kinbox_consumer_t *c);
+/* Stop the fetch nudge's thread (if it runs). */
+void kinbox__nudger_stop(kinbox_consumer_t *c);
+/* Once c->rk exists: the consumer queue and the prefetch bounds
+ * librdkafka runs with (kinbox's defaults or the user's kafka.*), which
+ * the fetch nudge measures its queue against. */
+void kinbox__poll_prefetch(kinbox_consumer_t *c);
+
+/* ---- consumer_rebalance.c: assignments, revokes, leaving the group */
+/* librdkafka's rebalance callback (opaque: the consumer); also serves the
+ * revoke of the close queue. */
+void kinbox__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                          rd_kafka_topic_partition_list_t *pl, void *opaque);
+/* Shutdown, workers stopped: the final offset commit, then leaving the
+ * group, each bounded. */
+void kinbox__group_leave(kinbox_consumer_t *c);
+/* Free every partition of the table with its queued messages. */
+void kinbox__parts_free(kinbox_consumer_t *c);
+
+/* ---- consumer_worker.c: the workers */
+/* The control connection (schema and layout checked) and the workers
+ * (connections, threads): KINBOX_OK or the error (c->errstr). */
+kinbox_err_t kinbox__workers_start(kinbox_consumer_t *c);
+/* Tell every worker to stop and join its thread. */
+void kinbox__workers_stop(kinbox_consumer_t *c);
+/* Free the workers (after kinbox__workers_stop()). */
+void kinbox__workers_free(kinbox_consumer_t *c);
+/* Take (release) every worker's lock, in worker order: workers walk the
+ * partition table under their own lock. */
+void kinbox__workers_lock(kinbox_consumer_t *c);
+void kinbox__workers_unlock(kinbox_consumer_t *c);
 
 /* ---- consumer_startpos.c: start positions (docs/failures.md) */
 /* Rebalance callback, partitions of pl already in c->parts: classify each
@@ -270,7 +310,18 @@ bool kinbox__startpos_take(kinbox_consumer_t *c, kinbox__part_t *p,
 /* Polling thread: kinbox_consumer_partitions_refused from c->parts. */
 void kinbox__startpos_gauge(kinbox_consumer_t *c);
 
-/* ---- shared by consumer.c and batch.c */
+/* ---- the partition table (every stage; the polling thread and the
+ * rebalance callback change it, workers walk it under their locks) */
+static inline kinbox__part_t *
+kinbox__part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
+{
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
+                if (p->partition == partition && !strcmp(p->topic, topic))
+                        return p;
+        return NULL;
+}
+
+/* ---- shared by the consumer's files and batch.c */
 static inline bool
 kinbox__part_backing_off(const kinbox__part_t *p, int64_t now)
 {

@@ -13,6 +13,7 @@
  */
 #include "consumer_int.h"
 #include "internal.h"
+#include "kafka.h"
 #include "metrics.h"
 #include "settings.h"
 #include "startpos.h"
@@ -34,6 +35,10 @@ kinbox__startpos_gauge(kinbox_consumer_t *c)
                                        (char *)NULL),
                       n);
 }
+
+/* How long the log's range of an assignment's partitions may take to
+ * come back (all of them: one pass). */
+#define RANGE_WAIT_MS 5000
 
 static const char *
 num(char *b, size_t sz, int64_t v)
@@ -109,22 +114,38 @@ start_at_watermark(kinbox_consumer_t *c, kinbox__part_t *p,
                     ->offset = w;
 }
 
-/* The log's range [L, H), -1 each when the broker does not answer. */
+/* The log's range [L, H) of each partition of pl into its p->sp_l/sp_h
+ * (-1 each when the broker does not answer), all asked in one pass. */
 static void
-log_range(kinbox_consumer_t *c, kinbox__part_t *p)
+log_ranges(kinbox_consumer_t *c, rd_kafka_topic_partition_list_t *pl)
 {
-        int64_t lo = -1, hi = -1;
-        rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(
-            c->rk, p->topic, p->partition, &lo, &hi, 5000);
-        if (e) {
-                kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
-                            "%s [%" PRId32 "]: the log's range is unknown "
-                            "(%s): the watermark is not checked against it",
-                            p->topic, p->partition, rd_kafka_err2str(e));
-                lo = hi = -1;
+        size_t n = (size_t)pl->cnt + 1;
+        int64_t *lo = kinbox__calloc(n, sizeof(*lo));
+        int64_t *hi = kinbox__calloc(n, sizeof(*hi));
+        rd_kafka_resp_err_t *e = kinbox__calloc(n, sizeof(*e));
+        if (lo && hi && e)
+                kinbox__log_ranges(c->rk, pl, lo, hi, e, RANGE_WAIT_MS);
+        for (int i = 0; i < pl->cnt; i++) {
+                rd_kafka_topic_partition_t *tp = &pl->elems[i];
+                kinbox__part_t *p =
+                    kinbox__part_find(c, tp->topic, tp->partition);
+                if (!p)
+                        continue;
+                rd_kafka_resp_err_t pe =
+                    lo && hi && e ? e[i] : RD_KAFKA_RESP_ERR__FAIL;
+                if (pe)
+                        kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
+                                    "%s [%" PRId32 "]: the log's range is "
+                                    "unknown (%s): the watermark is not "
+                                    "checked against it",
+                                    p->topic, p->partition,
+                                    rd_kafka_err2str(pe));
+                p->sp_l = pe ? -1 : lo[i];
+                p->sp_h = pe ? -1 : hi[i];
         }
-        p->sp_l = lo;
-        p->sp_h = hi;
+        free(lo);
+        free(hi);
+        free(e);
 }
 
 void
@@ -141,13 +162,15 @@ kinbox__startpos_assign(kinbox_consumer_t *c,
                             c->name, rd_kafka_err2str(e));
         kinbox__wm_t *wms = NULL;
         size_t nwm = 0;
-        int rc = kinbox__wms_read(c->ctl, c->name, &wms, &nwm);
+        int rc = kinbox__wms_read(c->grp.ctl, c->name, &wms, &nwm);
         if (rc)
                 kinbox__log(&c->lg, KINBOX_LOG_WARNING, "consumer",
                             "%s: reading offset watermarks: %s (starting "
                             "from Kafka's committed offsets; the inbox "
                             "still deduplicates)",
-                            c->name, c->ctl->err.msg);
+                            c->name, c->grp.ctl->err.msg);
+        if (!rc)
+                log_ranges(c, pl);
         for (int i = 0; !rc && i < pl->cnt; i++) {
                 rd_kafka_topic_partition_t *tp = &pl->elems[i];
                 kinbox__part_t *p =
@@ -158,7 +181,6 @@ kinbox__startpos_assign(kinbox_consumer_t *c,
                     kinbox__wms_find(wms, nwm, tp->topic, tp->partition);
                 p->sp_w = wm ? wm->next_offset : -1;
                 p->sp_c = !e && tp->offset >= 0 ? tp->offset : -1;
-                log_range(c, p);
                 kinbox_startpos_t v = kinbox_startpos_classify(
                     p->sp_w, p->sp_c, p->sp_l, p->sp_h);
                 if (kinbox_startpos_refused(v)) {

@@ -321,7 +321,6 @@ kinbox_relay_new(kinbox_conf_t *conf, char *errstr, size_t errstr_size)
         }
 
         /* Producer configuration, validated now. */
-        r->rkconf = rd_kafka_conf_new();
         if (!kinbox__relay_producer_conf(r, conf, errstr, errstr_size))
                 goto fail;
 

@@ -262,7 +262,8 @@ headers_parse(const char *json, hdrs_t *out)
 }
 
 /* ---- relay_kafka.c: the producer, publishing, the topics' settings */
-/* The producer template: the kafka.* settings, then the relay's own. */
+/* The producer template: the relay's defaults, the kafka.* settings over
+ * them, then what its order depends on (kinbox__rkconf_new()). */
 bool kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
                                  char *errstr, size_t errstr_size);
 /* A producer from the template (NULL with r->errstr set). */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "confval.h"
+#include "kafka.h"
 #include "relay_int.h"
 
 static void
@@ -52,27 +53,6 @@ rk_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
                 level = KINBOX_LOG_DEBUG;
         if (r)
                 kinbox__log(&r->log, level, "rdkafka", "%s: %s", fac, buf);
-}
-
-struct kset {
-        rd_kafka_conf_t *c;
-        char *errstr;
-        size_t errstr_size;
-        bool failed;
-};
-
-static void
-kafka_set_one(const char *k, const char *v, void *arg)
-{
-        struct kset *ks = arg;
-        char e[256];
-        if (ks->failed)
-                return;
-        if (rd_kafka_conf_set(ks->c, k, v, e, sizeof(e)) != RD_KAFKA_CONF_OK) {
-                kinbox__errstr(ks->errstr, ks->errstr_size, "kafka.%s: %s", k,
-                               e);
-                ks->failed = true;
-        }
 }
 
 rd_kafka_t *
@@ -524,39 +504,33 @@ kinbox__relay_producer_warm(kinbox_relay_t *r)
              kinbox__now_ms() - t0);
 }
 
-/* The producer template: the kafka.* settings, then the relay's own. */
+/* The producer template: the relay's defaults, the kafka.* settings over
+ * them, then the settings the relay's order depends on. */
 bool
 kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
                             char *errstr, size_t errstr_size)
 {
-        struct kset ks = {r->rkconf, errstr, errstr_size, false};
-        kinbox__conf_kafka_each(conf, kafka_set_one, &ks);
-        if (ks.failed)
-                return false;
         /* A claim is a batch already: librdkafka's default linger (5 ms)
-         * only adds latency to every cycle. */
-        if (!kinbox_conf_get(conf, "kafka.linger.ms") &&
-            !kinbox_conf_get(conf, "kafka.queue.buffering.max.ms"))
-                kafka_set_one("linger.ms", RELAY_LINGER_MS, &ks);
-        /* Keys on the partitions the Java producer (and so Spring, Kafka
+         * only adds latency to every cycle (kafka.linger.ms or its alias
+         * kafka.queue.buffering.max.ms wins).
+         * Keys on the partitions the Java producer (and so Spring, Kafka
          * Streams, Connect) puts them: murmur2 of the key, random for a
          * row without one. librdkafka's own default (consistent_random,
          * CRC32) would put most keys elsewhere, and a key written by a
          * Java service and by the relay would lose its order. The user's
          * kafka.partitioner wins (e.g. consistent_random to keep the
-         * mapping of topics an older kinbox wrote; docs/outbox.md). */
-        const char *ct = kinbox_conf_get(conf, "kafka.compression.type");
-        if (!ct)
-                ct = kinbox_conf_get(conf, "kafka.compression.codec");
-        r->compressed = ct && strcmp(ct, "none");
-        if (!kinbox_conf_get(conf, "kafka.partitioner"))
-                kafka_set_one("partitioner", RELAY_PARTITIONER, &ks);
-        /* Partitions added to a topic: the new count within 10 s, not
+         * mapping of topics an older kinbox wrote; docs/outbox.md).
+         * Partitions added to a topic: the new count within 10 s, not
          * librdkafka's 5 minutes (a topic of rows keyed by aggregate
          * still needs draining first: docs/operations.md). */
-        if (!kinbox_conf_get(conf, "kafka.topic.metadata.refresh.interval.ms"))
-                kafka_set_one("topic.metadata.refresh.interval.ms",
-                              RELAY_METADATA_REFRESH_MS, &ks);
+        static const char *const defaults[] = {
+            "linger.ms",
+            RELAY_LINGER_MS,
+            "partitioner",
+            RELAY_PARTITIONER,
+            "topic.metadata.refresh.interval.ms",
+            RELAY_METADATA_REFRESH_MS,
+            NULL};
         /* Runs of one aggregate are in flight together: a row must never
          * be written after an earlier row of its partition failed.
          *  - The gapless guarantee turns a failed batch that would leave a
@@ -568,14 +542,21 @@ kinbox__relay_producer_conf(kinbox_relay_t *r, const kinbox_conf_t *conf,
          *    (message.timeout.ms = 0); the relay enforces
          *    kafka.message.timeout.ms itself, per batch, by purging
          *    everything queued and in flight at one instant. */
-        const char *forced[][2] = {{"enable.idempotence", "true"},
-                                   {"enable.gapless.guarantee", "true"},
-                                   {"message.timeout.ms", "0"}};
-        for (size_t i = 0; i < KINBOX__ARRAY_SIZE(forced); i++) {
-                kafka_set_one(forced[i][0], forced[i][1], &ks);
-                if (ks.failed)
-                        return false;
-        }
+        static const char *const forced[] = {"enable.idempotence",
+                                             "true",
+                                             "enable.gapless.guarantee",
+                                             "true",
+                                             "message.timeout.ms",
+                                             "0",
+                                             NULL};
+        const kinbox__rkconf_spec_t spec = {defaults, NULL, forced};
+        r->rkconf = kinbox__rkconf_new(conf, &spec, errstr, errstr_size);
+        if (!r->rkconf)
+                return false;
+        const char *ct = kinbox_conf_get(conf, "kafka.compression.type");
+        if (!ct)
+                ct = kinbox_conf_get(conf, "kafka.compression.codec");
+        r->compressed = ct && strcmp(ct, "none");
         rd_kafka_conf_set_dr_msg_cb(r->rkconf, dr_cb);
         rd_kafka_conf_set_error_cb(r->rkconf, error_cb);
         rd_kafka_conf_set_log_cb(r->rkconf, rk_log_cb);

@@ -6,6 +6,7 @@
  */
 #include "admin_int.h"
 #include "internal.h"
+#include "kafka.h"
 #include "settings.h"
 #include "startpos.h"
 
@@ -129,22 +130,64 @@ kafka_side(kinbox_admin_t *adm, rd_kafka_t *rk, kinbox_offsets_t *o)
                 rd_kafka_topic_partition_list_destroy(l);
                 return KINBOX_ERR_KAFKA;
         }
-        for (size_t i = 0; i < o->npartitions; i++) {
+        size_t n = (size_t)l->cnt + 1;
+        int64_t *lo = kinbox__calloc(n, sizeof(*lo));
+        int64_t *hi = kinbox__calloc(n, sizeof(*hi));
+        rd_kafka_resp_err_t *le = kinbox__calloc(n, sizeof(*le));
+        if (lo && hi && le)
+                kinbox__log_ranges(rk, l, lo, hi, le, ASK_MS);
+        for (size_t i = 0; lo && hi && le && i < o->npartitions; i++) {
                 kinbox_offsets_partition_t *p = &o->partitions[i];
                 rd_kafka_topic_partition_t *tp =
                     rd_kafka_topic_partition_list_find(l, p->topic,
                                                        p->partition);
                 p->committed =
                     tp && !tp->err && tp->offset >= 0 ? tp->offset : -1;
-                int64_t lo = -1, hi = -1;
-                if (rd_kafka_query_watermark_offsets(
-                        rk, p->topic, p->partition, &lo, &hi, ASK_MS))
-                        lo = hi = -1;
-                p->low = lo;
-                p->high = hi;
+                p->low = tp ? lo[tp - l->elems] : -1;
+                p->high = tp ? hi[tp - l->elems] : -1;
         }
+        kinbox_err_t rc = lo && hi && le ? KINBOX_OK : KINBOX_ERR_NOMEM;
+        free(lo);
+        free(hi);
+        free(le);
         rd_kafka_topic_partition_list_destroy(l);
-        return KINBOX_OK;
+        return rc;
+}
+
+/* A record read by read_identities(): when it is the first one of its
+ * partition, compare it with the watermark's identity, set the verdict,
+ * pause the partition and return true. */
+static bool
+identity_of(rd_kafka_t *rk, kinbox_offsets_t *o, const kinbox__wm_t *wms,
+            size_t nwm, const rd_kafka_message_t *m)
+{
+        const char *t = m->rkt ? rd_kafka_topic_name(m->rkt) : NULL;
+        const kinbox__wm_t *wm =
+            t ? kinbox__wms_find(wms, nwm, t, m->partition) : NULL;
+        kinbox_offsets_partition_t *p = NULL;
+        for (size_t i = 0; t && i < o->npartitions && !p; i++)
+                if (o->partitions[i].partition == m->partition &&
+                    !strcmp(o->partitions[i].topic, t))
+                        p = &o->partitions[i];
+        if (m->err || !wm || !p || p->identity_checked >= 0)
+                return false;
+        rd_kafka_timestamp_type_t tt;
+        int64_t ts = rd_kafka_message_timestamp(m, &tt);
+        uint64_t h =
+            kinbox__record_hash(m->key, m->key_len, m->payload, m->len);
+        if (m->offset == wm->next_offset - 1)
+                p->identity_checked = ts == wm->last_ts && h == wm->last_hash;
+        else if (m->offset < wm->next_offset - 1)
+                p->identity_checked = 0;
+        /* Later: compacted away, not known. */
+        if (!p->identity_checked)
+                p->verdict = KINBOX_STARTPOS_INCARNATION;
+        rd_kafka_topic_partition_list_t *one =
+            rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(one, t, m->partition);
+        rd_kafka_pause_partitions(rk, one);
+        rd_kafka_topic_partition_list_destroy(one);
+        return true;
 }
 
 /* KINBOX_OFFSETS_READ_LOG: read the record at W-1 of each partition whose
@@ -194,41 +237,8 @@ read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
                             rd_kafka_consumer_poll(rk, 200);
                         if (!m)
                                 continue;
-                        const char *t =
-                            m->rkt ? rd_kafka_topic_name(m->rkt) : NULL;
-                        const kinbox__wm_t *wm =
-                            t ? kinbox__wms_find(wms, nwm, t, m->partition)
-                              : NULL;
-                        kinbox_offsets_partition_t *p = NULL;
-                        for (size_t i = 0; t && i < o->npartitions && !p; i++)
-                                if (o->partitions[i].partition ==
-                                        m->partition &&
-                                    !strcmp(o->partitions[i].topic, t))
-                                        p = &o->partitions[i];
-                        if (!m->err && wm && p && p->identity_checked < 0) {
-                                rd_kafka_timestamp_type_t tt;
-                                int64_t ts =
-                                    rd_kafka_message_timestamp(m, &tt);
-                                uint64_t h = kinbox__record_hash(
-                                    m->key, m->key_len, m->payload, m->len);
-                                if (m->offset == wm->next_offset - 1)
-                                        p->identity_checked =
-                                            ts == wm->last_ts &&
-                                            h == wm->last_hash;
-                                else if (m->offset < wm->next_offset - 1)
-                                        p->identity_checked = 0;
-                                /* Later: compacted away, not known. */
-                                if (!p->identity_checked)
-                                        p->verdict =
-                                            KINBOX_STARTPOS_INCARNATION;
+                        if (identity_of(rk, o, wms, nwm, m))
                                 left--;
-                                rd_kafka_topic_partition_list_t *one =
-                                    rd_kafka_topic_partition_list_new(1);
-                                rd_kafka_topic_partition_list_add(
-                                    one, t, m->partition);
-                                rd_kafka_pause_partitions(rk, one);
-                                rd_kafka_topic_partition_list_destroy(one);
-                        }
                         rd_kafka_message_destroy(m);
                 }
         }

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,11 +13,14 @@
 
 #include "db.h"
 #include "internal.h"
+#include "kafka.h"
 #include "msgid.h"
 #include "startpos.h"
 #include "tracing.h"
 #include "tx.h"
 #include "outbox_int.h"
+#include "consumer_int.h"
+#include "relay_int.h"
 
 Test(conf, defaults_and_set)
 {
@@ -613,4 +617,257 @@ Test(startpos, record_hash)
         cr_assert(kinbox__record_hash(NULL, 0, "x", 1) !=
                   kinbox__record_hash("", 0, "x", 1));
         cr_assert(eq(u64, a, kinbox__record_hash("ab", 2, "c", 1)));
+}
+
+/* ---- the librdkafka configuration of each handle kinbox makes: kinbox's
+ * defaults, the user's kafka.* over them, and over those the settings the
+ * guarantees depend on. */
+
+static kinbox_conf_t *
+rk_conf(const char *const *kv)
+{
+        kinbox_conf_t *c = kinbox_conf_new();
+        char e[256];
+        const char *const base[] = {"name",
+                                    "c1",
+                                    "database.url",
+                                    "postgresql://x@127.0.0.1/x",
+                                    "topics",
+                                    "t",
+                                    "kafka.bootstrap.servers",
+                                    "127.0.0.1:1",
+                                    NULL};
+        for (const char *const *p = base; *p; p += 2)
+                cr_assert(eq(int, kinbox_conf_set(c, p[0], p[1], e, sizeof(e)),
+                             KINBOX_OK),
+                          "%s", e);
+        for (const char *const *p = kv; p && *p; p += 2)
+                cr_assert(eq(int, kinbox_conf_set(c, p[0], p[1], e, sizeof(e)),
+                             KINBOX_OK),
+                          "%s", e);
+        return c;
+}
+
+/* Each key=value of want (NULL-terminated pairs; a NULL value: not set)
+ * as rc has it. */
+static void
+rk_expect(const rd_kafka_conf_t *rc, const char *const *want)
+{
+        for (; *want; want += 2) {
+                char v[512] = "";
+                size_t n = sizeof(v);
+                rd_kafka_conf_res_t r = rd_kafka_conf_get(rc, want[0], v, &n);
+                if (!want[1]) {
+                        cr_assert(r != RD_KAFKA_CONF_OK || !*v, "%s: %s",
+                                  want[0], v);
+                        continue;
+                }
+                cr_assert(eq(int, r, RD_KAFKA_CONF_OK), "%s", want[0]);
+                cr_assert(eq(str, v, (char *)want[1]), "%s", want[0]);
+        }
+}
+
+Test(kafkaconf, consumer)
+{
+        const char *const kv[] = {"group.id",
+                                  "g1",
+                                  "kafka.queued.min.messages",
+                                  "1000",
+                                  "kafka.session.timeout.ms",
+                                  "6000",
+                                  "kafka.enable.auto.offset.store",
+                                  "true",
+                                  "kafka.enable.partition.eof",
+                                  "true",
+                                  NULL};
+        kinbox_conf_t *c = rk_conf(kv);
+        char e[256];
+        kinbox_consumer_t *k = kinbox_consumer_new(c, e, sizeof(e));
+        cr_assert(k != NULL, "%s", e);
+        const char *const want[] = {"group.id",
+                                    "g1",
+                                    "bootstrap.servers",
+                                    "127.0.0.1:1",
+                                    "auto.offset.reset",
+                                    "smallest",
+                                    "topic.metadata.refresh.interval.ms",
+                                    "30000",
+                                    "queued.max.messages.kbytes",
+                                    "16384",
+                                    "queued.min.messages",
+                                    "1000",
+                                    "session.timeout.ms",
+                                    "6000",
+                                    "enable.auto.offset.store",
+                                    "false",
+                                    "enable.partition.eof",
+                                    "false",
+                                    NULL};
+        rk_expect(rd_kafka_conf(k->rk), want);
+        kinbox_consumer_destroy(k);
+}
+
+Test(kafkaconf, relay_producer)
+{
+        const char *const kv[] = {"kafka.compression.type",
+                                  "lz4",
+                                  "kafka.enable.idempotence",
+                                  "false",
+                                  "kafka.message.timeout.ms",
+                                  "20000",
+                                  NULL};
+        kinbox_conf_t *c = rk_conf(kv);
+        char e[256];
+        kinbox_relay_t *r = kinbox_relay_new(c, e, sizeof(e));
+        cr_assert(r != NULL, "%s", e);
+        const char *const want[] = {"bootstrap.servers",
+                                    "127.0.0.1:1",
+                                    "linger.ms",
+                                    "1",
+                                    "partitioner",
+                                    "murmur2_random",
+                                    "topic.metadata.refresh.interval.ms",
+                                    "10000",
+                                    "compression.type",
+                                    "lz4",
+                                    "enable.idempotence",
+                                    "true",
+                                    "enable.gapless.guarantee",
+                                    "true",
+                                    "message.timeout.ms",
+                                    "0",
+                                    NULL};
+        rk_expect(r->rkconf, want);
+        cr_assert(eq(int, r->compressed, 1));
+        kinbox_relay_destroy(r);
+        /* The user's linger, partitioner and metadata refresh win. */
+        const char *const kv2[] = {"kafka.queue.buffering.max.ms",
+                                   "20",
+                                   "kafka.partitioner",
+                                   "consistent_random",
+                                   "kafka.topic.metadata.refresh.interval.ms",
+                                   "60000",
+                                   NULL};
+        c = rk_conf(kv2);
+        r = kinbox_relay_new(c, e, sizeof(e));
+        cr_assert(r != NULL, "%s", e);
+        const char *const want2[] = {"linger.ms",
+                                     "20",
+                                     "partitioner",
+                                     "consistent_random",
+                                     "topic.metadata.refresh.interval.ms",
+                                     "60000",
+                                     NULL};
+        rk_expect(r->rkconf, want2);
+        cr_assert(eq(int, r->compressed, 0));
+        kinbox_relay_destroy(r);
+}
+
+Test(kafkaconf, operator_client)
+{
+        const char *const kv[] = {"kafka.group.id",
+                                  "theirs",
+                                  "kafka.group.instance.id",
+                                  "inst",
+                                  "kafka.session.timeout.ms",
+                                  "6000",
+                                  NULL};
+        kinbox_conf_t *c = rk_conf(kv);
+        char e[256];
+        /* Never the consumers' group, nor their static membership. */
+        kinbox_kafka_t *kk = kinbox_kafka_new(c, NULL, e, sizeof(e));
+        cr_assert(kk != NULL, "%s", e);
+        const rd_kafka_conf_t *rc =
+            rd_kafka_conf((rd_kafka_t *)kinbox_kafka_handle(kk));
+        const char *const want[] = {"bootstrap.servers",
+                                    "127.0.0.1:1",
+                                    "group.id",
+                                    NULL,
+                                    "group.instance.id",
+                                    NULL,
+                                    "session.timeout.ms",
+                                    "6000",
+                                    NULL};
+        rk_expect(rc, want);
+        kinbox_kafka_destroy(kk);
+        /* The caller's extra settings go over the user's. */
+        const char *const extra[] = {"group.id", "ops", "session.timeout.ms",
+                                     "7000", NULL};
+        kk = kinbox_kafka_new(c, extra, e, sizeof(e));
+        cr_assert(kk != NULL, "%s", e);
+        rc = rd_kafka_conf((rd_kafka_t *)kinbox_kafka_handle(kk));
+        const char *const want2[] = {"group.id", "ops", "session.timeout.ms",
+                                     "7000", NULL};
+        rk_expect(rc, want2);
+        kinbox_kafka_destroy(kk);
+        kinbox_conf_destroy(c);
+}
+
+/* The log's range of many partitions comes back in one pass (a request per
+ * leader, not two round trips per partition): 48 partitions over brokers
+ * answering after 150 ms each take about two round trips, where one
+ * partition after another took 48 x 2. A partition the topic does not
+ * have is unknown, the others not. In-process mock cluster. */
+Test(kafka, log_ranges_in_one_pass, .timeout = 60)
+{
+        char e[512];
+        rd_kafka_conf_t *mconf = rd_kafka_conf_new();
+        rd_kafka_conf_set(mconf, "log_level", "0", e, sizeof(e));
+        rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mconf, e, sizeof(e));
+        cr_assert(mrk != NULL, "%s", e);
+        rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mrk, 3);
+        cr_assert(mc != NULL);
+        const char *bs = rd_kafka_mock_cluster_bootstraps(mc);
+        const int n = 48;
+        cr_assert(eq(int, rd_kafka_mock_topic_create(mc, "lr", n, 1), 0));
+        rd_kafka_conf_t *pc = rd_kafka_conf_new();
+        rd_kafka_conf_set(pc, "bootstrap.servers", bs, e, sizeof(e));
+        rd_kafka_t *prod = rd_kafka_new(RD_KAFKA_PRODUCER, pc, e, sizeof(e));
+        cr_assert(prod != NULL, "%s", e);
+        for (int p = 0; p < n; p++)
+                for (int k = 0; k < p % 4; k++)
+                        cr_assert(
+                            eq(int,
+                               rd_kafka_producev(prod, RD_KAFKA_V_TOPIC("lr"),
+                                                 RD_KAFKA_V_PARTITION(p),
+                                                 RD_KAFKA_V_VALUE("x", 1),
+                                                 RD_KAFKA_V_END),
+                               0));
+        cr_assert(eq(int, rd_kafka_flush(prod, 10000), 0));
+        rd_kafka_destroy(prod);
+        rd_kafka_conf_t *cc = rd_kafka_conf_new();
+        rd_kafka_conf_set(cc, "bootstrap.servers", bs, e, sizeof(e));
+        rd_kafka_conf_set(cc, "log_level", "0", e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, cc, e, sizeof(e));
+        cr_assert(rk != NULL, "%s", e);
+        const struct rd_kafka_metadata *md = NULL;
+        cr_assert(eq(int, rd_kafka_metadata(rk, 1, NULL, &md, 10000), 0));
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_partition_list_t *pl =
+            rd_kafka_topic_partition_list_new(n + 1);
+        for (int p = 0; p < n; p++)
+                rd_kafka_topic_partition_list_add(pl, "lr", p);
+        rd_kafka_topic_partition_list_add(pl, "lr", 99); /* no such one */
+        for (int id = 1; id <= 3; id++)
+                rd_kafka_mock_broker_set_rtt(mc, id, 150);
+        int64_t lo[49], hi[49];
+        rd_kafka_resp_err_t err[49];
+        int64_t t0 = kinbox__now_ms();
+        kinbox__log_ranges(rk, pl, lo, hi, err, 10000);
+        int64_t took = kinbox__now_ms() - t0;
+        for (int p = 0; p < n; p++) {
+                cr_assert(eq(int, err[p], 0), "partition %d: %s", p,
+                          rd_kafka_err2str(err[p]));
+                cr_assert(eq(i64, lo[p], 0), "partition %d", p);
+                cr_assert(eq(i64, hi[p], p % 4), "partition %d", p);
+        }
+        cr_assert(err[n] != 0);
+        cr_assert(eq(i64, lo[n], -1));
+        cr_assert(eq(i64, hi[n], -1));
+        /* One partition after another: at least 48 x 2 x 150 ms. */
+        cr_assert(lt(i64, took, 3000), "took %lld ms", (long long)took);
+        rd_kafka_topic_partition_list_destroy(pl);
+        rd_kafka_destroy(rk);
+        rd_kafka_mock_cluster_destroy(mc);
+        rd_kafka_destroy(mrk);
 }
