@@ -200,10 +200,6 @@ KINBOX_API kinbox_kafka_t *kinbox_kafka_new(const kinbox_conf_t *conf,
                                             const char *const *extra,
                                             char *errstr, size_t errstr_size);
 
-/** @brief The client's librdkafka handle (an `rd_kafka_t *`), owned by
- *         @p k; NULL for NULL. */
-KINBOX_API void *kinbox_kafka_handle(kinbox_kafka_t *k);
-
 /**
  * @brief Whether the cluster answers with these settings: a metadata
  *        request (brokers only) within @p timeout_ms.
@@ -479,46 +475,168 @@ KINBOX_API kinbox_err_t kinbox_admin_consumers(kinbox_admin_t *adm,
 KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);
 
 /* ------------------------------------------------------------------------
+ * A consumer group's lag (`kinbox status`, `kinbox verify`)
+ */
+
+/** One partition of kinbox_admin_lag(). */
+typedef struct kinbox_lag_partition {
+        char topic[256];
+        int32_t partition;
+        int64_t committed; /**< the group's committed offset; negative:
+                                none committed (librdkafka's
+                                RD_KAFKA_OFFSET_INVALID, -1001) */
+        int64_t high; /**< the log's end offset; -1: not answered */
+        int64_t lag; /**< high - committed (none committed: high), 0 when
+                          high is unknown or behind */
+} kinbox_lag_partition_t;
+
+/** What kinbox_admin_lag() read of a consumer's group. */
+typedef struct kinbox_lag {
+        char group[256]; /**< `group.id`, or the consumer's `name` */
+        int64_t total; /**< the sum of the partitions' lag */
+        size_t npartitions;
+        kinbox_lag_partition_t *partitions; /**< by topic, partition */
+} kinbox_lag_t;
+
+/**
+ * @brief A consumer group's committed offsets, the log end offsets and the
+ *        lag, per partition of the consumer's `topics`, asked of the broker
+ *        by a client that joins no group (5 s per request at most).
+ * @param adm  the handle whose kinbox_admin_errstr() receives the reason of
+ *             a failure (its database is not used).
+ * @param conf a consumer's configuration: `name`, `group.id`, `topics`,
+ *             `kafka.*`; not kept.
+ * @param lagp receives the result (kinbox_lag_destroy()), NULL on error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_CONFIG (no `kafka.bootstrap.servers`,
+ *          a bad `kafka.*` setting); ::KINBOX_ERR_KAFKA (metadata or
+ *          committed offsets not answered); ::KINBOX_ERR_INVALID (NULL
+ *          arguments); ::KINBOX_ERR_NOMEM.
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t kinbox_admin_lag(kinbox_admin_t *adm,
+                                         const kinbox_conf_t *conf,
+                                         kinbox_lag_t **lagp);
+
+/** @brief Free kinbox_admin_lag()'s result. NULL is a no-op. Thread-safe
+ *         (no handle). */
+KINBOX_API void kinbox_lag_destroy(kinbox_lag_t *l);
+
+/* ------------------------------------------------------------------------
  * Dead letters (the operator's side; replay below)
  */
 
 /**
- * @brief Dead letters in id order, at most @p limit, columns: id,
- *        consumer, topic, partition, offset, message id (bytes), status,
- *        attempts, dead at, error, parked messages it holds back.
+ * A dead letter as kinbox_dead_list() and kinbox_dead_show() return it.
+ * Strings and bytes point into the result that holds the dead letter and
+ * are valid until it is freed; byte fields (`*_len`) may hold any byte,
+ * NUL included, and are NUL-terminated after their length.
+ */
+typedef struct kinbox_dead_letter {
+        int64_t id;
+        const char *consumer; /**< the consumer's `name` */
+        const char *topic;
+        int32_t partition;
+        int64_t offset;
+        const char *message_id; /**< bytes; NULL: none */
+        size_t message_id_len;
+        const char *status; /**< "dead", "replayed" or "discarded" */
+        int attempts;
+        const char *dead_at; /**< database text form */
+        const char *error; /**< NULL: none */
+        /** kinbox_dead_list(): messages parked behind it (its held key);
+         *  kinbox_dead_show(): -1 (not read). */
+        int64_t holds_back;
+        /* kinbox_dead_show() only (NULL / 0 in a list): */
+        const char *first_failed_at; /**< database text form */
+        const char *key; /**< bytes; NULL: none */
+        size_t key_len;
+        const char *headers; /**< bytes, stored format (docs/operations.md,
+                                  Stored headers); NULL: none */
+        size_t headers_len;
+        const char *payload; /**< bytes; NULL: none */
+        size_t payload_len;
+} kinbox_dead_letter_t;
+
+/** What kinbox_dead_list() found. */
+typedef struct kinbox_dead_list {
+        size_t count;
+        kinbox_dead_letter_t *letters; /**< in id order */
+} kinbox_dead_list_t;
+
+/**
+ * @brief Dead letters in id order, at most @p limit.
  * @param consumer NULL: every consumer's.
  * @param status   "dead", "replayed", "discarded"; NULL: any.
- * @param rowsp    receives the rows (kinbox_rows_destroy()).
- * @returns As kinbox_admin_ping().
+ * @param listp    receives the list (kinbox_dead_list_destroy()), NULL on
+ *                 error.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_INVALID (@p listp NULL);
+ *          ::KINBOX_ERR_NOMEM.
  */
 KINBOX_API kinbox_err_t kinbox_dead_list(kinbox_admin_t *adm,
                                          const char *consumer,
                                          const char *status, long limit,
-                                         kinbox_rows_t **rowsp);
+                                         kinbox_dead_list_t **listp);
+
+/** @brief Free kinbox_dead_list()'s result. NULL is a no-op. Thread-safe
+ *         (no handle). */
+KINBOX_API void kinbox_dead_list_destroy(kinbox_dead_list_t *l);
 
 /**
- * @brief Dead letter @p id, one row: id, consumer, message id, topic,
- *        partition, offset, key, headers (stored format), payload, error,
- *        attempts, first failed at, dead at, status.
- * @param rowsp receives the row (kinbox_rows_destroy()); NULL on error.
+ * @brief Dead letter @p id with its stored message (key, headers,
+ *        payload) and when it first failed.
+ * @param dlp receives the dead letter (kinbox_dead_letter_destroy()); NULL
+ *            on error.
  * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND ("no dead letter with id
- *          N" in kinbox_admin_errstr()); as kinbox_admin_ping().
+ *          N" in kinbox_admin_errstr()); ::KINBOX_ERR_INVALID (@p dlp
+ *          NULL); ::KINBOX_ERR_NOMEM; as kinbox_admin_ping().
  */
 KINBOX_API kinbox_err_t kinbox_dead_show(kinbox_admin_t *adm, int64_t id,
-                                         kinbox_rows_t **rowsp);
+                                         kinbox_dead_letter_t **dlp);
+
+/** @brief Free kinbox_dead_show()'s result (only that: a list's letters
+ *         go with kinbox_dead_list_destroy()). NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_dead_letter_destroy(kinbox_dead_letter_t *dl);
+
+/** A message parked behind a held key (`dead_letter.hold_key`). Strings
+ *  and bytes as ::kinbox_dead_letter_t's. */
+typedef struct kinbox_parked {
+        int64_t id; /**< its parked row */
+        const char *consumer;
+        const char *topic;
+        int32_t partition;
+        int64_t offset;
+        const char *message_id; /**< bytes; NULL: none */
+        size_t message_id_len;
+        const char *key; /**< the held key, bytes */
+        size_t key_len;
+        int64_t blocker_id; /**< the dead letter holding the key; 0: none
+                                 now (being released) */
+        const char *parked_at; /**< database text form */
+} kinbox_parked_t;
+
+/** What kinbox_dead_parked() found. */
+typedef struct kinbox_parked_list {
+        size_t count;
+        kinbox_parked_t *parked; /**< by consumer, topic, partition, key,
+                                      offset */
+} kinbox_parked_list_t;
 
 /**
- * @brief Messages parked behind a held key (`dead_letter.hold_key`), by
- *        consumer, topic, partition, key and offset, at most @p limit:
- *        id, consumer, topic, partition, offset, message id, key, the
- *        blocking dead letter's id, parked at.
+ * @brief Messages parked behind a held key, at most @p limit.
  * @param consumer NULL: every consumer's.
- * @param rowsp    receives the rows (kinbox_rows_destroy()).
- * @returns As kinbox_admin_ping().
+ * @param listp    receives the list (kinbox_parked_list_destroy()), NULL
+ *                 on error.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_INVALID (@p listp NULL);
+ *          ::KINBOX_ERR_NOMEM.
  */
 KINBOX_API kinbox_err_t kinbox_dead_parked(kinbox_admin_t *adm,
                                            const char *consumer, long limit,
-                                           kinbox_rows_t **rowsp);
+                                           kinbox_parked_list_t **listp);
+
+/** @brief Free kinbox_dead_parked()'s result. NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_parked_list_destroy(kinbox_parked_list_t *l);
 
 /**
  * @brief Discard dead letter @p id: its status becomes `discarded`, and
