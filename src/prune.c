@@ -172,7 +172,7 @@ broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
                 snprintf(note, note_sz, "%s", e);
                 return 0;
         }
-        rd_kafka_t *rk = kinbox_kafka_handle(kk);
+        rd_kafka_t *rk = kinbox__kafka_handle(kk);
         char list[1024];
         snprintf(list, sizeof(list), "%s", topics);
         rd_kafka_ConfigResource_t *res[64];

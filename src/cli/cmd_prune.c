@@ -11,7 +11,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>

@@ -17,7 +17,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -100,43 +99,38 @@ dedup_hits(const char *text, const char *consumer, const char *result)
         return text && strstr(text, series) ? 0 : -1;
 }
 
-/* Committed offsets, high watermarks and lag of a consumer's group, into
- * jo ("partitions", "lag" or "lag_error"); the lag as text in lagbuf. */
+/* Committed offsets, high watermarks and lag of a consumer's group
+ * (kinbox_admin_lag()), into jo ("partitions", "lag" or "lag_error"); the
+ * lag as text in lagbuf. */
 static void
 status_lag(ctx_t *x, kinbox_conf_t *conf, const char *name, json_t *jo,
            char *lagbuf, size_t lsz)
 {
-        char err[512] = "";
-        int64_t *highs = NULL;
-        rd_kafka_topic_partition_list_t *l =
-            broker_offsets(conf, &highs, err, sizeof(err));
+        kinbox_lag_t *lag = NULL;
+        (void)kinbox_admin_lag(x->adm, conf, &lag);
         json_t *parts = json_array();
-        long long lag = 0;
-        for (int k = 0; l && k < l->cnt; k++) {
-                int64_t c = l->elems[k].offset < 0 ? 0 : l->elems[k].offset;
-                int64_t pl = highs[k] >= 0 && highs[k] > c ? highs[k] - c : 0;
-                lag += pl;
+        for (size_t k = 0; lag && k < lag->npartitions; k++) {
+                const kinbox_lag_partition_t *p = &lag->partitions[k];
                 json_array_append_new(
                     parts,
-                    json_pack("{s:s,s:i,s:I,s:I,s:I}", "topic",
-                              l->elems[k].topic, "partition",
-                              (int)l->elems[k].partition, "committed",
-                              (json_int_t)l->elems[k].offset, "high",
-                              (json_int_t)highs[k], "lag", (json_int_t)pl));
+                    json_pack("{s:s,s:i,s:I,s:I,s:I}", "topic", p->topic,
+                              "partition", (int)p->partition, "committed",
+                              (json_int_t)p->committed, "high",
+                              (json_int_t)p->high, "lag", (json_int_t)p->lag));
         }
         json_object_set_new(jo, "partitions", parts);
-        if (l) {
-                snprintf(lagbuf, lsz, "%lld", lag);
-                json_object_set_new(jo, "lag", json_integer(lag));
-                rd_kafka_topic_partition_list_destroy(l);
+        if (lag) {
+                snprintf(lagbuf, lsz, "%lld", (long long)lag->total);
+                json_object_set_new(jo, "lag", json_integer(lag->total));
         } else {
+                const char *err = kinbox_admin_errstr(x->adm);
                 snprintf(lagbuf, lsz, "unknown");
                 json_object_set_new(jo, "lag_error", json_string(err));
                 if (!x->o.json)
                         fprintf(stderr, "kinbox status: %s: lag unknown: %s\n",
                                 name, err);
         }
-        free(highs);
+        kinbox_lag_destroy(lag);
 }
 
 /* The partitions `kinbox run` refuses to start (kinbox_offsets_list(),

@@ -12,7 +12,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -52,6 +51,17 @@ start_gaps(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jg,
         kinbox_offsets_destroy(o);
 }
 
+/* The partition topic/part of l, or NULL. */
+static const kinbox_lag_partition_t *
+lag_of(const kinbox_lag_t *l, const char *topic, int32_t part)
+{
+        for (size_t i = 0; l && i < l->npartitions; i++)
+                if (l->partitions[i].partition == part &&
+                    !strcmp(l->partitions[i].topic, topic))
+                        return &l->partitions[i];
+        return NULL;
+}
+
 static int
 verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                 int *gaps, checked_t *ck)
@@ -81,10 +91,10 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
          * read again): every refusal is a gap, Kafka's committed offset
          * past the DB watermark among them. */
         start_gaps(x, name, conf, jg, gaps);
-        char err[512] = "";
-        int64_t *highs = NULL;
-        rd_kafka_topic_partition_list_t *l =
-            broker_offsets(conf, &highs, err, sizeof(err));
+        kinbox_lag_t *l = NULL;
+        char err[1024] = "";
+        if (kinbox_admin_lag(x->adm, conf, &l))
+                snprintf(err, sizeof(err), "%s", kinbox_admin_errstr(x->adm));
         for (size_t i = 0; i < vr->npartitions; i++) {
                 const kinbox_verify_partition_t *p = &vr->partitions[i];
                 const char *topic = p->topic;
@@ -93,11 +103,9 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
                 long long covered = p->rows;
                 long long lo = p->lowest >= 0 ? p->lowest : wm;
                 long long committed = -1;
-                rd_kafka_topic_partition_t *tp =
-                    l ? rd_kafka_topic_partition_list_find(l, topic, part)
-                      : NULL;
+                const kinbox_lag_partition_t *tp = lag_of(l, topic, part);
                 if (tp) {
-                        committed = tp->offset;
+                        committed = tp->committed;
                         ck->committed++;
                 }
                 ck->partitions++;
@@ -121,9 +129,7 @@ verify_consumer(ctx_t *x, const char *name, kinbox_conf_t *conf, json_t *jc,
         }
         size_t vr_partitions = vr->npartitions;
         kinbox_verify_result_destroy(vr);
-        if (l)
-                rd_kafka_topic_partition_list_destroy(l);
-        free(highs);
+        kinbox_lag_destroy(l);
         ck->consumers++;
         if (!vr_partitions && !x->o.json)
                 printf("note %s: no watermark recorded (nothing consumed "

@@ -9,7 +9,6 @@
 
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -182,83 +181,8 @@ rv(kinbox_rows_t *r, size_t i, int c)
 const char *
 group_of(kinbox_conf_t *conf)
 {
-        const char *g = kinbox_conf_get(conf, "group.id");
-        return g ? g : kinbox_conf_get(conf, "name");
-}
-
-/* A librdkafka consumer handle of the group (nothing joins, nothing is
- * committed: it only reads committed offsets and watermarks). */
-/* A client in the consumer's group (never joining it) with all of its
- * kafka.* settings, logging through its logger. */
-kinbox_kafka_t *
-group_handle(kinbox_conf_t *conf, char *err, size_t sz)
-{
-        const char *const extra[] = {
-            "group.id", group_of(conf), "enable.auto.commit",
-            "false",    "log_level",    "0",
-            NULL};
-        return kinbox_kafka_new(conf, extra, err, sz);
-}
-
-/* Per partition of a consumer's topics: committed offset and high
- * watermark from the broker. Returns NULL (err set) when the broker does
- * not answer. */
-rd_kafka_topic_partition_list_t *
-broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
-{
-        if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
-                snprintf(err, sz, "no [kafka] bootstrap.servers configured");
-                return NULL;
-        }
-        kinbox_kafka_t *kk = group_handle(conf, err, sz);
-        if (!kk)
-                return NULL;
-        rd_kafka_t *rk = kinbox_kafka_handle(kk);
-        const char *topics = kinbox_conf_get(conf, "topics");
-        char list[1024];
-        snprintf(list, sizeof(list), "%s", topics ? topics : "");
-        rd_kafka_topic_partition_list_t *l =
-            rd_kafka_topic_partition_list_new(16);
-        for (char *save = NULL, *t = strtok_r(list, ", ", &save); t;
-             t = strtok_r(NULL, ", ", &save)) {
-                rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, t, NULL);
-                const struct rd_kafka_metadata *md = NULL;
-                rd_kafka_resp_err_t e =
-                    rd_kafka_metadata(rk, 0, rkt, &md, 5000);
-                rd_kafka_topic_destroy(rkt);
-                if (e) {
-                        snprintf(err, sz, "broker metadata for %s: %s", t,
-                                 rd_kafka_err2str(e));
-                        rd_kafka_topic_partition_list_destroy(l);
-                        kinbox_kafka_destroy(kk);
-                        return NULL;
-                }
-                for (int i = 0; i < md->topic_cnt; i++)
-                        for (int p = 0; p < md->topics[i].partition_cnt; p++)
-                                rd_kafka_topic_partition_list_add(
-                                    l, t, md->topics[i].partitions[p].id);
-                rd_kafka_metadata_destroy(md);
-        }
-        rd_kafka_topic_partition_list_sort(l, NULL, NULL);
-        rd_kafka_resp_err_t e = rd_kafka_committed(rk, l, 5000);
-        if (e) {
-                snprintf(err, sz, "committed offsets: %s",
-                         rd_kafka_err2str(e));
-                rd_kafka_topic_partition_list_destroy(l);
-                kinbox_kafka_destroy(kk);
-                return NULL;
-        }
-        *highs = calloc((size_t)l->cnt + 1, sizeof(int64_t));
-        for (int i = 0; i < l->cnt && *highs; i++) {
-                int64_t lo = 0, hi = 0;
-                if (rd_kafka_query_watermark_offsets(rk, l->elems[i].topic,
-                                                     l->elems[i].partition,
-                                                     &lo, &hi, 5000))
-                        hi = -1;
-                (*highs)[i] = hi;
-        }
-        kinbox_kafka_destroy(kk);
-        return l;
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        return s->group_id ? s->group_id : s->name;
 }
 
 const char *

@@ -10,7 +10,6 @@
 
 #include <kinbox/kinbox.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -151,14 +150,8 @@ const char *rv(kinbox_rows_t *r, size_t i, int c);
 /* The [consumer.NAME] section named name (its conf in *conf), or NULL. */
 const char *consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf);
 
-/* The broker's view of a consumer's group (common.c). */
+/* A consumer's group: its group.id, or its name (common.c). */
 const char *group_of(kinbox_conf_t *conf);
-kinbox_kafka_t *group_handle(kinbox_conf_t *conf, char *err, size_t sz);
-/* Per partition of a consumer's topics: committed offset and high
- * watermark (*highs, malloc'ed). NULL (err set) when the broker does not
- * answer. */
-rd_kafka_topic_partition_list_t *
-broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz);
 
 /* A consumer's start positions (kinbox_offsets_list() on its own
  * database): NULL with err set when they cannot be read. */
