@@ -14,8 +14,7 @@
 static int64_t
 cell(kinbox_rows_t *r, size_t i, int c)
 {
-        const char *v = kinbox_rows_value(r, i, c, NULL);
-        return v ? strtoll(v, NULL, 10) : 0;
+        return kinbox__rows_i64(r, i, c, 0);
 }
 
 static kinbox_err_t

@@ -286,7 +286,7 @@ dead_discard(ctx_t *x, int64_t id)
         if (rc == KINBOX_ERR_NOT_FOUND || rc == KINBOX_ERR_STATE) {
                 fprintf(stderr, "kinbox dead discard: %s\n",
                         kinbox_admin_errstr(x->adm));
-                return rc == KINBOX_ERR_STATE ? KB_EX_RUNTIME : KB_EX_NOTFOUND;
+                return kb_exit_of(rc);
         }
         if (rc)
                 return db_fail(x, rc);
@@ -355,9 +355,10 @@ dead_replay(ctx_t *x, int64_t id)
         if (rc) {
                 fprintf(stderr, "kinbox dead replay: %s\n",
                         kinbox_admin_errstr(x->adm));
-                return rc == KINBOX_ERR_NOT_FOUND ? KB_EX_NOTFOUND
-                       : rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
-                                                  : KB_EX_RUNTIME;
+                /* INVALID: the handler did not apply it (rolled back),
+                 * a runtime outcome, not a usage error. */
+                return rc == KINBOX_ERR_INVALID ? KB_EX_RUNTIME
+                                                : kb_exit_of(rc);
         }
         if (x->o.json) {
                 json_out(json_pack(

@@ -62,9 +62,7 @@ kb_cmd_prune(int argc, char **argv)
                                        err, sizeof(err));
         if (rc) {
                 fprintf(stderr, "kinbox prune: %s\n", err);
-                ex = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB
-                     : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
-                                               : KB_EX_RUNTIME;
+                ex = kb_exit_of(rc);
         } else if (x.o.json) {
                 json_out(json_pack(
                     "{s:b,s:b,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:I}", "dry_run",

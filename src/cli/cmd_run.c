@@ -55,25 +55,6 @@ config_arg(int argc, char **argv, const char *cmd)
         return path;
 }
 
-static int
-exit_for(kinbox_err_t err)
-{
-        switch (err) {
-        case KINBOX_OK:
-                return 0;
-        case KINBOX_ERR_DB_CONN:
-                return KB_EX_DB;
-        case KINBOX_ERR_CONFIG:
-        case KINBOX_ERR_INVALID:
-        case KINBOX_ERR_UNKNOWN_KEY:
-        case KINBOX_ERR_ABI:
-        case KINBOX_ERR_SCHEMA:
-                return KB_EX_USAGE;
-        default:
-                return KB_EX_RUNTIME;
-        }
-}
-
 typedef struct runner {
         kinbox_consumer_t *c;
         const kinbox_module_t *mod;
@@ -231,7 +212,7 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
                                 kinbox_err_name(rs[i].rc),
                                 kinbox_consumer_errstr(rs[i].c));
                         if (!status)
-                                status = exit_for(rs[i].rc);
+                                status = kb_exit_of(rs[i].rc);
                 }
         }
         if (relay_started) {
@@ -245,7 +226,7 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
                                 kinbox_err_name(g_relay_rc),
                                 kinbox_relay_errstr(relay));
                         if (!status)
-                                status = exit_for(g_relay_rc);
+                                status = kb_exit_of(g_relay_rc);
                 }
                 fprintf(stderr,
                         "kinbox run: relay: published %llu, actions "

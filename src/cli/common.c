@@ -165,11 +165,32 @@ kb_db_reachable(const kinbox_conf_t *conf, const char *cmd, const char *where)
 }
 
 int
+kb_exit_of(kinbox_err_t rc)
+{
+        switch (rc) {
+        case KINBOX_OK:
+                return KB_EX_OK;
+        case KINBOX_ERR_DB_CONN:
+                return KB_EX_DB;
+        case KINBOX_ERR_CONFIG:
+        case KINBOX_ERR_INVALID:
+        case KINBOX_ERR_UNKNOWN_KEY:
+        case KINBOX_ERR_ABI:
+        case KINBOX_ERR_SCHEMA:
+                return KB_EX_USAGE;
+        case KINBOX_ERR_NOT_FOUND:
+                return KB_EX_NOTFOUND;
+        default:
+                return KB_EX_RUNTIME;
+        }
+}
+
+int
 db_fail(ctx_t *x, kinbox_err_t rc)
 {
         fprintf(stderr, "kinbox %s: %s\n", x->o.cmd,
                 kinbox_admin_errstr(x->adm));
-        return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
+        return kb_exit_of(rc);
 }
 
 const char *

@@ -23,6 +23,11 @@
 #define KB_EX_USAGE 2 /* usage or configuration error */
 #define KB_EX_DB 3 /* database unreachable */
 #define KB_EX_NOTFOUND 4 /* no such id / destination */
+/* The exit status of a library failure, the one mapping of every command:
+ * KB_EX_DB for an unreachable database, KB_EX_USAGE for what the
+ * configuration or the arguments got wrong, KB_EX_NOTFOUND, else
+ * KB_EX_RUNTIME. */
+int kb_exit_of(kinbox_err_t rc);
 
 /* The commands (main.c's commands[]): argv[0] is the command. */
 int kb_cmd_run(int argc, char **argv);

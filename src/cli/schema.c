@@ -88,23 +88,6 @@ kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd,
         return KB_EX_OK;
 }
 
-int
-kb_schema_exit(kinbox_err_t rc)
-{
-        switch (rc) {
-        case KINBOX_OK:
-                return KB_EX_OK;
-        case KINBOX_ERR_DB_CONN:
-                return KB_EX_DB;
-        case KINBOX_ERR_SCHEMA:
-        case KINBOX_ERR_CONFIG:
-        case KINBOX_ERR_INVALID:
-                return KB_EX_USAGE;
-        default:
-                return KB_EX_RUNTIME;
-        }
-}
-
 /* The section a conf's database was first named in, when cfg names more
  * than one database ("" otherwise). */
 const char *
@@ -144,7 +127,7 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd, bool handlers)
                                     ? "database unreachable: "
                                     : "",
                                 err);
-                        ex = kb_schema_exit(rc);
+                        ex = kb_exit_of(rc);
                 }
         }
         for (int i = 0; !ex && i < t.nmod; i++) {
@@ -156,7 +139,7 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd, bool handlers)
                                 kb_schema_db_label(&t, t.mod_conf[i], lab,
                                                    sizeof(lab)),
                                 err);
-                        ex = kb_schema_exit(rc);
+                        ex = kb_exit_of(rc);
                 }
         }
         return ex;
