@@ -83,6 +83,12 @@ kinbox__admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
         return rc ? kinbox__admin_fail(adm, rc) : KINBOX_OK;
 }
 
+int64_t
+kinbox__rows_i64(const kinbox_rows_t *rows, size_t i, int c, int64_t dflt)
+{
+        return kinbox__i64_or(kinbox_rows_value(rows, i, c, NULL), dflt);
+}
+
 /* dead_letter.hold_key: parked messages, held keys, oldest parked age. */
 static kinbox_err_t
 hold_gauges(kinbox_admin_t *adm)

@@ -42,9 +42,6 @@ int kinbox__parse_i64(const char *s, int64_t *out, const char **end);
 int kinbox__parse_i64_all(const char *s, int64_t *out);
 /* Database text (a cell): its leading number, dflt for NULL or none. */
 int64_t kinbox__i64_or(const char *s, int64_t dflt);
-/* Row i, column c of rows as kinbox__i64_or(). */
-int64_t kinbox__rows_i64(const kinbox_rows_t *rows, size_t i, int c,
-                         int64_t dflt);
 
 /* ---- backoff: full jitter, min(cap, base * 2^attempt) * U(0,1] */
 int64_t kinbox__backoff_ms(int attempt, int64_t base_ms, int64_t cap_ms);

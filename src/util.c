@@ -577,9 +577,3 @@ kinbox__i64_or(const char *s, int64_t dflt)
         int64_t n = 0;
         return kinbox__parse_i64(s, &n, NULL) ? dflt : n;
 }
-
-int64_t
-kinbox__rows_i64(const kinbox_rows_t *rows, size_t i, int c, int64_t dflt)
-{
-        return kinbox__i64_or(kinbox_rows_value(rows, i, c, NULL), dflt);
-}
