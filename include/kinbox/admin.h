@@ -24,6 +24,7 @@
 #include "error.h"
 #include "conf.h"
 #include "handler.h"
+#include "consumer.h"
 
 KINBOX_BEGIN_DECLS
 
@@ -403,6 +404,14 @@ typedef struct kinbox_consumer_status {
         /** When the oldest parked message was parked, as the database
          *  prints it; "-" when none is parked. */
         char oldest_parked_at[64];
+        /** Messages skipped as applied already (a redelivery) and as
+         *  business duplicates, counted by the running `kinbox run`
+         *  processes of this consumer since their start
+         *  (kinbox_consumer_stats()) as they last recorded them in the
+         *  database (every second, table `kinbox_consumer_counters`);
+         *  -1 when no process records them (none running). */
+        int64_t duplicates;
+        int64_t business_duplicates; /**< as duplicates */
 } kinbox_consumer_status_t;
 
 /** One outbox destination (`kinbox status`). */
@@ -473,6 +482,21 @@ KINBOX_API kinbox_err_t kinbox_admin_consumers(kinbox_admin_t *adm,
 
 /** @brief Free kinbox_admin_status()'s result. NULL is a no-op. */
 KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);
+
+/**
+ * @brief Record this process's counters of consumer @p consumer for
+ *        kinbox_admin_status() (`kinbox run` does, every second, for each
+ *        consumer it runs); @p remove non-zero deletes the record (a
+ *        clean stop).
+ * @param instance names the process among those running the consumer
+ *                 (e.g. "host:pid:start"); not kept.
+ * @param st       the consumer's kinbox_consumer_stats(); ignored with
+ *                 @p remove.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_INVALID (NULL names).
+ */
+KINBOX_API kinbox_err_t kinbox_admin_counters_record(
+    kinbox_admin_t *adm, const char *consumer, const char *instance,
+    const kinbox_consumer_stats_t *st, int remove);
 
 /* ------------------------------------------------------------------------
  * A consumer group's lag (`kinbox status`, `kinbox verify`)
@@ -917,6 +941,131 @@ KINBOX_API kinbox_err_t kinbox_dead_replay(kinbox_admin_t *adm, int64_t id,
                                            kinbox_batch_handler_fn bfn,
                                            void *opaque,
                                            kinbox_result_t *resultp);
+
+/* ------------------------------------------------------------------------
+ * `kinbox status` and `kinbox verify`, each in one call
+ */
+
+/** kinbox_admin_report() flag: ask the broker too (each consumer's lag
+ *  and start positions). */
+#define KINBOX_REPORT_KAFKA 1
+
+/** One consumer's part of kinbox_admin_report() beyond the database's. */
+typedef struct kinbox_consumer_report {
+        const char *name; /**< the consumer's `name` */
+        const char *group; /**< its `group.id`, or its name */
+        /** The group's lag (kinbox_admin_lag()); NULL: not asked, or not
+         *  answered (the reason in lag_error). */
+        kinbox_lag_t *lag;
+        char lag_error[512];
+        /** Where `kinbox run` would start each partition
+         *  (kinbox_offsets_list() on the consumer's own database); NULL:
+         *  not asked, or not read (the reason in start_error). */
+        kinbox_offsets_t *start;
+        char start_error[512];
+        int refused; /**< partitions `kinbox run` refuses to start; -1:
+                          unknown */
+} kinbox_consumer_report_t;
+
+/** What kinbox_admin_report() read: `kinbox status` in one call. */
+typedef struct kinbox_report {
+        kinbox_status_t *status; /**< the database's part, as
+                                      kinbox_admin_status() */
+        kinbox_consumer_report_t *consumers; /**< status->nconsumers, in
+                                                  the same order */
+        /** The log relay (`relay.source = wal | binlog` in the relay's
+         *  configuration): 0 when there is none. */
+        int log_relay;
+        char log_slot[128]; /**< its slot (reader) */
+        int64_t log_retained_bytes; /**< log the server keeps for it; -1:
+                                         unknown */
+        char log_state[64]; /**< PostgreSQL's wal_status; "": unknown */
+        char log_error[512]; /**< "" unless the figures were not read */
+} kinbox_report_t;
+
+/**
+ * @brief Everything `kinbox status` shows, in one call: the database's
+ *        counts (kinbox_admin_status()), and per consumer its group's lag
+ *        and its start refusals (with ::KINBOX_REPORT_KAFKA), and the log
+ *        relay's slot.
+ *
+ * A failure of the broker or of a consumer's own database is reported in
+ * the consumer's `lag_error` / `start_error`, not as the call's result.
+ * @param consumers  @p nconsumers consumer configurations (`name`,
+ *                   `group.id`, `topics`, `kafka.*`, `database.*`); not
+ *                   kept.
+ * @param relay      the relay's configuration (its `relay.source`,
+ *                   `relay.slot`), or NULL: no log relay part.
+ * @param flags      0 or ::KINBOX_REPORT_KAFKA.
+ * @param reportp    receives the result (kinbox_report_destroy()), NULL on
+ *                   error.
+ * @returns As kinbox_admin_status().
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t
+kinbox_admin_report(kinbox_admin_t *adm, const kinbox_conf_t *const *consumers,
+                    size_t nconsumers, const kinbox_conf_t *relay, int flags,
+                    kinbox_report_t **reportp);
+
+/** @brief Free kinbox_admin_report()'s result. NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_report_destroy(kinbox_report_t *r);
+
+/** An outbox destination with rows pending too long. */
+typedef struct kinbox_verify_stuck {
+        const char *destination;
+        int64_t rows; /**< rows pending longer than asked */
+        int64_t oldest_id; /**< the smallest id among them */
+        int64_t oldest_age_s; /**< the oldest one's age, whole seconds */
+} kinbox_verify_stuck_t;
+
+/** One consumer's part of kinbox_admin_verify(). */
+typedef struct kinbox_verify_consumer {
+        const char *name; /**< the consumer's `name` */
+        kinbox_verify_result_t *rows; /**< its rows against its
+                                           watermarks (kinbox_verify()) */
+        /** Where `kinbox run` would start (kinbox_offsets_list() with
+         *  ::KINBOX_OFFSETS_READ_LOG): every refusal is a gap. NULL: not
+         *  read (the reason in start_error). */
+        kinbox_offsets_t *start;
+        char start_error[512];
+        /** The group's committed offsets (kinbox_admin_lag()); NULL: the
+         *  broker did not answer (the reason in lag_error). */
+        kinbox_lag_t *lag;
+        char lag_error[512];
+} kinbox_verify_consumer_t;
+
+/** What kinbox_admin_verify() found: `kinbox verify` in one call. */
+typedef struct kinbox_verify_report {
+        size_t nconsumers;
+        kinbox_verify_consumer_t *consumers; /**< in the order asked */
+        size_t nstuck;
+        kinbox_verify_stuck_t *stuck; /**< by destination */
+        size_t ndestinations; /**< outbox destinations with rows */
+} kinbox_verify_report_t;
+
+/**
+ * @brief Everything `kinbox verify` checks, in one call: per consumer its
+ *        rows against its watermarks, its start positions (the record at
+ *        W-1 read again) and Kafka's committed offsets; the outbox's rows
+ *        pending longer than @p older_ms.
+ * @param consumers @p nconsumers consumer configurations; not kept. The
+ *                  rows are read on @p adm's database, the start positions
+ *                  on each consumer's own.
+ * @param reportp   receives the result (kinbox_verify_report_destroy()),
+ *                  NULL on error.
+ * @returns As kinbox_verify() (a database failure of @p adm); a broker's
+ *          or a consumer database's failure is in the consumer's
+ *          `start_error` / `lag_error`.
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t kinbox_admin_verify(
+    kinbox_admin_t *adm, const kinbox_conf_t *const *consumers,
+    size_t nconsumers, int64_t older_ms, kinbox_verify_report_t **reportp);
+
+/** @brief Free kinbox_admin_verify()'s result. NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_verify_report_destroy(kinbox_verify_report_t *r);
 
 KINBOX_END_DECLS
 
