@@ -14,6 +14,7 @@
 #include <kinbox/kinbox.h>
 #include "common.h"
 #include "services.h"
+#include "counters.h"
 #include "watchdog.h"
 #include "config.h"
 #include "sdnotify.h"
@@ -276,6 +277,26 @@ tracing_hold(kb_config_t *cfg)
         return on;
 }
 
+/* The record of the n consumers' counters in their databases (NULL, a
+ * note printed, when it cannot start: status then shows n/a). */
+static kb_counters_t *
+counters_start(const kb_config_t *cfg, const runner_t *rs, int n)
+{
+        kinbox_consumer_t *cs[KB_MAX_CONSUMERS];
+        const kinbox_conf_t *confs[KB_MAX_CONSUMERS];
+        if (!n)
+                return NULL;
+        for (int i = 0; i < n; i++) {
+                cs[i] = rs[i].c;
+                confs[i] = cfg->consumers[i].settings;
+        }
+        kb_counters_t *k = kb_counters_start(cs, confs, n);
+        if (!k)
+                fprintf(stderr, "kinbox run: cannot start recording the "
+                                "consumers' counters\n");
+        return k;
+}
+
 /* Load and check the configuration `run` starts from: 0 with *cfg
  * loaded, or the exit status (cfg freed). */
 static int
@@ -340,6 +361,8 @@ kb_cmd_run(int argc, char **argv)
                 }
         }
         bool tracing = !status && tracing_hold(&cfg);
+        /* Recorded before /readyz answers: a running consumer shows 0. */
+        kb_counters_t *counters = status ? NULL : counters_start(&cfg, rs, n);
         kb_services_t *svc = NULL; /* pruner thread, [metrics] listen */
         if (!status && !(svc = kb_services_start(&cfg, err, sizeof(err)))) {
                 fprintf(stderr, "kinbox run: %s\n", err);
@@ -378,6 +401,8 @@ kb_cmd_run(int argc, char **argv)
                     runners_join(rs, n, started, relay,
                                  relay_started ? &relay_thr : NULL, status);
         }
+        kb_watchdog_step("deleting the consumers' counters records");
+        kb_counters_stop(counters);
         for (int i = 0; i < n; i++) {
                 kb_watchdog_step("closing a consumer (leaving its group)");
                 kinbox_consumer_destroy(rs[i].c);

@@ -30,32 +30,6 @@ kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond, const volatile int *stop,
         return stopped;
 }
 
-void
-kb_port_file(const kb_config_t *cfg, char *buf, size_t sz)
-{
-        uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-        for (int k = 0; k < 2; k++)
-                for (const char *p = k ? cfg->metrics_listen : cfg->path;
-                     p && *p; p++)
-                        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        snprintf(buf, sz, "/tmp/kinbox-metrics-%016" PRIx64 ".port", h);
-}
-
-int
-kb_port_read(const kb_config_t *cfg)
-{
-        char path[128];
-        kb_port_file(cfg, path, sizeof(path));
-        FILE *fp = fopen(path, "r");
-        int port = 0;
-        if (fp) {
-                if (fscanf(fp, "%d", &port) != 1 || port < 1 || port > 65535)
-                        port = 0;
-                fclose(fp);
-        }
-        return port;
-}
-
 int
 ctx_open(ctx_t *x)
 {

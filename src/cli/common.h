@@ -64,13 +64,6 @@ const kinbox_module_t *kb_schema_owner(const kinbox_module_t *m);
 bool kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond,
             const volatile int *stop, int64_t ms);
 
-/* Where `kinbox run` of cfg records the port its [metrics] listen bound
- * (`listen = HOST:0` picks one): a file in /tmp named after the
- * configuration file and the listen address, which `kinbox status` reads.
- * kb_port_read(): the port, 0 when there is no file. */
-void kb_port_file(const kb_config_t *cfg, char *buf, size_t sz);
-int kb_port_read(const kb_config_t *cfg);
-
 /* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
 int kb_duration_ms(const char *s, int64_t *ms);
 
