@@ -1059,11 +1059,10 @@ static const struct kinbox__sql pg_sql = {
     .counters_remove =
         "DELETE FROM kinbox_consumer_counters WHERE consumer = $1 AND"
         " (instance = $2 OR updated_at < now() - interval '1 hour')",
-    .counters_read =
-        "SELECT count(*), COALESCE(sum(duplicates), 0),"
-        " COALESCE(sum(business_duplicates), 0)"
-        " FROM kinbox_consumer_counters WHERE consumer = $1"
-        " AND updated_at > now() - interval '10 seconds'",
+    .counters_read = "SELECT count(*), COALESCE(sum(duplicates), 0),"
+                     " COALESCE(sum(business_duplicates), 0)"
+                     " FROM kinbox_consumer_counters WHERE consumer = $1"
+                     " AND updated_at > now() - interval '10 seconds'",
     .dead_letter_gauges =
         "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
         "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
