@@ -79,6 +79,25 @@ kinbox__confval_int(const char *key, const char *value, int64_t min,
         return 0;
 }
 
+const char *
+kinbox__confval_duration_text(int64_t ms, char *buf, size_t sz)
+{
+        static const struct {
+                const char *unit;
+                int64_t ms;
+        } units[] = {{"d", 86400000},
+                     {"h", 3600000},
+                     {"m", 60000},
+                     {"s", 1000},
+                     {"ms", 1}};
+        size_t i = 0;
+        while (ms && i + 1 < NELEM(units) && ms % units[i].ms)
+                i++;
+        snprintf(buf, sz, "%" PRId64 "%s", ms ? ms / units[i].ms : 0,
+                 ms ? units[i].unit : "s");
+        return buf;
+}
+
 int
 kinbox__confval_duration(const char *key, const char *value, int64_t min_ms,
                          int64_t max_ms, int64_t *out, char *errstr,

@@ -408,7 +408,8 @@ typedef struct kinbox_consumer_status {
          *  business duplicates, counted by the running `kinbox run`
          *  processes of this consumer since their start
          *  (kinbox_consumer_stats()) as they last recorded them in the
-         *  database (every second, table `kinbox_consumer_counters`);
+         *  database (within 50 ms of a change, at least every second;
+         *  table `kinbox_consumer_counters`);
          *  -1 when no process records them (none running). */
         int64_t duplicates;
         int64_t business_duplicates; /**< as duplicates */
@@ -485,7 +486,8 @@ KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);
 
 /**
  * @brief Record this process's counters of consumer @p consumer for
- *        kinbox_admin_status() (`kinbox run` does, every second, for each
+ *        kinbox_admin_status() (`kinbox run` does, on each change and
+ *        every second, for each
  *        consumer it runs); @p remove non-zero deletes the record (a
  *        clean stop).
  * @param instance names the process among those running the consumer

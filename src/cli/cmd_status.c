@@ -107,7 +107,7 @@ consumer_json(ctx_t *x, int i, const kinbox_consumer_status_t *st,
             "discarded", (json_int_t)st->discarded, "dedup_hits_note",
             "duplicates are not stored: counted by the running `kinbox "
             "run` processes since their start, recorded in the database "
-            "every second (kinbox_consumer_counters); null when none "
+            "as they change (kinbox_consumer_counters); null when none "
             "runs");
         json_object_set_new(jo, "discovered",
                             json_boolean(x->cfg.consumers[i].discovered));

@@ -99,7 +99,7 @@ ctx_discover(ctx_t *x)
                         break;
                 }
                 kinbox_conf_t *conf = x->cfg.consumers[k].conf;
-                const char *had = kinbox_conf_get(conf, "topics");
+                const char *had = kinbox__settings_of(conf)->topics;
                 char list[1024], e[300];
                 snprintf(list, sizeof(list), "%s%s%s", had ? had : "",
                          had ? "," : "", topic ? topic : "");

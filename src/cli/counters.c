@@ -6,6 +6,7 @@
  */
 #include "counters.h"
 #include "common.h"
+#include "internal.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -15,12 +16,18 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A change is recorded within CHECK_MS (status right after a batch sees
+ * it), an unchanged record refreshed every EVERY_MS (status counts the
+ * records of the last 10 s as running). */
+#define KB_COUNTERS_CHECK_MS 50
 #define KB_COUNTERS_EVERY_MS 1000
 
 struct kb_counters {
         int n;
         kinbox_consumer_t **cs; /* a copy of the caller's array */
         kinbox_admin_t **adm; /* one per consumer: its own database */
+        kinbox_consumer_stats_t *last; /* what was recorded */
+        int64_t *last_ms; /* when (monotonic) */
         char instance[300]; /* host:pid:start */
         pthread_t thr;
         bool started;
@@ -29,17 +36,28 @@ struct kb_counters {
         volatile int stop;
 };
 
-/* Each consumer's counters (remove: its record deleted). */
+/* Each consumer's counters when they changed or the record is due
+ * (force: now; remove: its record deleted). */
 static void
-record_all(kb_counters_t *k, int remove)
+record_all(kb_counters_t *k, bool force, int remove)
 {
+        int64_t now = kinbox__now_ms();
         for (int i = 0; i < k->n; i++) {
                 kinbox_consumer_stats_t st;
                 kinbox_consumer_stats(k->cs[i], &st);
-                if (k->adm[i])
-                        (void)kinbox_admin_counters_record(
-                            k->adm[i], kinbox_consumer_name(k->cs[i]),
-                            k->instance, &st, remove);
+                bool changed =
+                    st.duplicates != k->last[i].duplicates ||
+                    st.business_duplicates != k->last[i].business_duplicates;
+                if (!k->adm[i] ||
+                    !(force || changed ||
+                      now - k->last_ms[i] >= KB_COUNTERS_EVERY_MS))
+                        continue;
+                if (!kinbox_admin_counters_record(
+                        k->adm[i], kinbox_consumer_name(k->cs[i]), k->instance,
+                        &st, remove)) {
+                        k->last[i] = st;
+                        k->last_ms[i] = now;
+                }
         }
 }
 
@@ -47,8 +65,8 @@ static void *
 counters_main(void *arg)
 {
         kb_counters_t *k = arg;
-        while (!kb_nap(&k->lock, &k->cond, &k->stop, KB_COUNTERS_EVERY_MS))
-                record_all(k, 0);
+        while (!kb_nap(&k->lock, &k->cond, &k->stop, KB_COUNTERS_CHECK_MS))
+                record_all(k, false, 0);
         return NULL;
 }
 
@@ -59,6 +77,8 @@ counters_free(kb_counters_t *k)
                 kinbox_admin_destroy(k->adm[i]);
         free(k->adm);
         free(k->cs);
+        free(k->last);
+        free(k->last_ms);
         pthread_mutex_destroy(&k->lock);
         pthread_cond_destroy(&k->cond);
         free(k);
@@ -75,7 +95,9 @@ kb_counters_start(kinbox_consumer_t *const *cs,
         pthread_cond_init(&k->cond, NULL);
         k->adm = calloc((size_t)n + 1, sizeof(*k->adm));
         k->cs = calloc((size_t)n + 1, sizeof(*k->cs));
-        if (!k->adm || !k->cs) {
+        k->last = calloc((size_t)n + 1, sizeof(*k->last));
+        k->last_ms = calloc((size_t)n + 1, sizeof(*k->last_ms));
+        if (!k->adm || !k->cs || !k->last || !k->last_ms) {
                 counters_free(k);
                 return NULL;
         }
@@ -89,9 +111,9 @@ kb_counters_start(kinbox_consumer_t *const *cs,
                  (long)getpid(), (long long)now.tv_sec);
         for (int i = 0; i < n; i++)
                 k->adm[i] = kinbox_admin_new(confs[i], NULL, 0);
-        record_all(k, 0);
+        record_all(k, true, 0);
         if (pthread_create(&k->thr, NULL, counters_main, k)) {
-                record_all(k, 1);
+                record_all(k, true, 1);
                 counters_free(k);
                 return NULL;
         }
@@ -110,6 +132,6 @@ kb_counters_stop(kb_counters_t *k)
         pthread_mutex_unlock(&k->lock);
         if (k->started)
                 pthread_join(k->thr, NULL);
-        record_all(k, 1);
+        record_all(k, true, 1);
         counters_free(k);
 }

@@ -5,6 +5,7 @@
  */
 #include "schema.h"
 #include "common.h"
+#include "internal.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -14,9 +15,9 @@
 static void
 add_db(targets_t *t, const kinbox_conf_t *conf, const char *where)
 {
-        const char *url = kinbox_conf_get(conf, "database.url");
+        const char *url = kinbox__settings_of(conf)->database_url;
         for (int i = 0; i < t->ndb; i++) {
-                const char *u = kinbox_conf_get(t->db[i], "database.url");
+                const char *u = kinbox__settings_of(t->db[i])->database_url;
                 if (u && url && !strcmp(u, url))
                         return;
         }
@@ -29,10 +30,10 @@ add_mod(targets_t *t, const kinbox_module_t *m, const kinbox_conf_t *conf,
         const char *kind)
 {
         m = kb_schema_owner(m);
-        const char *url = kinbox_conf_get(conf, "database.url");
+        const char *url = kinbox__settings_of(conf)->database_url;
         for (int i = 0; i < t->nmod; i++) { /* one module, one database */
                 const char *u =
-                    kinbox_conf_get(t->mod_conf[i], "database.url");
+                    kinbox__settings_of(t->mod_conf[i])->database_url;
                 if (t->mod[i] == m && u && url && !strcmp(u, url))
                         return;
         }
@@ -72,7 +73,7 @@ kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd,
                 return KB_EX_OK;
         if (cfg->relay_enabled)
                 add_db(t, cfg->relay, "[relay]");
-        const char *rm = kinbox_conf_get(cfg->relay, "relay.modules");
+        const char *rm = kinbox__settings_of(cfg->relay)->relay_modules;
         char list[512];
         snprintf(list, sizeof(list), "%s", rm ? rm : "");
         for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
@@ -97,9 +98,9 @@ kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf, char *b,
         b[0] = '\0';
         if (t->ndb < 2)
                 return b;
-        const char *url = kinbox_conf_get(conf, "database.url");
+        const char *url = kinbox__settings_of(conf)->database_url;
         for (int i = 0; i < t->ndb; i++) {
-                const char *u = kinbox_conf_get(t->db[i], "database.url");
+                const char *u = kinbox__settings_of(t->db[i])->database_url;
                 if (u && url && !strcmp(u, url)) {
                         snprintf(b, sz, " (database of %s)", t->db_where[i]);
                         break;
