@@ -147,6 +147,42 @@ kafka_side(kinbox_admin_t *adm, rd_kafka_t *rk, kinbox_offsets_t *o)
         return KINBOX_OK;
 }
 
+/* A record read at W-1 (or before it, compacted) compared with the
+ * identity stored with the watermark: true when it settled its partition
+ * (then paused: nothing more is read of it). */
+static bool
+identity_of(rd_kafka_t *rk, kinbox_offsets_t *o, const kinbox__wm_t *wms,
+            size_t nwm, const rd_kafka_message_t *m)
+{
+        const char *t = m->rkt ? rd_kafka_topic_name(m->rkt) : NULL;
+        const kinbox__wm_t *wm =
+            t ? kinbox__wms_find(wms, nwm, t, m->partition) : NULL;
+        kinbox_offsets_partition_t *p = NULL;
+        for (size_t i = 0; t && i < o->npartitions && !p; i++)
+                if (o->partitions[i].partition == m->partition &&
+                    !strcmp(o->partitions[i].topic, t))
+                        p = &o->partitions[i];
+        if (m->err || !wm || !p || p->identity_checked >= 0)
+                return false;
+        rd_kafka_timestamp_type_t tt;
+        int64_t ts = rd_kafka_message_timestamp(m, &tt);
+        uint64_t h =
+            kinbox__record_hash(m->key, m->key_len, m->payload, m->len);
+        if (m->offset == wm->next_offset - 1)
+                p->identity_checked = ts == wm->last_ts && h == wm->last_hash;
+        else if (m->offset < wm->next_offset - 1)
+                p->identity_checked = 0;
+        /* Later: compacted away, not known. */
+        if (!p->identity_checked)
+                p->verdict = KINBOX_STARTPOS_INCARNATION;
+        rd_kafka_topic_partition_list_t *one =
+            rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(one, t, m->partition);
+        rd_kafka_pause_partitions(rk, one);
+        rd_kafka_topic_partition_list_destroy(one);
+        return true;
+}
+
 /* KINBOX_OFFSETS_READ_LOG: read the record at W-1 of each partition whose
  * watermark carries an identity, and compare. */
 static void
@@ -194,41 +230,8 @@ read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
                             rd_kafka_consumer_poll(rk, 200);
                         if (!m)
                                 continue;
-                        const char *t =
-                            m->rkt ? rd_kafka_topic_name(m->rkt) : NULL;
-                        const kinbox__wm_t *wm =
-                            t ? kinbox__wms_find(wms, nwm, t, m->partition)
-                              : NULL;
-                        kinbox_offsets_partition_t *p = NULL;
-                        for (size_t i = 0; t && i < o->npartitions && !p; i++)
-                                if (o->partitions[i].partition ==
-                                        m->partition &&
-                                    !strcmp(o->partitions[i].topic, t))
-                                        p = &o->partitions[i];
-                        if (!m->err && wm && p && p->identity_checked < 0) {
-                                rd_kafka_timestamp_type_t tt;
-                                int64_t ts =
-                                    rd_kafka_message_timestamp(m, &tt);
-                                uint64_t h = kinbox__record_hash(
-                                    m->key, m->key_len, m->payload, m->len);
-                                if (m->offset == wm->next_offset - 1)
-                                        p->identity_checked =
-                                            ts == wm->last_ts &&
-                                            h == wm->last_hash;
-                                else if (m->offset < wm->next_offset - 1)
-                                        p->identity_checked = 0;
-                                /* Later: compacted away, not known. */
-                                if (!p->identity_checked)
-                                        p->verdict =
-                                            KINBOX_STARTPOS_INCARNATION;
+                        if (identity_of(rk, o, wms, nwm, m))
                                 left--;
-                                rd_kafka_topic_partition_list_t *one =
-                                    rd_kafka_topic_partition_list_new(1);
-                                rd_kafka_topic_partition_list_add(
-                                    one, t, m->partition);
-                                rd_kafka_pause_partitions(rk, one);
-                                rd_kafka_topic_partition_list_destroy(one);
-                        }
                         rd_kafka_message_destroy(m);
                 }
         }
