@@ -17,7 +17,8 @@
 kinbox_admin_t *
 kinbox_admin_new(const kinbox_conf_t *conf, char *errstr, size_t sz)
 {
-        const char *url = conf ? kinbox_conf_get(conf, "database.url") : NULL;
+        const char *url =
+            conf ? kinbox__settings_of(conf)->database_url : NULL;
         if (!url || !*url) {
                 kinbox__errstr(errstr, sz, "database.url is required");
                 return NULL;

@@ -191,19 +191,6 @@ consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf)
         return NULL;
 }
 
-kinbox_offsets_t *
-kb_start_positions(kinbox_conf_t *conf, int flags, char *err, size_t sz)
-{
-        kinbox_admin_t *adm = kinbox_admin_new(conf, err, sz);
-        if (!adm)
-                return NULL;
-        kinbox_offsets_t *o = NULL;
-        if (kinbox_offsets_list(adm, conf, NULL, -1, flags, &o))
-                snprintf(err, sz, "%s", kinbox_admin_errstr(adm));
-        kinbox_admin_destroy(adm);
-        return o;
-}
-
 static const char *
 pos(char *b, size_t sz, int64_t v)
 {

@@ -151,10 +151,6 @@ const char *consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf);
 /* A consumer's group: its group.id, or its name (common.c). */
 const char *group_of(kinbox_conf_t *conf);
 
-/* A consumer's start positions (kinbox_offsets_list() on its own
- * database): NULL with err set when they cannot be read. */
-kinbox_offsets_t *kb_start_positions(kinbox_conf_t *conf, int flags, char *err,
-                                     size_t sz);
 /* "topic [p]: refused (name): reason; W .., C .., log L..H" of a refused
  * partition. */
 void kb_start_refusal(const kinbox_offsets_partition_t *p, char *buf,
