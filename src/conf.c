@@ -150,6 +150,12 @@ static const prop_t props[] = {
  "content-type header of rows whose stored headers do not set it (CloudEvents on): the payload's media type, CloudEvents' datacontenttype."},
 {"relay.modules", S(relay_modules), P_STR, NULL, 0, 0, NULL,
  "Comma-separated handler modules whose local actions the relay of `kinbox run` registers (`[relay] modules = ...`)."},
+{"console.enabled", S(console_enabled), P_BOOL, "false", 0, 0, NULL,
+ "`kinbox run`: serve the operator's console at `/console` on the `[metrics] listen` endpoint (see docs/console.md). Read-only unless console.token_file is set."},
+{"console.token_file", S(console_token_file), P_STR, NULL, 0, 0, NULL,
+ "File whose first line is the console's bearer token (at least 16 characters, never logged). Set: the console's actions (replay, discard, requeue, cancel, pause, resume) accept `Authorization: Bearer TOKEN`; unset: the console is read-only."},
+{"console.allow_remote", S(console_allow_remote), P_BOOL, "false", 0, 0, NULL,
+ "Answer console requests from addresses other than loopback (127.0.0.0/8, ::1). `false`: they get 403 whatever `[metrics] listen` binds."},
 };
 /* clang-format on */
 #define NPROPS KINBOX__ARRAY_SIZE(props)

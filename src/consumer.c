@@ -503,15 +503,6 @@ worker_main(void *arg)
 /* ------------------------------------------------------------------ */
 /* main thread: partitions, rebalances, dispatch */
 
-kinbox__part_t *
-kinbox__part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
-{
-        for (kinbox__part_t *p = c->parts; p; p = p->next)
-                if (p->partition == partition && !strcmp(p->topic, topic))
-                        return p;
-        return NULL;
-}
-
 static unsigned
 hash_tp(const char *topic, int32_t partition)
 {

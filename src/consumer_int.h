@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct kinbox__part kinbox__part_t;
 typedef struct kinbox__worker kinbox__worker_t;
@@ -285,9 +286,16 @@ void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
  * or was abandoned; pops the committed messages from their partitions. */
 void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
 
-/* ---- consumer.c */
-kinbox__part_t *kinbox__part_find(kinbox_consumer_t *c, const char *topic,
-                                  int32_t partition);
+/* The partition (topic, partition) of c's assignment, or NULL (the
+ * polling thread's list). */
+static inline kinbox__part_t *
+kinbox__part_find(kinbox_consumer_t *c, const char *topic, int32_t partition)
+{
+        for (kinbox__part_t *p = c->parts; p; p = p->next)
+                if (p->partition == partition && !strcmp(p->topic, topic))
+                        return p;
+        return NULL;
+}
 
 /* ---- consumer_startpos.c: start positions (docs/failures.md) */
 /* Rebalance callback, partitions of pl already in c->parts: classify each

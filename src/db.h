@@ -246,9 +246,6 @@ struct kinbox__db_ops {
         /* The partitioned inbox's statements (db/pg_part.c,
          * db/mysql_part.c). */
         const struct kinbox__part_ops *part;
-        /* The log relay's source (relay.source names it: ops->name), NULL
-         * when the backend has none built (db/logsrc_ops.h). */
-        const struct kinbox__logsrc_ops *logsrc;
 };
 
 /* The server ran out of a resource: disk, memory, connection slots or
@@ -298,6 +295,7 @@ extern const struct kinbox__db_ops kinbox__mysql_ops;
 /*
  * Parse url (postgresql://..., postgres://..., mysql://...) and create an
  * unconnected handle. password may be NULL. Returns NULL with errstr set.
+ * (db/backend.c: the one file that knows every backend.)
  */
 kinbox__db_t *kinbox__db_new(const char *url, const char *password,
                              char *errstr, size_t errstr_size);
@@ -308,6 +306,14 @@ void kinbox__db_destroy(kinbox__db_t *db);
 struct kinbox_conf_s;
 kinbox__db_t *kinbox__db_new_conf(const struct kinbox_conf_s *conf,
                                   char *errstr, size_t errstr_size);
+
+/* An unconnected handle of the backend ops names (db/db.c): for a
+ * backend's own side connections, which must not go back up through
+ * kinbox__db_new(). NULL when out of memory. */
+kinbox__db_t *kinbox__db_alloc(const struct kinbox__db_ops *ops,
+                               const char *url, const char *password);
+/* The log relay's source of db's backend (db/logsrc_ops.h). */
+const struct kinbox__logsrc_ops *kinbox__db_logsrc(const kinbox__db_t *db);
 
 /* Convenience wrappers (dispatch through ops). */
 int kinbox__db_connect(kinbox__db_t *db);
@@ -473,6 +479,10 @@ typedef struct kinbox__dburl {
         char *params; /* raw query string after '?', may be NULL */
 } kinbox__dburl_t;
 int kinbox__dburl_parse(const char *url, kinbox__dburl_t *out, char *errstr,
+                        size_t errstr_size);
+/* The same without the backend's checks of its parameters (db/db.c): for
+ * a backend re-reading a URL kinbox__dburl_parse() accepted. */
+int kinbox__dburl_split(const char *url, kinbox__dburl_t *out, char *errstr,
                         size_t errstr_size);
 void kinbox__dburl_free(kinbox__dburl_t *u);
 /* A mysql:// URL's parameters (after '?'): 0, or -1 naming the first one

@@ -87,7 +87,19 @@ struct kinbox__http_s {
         kinbox__collect_fn collect;
         void *opaque;
         int port;
+        /* kinbox__http_route(), under mu */
+        const char *route_prefix;
+        kinbox__http_route_fn route_fn;
+        void *route_opaque;
 };
+
+/* A routed request's state: its body so far. */
+struct rstate {
+        char *body;
+        size_t n;
+        bool big;
+};
+#define ROUTE_BODY_MAX 65536
 
 static enum MHD_Result
 reply(struct MHD_Connection *conn, unsigned code, const char *ctype,
@@ -335,9 +347,128 @@ static void
 on_completed(void *cls, struct MHD_Connection *mc, void **state,
              enum MHD_RequestTerminationCode toe)
 {
-        KINBOX__UNUSED(state);
         KINBOX__UNUSED(toe);
+        if (*state && *state != cls) {
+                struct rstate *rs = *state;
+                free(rs->body);
+                free(rs);
+                *state = NULL;
+        }
         conn_mark(cls, mc, false);
+}
+
+void
+kinbox__http_route(kinbox__http_t *h, const char *prefix,
+                   kinbox__http_route_fn fn, void *opaque)
+{
+        pthread_mutex_lock(&h->mu);
+        h->route_prefix = prefix;
+        h->route_fn = fn;
+        h->route_opaque = opaque;
+        pthread_mutex_unlock(&h->mu);
+}
+
+static bool
+routed(kinbox__http_t *h, const char *url)
+{
+        pthread_mutex_lock(&h->mu);
+        const char *p = h->route_prefix;
+        pthread_mutex_unlock(&h->mu);
+        return p && !strncmp(url, p, strlen(p));
+}
+
+const char *
+kinbox__http_req_get(const kinbox__http_req_t *r, int kind, const char *name)
+{
+        return MHD_lookup_connection_value(
+            r->conn, kind ? MHD_GET_ARGUMENT_KIND : MHD_HEADER_KIND, name);
+}
+
+static void
+req_peer(struct MHD_Connection *conn, kinbox__http_req_t *rq)
+{
+        const union MHD_ConnectionInfo *ai =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const struct sockaddr *sa = ai ? ai->client_addr : NULL;
+        snprintf(rq->peer, sizeof(rq->peer), "unknown");
+        if (sa && sa->sa_family == AF_INET) {
+                const struct sockaddr_in *a = (const void *)sa;
+                inet_ntop(AF_INET, &a->sin_addr, rq->peer, sizeof(rq->peer));
+                rq->peer_loopback = (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+        } else if (sa && sa->sa_family == AF_INET6) {
+                const struct sockaddr_in6 *a = (const void *)sa;
+                inet_ntop(AF_INET6, &a->sin6_addr, rq->peer, sizeof(rq->peer));
+                rq->peer_loopback = IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
+        }
+}
+
+/* Answer a routed request with the route's answer. */
+static enum MHD_Result
+route_reply(kinbox__http_t *h, struct MHD_Connection *conn,
+            kinbox__http_req_t *rq)
+{
+        pthread_mutex_lock(&h->mu);
+        kinbox__http_route_fn fn = h->route_fn;
+        void *op = h->route_opaque;
+        pthread_mutex_unlock(&h->mu);
+        kinbox__http_ans_t a = {.code = MHD_HTTP_NOT_FOUND,
+                                .ctype = "text/plain"};
+        rq->conn = conn;
+        req_peer(conn, rq);
+        fn(rq, &a, op);
+        struct MHD_Response *r = MHD_create_response_from_buffer(
+            a.body ? a.len : 0, a.body ? a.body : (char *)"",
+            a.body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+        if (!r) {
+                free(a.body);
+                return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", a.ctype);
+        for (int i = 0; i < 12 && a.hdr[i][0]; i++)
+                MHD_add_response_header(r, a.hdr[i][0], a.hdr[i][1]);
+        enum MHD_Result ret = MHD_queue_response(conn, a.code, r);
+        MHD_destroy_response(r);
+        return ret;
+}
+
+/* A request for the route: GET/HEAD at once, POST once its body is in. */
+static enum MHD_Result
+route(kinbox__http_t *h, struct MHD_Connection *conn, const char *url,
+      const char *method, const char *upload, size_t *upload_size,
+      void **state)
+{
+        kinbox__http_req_t rq = {.method = method, .url = url};
+        if (strcmp(method, "POST"))
+                return route_reply(h, conn, &rq);
+        struct rstate *rs = *state != h ? *state : NULL;
+        if (!rs) {
+                if (!(rs = calloc(1, sizeof(*rs))))
+                        return MHD_NO;
+                *state = rs;
+                return MHD_YES;
+        }
+        if (*upload_size) {
+                size_t n = *upload_size;
+                *upload_size = 0;
+                if (rs->big || rs->n + n > ROUTE_BODY_MAX) {
+                        rs->big = true;
+                        return MHD_YES;
+                }
+                char *nb = realloc(rs->body, rs->n + n + 1);
+                if (!nb)
+                        return MHD_NO;
+                memcpy(nb + rs->n, upload, n);
+                rs->body = nb;
+                rs->n += n;
+                rs->body[rs->n] = '\0';
+                return MHD_YES;
+        }
+        if (rs->big)
+                return reply(conn, MHD_HTTP_CONTENT_TOO_LARGE, "text/plain",
+                             "request body too large\n", false);
+        rq.body = rs->body ? rs->body : "";
+        rq.body_len = rs->n;
+        return route_reply(h, conn, &rq);
 }
 
 static enum MHD_Result
@@ -354,6 +485,8 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url,
                 *state = h;
                 conn_mark(h, conn, true);
         }
+        if (*state != h || routed(h, url))
+                return route(h, conn, url, method, upload, upload_size, state);
         if (strcmp(method, "GET") && strcmp(method, "HEAD"))
                 return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain",
                              "method not allowed\n", false);

@@ -61,4 +61,40 @@ int kinbox__http_port(const kinbox__http_t *h);
  * bounded). NULL is a no-op. */
 void kinbox__http_stop(kinbox__http_t *h);
 
+/* An extra route (the console, src/console.c): a request whose path starts
+ * with its prefix, GET/HEAD or POST (a POST's body, at most 64 KB, read
+ * first; over that: 413). Strings valid during the call. */
+typedef struct kinbox__http_req {
+        const char *method, *url, *body;
+        size_t body_len;
+        char peer[64]; /* the client's address, text */
+        int peer_loopback; /* 127.0.0.0/8 or ::1 */
+        void *conn; /* internal */
+} kinbox__http_req_t;
+
+/* A request header or query argument (kind 0: header, 1: argument), or
+ * NULL. */
+const char *kinbox__http_req_get(const kinbox__http_req_t *r, int kind,
+                                 const char *name);
+
+/* The route's answer: code, content type (static), body (malloc'ed,
+ * taken; NULL: empty) of len bytes, up to 12 extra headers (static
+ * strings, name NULL ends). */
+typedef struct kinbox__http_ans {
+        unsigned code;
+        const char *ctype;
+        char *body;
+        size_t len;
+        const char *hdr[12][2];
+} kinbox__http_ans_t;
+
+/* Runs on the connection's thread (several at once). */
+typedef void (*kinbox__http_route_fn)(const kinbox__http_req_t *req,
+                                      kinbox__http_ans_t *ans, void *opaque);
+
+/* Serve paths starting with prefix (kept, static) by fn; one route. Set
+ * it right after kinbox__http_start(); requests before get 404. */
+void kinbox__http_route(kinbox__http_t *h, const char *prefix,
+                        kinbox__http_route_fn fn, void *opaque);
+
 #endif

@@ -133,9 +133,11 @@ kinbox__msg_alloc(const void *payload, size_t len)
         size_t extra = payload ? len + 1 : 0;
         if (extra && extra < len) /* overflow */
                 return NULL;
-        kinbox_msg_t *m = kinbox__calloc(1, sizeof(*m) + extra);
+        /* Only the struct is zeroed: the copy is written right after. */
+        kinbox_msg_t *m = malloc(sizeof(*m) + extra);
         if (!m)
                 return NULL;
+        memset(m, 0, sizeof(*m));
         if (payload) {
                 char *copy = (char *)(m + 1);
                 memcpy(copy, payload, len);

@@ -528,13 +528,8 @@ out:
 void
 kinbox_relay_stop(kinbox_relay_t *r)
 {
-        if (!r)
-                return;
-        atomic_store(&r->stop, true);
-        if (r->pipefd[1] >= 0) {
-                ssize_t w = write(r->pipefd[1], "x", 1);
-                (void)w;
-        }
+        if (r)
+                kinbox__relay_halt(r);
 }
 
 void

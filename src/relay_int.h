@@ -314,6 +314,9 @@ int kinbox__relay_finish(kinbox_relay_t *r, batch_t *b);
 void kinbox__relay_expire(kinbox_relay_t *r, batch_t *b);
 
 /* ---- relay_wake.c: waiting for work */
+/* Ask the relay to stop (kinbox_relay_stop()'s work: async-signal-safe;
+ * the relay's own threads call it on a fatal error). */
+void kinbox__relay_halt(kinbox_relay_t *r);
 /* Open the LISTEN connection where the backend has one (retried at most
  * every 5 s). */
 void kinbox__relay_listen_open(kinbox_relay_t *r);

@@ -527,7 +527,7 @@ log_main(void *arg)
                                  L->src.err);
                         rlog(r, KINBOX_LOG_ERR, "relay: %s", L->src.err);
                         L->rc = rc;
-                        kinbox_relay_stop(r);
+                        kinbox__relay_halt(r);
                         break;
                 }
                 /* The slot is another reader's (its lease): take it over
@@ -544,7 +544,7 @@ log_main(void *arg)
                 L->failed = true;
                 if (!wind_down(L)) {
                         L->rc = KINBOX_ERR_KAFKA;
-                        kinbox_relay_stop(r);
+                        kinbox__relay_halt(r);
                         break;
                 }
                 if (!busy)
@@ -586,7 +586,7 @@ pick_source(const kinbox_conf_t *conf, const kinbox__db_t *db, char *errstr,
 {
         static const char *const names[] = {"poll", "wal", "binlog"};
         kinbox__source_t src = kinbox__settings_of(conf)->relay_source;
-        const kinbox__logsrc_ops_t *ops = db->ops->logsrc;
+        const kinbox__logsrc_ops_t *ops = kinbox__db_logsrc(db);
         if (ops && !strcmp(ops->name, names[src]))
                 return ops;
         kinbox__errstr(errstr, sz,

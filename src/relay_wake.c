@@ -114,3 +114,13 @@ kinbox__relay_idle(kinbox_relay_t *r, bool *more, bool last_claim_empty)
                 due = true; /* the claim reports the error */
         *more = due;
 }
+
+void
+kinbox__relay_halt(kinbox_relay_t *r)
+{
+        atomic_store(&r->stop, true);
+        if (r->pipefd[1] >= 0) {
+                ssize_t w = write(r->pipefd[1], "x", 1);
+                (void)w;
+        }
+}

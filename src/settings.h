@@ -110,6 +110,9 @@ typedef struct kinbox__settings {
         const char *relay_cloudevents_type;
         const char *relay_cloudevents_content_type;
         const char *relay_modules;
+        bool console_enabled;
+        const char *console_token_file;
+        bool console_allow_remote;
 } kinbox__settings_t;
 
 /* The table's name of value v of the P_ENUM key (e.g. "wal" for

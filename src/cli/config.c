@@ -8,6 +8,7 @@
  * [reconcile] interval, grace         → reconcile.*
  * [relay]    enabled, and relay.* keys without the prefix
  * [metrics]  listen
+ * [console]  enabled, token_file, allow_remote → console.*
  * [consumer.NAME] consumer keys; name = NAME
  */
 #include "config.h"
@@ -380,7 +381,7 @@ on_kv(void *user, const char *section, const char *name, const char *value)
                 return 0;
         }
         if (!strcmp(section, "database") || !strcmp(section, "log") ||
-            !strcmp(section, "tracing")) {
+            !strcmp(section, "tracing") || !strcmp(section, "console")) {
                 snprintf(key, sizeof(key), "%s.%s", section, name);
         } else if (!strcmp(section, "kafka")) {
                 if (kafka_unknown(L, name, v, where))

@@ -9,8 +9,9 @@
 #include "hdrcodec.h"
 #include "admin_int.h"
 #include "http.h"
-#include "metrics.h"
+#include "console.h"
 #include "settings.h"
+#include "metrics.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -73,6 +74,8 @@ struct kb_services {
         char **consumers;
         int nconsumers;
         kb_reconciler_t *reconciler;
+        kinbox__console_t *console; /* [console] enabled */
+        kb_config_t *cfg; /* the console's handlers (lives past stop) */
 };
 
 static void *
@@ -161,6 +164,59 @@ collect_cb(void *opaque)
         kinbox__admin_collect_metrics(svc->adm);
 }
 
+/* The console's replay handler of consumer (as `kinbox dead replay`). */
+static const kinbox_module_t *
+console_handler(const char *consumer, const kinbox_conf_t **conf, char *err,
+                size_t sz, void *opaque)
+{
+        kb_services_t *svc = opaque;
+        for (int i = 0; i < svc->cfg->nconsumers; i++) {
+                const kinbox_conf_t *c = svc->cfg->consumers[i].settings
+                                             ? svc->cfg->consumers[i].settings
+                                             : svc->cfg->consumers[i].conf;
+                if (strcmp(svc->cfg->consumers[i].name, consumer) || !c)
+                        continue;
+                *conf = c;
+                return find_module(c, err, sz);
+        }
+        snprintf(err, sz, "this process does not run consumer %s", consumer);
+        return NULL;
+}
+
+/* [console] enabled: the console on the metrics endpoint. */
+static int
+console_start(kb_services_t *svc, kb_config_t *cfg, char *err, size_t sz)
+{
+        kinbox__console_consumer_t cs[KB_MAX_CONSUMERS];
+        int n = 0;
+        for (int i = 0; i < cfg->nconsumers; i++) {
+                const kinbox_conf_t *c = cfg->consumers[i].settings
+                                             ? cfg->consumers[i].settings
+                                             : cfg->consumers[i].conf;
+                if (!c)
+                        continue;
+                const kinbox__settings_t *st = kinbox__settings_of(c);
+                cs[n++] = (kinbox__console_consumer_t){
+                    .name = cfg->consumers[i].name,
+                    .group = st->group_id,
+                    .topics = st->topics,
+                    .hold_key = st->dead_letter_hold_key,
+                    .batch_max = st->batch_max};
+        }
+        static const char *const src[] = {"poll", "wal", "binlog"};
+        const char *rs = NULL;
+        if (cfg->relay_enabled && cfg->relay)
+                rs = src[kinbox__settings_of(cfg->relay)->relay_source % 3];
+        svc->cfg = cfg;
+        svc->console = kinbox__console_new(cfg->base, cs, (size_t)n, rs,
+                                           console_handler, svc, err, sz);
+        if (!svc->console)
+                return -1;
+        kinbox__http_route(svc->http, "/console", kinbox__console_serve,
+                           svc->console);
+        return 0;
+}
+
 kb_services_t *
 kb_services_start(kb_config_t *cfg, char *err, size_t sz)
 {
@@ -185,6 +241,14 @@ kb_services_start(kb_config_t *cfg, char *err, size_t sz)
         svc->pruner_started = true;
         svc->reconciler = kb_reconciler_start(cfg, err, sz);
         if (!svc->reconciler && err[0]) {
+                kb_services_stop(svc);
+                return NULL;
+        }
+        bool console = kinbox__settings_of(cfg->base)->console_enabled;
+        if (!cfg->metrics_listen && console) {
+                snprintf(err, sz,
+                         "[console] enabled = true needs [metrics] "
+                         "listen (the console is served there)");
                 kb_services_stop(svc);
                 return NULL;
         }
@@ -214,13 +278,18 @@ kb_services_start(kb_config_t *cfg, char *err, size_t sz)
                 kb_services_stop(svc);
                 return NULL;
         }
+        if (console && console_start(svc, cfg, err, sz)) {
+                kb_services_stop(svc);
+                return NULL;
+        }
         int port = kinbox__http_port(svc->http);
         const char *colon = strrchr(cfg->metrics_listen, ':');
         int hl = colon ? (int)(colon - cfg->metrics_listen) : 0;
         fprintf(stderr,
                 "kinbox run: metrics on http://%.*s:%d (port %d): /metrics "
-                "/healthz /readyz\n",
-                hl, cfg->metrics_listen, port, port);
+                "/healthz /readyz%s\n",
+                hl, cfg->metrics_listen, port, port,
+                console ? " /console" : "");
         return svc;
 }
 
@@ -230,6 +299,7 @@ kb_services_stop(kb_services_t *svc)
         if (!svc)
                 return;
         kinbox__http_stop(svc->http);
+        kinbox__console_destroy(svc->console);
         pthread_mutex_lock(&svc->lock);
         svc->stop = 1;
         pthread_cond_broadcast(&svc->cond);

@@ -44,47 +44,57 @@ pct_dup(const char *s, size_t n)
         return o;
 }
 
+/* The scheme: sets u->backend and returns what follows "://", or NULL
+ * with errstr. */
+static const char *
+url_scheme(const char *url, kinbox__dburl_t *u, char *errstr, size_t sz)
+{
+        if (!strncmp(url, "postgresql://", 13)) {
+                u->backend = KINBOX_BACKEND_POSTGRESQL;
+                return url + 13;
+        }
+        if (!strncmp(url, "postgres://", 11)) {
+                u->backend = KINBOX_BACKEND_POSTGRESQL;
+                return url + 11;
+        }
+        if (!strncmp(url, "mysql://", 8)) {
+                u->backend = KINBOX_BACKEND_MYSQL;
+                return url + 8;
+        }
+        /* Never echo the value: it can be libpq's keyword form
+         * ("host=... password=..."), or a URL with a password. Only a
+         * scheme-shaped prefix is named. */
+        size_t n = strspn(url, "abcdefghijklmnopqrstuvwxyz"
+                               "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                               "0123456789+.-");
+        if (n && n <= 32 && !strncmp(url + n, "://", 3))
+                kinbox__errstr(errstr, sz,
+                               "database.url: unsupported scheme "
+                               "\"%.*s://\" (use postgresql:// or "
+                               "mysql://)",
+                               (int)n, url);
+        else
+                kinbox__errstr(errstr, sz,
+                               "database.url is not a postgresql:// "
+                               "or mysql:// URL (libpq's "
+                               "\"key=value\" form is not supported; "
+                               "the value is not shown as it may "
+                               "hold a password)");
+        return NULL;
+}
+
 int
-kinbox__dburl_parse(const char *url, kinbox__dburl_t *u, char *errstr,
+kinbox__dburl_split(const char *url, kinbox__dburl_t *u, char *errstr,
                     size_t sz)
 {
         memset(u, 0, sizeof(*u));
-        const char *p;
         if (!url || !*url) {
                 kinbox__errstr(errstr, sz, "database.url is not set");
                 return -1;
         }
-        if (!strncmp(url, "postgresql://", 13)) {
-                u->backend = KINBOX_BACKEND_POSTGRESQL;
-                p = url + 13;
-        } else if (!strncmp(url, "postgres://", 11)) {
-                u->backend = KINBOX_BACKEND_POSTGRESQL;
-                p = url + 11;
-        } else if (!strncmp(url, "mysql://", 8)) {
-                u->backend = KINBOX_BACKEND_MYSQL;
-                p = url + 8;
-        } else {
-                /* Never echo the value: it can be libpq's keyword form
-                 * ("host=... password=..."), or a URL with a password.
-                 * Only a scheme-shaped prefix is named. */
-                size_t n = strspn(url, "abcdefghijklmnopqrstuvwxyz"
-                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                       "0123456789+.-");
-                if (n && n <= 32 && !strncmp(url + n, "://", 3))
-                        kinbox__errstr(errstr, sz,
-                                       "database.url: unsupported scheme "
-                                       "\"%.*s://\" (use postgresql:// or "
-                                       "mysql://)",
-                                       (int)n, url);
-                else
-                        kinbox__errstr(errstr, sz,
-                                       "database.url is not a postgresql:// "
-                                       "or mysql:// URL (libpq's "
-                                       "\"key=value\" form is not supported; "
-                                       "the value is not shown as it may "
-                                       "hold a password)");
+        const char *p = url_scheme(url, u, errstr, sz);
+        if (!p)
                 return -1;
-        }
         const char *slash = strchr(p, '/');
         const char *auth_end = slash ? slash : p + strlen(p);
         const char *at = NULL;
@@ -132,11 +142,6 @@ kinbox__dburl_parse(const char *url, kinbox__dburl_t *u, char *errstr,
                 if (q)
                         u->params = kinbox__strdup(q + 1);
         }
-        if (u->backend == KINBOX_BACKEND_MYSQL &&
-            kinbox__mysql_url_check(u->params, errstr, sz)) {
-                kinbox__dburl_free(u);
-                return -1;
-        }
         return 0;
 bad:
         kinbox__dburl_free(u);
@@ -145,42 +150,18 @@ bad:
 }
 
 kinbox__db_t *
-kinbox__db_new(const char *url, const char *password, char *errstr,
-               size_t errstr_size)
+kinbox__db_alloc(const struct kinbox__db_ops *ops, const char *url,
+                 const char *password)
 {
-        kinbox__dburl_t u;
-        if (kinbox__dburl_parse(url, &u, errstr, errstr_size))
-                return NULL;
         kinbox__db_t *db = kinbox__calloc(1, sizeof(*db));
-        if (!db) {
-                kinbox__dburl_free(&u);
+        if (!db)
                 return NULL;
-        }
-        db->backend = u.backend;
-        db->ops = u.backend == KINBOX_BACKEND_MYSQL ? &kinbox__mysql_ops
-                                                    : &kinbox__pg_ops;
+        db->backend = ops->backend;
+        db->ops = ops;
         db->url = kinbox__strdup(url);
         db->password = kinbox__strdup(password);
         db->err.tag = db->err.stmt_tag = -1;
         db->call_tag = -1;
-        kinbox__dburl_free(&u);
-        return db;
-}
-
-kinbox__db_t *
-kinbox__db_new_conf(const kinbox_conf_t *conf, char *errstr, size_t sz)
-{
-        /* No URL: said before the password file is read. */
-        const char *url = kinbox_conf_get(conf, "database.url");
-        if (!url || !*url) {
-                kinbox__errstr(errstr, sz, "database.url is not set");
-                return NULL;
-        }
-        char *pw = NULL;
-        if (kinbox__conf_password(conf, &pw, errstr, sz))
-                return NULL;
-        kinbox__db_t *db = kinbox__db_new(url, pw, errstr, sz);
-        free(pw);
         return db;
 }
 

@@ -135,7 +135,8 @@ my_exec(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                 return kinbox__my_down_err(db);
         if (db->in_tx && db->coalesce &&
             (rc = kinbox__my_m_try(db, sql, n, p, tag)) != M_NOT_MERGED)
-                return rc;
+                return rc == M_SEND_NOW ? kinbox__my_q_send(db, NULL, false)
+                                        : rc;
         if ((rc = my_render(db, sql, n, p, tag, &count)))
                 return rc;
         if (!db->in_tx) /* autocommit: nothing to batch with */
@@ -822,6 +823,7 @@ static const struct kinbox__sql my_sql = {
         " UNION ALL SELECT consumer, 0, COUNT(*), 0 FROM kinbox_hold"
         "  GROUP BY consumer) x GROUP BY consumer",
     KINBOX__OPSQL,
+    .console_timeout = "SET SESSION max_statement_time = 5",
 };
 
 const struct kinbox__db_ops kinbox__mysql_ops = {
@@ -844,5 +846,4 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
     .sql = &my_sql,
     .outbox = &kinbox__mysql_outbox_ops,
     .part = &kinbox__mysql_part,
-    .logsrc = &kinbox__binlog_src_ops,
 };

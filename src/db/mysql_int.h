@@ -86,7 +86,7 @@ st_get(kinbox__db_t *db)
         return db->impl;
 }
 
-/* mysql_conn.c: the session and its errors. */
+/* mysql_conn.c: the session; mysql_err.c: its errors and its end. */
 int kinbox__my_connect(kinbox__db_t *db);
 void kinbox__my_disconnect(kinbox__db_t *db);
 void kinbox__my_mark_down(kinbox__db_t *db);
@@ -102,35 +102,39 @@ int kinbox__my_render(MYSQL *m, kinbox__buf_t *b, const char *sql, int n,
                       const kinbox__param_t *p, int *nstmts, char *err,
                       size_t errsz);
 
-/* mysql_trip.c: round trips and the queue. */
+/* mysql_trip.c: round trips and raw appends to the queue. */
 int kinbox__my_roundtrip(kinbox__db_t *db, const char *sql, size_t len,
                          const int *tags, size_t ntags,
                          struct kinbox_rows_s **out, bool in_commit);
-void kinbox__my_q_reset(struct mystate *s);
 int kinbox__my_q_append_raw(kinbox__db_t *db, const char *text, size_t len,
                             int tag, int count);
+/* mysql_queue.c: the queue after the merged groups, and its sending. */
+void kinbox__my_q_reset(struct mystate *s);
 int kinbox__my_q_append(kinbox__db_t *db, const char *text, size_t len,
                         int tag, int count);
 int kinbox__my_q_send(kinbox__db_t *db, struct kinbox_rows_s **out,
                       bool in_commit);
 
-/* mysql_rows.c: row maps. */
+/* mysql_err.c: row maps' and merge groups' memory. */
 void kinbox__my_rm_free(struct rowmap *rm);
 void kinbox__my_rm_cut(struct mystate *s, size_t from);
+void kinbox__my_m_begin(struct mergestate *ms);
+void kinbox__my_m_off_next(struct mergestate *ms);
+void kinbox__my_m_drop(struct mergestate *ms);
+void kinbox__my_m_free(struct mergestate *ms);
+/* mysql_rows.c: row maps. */
 void kinbox__my_sent_note(struct mystate *s, size_t upto);
 int kinbox__my_rm_pin(kinbox__db_t *db, int rc);
 bool kinbox__my_rm_can_drop(kinbox__db_t *db, bool in_commit);
 int kinbox__my_rm_drop(kinbox__db_t *db);
 
 /* mysql_merge.c: merged INSERTs. kinbox__my_m_try() returns M_NOT_MERGED
- * for a statement to be queued as it is. */
+ * for a statement to be queued as it is, M_SEND_NOW when the queue and
+ * the groups (now flushed into it) must be sent before the next one. */
 #define M_NOT_MERGED 1000
+#define M_SEND_NOW 1001
 int kinbox__my_m_try(kinbox__db_t *db, const char *sql, int n,
                      const kinbox__param_t *p, int tag);
 int kinbox__my_m_flush(kinbox__db_t *db);
-void kinbox__my_m_begin(struct mergestate *ms);
-void kinbox__my_m_off_next(struct mergestate *ms);
-void kinbox__my_m_drop(struct mergestate *ms);
-void kinbox__my_m_free(struct mergestate *ms);
 
 #endif

@@ -2,7 +2,7 @@
  * mysql_merge.c -- single-row INSERTs merged into multi-row ones (see
  * below for when that is safe).
  */
-#include "mysql_int.h"
+#include "mysql_merge.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -40,47 +40,6 @@
  * and runs the batch again, and the next transaction on this connection
  * does not merge, which pins the error on its message.
  */
-#define MERGE_TMPLS 32
-#define MERGE_TABLES 32
-#define MERGE_GROUPS 16
-#define TABLE_CHECK_MS 60000
-
-struct mtmpl {
-        char *sql; /* the template (copy); NULL = empty slot */
-        bool ok; /* mergeable form */
-        char *schema, *table; /* unquoted; schema NULL = current */
-        size_t tup_off, tup_len; /* "(...)" of the one tuple */
-        char *tuple; /* that tuple, NUL-terminated */
-        size_t tail_off; /* after the tuple, trailing ';' cut */
-        size_t tail_len;
-};
-
-struct mtable {
-        char *schema, *table;
-        bool ok;
-        int64_t checked_ms;
-};
-
-struct mgroup {
-        struct mtmpl *t;
-        kinbox__buf_t text; /* prefix and tuples so far */
-        int tag;
-        int first; /* the first row's tag */
-        size_t rows;
-};
-
-struct mergestate {
-        struct mtmpl tmpl[MERGE_TMPLS];
-        size_t tmpl_next;
-        struct mtable tables[MERGE_TABLES];
-        size_t table_next;
-        struct mgroup groups[MERGE_GROUPS];
-        size_t ngroups;
-        size_t bytes; /* text in open groups */
-        bool off_next; /* the next transaction does not merge */
-        bool off; /* this transaction does not merge */
-};
-
 static bool
 m_ident_char(unsigned char c)
 {
@@ -225,6 +184,79 @@ m_scan(const char *s, size_t *i, bool stop_at_close, bool allow_params)
 }
 
 /* Fill t->ok and the spans for t->sql. */
+/* [schema.]table after INSERT [IGNORE] [INTO], then an optional column
+ * list (names only): false when the text is not of that form. */
+static bool
+m_target(struct mtmpl *t, const char *s, size_t *i)
+{
+        char *a = NULL, *b = NULL;
+        if (!m_ident(s, i, &a))
+                return false;
+        if (s[*i] == '.') {
+                (*i)++;
+                if (!m_ident(s, i, &b)) {
+                        free(a);
+                        return false;
+                }
+                t->schema = a;
+                t->table = b;
+        } else {
+                t->table = a;
+        }
+        m_ws(s, i);
+        if (s[*i] != '(')
+                return true;
+        (*i)++;
+        for (;;) {
+                char *col = NULL;
+                m_ws(s, i);
+                if (!m_ident(s, i, &col))
+                        return false;
+                free(col);
+                m_ws(s, i);
+                if (s[*i] == ',') {
+                        (*i)++;
+                        continue;
+                }
+                if (s[*i] != ')')
+                        return false;
+                (*i)++;
+                m_ws(s, i);
+                return true;
+        }
+}
+
+/* What follows the tuple, from j: nothing, or ON DUPLICATE KEY UPDATE and
+ * a clause that ends the text (maybe with one ';'). */
+static bool
+m_tail(struct mtmpl *t, const char *s, size_t j)
+{
+        if (!s[j]) {
+                t->tail_len = 0;
+                return true;
+        }
+        static const char *const kws[] = {"ON", "DUPLICATE", "KEY", "UPDATE"};
+        for (size_t k = 0; k < 4; k++) {
+                if (k)
+                        m_ws(s, &j);
+                if (!m_kw(s, &j, kws[k]))
+                        return false;
+        }
+        size_t end = strlen(s);
+        while (end > j && (s[end - 1] == ' ' || s[end - 1] == '\n' ||
+                           s[end - 1] == '\t' || s[end - 1] == '\r'))
+                end--;
+        if (end > j && s[end - 1] == ';')
+                end--;
+        char *clause = strndup(s + j, end - j);
+        size_t k = 0;
+        bool fine = clause && m_scan(clause, &k, false, false);
+        free(clause);
+        if (fine)
+                t->tail_len = end - t->tail_off;
+        return fine;
+}
+
 static void
 m_analyze(struct mtmpl *t)
 {
@@ -239,41 +271,8 @@ m_analyze(struct mtmpl *t)
                 m_ws(s, &i);
         if (m_kw(s, &i, "INTO"))
                 m_ws(s, &i);
-        char *a = NULL, *b = NULL;
-        if (!m_ident(s, &i, &a))
+        if (!m_target(t, s, &i))
                 return;
-        if (s[i] == '.') {
-                i++;
-                if (!m_ident(s, &i, &b)) {
-                        free(a);
-                        return;
-                }
-                t->schema = a;
-                t->table = b;
-        } else {
-                t->table = a;
-        }
-        m_ws(s, &i);
-        if (s[i] == '(') { /* column list: names only */
-                i++;
-                for (;;) {
-                        char *col = NULL;
-                        m_ws(s, &i);
-                        if (!m_ident(s, &i, &col))
-                                return;
-                        free(col);
-                        m_ws(s, &i);
-                        if (s[i] == ',') {
-                                i++;
-                                continue;
-                        }
-                        if (s[i] != ')')
-                                return;
-                        i++;
-                        break;
-                }
-                m_ws(s, &i);
-        }
         if (!m_kw(s, &i, "VALUES") && !m_kw(s, &i, "VALUE"))
                 return;
         m_ws(s, &i);
@@ -291,94 +290,7 @@ m_analyze(struct mtmpl *t)
         m_ws(s, &j);
         if (s[j] == ',') /* several tuples */
                 return;
-        if (s[j]) {
-                if (!m_kw(s, &j, "ON"))
-                        return;
-                m_ws(s, &j);
-                if (!m_kw(s, &j, "DUPLICATE"))
-                        return;
-                m_ws(s, &j);
-                if (!m_kw(s, &j, "KEY"))
-                        return;
-                m_ws(s, &j);
-                if (!m_kw(s, &j, "UPDATE"))
-                        return;
-                /* The clause ends the text, maybe with one ';'. */
-                size_t end = strlen(s);
-                while (end > j && (s[end - 1] == ' ' || s[end - 1] == '\n' ||
-                                   s[end - 1] == '\t' || s[end - 1] == '\r'))
-                        end--;
-                if (end > j && s[end - 1] == ';')
-                        end--;
-                char *clause = strndup(s + j, end - j);
-                size_t k = 0;
-                bool fine = clause && m_scan(clause, &k, false, false);
-                free(clause);
-                if (!fine)
-                        return;
-                t->tail_len = end - t->tail_off;
-        } else {
-                t->tail_len = 0;
-        }
-        t->ok = true;
-}
-
-static void
-m_tmpl_clear(struct mtmpl *t)
-{
-        free(t->sql);
-        free(t->tuple);
-        free(t->schema);
-        free(t->table);
-        memset(t, 0, sizeof(*t));
-}
-
-/* A transaction begins: it merges unless the last one's merged statement
- * failed. */
-void
-kinbox__my_m_begin(struct mergestate *ms)
-{
-        if (ms) {
-                ms->off = ms->off_next;
-                ms->off_next = false;
-        }
-}
-
-/* A merged statement failed: the next transaction sends rows as they
- * are, so the error is pinned on its message. */
-void
-kinbox__my_m_off_next(struct mergestate *ms)
-{
-        if (ms)
-                ms->off_next = true;
-}
-
-void
-kinbox__my_m_free(struct mergestate *ms)
-{
-        if (!ms)
-                return;
-        for (size_t k = 0; k < MERGE_TMPLS; k++)
-                m_tmpl_clear(&ms->tmpl[k]);
-        for (size_t k = 0; k < MERGE_TABLES; k++) {
-                free(ms->tables[k].schema);
-                free(ms->tables[k].table);
-        }
-        for (size_t k = 0; k < MERGE_GROUPS; k++)
-                kinbox__buf_free(&ms->groups[k].text);
-        free(ms);
-}
-
-/* Drop open groups (rollback, reset). */
-void
-kinbox__my_m_drop(struct mergestate *ms)
-{
-        if (!ms)
-                return;
-        for (size_t k = 0; k < ms->ngroups; k++)
-                kinbox__buf_reset(&ms->groups[k].text);
-        ms->ngroups = 0;
-        ms->bytes = 0;
+        t->ok = m_tail(t, s, j);
 }
 
 static struct mtmpl *
@@ -396,7 +308,7 @@ m_tmpl_add(struct mergestate *ms, const char *sql)
 {
         struct mtmpl *t = &ms->tmpl[ms->tmpl_next];
         ms->tmpl_next = (ms->tmpl_next + 1) % MERGE_TMPLS;
-        m_tmpl_clear(t);
+        kinbox__my_m_tmpl_clear(t);
         t->sql = strdup(sql);
         if (!t->sql)
                 return NULL;
@@ -528,12 +440,90 @@ kinbox__my_m_flush(kinbox__db_t *db)
  * exec() inside a transaction: add the statement to a group, or return
  * M_NOT_MERGED for the caller to queue it as it is (after the open groups).
  */
+/* The open group for template t, or a new one (NULL: the groups were
+ * sent first and *rc says how that went). */
+static struct mgroup *
+m_group_for(kinbox__db_t *db, struct mergestate *ms, struct mtmpl *t, int tag,
+            int *rc)
+{
+        struct mgroup *g = NULL;
+        bool clash = false;
+        for (size_t k = 0; k < ms->ngroups; k++) {
+                struct mgroup *x = &ms->groups[k];
+                if (x->t == t)
+                        g = x;
+                else if (m_same(x->t->schema, t->schema) &&
+                         !strcmp(x->t->table, t->table))
+                        clash = true;
+        }
+        if (clash || (!g && ms->ngroups == MERGE_GROUPS)) {
+                if ((*rc = kinbox__my_m_flush(db)))
+                        return NULL;
+                g = NULL;
+        }
+        if (g)
+                return g;
+        g = &ms->groups[ms->ngroups++];
+        g->t = t;
+        g->tag = tag;
+        g->first = tag;
+        g->rows = 0;
+        kinbox__buf_reset(&g->text);
+        kinbox__buf_add(&g->text, t->sql, t->tup_off);
+        return g;
+}
+
+/* Render one row into group g (tag: its message's). */
+static int
+m_add_row(kinbox__db_t *db, struct mergestate *ms, struct mgroup *g, int n,
+          const kinbox__param_t *p, int tag)
+{
+        size_t mark = 0;
+        int old_tag = tag;
+        if (g->rows) {
+                mark = g->text.len;
+                old_tag = g->tag;
+                kinbox__buf_add(&g->text, ",", 1);
+                /* Rows of several messages: name the first one's group
+                 * (merged statements never span a savepoint). */
+                if (g->tag != tag)
+                        g->tag = g->first >= 0 && tag >= 0
+                                     ? KINBOX__TAG_MERGED_AT(g->first)
+                                     : KINBOX__TAG_MERGED;
+        }
+        size_t before = g->text.len;
+        char err[200];
+        int count = 0;
+        int rc = kinbox__my_render(db->native, &g->text, g->t->tuple, n, p,
+                                   &count, err, sizeof(err));
+        if (!rc && g->text.oom) {
+                /* The transaction is lost anyway: drop every group. */
+                for (size_t k = 0; k < ms->ngroups; k++)
+                        kinbox__buf_free(&ms->groups[k].text);
+                kinbox__my_m_drop(ms);
+                return kinbox__my_oom(db);
+        }
+        if (rc) { /* a bad placeholder: take the row back out */
+                if (g->rows == 0)
+                        ms->ngroups--;
+                else {
+                        g->text.len = mark;
+                        g->tag = old_tag;
+                }
+                kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s", err);
+                return rc;
+        }
+        g->rows++;
+        ms->bytes += g->text.len - before + 1;
+        return KINBOX_OK;
+}
+
 int
 kinbox__my_m_try(kinbox__db_t *db, const char *sql, int n,
                  const kinbox__param_t *p, int tag)
 {
         struct mystate *s = st_get(db);
-        int rc;
+        int rc = KINBOX_OK;
         if (!s->merge) {
                 s->merge = kinbox__calloc(1, sizeof(*s->merge));
                 if (!s->merge)
@@ -559,72 +549,12 @@ kinbox__my_m_try(kinbox__db_t *db, const char *sql, int n,
                 return db->err.code;
         if (!ok)
                 return M_NOT_MERGED;
-        struct mgroup *g = NULL;
-        bool clash = false;
-        for (size_t k = 0; k < ms->ngroups; k++) {
-                struct mgroup *x = &ms->groups[k];
-                if (x->t == t)
-                        g = x;
-                else if (m_same(x->t->schema, t->schema) &&
-                         !strcmp(x->t->table, t->table))
-                        clash = true;
-        }
-        if (clash || (!g && ms->ngroups == MERGE_GROUPS)) {
-                if ((rc = kinbox__my_m_flush(db)))
-                        return rc;
-                g = NULL;
-        }
-        size_t mark;
-        int old_tag;
-        if (!g) {
-                g = &ms->groups[ms->ngroups++];
-                g->t = t;
-                g->tag = tag;
-                g->first = tag;
-                g->rows = 0;
-                kinbox__buf_reset(&g->text);
-                kinbox__buf_add(&g->text, t->sql, t->tup_off);
-                mark = 0;
-                old_tag = tag;
-        } else {
-                mark = g->text.len;
-                old_tag = g->tag;
-                kinbox__buf_add(&g->text, ",", 1);
-                /* Rows of several messages: name the first one's group
-                 * (merged statements never span a savepoint). */
-                if (g->tag != tag)
-                        g->tag = g->first >= 0 && tag >= 0
-                                     ? KINBOX__TAG_MERGED_AT(g->first)
-                                     : KINBOX__TAG_MERGED;
-        }
-        size_t before = g->text.len;
-        char err[200];
-        int count = 0;
-        rc = kinbox__my_render(db->native, &g->text, t->tuple, n, p, &count,
-                               err, sizeof(err));
-        if (!rc && g->text.oom) {
-                /* The transaction is lost anyway: drop every group. */
-                for (size_t k = 0; k < ms->ngroups; k++)
-                        kinbox__buf_free(&ms->groups[k].text);
-                kinbox__my_m_drop(ms);
-                return kinbox__my_oom(db);
-        }
-        if (rc) { /* a bad placeholder: take the row back out */
-                if (g->rows == 0)
-                        ms->ngroups--;
-                else {
-                        g->text.len = mark;
-                        g->tag = old_tag;
-                }
-                kinbox__db_seterr(db, rc, "", 0, tag, "MySQL: %s", err);
+        struct mgroup *g = m_group_for(db, ms, t, tag, &rc);
+        if (!g)
                 return rc;
-        }
-        g->rows++;
-        ms->bytes += g->text.len - before + 1;
-        if (s->q.len + ms->bytes > s->flush_at) {
-                if ((rc = kinbox__my_m_flush(db)))
-                        return rc;
-                return kinbox__my_q_send(db, NULL, false);
-        }
+        if ((rc = m_add_row(db, ms, g, n, p, tag)))
+                return rc;
+        if (s->q.len + ms->bytes > s->flush_at)
+                return (rc = kinbox__my_m_flush(db)) ? rc : M_SEND_NOW;
         return KINBOX_OK;
 }

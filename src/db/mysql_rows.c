@@ -13,29 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void
-kinbox__my_rm_free(struct rowmap *rm)
-{
-        free(rm->text);
-        free(rm->rs);
-        free(rm->rl);
-        free(rm->tags);
-}
-
-/* Forget the row maps of statements from queue index from on. */
-void
-kinbox__my_rm_cut(struct mystate *s, size_t from)
-{
-        size_t keep = 0;
-        for (size_t k = 0; k < s->nrmaps; k++) {
-                if (s->rmaps[k].stmt < from)
-                        s->rmaps[keep++] = s->rmaps[k];
-                else
-                        kinbox__my_rm_free(&s->rmaps[k]);
-        }
-        s->nrmaps = keep;
-}
-
 /* The handler call a tag stands for (its flags stripped). */
 static int
 call_of(int t)

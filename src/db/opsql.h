@@ -107,6 +107,18 @@
             " kafka_offset FROM kinbox_dead_letter WHERE consumer = $1) a"    \
             " GROUP BY topic, kafka_partition) u ON u.topic = o.topic"        \
             " AND u.kafka_partition = o.kafka_partition"                      \
-            " WHERE o.consumer = $1 ORDER BY o.topic, o.kafka_partition"
+            " WHERE o.consumer = $1 ORDER BY o.topic, o.kafka_partition",     \
+        .console_dead_page =                                                  \
+            "SELECT id, consumer, topic, kafka_partition, kafka_offset,"      \
+            " message_id, status, attempts, first_failed_at, dead_at, error," \
+            " (SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p"       \
+            "  ON p.consumer = h.consumer AND p.topic = h.topic"              \
+            "  AND p.kafka_partition = h.kafka_partition"                     \
+            "  AND p.hold_key = h.hold_key WHERE h.blocker_id = d.id)"        \
+            " FROM kinbox_dead_letter d"                                      \
+            " WHERE COALESCE($1, consumer) = consumer"                        \
+            " AND COALESCE($2, status) = status"                              \
+            " AND COALESCE($3, topic) = topic AND id < $4"                    \
+            " ORDER BY id DESC LIMIT %ld"
 
 #endif

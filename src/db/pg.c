@@ -12,135 +12,13 @@
 #include "../db.h"
 #include "../internal.h"
 #include "opsql.h"
+#include "pg_int.h"
 
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum pkind { K_INTERNAL, K_PREPARE, K_EXEC, K_QUERY, K_COMMIT, K_SYNC };
-
-typedef struct pend {
-        enum pkind kind;
-        int tag;
-        int stmt; /* its statement's cache index, -1: none */
-        kinbox__claims_t *claims; /* K_EXEC of exec_claims(), owned */
-        bool gone; /* rolled back (rollback_to): its result means nothing */
-} pend_t;
-
-typedef struct stmt {
-        char *sql;
-        char name[24];
-        bool prepared; /* Parse sent (and not known to have failed) */
-} stmt_t;
-
-typedef struct pg {
-        PGconn *conn;
-        pend_t *q;
-        size_t qhead, qlen, qcap;
-        stmt_t *stmts;
-        size_t nstmts, capstmts;
-        unsigned long next_name;
-        bool pipeline;
-        PGresult *want; /* K_QUERY result kept for the caller */
-} pg_t;
-
-#define PG(db) ((pg_t *)(db)->impl)
-#define FLUSH_EVERY 256 /* read results before socket buffers fill */
-#define STMT_CACHE_MAX 256 /* prepared statements per connection */
-
-static int
-classify(PGconn *conn, const char *state)
-{
-        if (!conn || PQstatus(conn) == CONNECTION_BAD)
-                return KINBOX_ERR_DB_CONN;
-        if (!state || !*state)
-                return KINBOX_ERR_DB;
-        if (!strcmp(state, "23505"))
-                return KINBOX_ERR_DUPLICATE;
-        if (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
-            !strcmp(state, "55P03") || !strncmp(state, "53", 2))
-                return KINBOX_ERR_TRANSIENT;
-        if (!strncmp(state, "08", 2) || !strcmp(state, "57P01") ||
-            !strcmp(state, "57P02") || !strcmp(state, "57P03"))
-                return KINBOX_ERR_DB_CONN;
-        return KINBOX_ERR_DB;
-}
-
-static int
-fail_conn(kinbox__db_t *db, int tag, const char *what)
-{
-        pg_t *pg = PG(db);
-        const char *m = pg && pg->conn ? PQerrorMessage(pg->conn) : "";
-        kinbox__db_seterr(db, KINBOX_ERR_DB_CONN, "08006", 0, tag,
-                          "PostgreSQL connection lost during %s: %s", what,
-                          m && *m ? m : "no response");
-        return KINBOX_ERR_DB_CONN;
-}
-
-/* Errors no retry can fix: the same statement on the same row fails the
- * same way every time. Foreign-key violations (23503) are not among them:
- * the referenced row may arrive. */
-static bool
-permanent(const char *state)
-{
-        if (!state)
-                return false;
-        return !strncmp(state, "22", 2) || /* data exception */
-               !strcmp(state, "23502") || /* not_null_violation */
-               !strcmp(state, "23514") || /* check_violation */
-               !strcmp(state, "23P01"); /* exclusion_violation */
-}
-
-/* Errors no retry can fix and no message is to blame for: the statement
- * cannot run against the database as deployed. Class 42 (syntax error or
- * access rule violation: undefined table 42P01, column 42703, function
- * 42883, syntax 42601, insufficient privilege 42501, no unique index for
- * ON CONFLICT 42P10, ...) is found before any row is read; 3F000 is an
- * undefined schema. */
-static bool
-deploy_error(const char *state)
-{
-        return state && (!strncmp(state, "42", 2) || !strcmp(state, "3F000"));
-}
-
-static int
-fail_res(kinbox__db_t *db, PGresult *res, int tag)
-{
-        pg_t *pg = PG(db);
-        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-        const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-        const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
-        const char *cons = PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME);
-        int code = classify(pg->conn, state);
-        kinbox__db_seterr(db, code, state, 0, tag, "SQLSTATE %s: %s%s%s",
-                          state ? state : "?????",
-                          msg ? msg : PQresultErrorMessage(res),
-                          detail ? " — " : "", detail ? detail : "");
-        db->err.permanent = code == KINBOX_ERR_DB && permanent(state);
-        db->err.deploy = code == KINBOX_ERR_DB && deploy_error(state);
-        snprintf(db->err.constraint, sizeof(db->err.constraint), "%s",
-                 cons ? cons : "");
-        return code;
-}
-
-/* The row the server's detail describes: PostgreSQL shows the row a
- * CHECK or NOT NULL constraint rejected ("Failing row contains (...)",
- * values cut to 64 bytes; absent without the right to read every
- * column); NULL when none. Its owner is the suspect. */
-static const char *
-failing_row(PGresult *res)
-{
-        static const char pre[] = "Failing row contains ";
-        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-        const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
-        if (!state || !detail ||
-            (strcmp(state, "23514") && strcmp(state, "23502")) ||
-            strncmp(detail, pre, sizeof(pre) - 1))
-                return NULL;
-        return detail + sizeof(pre) - 1;
-}
 
 static void
 notice_cb(void *arg, const char *message)
@@ -266,10 +144,10 @@ ensure_pipeline(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
         if (!pg || !pg->conn)
-                return fail_conn(db, -1, "send");
+                return kinbox__pg_fail_conn(db, -1, "send");
         if (!pg->pipeline) {
                 if (!PQenterPipelineMode(pg->conn))
-                        return fail_conn(db, -1, "pipeline setup");
+                        return kinbox__pg_fail_conn(db, -1, "pipeline setup");
                 pg->pipeline = true;
         }
         return KINBOX_OK;
@@ -333,13 +211,13 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
                         st = PGRES_PIPELINE_ABORTED; /* not a failure */
         }
         if (!ok && st != PGRES_PIPELINE_ABORTED && *rc == KINBOX_OK) {
-                *rc = fail_res(db, res, p.tag);
+                *rc = kinbox__pg_fail_res(db, res, p.tag);
                 if (p.stmt >= 0 && (size_t)p.stmt < pg->nstmts)
                         kinbox__db_err_stmt(db, pg->stmts[p.stmt].sql,
                                             strlen(pg->stmts[p.stmt].sql));
                 /* A query with owners: at most one is queued (a query is
                  * read at once), so the failing K_QUERY is that one. */
-                const char *row = failing_row(res);
+                const char *row = kinbox__pg_failing_row(res);
                 if (p.kind == K_QUERY && db->hint_n && row)
                         db->err.suspect = kinbox__db_row_suspect(db, row);
                 else if (p.claims && row)
@@ -385,8 +263,9 @@ drain_lost(kinbox__db_t *db, int rc, bool commit_sent)
                                           "PostgreSQL connection lost during "
                                           "COMMIT: outcome unknown");
                 else
-                        fail_conn(db, pg->qlen ? pg->q[pg->qhead].tag : -1,
-                                  "a batch");
+                        kinbox__pg_fail_conn(
+                            db, pg->qlen ? pg->q[pg->qhead].tag : -1,
+                            "a batch");
                 rc = db->err.code;
         }
         pg_disconnect(db);
@@ -452,7 +331,7 @@ send_plain(kinbox__db_t *db, const char *sql, enum pkind kind)
                 return rc;
         if (!PQsendQueryParams(PG(db)->conn, sql, 0, NULL, NULL, NULL, NULL,
                                0))
-                return fail_conn(db, -1, sql);
+                return kinbox__pg_fail_conn(db, -1, sql);
         return qpush(db, kind, -1, -1);
 }
 
@@ -533,7 +412,7 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
         if (pg->nstmts < STMT_CACHE_MAX || stmt_find(pg, sql) >= 0)
                 si = stmt_lookup(db, sql, n, tag);
         if (si == -1)
-                return fail_conn(db, tag, "prepare");
+                return kinbox__pg_fail_conn(db, tag, "prepare");
         const char *vs[64];
         int ls[64], fs[64];
         const char **vals = vs;
@@ -557,7 +436,7 @@ send_stmt(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
                            : PQsendQueryParams(pg->conn, sql, n, NULL, vals,
                                                lens, fmts, 0);
         if (!sent) {
-                rc = fail_conn(db, tag, "send");
+                rc = kinbox__pg_fail_conn(db, tag, "send");
                 goto out;
         }
         rc = qpush(db, kind, tag, si >= 0 ? si : -1);
@@ -575,11 +454,11 @@ pg_flush(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
         if (!pg || !pg->conn)
-                return fail_conn(db, -1, "flush");
+                return kinbox__pg_fail_conn(db, -1, "flush");
         if (!pg->qlen)
                 return KINBOX_OK;
         if (!PQsendFlushRequest(pg->conn))
-                return fail_conn(db, -1, "flush");
+                return kinbox__pg_fail_conn(db, -1, "flush");
         return drain(db);
 }
 
@@ -662,7 +541,7 @@ pg_query(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
         /* Outside a transaction every query is its own implicit one. */
         if (!db->in_tx) {
                 if (!PQpipelineSync(pg->conn))
-                        return fail_conn(db, tag, "sync");
+                        return kinbox__pg_fail_conn(db, tag, "sync");
                 rc = qpush(db, K_SYNC, -1, -1);
                 if (!rc)
                         rc = drain(db);
@@ -699,7 +578,7 @@ pg_commit(kinbox__db_t *db)
                            ? KINBOX_ERR_DB_CONN
                            : rc;
         if (!PQpipelineSync(pg->conn))
-                return fail_conn(db, -1, "COMMIT");
+                return kinbox__pg_fail_conn(db, -1, "COMMIT");
         if ((rc = qpush(db, K_SYNC, -1, -1)))
                 return rc;
         rc = drain(db);
@@ -744,11 +623,11 @@ pg_settle(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
         if (!pg || !pg->conn)
-                return fail_conn(db, -1, "sync");
+                return kinbox__pg_fail_conn(db, -1, "sync");
         if (!pg->pipeline)
                 return KINBOX_OK;
         if (!PQpipelineSync(pg->conn))
-                return fail_conn(db, -1, "sync");
+                return kinbox__pg_fail_conn(db, -1, "sync");
         int rc = qpush(db, K_SYNC, -1, -1);
         return rc ? rc : drain(db);
 }
@@ -775,12 +654,12 @@ pg_rollback_to(kinbox__db_t *db, const char *name)
 {
         pg_t *pg = PG(db);
         if (!pg || !pg->conn)
-                return fail_conn(db, -1, "rollback to savepoint");
+                return kinbox__pg_fail_conn(db, -1, "rollback to savepoint");
         if (pg->pipeline) {
                 for (size_t i = 0; i < pg->qlen; i++)
                         pg->q[pg->qhead + i].gone = true;
                 if (!PQpipelineSync(pg->conn))
-                        return fail_conn(db, -1, "sync");
+                        return kinbox__pg_fail_conn(db, -1, "sync");
                 int rc = qpush(db, K_SYNC, -1, -1);
                 if (rc)
                         return rc;
@@ -798,13 +677,14 @@ leave_pipeline(kinbox__db_t *db)
 {
         pg_t *pg = PG(db);
         if (!pg || !pg->conn)
-                return fail_conn(db, -1, "native access");
+                return kinbox__pg_fail_conn(db, -1, "native access");
         int rc = pg_flush(db);
         if (rc)
                 return rc;
         if (pg->pipeline) {
                 if (!PQexitPipelineMode(pg->conn))
-                        return fail_conn(db, -1, "leaving pipeline mode");
+                        return kinbox__pg_fail_conn(db, -1,
+                                                    "leaving pipeline mode");
                 pg->pipeline = false;
         }
         return KINBOX_OK;
@@ -827,10 +707,10 @@ pg_script(kinbox__db_t *db, const char *sql)
         pg_t *pg = PG(db);
         PGresult *res = PQexec(pg->conn, sql);
         if (!res)
-                return fail_conn(db, -1, "script");
+                return kinbox__pg_fail_conn(db, -1, "script");
         ExecStatusType st = PQresultStatus(res);
         if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
-                rc = fail_res(db, res, -1);
+                rc = kinbox__pg_fail_res(db, res, -1);
         PQclear(res);
         if (rc == KINBOX_ERR_DB_CONN)
                 pg_disconnect(db);
@@ -939,152 +819,6 @@ out:
         return rc;
 }
 
-static const struct kinbox__sql pg_sql = {
-    .offsets_upsert =
-        "INSERT INTO kinbox_offsets (consumer, topic, kafka_partition, "
-        "next_offset, last_ts, last_hash, updated_at) VALUES ($1, $2, $3, "
-        "$4, $5, $6, now()) "
-        "ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE SET "
-        "last_ts = CASE WHEN EXCLUDED.next_offset >= "
-        "kinbox_offsets.next_offset THEN EXCLUDED.last_ts ELSE "
-        "kinbox_offsets.last_ts END, "
-        "last_hash = CASE WHEN EXCLUDED.next_offset >= "
-        "kinbox_offsets.next_offset THEN EXCLUDED.last_hash ELSE "
-        "kinbox_offsets.last_hash END, "
-        "next_offset = GREATEST(kinbox_offsets.next_offset, "
-        "EXCLUDED.next_offset), updated_at = now()",
-    .dead_letter_insert =
-        "INSERT INTO kinbox_dead_letter (consumer, message_id, topic, "
-        "kafka_partition, kafka_offset, msg_key, headers, payload, error, "
-        "attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    .outbox_append = NULL,
-    .try_lock = "SELECT pg_try_advisory_lock(hashtext($1))",
-    .unlock = "SELECT pg_advisory_unlock(hashtext($1))",
-    .lock_wait = "SELECT 1 FROM pg_advisory_lock(hashtext($1))",
-    .range_count = "SELECT count(*) FROM %.0s%s",
-    .migrations_table =
-        "CREATE TABLE IF NOT EXISTS kinbox_schema_migrations ("
-        " component text NOT NULL, version integer NOT NULL,"
-        " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),"
-        " PRIMARY KEY (component, version))",
-    .migrations_exists =
-        "SELECT CASE WHEN to_regclass('kinbox_schema_migrations') IS NULL "
-        "THEN 0 ELSE 1 END",
-    .script_begin = "BEGIN;\n",
-    .script_commit = "COMMIT;\n",
-    /* Deleting by ctid / id from an index scan of processed_at / sent_at
-     * keeps each statement to one batch of the oldest rows. */
-    .prune_count =
-        {"SELECT count(*) FROM kinbox_inbox WHERE processed_at < now() - "
-         "%" PRId64 " * interval '1 millisecond'",
-         "SELECT count(*) FROM kinbox_outbox WHERE status = 'sent' AND "
-         "sent_at < now() - %" PRId64 " * interval '1 millisecond'",
-         "SELECT count(*) FROM kinbox_outbox WHERE kind = 'event' AND "
-         "status <> 'dead' AND created_at < now() - %" PRId64
-         " * interval '1 millisecond'"},
-    .prune_delete =
-        {"WITH d AS (DELETE FROM kinbox_inbox WHERE ctid IN (SELECT ctid "
-         "FROM kinbox_inbox WHERE processed_at < now() - %" PRId64
-         " * interval '1 millisecond' LIMIT %" PRId64 ") RETURNING 1) "
-         "SELECT count(*) FROM d",
-         "WITH d AS (DELETE FROM kinbox_outbox WHERE id IN (SELECT id FROM "
-         "kinbox_outbox WHERE status = 'sent' AND sent_at < now() - "
-         "%" PRId64 " * interval '1 millisecond' ORDER BY sent_at LIMIT "
-         "%" PRId64 ") RETURNING 1) SELECT count(*) FROM d",
-         /* No index on created_at (and no migration for one): the
-          * primary key's order, which is insertion order, finds the
-          * oldest rows first, and the last batch of a run reads the rest
-          * of the table once. = ANY(ARRAY(...)) deletes by primary key
-          * lookups: IN (subquery) planned a hash join over a sequential
-          * scan of the whole table for every batch. */
-         "WITH d AS (DELETE FROM kinbox_outbox WHERE id = ANY(ARRAY(SELECT "
-         "id FROM kinbox_outbox WHERE kind = 'event' AND status <> 'dead' "
-         "AND created_at < now() - %" PRId64 " * interval '1 millisecond' "
-         "ORDER BY id LIMIT %" PRId64 ")) RETURNING 1) SELECT count(*) FROM "
-         "d"},
-    .prune_age_scale = 1,
-    .dead_letter_lock =
-        "SELECT consumer, message_id, topic, kafka_partition, kafka_offset,"
-        " msg_key, headers, payload, status FROM kinbox_dead_letter"
-        " WHERE id = $1::bigint FOR UPDATE",
-    .inbox_insert_one =
-        "INSERT INTO kinbox_inbox (consumer, message_id, topic, "
-        "kafka_partition, kafka_offset, part_at) VALUES ($1, $2, $3, "
-        "$4::integer, $5::bigint, to_timestamp($6::bigint))",
-    .inbox_undo =
-        "DELETE FROM kinbox_inbox WHERE consumer = $1 AND message_id = $2 "
-        "AND part_at = to_timestamp($3::bigint) AND topic = $4 AND "
-        "kafka_partition = $5::integer AND kafka_offset = $6::bigint",
-    .dead_letter_replayed =
-        "UPDATE kinbox_dead_letter SET status = 'replayed' WHERE id = "
-        "$1::bigint",
-    .outbox_gauges =
-        "SELECT destination, count(*) FILTER (WHERE status = 'pending'"
-        " AND (kind = 'action' OR $1::int = 0)),"
-        " COALESCE(extract(epoch FROM now() - min(created_at) FILTER"
-        " (WHERE status = 'pending' AND (kind = 'action' OR $1::int = 0))),"
-        " 0), count(*) FILTER (WHERE status = 'dead')"
-        " FROM kinbox_outbox WHERE status IN ('pending', 'dead')"
-        " GROUP BY destination",
-    .outbox_pause = "INSERT INTO kinbox_outbox_paused (destination) VALUES "
-                    "($1) ON CONFLICT DO NOTHING",
-    .outbox_wake = "SELECT pg_notify('kinbox_outbox', '')",
-    .outbox_summary =
-        "SELECT destination,"
-        " count(*) FILTER (WHERE status = 'pending'"
-        "  AND (kind = 'action' OR $1::int = 0)),"
-        " COALESCE(floor(extract(epoch FROM now() - min(created_at) FILTER"
-        "  (WHERE status = 'pending' AND (kind = 'action' OR $1::int = 0))))"
-        "  ::bigint, 0),"
-        " count(*) FILTER (WHERE status = 'dead'),"
-        " count(*) FILTER (WHERE status = 'sent' AND sent_at >="
-        "  now() - interval '1 hour'),"
-        " EXISTS (SELECT 1 FROM kinbox_outbox_paused z"
-        "  WHERE z.destination = o.destination)::int"
-        " FROM kinbox_outbox o GROUP BY destination ORDER BY destination",
-    .outbox_stuck =
-        "SELECT destination, count(*), min(id),"
-        " floor(extract(epoch FROM now() - min(created_at)))::bigint"
-        " FROM kinbox_outbox WHERE status = 'pending' AND created_at <"
-        " now() - $1::bigint * interval '1 millisecond'"
-        " AND (kind = 'action' OR $2::int = 0)"
-        " GROUP BY destination ORDER BY destination",
-    .counters_put =
-        "INSERT INTO kinbox_consumer_counters (consumer, instance,"
-        " duplicates, business_duplicates, updated_at) VALUES ($1, $2,"
-        " $3::bigint, $4::bigint, now()) ON CONFLICT (consumer, instance)"
-        " DO UPDATE SET duplicates = EXCLUDED.duplicates,"
-        " business_duplicates = EXCLUDED.business_duplicates,"
-        " updated_at = now()",
-    .counters_remove =
-        "DELETE FROM kinbox_consumer_counters WHERE consumer = $1 AND"
-        " (instance = $2 OR updated_at < now() - interval '1 hour')",
-    .counters_read = "SELECT count(*), COALESCE(sum(duplicates), 0),"
-                     " COALESCE(sum(business_duplicates), 0)"
-                     " FROM kinbox_consumer_counters WHERE consumer = $1"
-                     " AND updated_at > now() - interval '10 seconds'",
-    .dead_letter_gauges =
-        "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
-        "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",
-    .hold_upsert =
-        "INSERT INTO kinbox_hold (consumer, topic, kafka_partition, "
-        "hold_key, blocker_id) SELECT $1, $2, $3::integer, $4, max(id) FROM "
-        "kinbox_dead_letter WHERE consumer = $1 AND topic = $2 AND "
-        "kafka_partition = $3::integer AND kafka_offset = $5::bigint ON "
-        "CONFLICT (consumer, topic, kafka_partition, hold_key) DO UPDATE "
-        "SET blocker_id = kinbox_hold.blocker_id",
-    .parked_delete = "WITH d AS (DELETE FROM kinbox_parked WHERE id = "
-                     "$1::bigint RETURNING 1) SELECT count(*) FROM d",
-    .hold_gauges =
-        "SELECT consumer, sum(parked), sum(held), max(age) FROM ("
-        " SELECT consumer, count(*) AS parked, 0 AS held,"
-        "  extract(epoch FROM now() - min(parked_at)) AS age"
-        "  FROM kinbox_parked GROUP BY consumer"
-        " UNION ALL SELECT consumer, 0, count(*), 0 FROM kinbox_hold"
-        "  GROUP BY consumer) x GROUP BY consumer",
-    KINBOX__OPSQL,
-};
-
 const struct kinbox__db_ops kinbox__pg_ops = {
     .name = "postgresql",
     .backend = KINBOX_BACKEND_POSTGRESQL,
@@ -1106,8 +840,7 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .native = pg_native,
     .script = pg_script,
     .inbox_insert = pg_inbox_insert,
-    .sql = &pg_sql,
+    .sql = &kinbox__pg_sql,
     .outbox = &kinbox__pg_outbox_ops,
     .part = &kinbox__pg_part,
-    .logsrc = &kinbox__pg_repl_ops,
 };

@@ -122,6 +122,15 @@ struct kinbox__sql {
         const char *dead_discard, *dead_held, *dead_last_follower;
         const char *dead_follower_state, *dead_at;
         const char *verify_ahead, *verify_cover;
+        /* The console (src/console_data.c): console_dead_page, printf
+         * format of (long limit), $1 consumer $2 status $3 topic (NULL:
+         * any) $4 ids below this, newest first; columns as dead_list's
+         * plus first_failed_at after attempts. console_timeout: the
+         * session's statement time limit (5 s). */
+        const char *console_dead_page, *console_timeout;
 };
+
+/* PostgreSQL's (db/pg_sql.c). */
+extern const struct kinbox__sql kinbox__pg_sql;
 
 #endif
