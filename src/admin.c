@@ -17,7 +17,8 @@
 kinbox_admin_t *
 kinbox_admin_new(const kinbox_conf_t *conf, char *errstr, size_t sz)
 {
-        const char *url = conf ? kinbox_conf_get(conf, "database.url") : NULL;
+        const char *url =
+            conf ? kinbox__settings_of(conf)->database_url : NULL;
         if (!url || !*url) {
                 kinbox__errstr(errstr, sz, "database.url is required");
                 return NULL;
@@ -81,6 +82,12 @@ kinbox__admin_query(kinbox_admin_t *adm, const char *sql, int nparams,
                 *rowsp = NULL;
         int rc = kinbox__db_queryv(adm->db, sql, nparams, params, rowsp);
         return rc ? kinbox__admin_fail(adm, rc) : KINBOX_OK;
+}
+
+int64_t
+kinbox__rows_i64(const kinbox_rows_t *rows, size_t i, int c, int64_t dflt)
+{
+        return kinbox__i64_or(kinbox_rows_value(rows, i, c, NULL), dflt);
 }
 
 /* dead_letter.hold_key: parked messages, held keys, oldest parked age. */

@@ -34,6 +34,11 @@ kinbox_err_t kinbox__admin_collect_metrics(kinbox_admin_t *adm);
  * (kinbox_rows_destroy(); may be NULL). KINBOX_ERR_DB_CONN when
  * unreachable (the next call reconnects), KINBOX_ERR_DB; the reason in
  * adm->errstr. */
+/* Row i, column c of an operator statement's rows as a number
+ * (kinbox__i64_or()): dflt for NULL or no number. */
+int64_t kinbox__rows_i64(const kinbox_rows_t *rows, size_t i, int c,
+                         int64_t dflt);
+
 kinbox_err_t kinbox__admin_query(kinbox_admin_t *adm, const char *sql,
                                  int nparams, const char *const *params,
                                  kinbox_rows_t **rowsp);

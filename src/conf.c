@@ -209,6 +209,20 @@ enum_index(const prop_t *p, const char *v)
         return -1;
 }
 
+const char *
+kinbox__conf_enum_text(const char *key, int v, char *buf, size_t sz)
+{
+        int i = prop_find(key);
+        const char *e = i >= 0 && props[i].type == P_ENUM && v >= 0
+                            ? props[i].enums
+                            : NULL;
+        for (int k = 0; e && k < v; k++)
+                if ((e = strchr(e, '|')))
+                        e++;
+        snprintf(buf, sz, "%.*s", e ? (int)strcspn(e, "|") : 0, e ? e : "");
+        return buf;
+}
+
 /* Parse props[i]'s value (validated by kinbox_conf_set, or the table's
  * default) into its field; group.id follows name while unset. */
 static void

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "errstr.h"
+#include "internal.h"
 #include <strings.h>
 
 /* Self-contained (no internal.h): the kinbox command compiles this file in
@@ -55,25 +56,6 @@ kinbox__confval_bool(const char *key, const char *value, bool *out,
         return -1;
 }
 
-/* Digits only (after an optional '-' when allowed); *end set past them. */
-static int
-parse_i64(const char *s, bool neg_ok, int64_t *out, const char **end)
-{
-        const char *p = s;
-        if (neg_ok && *p == '-')
-                p++;
-        if (*p < '0' || *p > '9')
-                return -1;
-        char *e;
-        errno = 0;
-        long long n = strtoll(s, &e, 10);
-        if (errno == ERANGE)
-                return -2;
-        *out = (int64_t)n;
-        *end = e;
-        return 0;
-}
-
 int
 kinbox__confval_int(const char *key, const char *value, int64_t min,
                     int64_t max, int64_t *out, char *errstr,
@@ -81,7 +63,7 @@ kinbox__confval_int(const char *key, const char *value, int64_t min,
 {
         int64_t n = 0;
         const char *end = NULL;
-        int rc = value ? parse_i64(value, true, &n, &end) : -1;
+        int rc = kinbox__parse_i64(value, &n, &end);
         if (rc == -1 || (rc == 0 && *end)) {
                 err(errstr, errstr_size, "%s: \"%.*s\" is not an integer", key,
                     SHOW_MAX, show(value));
@@ -97,6 +79,25 @@ kinbox__confval_int(const char *key, const char *value, int64_t min,
         return 0;
 }
 
+const char *
+kinbox__confval_duration_text(int64_t ms, char *buf, size_t sz)
+{
+        static const struct {
+                const char *unit;
+                int64_t ms;
+        } units[] = {{"d", 86400000},
+                     {"h", 3600000},
+                     {"m", 60000},
+                     {"s", 1000},
+                     {"ms", 1}};
+        size_t i = 0;
+        while (ms && i + 1 < NELEM(units) && ms % units[i].ms)
+                i++;
+        snprintf(buf, sz, "%" PRId64 "%s", ms ? ms / units[i].ms : 0,
+                 ms ? units[i].unit : "s");
+        return buf;
+}
+
 int
 kinbox__confval_duration(const char *key, const char *value, int64_t min_ms,
                          int64_t max_ms, int64_t *out, char *errstr,
@@ -109,7 +110,9 @@ kinbox__confval_duration(const char *key, const char *value, int64_t min_ms,
                      {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
         int64_t n = 0;
         const char *end = NULL;
-        int rc = value ? parse_i64(value, false, &n, &end) : -1;
+        int rc = kinbox__parse_i64(value, &n, &end);
+        if (rc == 0 && *value == '-')
+                rc = -1; /* no negative durations */
         int64_t mul = 0;
         for (size_t i = 0; rc == 0 && i < NELEM(units); i++)
                 if (!strcmp(end, units[i].unit))

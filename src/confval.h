@@ -39,6 +39,13 @@ int kinbox__confval_int(const char *key, const char *value, int64_t min,
                         size_t errstr_size);
 
 /**
+ * @brief A duration in ms as text in its largest whole unit ("14d",
+ *        "36h", "90s", "500ms"; "0s" for 0), as the configuration writes
+ *        it; into buf, returned.
+ */
+const char *kinbox__confval_duration_text(int64_t ms, char *buf, size_t sz);
+
+/**
  * @brief Parse a duration into milliseconds: digits followed by one of the
  *        units ms, s, m, h, d (a bare number means seconds), e.g. 500ms,
  *        10s, 5m, 2h, 14d. Checked against [min_ms, max_ms].

@@ -121,7 +121,7 @@ jnum(double v)
 static json_t *
 jint(const char *v)
 {
-        return v ? json_integer(strtoll(v, NULL, 10)) : json_null();
+        return v ? json_integer(kinbox__i64_or(v, 0)) : json_null();
 }
 
 /* Bytes as a JSON string when they are UTF-8 (NUL included), else null. */
@@ -609,23 +609,22 @@ headers_json(const char *v, size_t n)
 static unsigned
 get_dead_one(kinbox__console_data_t *d, int64_t id, char **json)
 {
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_dead_show(d->adm, id, &r);
+        kinbox_dead_letter_t *dl = NULL;
+        kinbox_err_t rc = kinbox_dead_show(d->adm, id, &dl);
         if (rc)
                 return fail(d, rc, json);
-        size_t n[14] = {0};
-        const char *v[14];
-        for (size_t c = 0; c < 14; c++)
-                v[c] = kinbox_rows_value(r, 0, c, &n[c]);
         json_t *j = json_pack(
-            "{s:o,s:s?,s:o,s:s?,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:s?,s:s?,s:s?}",
-            "id", jint(v[0]), "consumer", v[1], "message_id",
-            bytes_json(v[2], n[2]), "topic", v[3], "partition", jint(v[4]),
-            "offset", jint(v[5]), "key", bytes_json(v[6], n[6]), "headers",
-            headers_json(v[7], n[7]), "payload", bytes_json(v[8], n[8]),
-            "error", jtext(v[9], n[9]), "attempts", jint(v[10]),
-            "first_failed_at", v[11], "dead_at", v[12], "status", v[13]);
-        kinbox_rows_destroy(r);
+            "{s:I,s:s?,s:o,s:s?,s:i,s:I,s:o,s:o,s:o,s:o,s:i,s:s?,s:s?,s:s?}",
+            "id", (json_int_t)dl->id, "consumer", dl->consumer, "message_id",
+            bytes_json(dl->message_id, dl->message_id_len), "topic", dl->topic,
+            "partition", (int)dl->partition, "offset", (json_int_t)dl->offset,
+            "key", bytes_json(dl->key, dl->key_len), "headers",
+            headers_json(dl->headers, dl->headers_len), "payload",
+            bytes_json(dl->payload, dl->payload_len), "error",
+            jtext(dl->error, dl->error ? strlen(dl->error) : 0), "attempts",
+            dl->attempts, "first_failed_at", dl->first_failed_at, "dead_at",
+            dl->dead_at, "status", dl->status);
+        kinbox_dead_letter_destroy(dl);
         return done(j, json);
 }
 
@@ -633,27 +632,28 @@ static unsigned
 get_parked(kinbox__console_data_t *d, const kinbox__http_req_t *req,
            char **json)
 {
-        kinbox_rows_t *r = NULL;
+        kinbox_parked_list_t *l = NULL;
         kinbox_err_t rc =
-            kinbox_dead_parked(d->adm, arg(req, "consumer"), 200, &r);
+            kinbox_dead_parked(d->adm, arg(req, "consumer"), 200, &l);
         if (rc)
                 return fail(d, rc, json);
         json_t *a = json_array();
-        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
-                size_t kl = 0, il = 0;
-                const char *k = kinbox_rows_value(r, i, 6, &kl);
-                const char *m = kinbox_rows_value(r, i, 5, &il);
+        for (size_t i = 0; i < l->count; i++) {
+                const kinbox_parked_t *p = &l->parked[i];
                 json_array_append_new(
-                    a, json_pack("{s:o,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:s?}",
-                                 "id", jint(rowv(r, i, 0)), "consumer",
-                                 rowv(r, i, 1), "topic", rowv(r, i, 2),
-                                 "partition", jint(rowv(r, i, 3)), "offset",
-                                 jint(rowv(r, i, 4)), "message_id",
-                                 bytes_json(m, il), "key", bytes_json(k, kl),
-                                 "blocker", jint(rowv(r, i, 7)), "parked_at",
-                                 rowv(r, i, 8)));
+                    a,
+                    json_pack(
+                        "{s:I,s:s,s:s,s:i,s:I,s:o,s:o,s:o,s:s?}", "id",
+                        (json_int_t)p->id, "consumer", p->consumer, "topic",
+                        p->topic, "partition", (int)p->partition, "offset",
+                        (json_int_t)p->offset, "message_id",
+                        bytes_json(p->message_id, p->message_id_len), "key",
+                        bytes_json(p->key, p->key_len), "blocker",
+                        p->blocker_id ? json_integer((json_int_t)p->blocker_id)
+                                      : json_null(),
+                        "parked_at", p->parked_at));
         }
-        kinbox_rows_destroy(r);
+        kinbox_parked_list_destroy(l);
         return done(json_pack("{s:o}", "rows", a), json);
 }
 
@@ -730,14 +730,14 @@ kinbox__console_get(kinbox__console_data_t *d, const kinbox__http_req_t *req,
 static kinbox_err_t
 replay_one(kinbox__console_data_t *d, int64_t id, int64_t *released)
 {
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_dead_show(d->adm, id, &r);
+        kinbox_dead_letter_t *dl = NULL;
+        kinbox_err_t rc = kinbox_dead_show(d->adm, id, &dl);
         if (rc)
                 return rc;
         char consumer[256], err[1024] = "";
         snprintf(consumer, sizeof(consumer), "%s",
-                 rowv(r, 0, 1) ? rowv(r, 0, 1) : "");
-        kinbox_rows_destroy(r);
+                 dl->consumer ? dl->consumer : "");
+        kinbox_dead_letter_destroy(dl);
         const kinbox_conf_t *conf = NULL;
         const kinbox_module_t *m =
             d->handler

@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -26,24 +27,164 @@ query_limit(kinbox_admin_t *adm, const char *fmt, long limit, int n,
         return kinbox__admin_query(adm, sql, n, v, rowsp);
 }
 
+/* A result that owns the rows its strings point into. */
+typedef struct dead_own {
+        union {
+                kinbox_dead_list_t list;
+                kinbox_parked_list_t parked;
+                kinbox_dead_letter_t letter;
+        } pub;
+        kinbox_rows_t *rows;
+        void *items;
+} dead_own_t;
+
+static const char *
+bytes(kinbox_rows_t *r, size_t i, int c, size_t *len)
+{
+        *len = 0;
+        return kinbox_rows_value(r, i, c, len);
+}
+
+static const char *
+text(kinbox_rows_t *r, size_t i, int c)
+{
+        return kinbox_rows_value(r, i, c, NULL);
+}
+
+/* The list columns of dead_list (opsql.h); show's when show. */
+static void
+fill_letter(kinbox_dead_letter_t *d, kinbox_rows_t *r, size_t i, bool show)
+{
+        /* show: id, consumer, message id, topic, partition, offset, key,
+         * headers, payload, error, attempts, first failed at, dead at,
+         * status; list: id, consumer, topic, partition, offset, message
+         * id, status, attempts, dead at, error, parked behind it. */
+        static const int lc[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+        static const int sc[] = {0, 1, 3, 4, 5, 2, 13, 10, 12, 9};
+        const int *c = show ? sc : lc;
+        d->id = kinbox__rows_i64(r, i, c[0], 0);
+        d->consumer = text(r, i, c[1]);
+        d->topic = text(r, i, c[2]);
+        d->partition = (int32_t)kinbox__rows_i64(r, i, c[3], 0);
+        d->offset = kinbox__rows_i64(r, i, c[4], 0);
+        d->message_id = bytes(r, i, c[5], &d->message_id_len);
+        d->status = text(r, i, c[6]);
+        d->attempts = (int)kinbox__rows_i64(r, i, c[7], 0);
+        d->dead_at = text(r, i, c[8]);
+        d->error = text(r, i, c[9]);
+        d->holds_back = show ? -1 : kinbox__rows_i64(r, i, 10, 0);
+        if (!show)
+                return;
+        d->first_failed_at = text(r, i, 11);
+        d->key = bytes(r, i, 6, &d->key_len);
+        d->headers = bytes(r, i, 7, &d->headers_len);
+        d->payload = bytes(r, i, 8, &d->payload_len);
+}
+
+static void
+fill_parked(kinbox_parked_t *p, kinbox_rows_t *r, size_t i)
+{
+        p->id = kinbox__rows_i64(r, i, 0, 0);
+        p->consumer = text(r, i, 1);
+        p->topic = text(r, i, 2);
+        p->partition = (int32_t)kinbox__rows_i64(r, i, 3, 0);
+        p->offset = kinbox__rows_i64(r, i, 4, 0);
+        p->message_id = bytes(r, i, 5, &p->message_id_len);
+        p->key = bytes(r, i, 6, &p->key_len);
+        p->blocker_id = kinbox__rows_i64(r, i, 7, 0);
+        p->parked_at = text(r, i, 8);
+}
+
+/* Rows of a list statement into a new result of n items of size sz. */
+static kinbox_err_t
+own_rows(kinbox_admin_t *adm, kinbox_rows_t *r, size_t sz, dead_own_t **op)
+{
+        dead_own_t *o = kinbox__calloc(1, sizeof(*o));
+        size_t n = kinbox_rows_count(r);
+        if (o)
+                o->items = kinbox__calloc(n ? n : 1, sz);
+        if (!o || !o->items) {
+                free(o);
+                kinbox_rows_destroy(r);
+                snprintf(adm->errstr, sizeof(adm->errstr), "out of memory");
+                return KINBOX_ERR_NOMEM;
+        }
+        o->rows = r;
+        *op = o;
+        return KINBOX_OK;
+}
+
+static void
+own_destroy(void *pub)
+{
+        dead_own_t *o = pub; /* pub is the first member */
+        if (!o)
+                return;
+        kinbox_rows_destroy(o->rows);
+        free(o->items);
+        free(o);
+}
+
 kinbox_err_t
 kinbox_dead_list(kinbox_admin_t *adm, const char *consumer, const char *status,
-                 long limit, kinbox_rows_t **rowsp)
+                 long limit, kinbox_dead_list_t **listp)
 {
+        if (!listp)
+                return KINBOX_ERR_INVALID;
+        *listp = NULL;
         /* NULL = no filter (COALESCE gives the parameter its column's type
          * on PostgreSQL, no cast per backend). */
         const char *v[2] = {consumer, status};
-        return query_limit(adm, adm->db->ops->sql->dead_list, limit, 2, v,
-                           rowsp);
+        kinbox_rows_t *r = NULL;
+        dead_own_t *o = NULL;
+        kinbox_err_t rc =
+            query_limit(adm, adm->db->ops->sql->dead_list, limit, 2, v, &r);
+        if (!rc)
+                rc = own_rows(adm, r, sizeof(kinbox_dead_letter_t), &o);
+        if (rc)
+                return rc;
+        o->pub.list.letters = o->items;
+        o->pub.list.count = kinbox_rows_count(r);
+        for (size_t i = 0; i < o->pub.list.count; i++)
+                fill_letter(&o->pub.list.letters[i], r, i, false);
+        *listp = &o->pub.list;
+        return KINBOX_OK;
+}
+
+void
+kinbox_dead_list_destroy(kinbox_dead_list_t *l)
+{
+        own_destroy(l);
 }
 
 kinbox_err_t
 kinbox_dead_parked(kinbox_admin_t *adm, const char *consumer, long limit,
-                   kinbox_rows_t **rowsp)
+                   kinbox_parked_list_t **listp)
 {
+        if (!listp)
+                return KINBOX_ERR_INVALID;
+        *listp = NULL;
         const char *v[1] = {consumer};
-        return query_limit(adm, adm->db->ops->sql->dead_parked, limit, 1, v,
-                           rowsp);
+        kinbox_rows_t *r = NULL;
+        dead_own_t *o = NULL;
+        kinbox_err_t rc =
+            query_limit(adm, adm->db->ops->sql->dead_parked, limit, 1, v, &r);
+        if (!rc)
+                rc = own_rows(adm, r, sizeof(kinbox_parked_t), &o);
+        if (rc)
+                return rc;
+        o->pub.parked.parked = o->items;
+        o->pub.parked.count = kinbox_rows_count(r);
+        for (size_t i = 0; i < o->pub.parked.count; i++)
+                fill_parked(&o->pub.parked.parked[i], r, i);
+        *listp = &o->pub.parked;
+        return KINBOX_OK;
+}
+
+void
+kinbox_parked_list_destroy(kinbox_parked_list_t *l)
+{
+        own_destroy(l);
 }
 
 /* A statement of one dead letter id. */
@@ -66,16 +207,31 @@ not_found(kinbox_admin_t *adm, int64_t id)
 }
 
 kinbox_err_t
-kinbox_dead_show(kinbox_admin_t *adm, int64_t id, kinbox_rows_t **rowsp)
+kinbox_dead_show(kinbox_admin_t *adm, int64_t id, kinbox_dead_letter_t **dlp)
 {
-        kinbox_err_t rc =
-            query_id(adm, adm->db->ops->sql->dead_show, id, rowsp);
-        if (!rc && !kinbox_rows_count(*rowsp)) {
-                kinbox_rows_destroy(*rowsp);
-                *rowsp = NULL;
+        if (!dlp)
+                return KINBOX_ERR_INVALID;
+        *dlp = NULL;
+        kinbox_rows_t *r = NULL;
+        dead_own_t *o = NULL;
+        kinbox_err_t rc = query_id(adm, adm->db->ops->sql->dead_show, id, &r);
+        if (!rc && !kinbox_rows_count(r)) {
+                kinbox_rows_destroy(r);
                 return not_found(adm, id);
         }
-        return rc;
+        if (!rc)
+                rc = own_rows(adm, r, 1, &o);
+        if (rc)
+                return rc;
+        fill_letter(&o->pub.letter, r, 0, true);
+        *dlp = &o->pub.letter;
+        return KINBOX_OK;
+}
+
+void
+kinbox_dead_letter_destroy(kinbox_dead_letter_t *dl)
+{
+        own_destroy(dl);
 }
 
 kinbox_err_t
@@ -105,8 +261,7 @@ kinbox_dead_discard(kinbox_admin_t *adm, int64_t id)
 static int64_t
 val_int(kinbox_rows_t *r, int c)
 {
-        const char *v = kinbox_rows_value(r, 0, c, NULL);
-        return v ? strtoll(v, NULL, 10) : 0;
+        return kinbox__rows_i64(r, 0, c, 0);
 }
 
 kinbox_err_t

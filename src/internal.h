@@ -33,6 +33,16 @@ void kinbox__sleep_ms(int64_t ms);
 void kinbox__deadline(int64_t ms, struct timespec *ts);
 void kinbox__deadline_on(clockid_t clock, int64_t ms, struct timespec *ts);
 
+/* ---- text to int64: the one parser. Decimal digits after an optional
+ * '-' (no space, no '+'); *end (may be NULL) set past them. 0; -1 when s
+ * is NULL or does not start with a number; -2 out of range. */
+int kinbox__parse_i64(const char *s, int64_t *out, const char **end);
+/* The whole of s as an int64 (nothing after the digits): as above, -1
+ * also for trailing text. */
+int kinbox__parse_i64_all(const char *s, int64_t *out);
+/* Database text (a cell): its leading number, dflt for NULL or none. */
+int64_t kinbox__i64_or(const char *s, int64_t dflt);
+
 /* ---- backoff: full jitter, min(cap, base * 2^attempt) * U(0,1] */
 int64_t kinbox__backoff_ms(int attempt, int64_t base_ms, int64_t cap_ms);
 
@@ -78,6 +88,10 @@ void kinbox__vlog(const kinbox__log_t *lg, int level, const char *facility,
 #include "settings.h"
 void kinbox__conf_logger(const struct kinbox_conf_s *conf, kinbox__log_t *out);
 /* Iterate over kafka.* pass-through properties (key without prefix). */
+/* The librdkafka handle (an rd_kafka_t *) of a kinbox_kafka_new() client,
+ * owned by k; NULL for NULL. Not public: the operator's calls that need
+ * the broker are the library's (kinbox_admin_lag(), kinbox_offsets_*()). */
+void *kinbox__kafka_handle(kinbox_kafka_t *k);
 void kinbox__conf_kafka_each(const struct kinbox_conf_s *conf,
                              void (*fn)(const char *k, const char *v,
                                         void *arg),

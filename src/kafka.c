@@ -121,7 +121,7 @@ kinbox_kafka_new(const kinbox_conf_t *conf, const char *const *extra,
 }
 
 void *
-kinbox_kafka_handle(kinbox_kafka_t *k)
+kinbox__kafka_handle(kinbox_kafka_t *k)
 {
         return k ? k->rk : NULL;
 }

@@ -133,18 +133,6 @@ kinbox__outbox_params(const kinbox_outbox_msg_t *m,
         p[6].v = pr->maxbuf;
 }
 
-static int64_t
-parse_i64(const char *s)
-{
-        if (!s)
-                return 0;
-        char *end = NULL;
-        long long v = strtoll(s, &end, 10);
-        if (end == s)
-                return 0;
-        return (int64_t)v;
-}
-
 /* ---------------------------------------------------------------- append */
 
 static kinbox_err_t
@@ -157,7 +145,7 @@ find_existing(kinbox__db_t *db, const kinbox_outbox_msg_t *m, int tag,
             db->ops->query(db, KINBOX__OUTBOX_FIND_ID_SQL, 2, p, tag, &rows);
         if (rc)
                 return (kinbox_err_t)rc;
-        *idp = rows && rows->nrows ? parse_i64(rows->values[0]) : 0;
+        *idp = rows && rows->nrows ? kinbox__i64_or(rows->values[0], 0) : 0;
         kinbox_rows_destroy(rows);
         return KINBOX_ERR_DUPLICATE;
 }

@@ -16,16 +16,6 @@
 
 #define OB(db) ((db)->ops->outbox)
 
-static int64_t
-parse_i64(const char *s)
-{
-        if (!s)
-                return 0;
-        char *end = NULL;
-        long long v = strtoll(s, &end, 10);
-        return end == s ? 0 : (int64_t)v;
-}
-
 /* The handle connects lazily; after a lost connection the next call
  * connects again (kinbox__admin_fail() dropped it). */
 static kinbox_err_t
@@ -125,19 +115,19 @@ row_at(const struct kinbox_rows_s *rows, size_t i)
 {
         char **v = rows->values + i * (size_t)rows->ncols;
         return (kinbox_outbox_row_t){
-            .id = parse_i64(v[0]),
+            .id = kinbox__i64_or(v[0], 0),
             .status = status_of(v[1]),
             .destination = v[2],
             .idem_key = v[3],
             .aggregate_id = v[4],
-            .attempts = (int)parse_i64(v[5]),
-            .max_attempts = (int)parse_i64(v[6]),
+            .attempts = (int)kinbox__i64_or(v[5], 0),
+            .max_attempts = (int)kinbox__i64_or(v[6], 0),
             .last_error = v[7],
             .created_at = v[8],
             .next_attempt_at = v[9],
-            .payload_size = (size_t)parse_i64(v[10]),
+            .payload_size = (size_t)kinbox__i64_or(v[10], 0),
             .sent_at = v[11],
-            .version = parse_i64(v[12]),
+            .version = kinbox__i64_or(v[12], 0),
         };
 }
 

@@ -68,12 +68,22 @@ prune_table(kinbox__db_t *db, int t, int64_t age_ms, int64_t batch, bool dry,
 }
 #pragma GCC diagnostic pop
 
+/* kinbox_prune_runs_total{result}. */
+static void
+count_run(const char *result)
+{
+        char lab[64];
+        kinbox__m_add(
+            "kinbox_prune_runs_total",
+            kinbox__m_labels(lab, sizeof(lab), "result", result, (char *)NULL),
+            1);
+}
+
 kinbox_err_t
 kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
              kinbox_prune_result_t *out, char *errstr, size_t sz)
 {
         kinbox_prune_result_t res = {0};
-        char lab[64];
         if (out)
                 *out = res;
         kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
@@ -88,11 +98,7 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                         goto fail;
                 if (!locked) {
                         res.skipped = 1;
-                        kinbox__m_add("kinbox_prune_runs_total",
-                                      kinbox__m_labels(lab, sizeof(lab),
-                                                       "result", "skipped",
-                                                       (char *)NULL),
-                                      1);
+                        count_run("skipped");
                         goto done;
                 }
         }
@@ -137,10 +143,7 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
         if (rc)
                 goto fail;
         if (!dry_run)
-                kinbox__m_add("kinbox_prune_runs_total",
-                              kinbox__m_labels(lab, sizeof(lab), "result",
-                                               "done", (char *)NULL),
-                              1);
+                count_run("done");
 done:
         if (locked)
                 kinbox__prune_unlock(db);
@@ -151,10 +154,7 @@ done:
 fail:
         kinbox__errstr(errstr, sz, "prune: %s", db->err.msg);
         if (!dry_run)
-                kinbox__m_add("kinbox_prune_runs_total",
-                              kinbox__m_labels(lab, sizeof(lab), "result",
-                                               "failed", (char *)NULL),
-                              1);
+                count_run("failed");
         /* Closing the connection releases a session lock too. */
         kinbox__db_destroy(db);
         if (out)
@@ -180,7 +180,7 @@ broker_window(const kinbox_conf_t *conf, const char *topics, char *note,
                 snprintf(note, note_sz, "%s", e);
                 return 0;
         }
-        rd_kafka_t *rk = kinbox_kafka_handle(kk);
+        rd_kafka_t *rk = kinbox__kafka_handle(kk);
         char list[1024];
         snprintf(list, sizeof(list), "%s", topics);
         rd_kafka_ConfigResource_t *res[64];

@@ -25,40 +25,29 @@ count_run(const char *result)
             1);
 }
 
-kinbox_err_t
-kinbox_reconcile(const kinbox_conf_t *conf,
-                 const kinbox_check_t *const *checks, size_t nchecks, int lock,
-                 kinbox_reconcile_cb cb, void *opaque,
-                 kinbox_reconcile_result_t *out, char *errstr, size_t sz)
+/* The named lock of one reconciling replica: 0 with *locked, or the
+ * database error. */
+static int
+take_lock(kinbox__db_t *db, bool *locked)
 {
-        kinbox_reconcile_result_t res = {0, 0, 0};
-        if (out)
-                *out = res;
-        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
-        if (!db)
-                return KINBOX_ERR_CONFIG;
-        const char *failed_check = NULL;
-        bool locked = false;
-        int rc = kinbox__db_connect(db);
-        if (rc)
-                goto fail;
-        if (lock) {
-                const char *name = RECONCILE_LOCK;
-                struct kinbox_rows_s *rows = NULL;
-                rc = kinbox__db_queryv(db, db->ops->sql->try_lock, 1, &name,
-                                       &rows);
-                const char *v =
-                    !rc && rows && rows->nrows ? rows->values[0] : NULL;
-                locked = v && (!strcmp(v, "t") || !strcmp(v, "1"));
-                kinbox_rows_destroy(rows);
-                if (rc)
-                        goto fail;
-                if (!locked) {
-                        res.skipped = 1;
-                        count_run("skipped");
-                        goto done;
-                }
-        }
+        const char *name = RECONCILE_LOCK;
+        struct kinbox_rows_s *rows = NULL;
+        int rc =
+            kinbox__db_queryv(db, db->ops->sql->try_lock, 1, &name, &rows);
+        const char *v = !rc && rows && rows->nrows ? rows->values[0] : NULL;
+        *locked = v && (!strcmp(v, "t") || !strcmp(v, "1"));
+        kinbox_rows_destroy(rows);
+        return rc;
+}
+
+/* Each check with SQL for this backend: its gauge set, cb called. 0, or
+ * the database error with *failed naming the check. */
+static int
+run_checks(kinbox__db_t *db, const kinbox_conf_t *conf,
+           const kinbox_check_t *const *checks, size_t nchecks,
+           kinbox_reconcile_cb cb, void *opaque,
+           kinbox_reconcile_result_t *res, const char **failed)
+{
         char grace[32];
         snprintf(grace, sizeof(grace), "%" PRId64,
                  kinbox__settings_of(conf)->reconcile_grace / 1000);
@@ -72,15 +61,15 @@ kinbox_reconcile(const kinbox_conf_t *conf,
                 struct kinbox_rows_s *rows = NULL;
                 /* Only the statement's own parameter count may be sent. */
                 int np = strstr(sql, "$1") ? 1 : 0;
-                rc = kinbox__db_queryv(db, sql, np, params, &rows);
+                int rc = kinbox__db_queryv(db, sql, np, params, &rows);
                 if (rc) {
                         kinbox_rows_destroy(rows);
-                        failed_check = c->name;
-                        goto fail;
+                        *failed = c->name;
+                        return rc;
                 }
                 size_t n = rows ? rows->nrows : 0;
-                res.checks++;
-                res.discrepancies += n;
+                res->checks++;
+                res->discrepancies += n;
                 char lab[256];
                 kinbox__m_set("kinbox_reconcile_discrepancies",
                               kinbox__m_labels(lab, sizeof(lab), "check",
@@ -90,26 +79,48 @@ kinbox_reconcile(const kinbox_conf_t *conf,
                         cb(c, rows, opaque);
                 kinbox_rows_destroy(rows);
         }
-        count_run("done");
-done:
-        if (locked) {
+        return 0;
+}
+
+kinbox_err_t
+kinbox_reconcile(const kinbox_conf_t *conf,
+                 const kinbox_check_t *const *checks, size_t nchecks, int lock,
+                 kinbox_reconcile_cb cb, void *opaque,
+                 kinbox_reconcile_result_t *out, char *errstr, size_t sz)
+{
+        kinbox_reconcile_result_t res = {0, 0, 0};
+        if (out)
+                *out = res;
+        kinbox__db_t *db = kinbox__db_new_conf(conf, errstr, sz);
+        if (!db)
+                return KINBOX_ERR_CONFIG;
+        const char *failed_check = NULL;
+        bool locked = !lock;
+        int rc = kinbox__db_connect(db);
+        if (!rc && lock)
+                rc = take_lock(db, &locked);
+        if (!rc && locked)
+                rc = run_checks(db, conf, checks, nchecks, cb, opaque, &res,
+                                &failed_check);
+        if (rc) {
+                if (failed_check)
+                        kinbox__errstr(errstr, sz, "reconcile: check %s: %s",
+                                       failed_check, db->err.msg);
+                else
+                        kinbox__errstr(errstr, sz, "reconcile: %s",
+                                       db->err.msg);
+        }
+        res.skipped = !rc && !locked;
+        count_run(rc ? "failed" : res.skipped ? "skipped" : "done");
+        if (!rc && lock && locked) {
                 const char *name = RECONCILE_LOCK;
                 kinbox__db_queryv(db, db->ops->sql->unlock, 1, &name, NULL);
         }
-        kinbox__db_destroy(db);
-        if (out)
-                *out = res;
-        return KINBOX_OK;
-fail:
-        if (failed_check)
-                kinbox__errstr(errstr, sz, "reconcile: check %s: %s",
-                               failed_check, db->err.msg);
-        else
-                kinbox__errstr(errstr, sz, "reconcile: %s", db->err.msg);
-        count_run("failed");
         /* Closing the connection releases a session lock too. */
         kinbox__db_destroy(db);
         if (out)
                 *out = res;
+        if (!rc)
+                return KINBOX_OK;
         return rc == KINBOX_ERR_DB_CONN ? KINBOX_ERR_DB_CONN : KINBOX_ERR_DB;
 }

@@ -18,6 +18,7 @@
 #define KINBOX_SETTINGS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* log.level: error|warning|notice|info|debug */
@@ -115,6 +116,12 @@ typedef struct kinbox__settings {
         const char *console_token_file;
         bool console_allow_remote;
 } kinbox__settings_t;
+
+/* The table's name of value v of the P_ENUM key (e.g. "wal" for
+ * relay.source's KINBOX__SOURCE_WAL) in buf, returned; "" when key is
+ * not an enum or v not one of its values. */
+const char *kinbox__conf_enum_text(const char *key, int v, char *buf,
+                                   size_t sz);
 
 struct kinbox_conf_s;
 /* The settings of conf: valid, and unchanged, until the next

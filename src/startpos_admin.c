@@ -154,9 +154,9 @@ kafka_side(kinbox_admin_t *adm, rd_kafka_t *rk, kinbox_offsets_t *o)
         return rc;
 }
 
-/* A record read by read_identities(): when it is the first one of its
- * partition, compare it with the watermark's identity, set the verdict,
- * pause the partition and return true. */
+/* A record read at W-1 (or before it, compacted) compared with the
+ * identity stored with the watermark: true when it settled its partition
+ * (then paused: nothing more is read of it). */
 static bool
 identity_of(rd_kafka_t *rk, kinbox_offsets_t *o, const kinbox__wm_t *wms,
             size_t nwm, const rd_kafka_message_t *m)
@@ -215,7 +215,7 @@ read_identities(const kinbox_conf_t *conf, kinbox_offsets_t *o,
         kinbox_kafka_t *kk = kinbox_kafka_new(conf, extra, e, sizeof(e));
         if (!kk)
                 return;
-        rd_kafka_t *rk = kinbox_kafka_handle(kk);
+        rd_kafka_t *rk = kinbox__kafka_handle(kk);
         rd_kafka_topic_partition_list_t *l =
             rd_kafka_topic_partition_list_new(4);
         size_t left = 0;
@@ -324,7 +324,7 @@ run(kinbox_admin_t *adm, const kinbox_conf_t *conf, const char *topic,
         kinbox_kafka_t *kk = group_client(adm, conf, o->group);
         kinbox_err_t rc = kk ? KINBOX_OK : KINBOX_ERR_CONFIG;
         if (!rc)
-                rc = gather(adm, conf, kinbox_kafka_handle(kk), topic,
+                rc = gather(adm, conf, kinbox__kafka_handle(kk), topic,
                             partition, flags, o);
         if (rc) {
                 kinbox_kafka_destroy(kk);
@@ -500,7 +500,7 @@ kinbox_offsets_reset(kinbox_admin_t *adm, const kinbox_conf_t *conf,
         if (!rc)
                 rc = targets(adm, o, to);
         if (!rc && !dry_run)
-                rc = commit_targets(adm, kinbox_kafka_handle(kk), o);
+                rc = commit_targets(adm, kinbox__kafka_handle(kk), o);
         if (!rc && !dry_run)
                 rc = write_targets(adm, o);
         kinbox_kafka_destroy(kk);

@@ -7,6 +7,8 @@
 #include "admin_int.h"
 #include "internal.h"
 
+#include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +16,7 @@
 static int64_t
 cell(kinbox_rows_t *r, size_t i, int c)
 {
-        const char *v = kinbox_rows_value(r, i, c, NULL);
-        return v ? strtoll(v, NULL, 10) : 0;
+        return kinbox__rows_i64(r, i, c, 0);
 }
 
 static kinbox_err_t
@@ -37,6 +38,16 @@ consumer_status(kinbox_admin_t *adm, const char *consumer,
         const char *old = kinbox_rows_value(r, 0, 6, NULL);
         snprintf(out->oldest_parked_at, sizeof(out->oldest_parked_at), "%s",
                  old ? old : "-");
+        kinbox_rows_destroy(r);
+        r = NULL;
+        /* The running processes' counters (none running: -1). */
+        rc = kinbox__admin_query(adm, adm->db->ops->sql->counters_read, 1, v,
+                                 &r);
+        if (rc)
+                return rc;
+        bool running = cell(r, 0, 0) > 0;
+        out->duplicates = running ? cell(r, 0, 1) : -1;
+        out->business_duplicates = running ? cell(r, 0, 2) : -1;
         kinbox_rows_destroy(r);
         return KINBOX_OK;
 }
@@ -169,6 +180,27 @@ kinbox_admin_consumers(kinbox_admin_t *adm, kinbox_rows_t **rowsp)
         adm->errstr[0] = '\0';
         return kinbox__admin_query(adm, adm->db->ops->sql->consumers, 0, NULL,
                                    rowsp);
+}
+
+kinbox_err_t
+kinbox_admin_counters_record(kinbox_admin_t *adm, const char *consumer,
+                             const char *instance,
+                             const kinbox_consumer_stats_t *st, int remove)
+{
+        if (!adm || !consumer || !instance || (!remove && !st))
+                return KINBOX_ERR_INVALID;
+        adm->errstr[0] = '\0';
+        const struct kinbox__sql *d = adm->db->ops->sql;
+        if (remove) {
+                const char *v[2] = {consumer, instance};
+                return kinbox__admin_query(adm, d->counters_remove, 2, v,
+                                           NULL);
+        }
+        char dup[24], biz[24];
+        snprintf(dup, sizeof(dup), "%" PRIu64, st->duplicates);
+        snprintf(biz, sizeof(biz), "%" PRIu64, st->business_duplicates);
+        const char *v[4] = {consumer, instance, dup, biz};
+        return kinbox__admin_query(adm, d->counters_put, 4, v, NULL);
 }
 
 void

@@ -535,3 +535,45 @@ kinbox__closest(const char *word, const char *const *cands, size_t n)
         }
         return best;
 }
+
+int
+kinbox__parse_i64(const char *s, int64_t *out, const char **end)
+{
+        const char *p = s;
+        if (!s)
+                return -1;
+        if (*p == '-')
+                p++;
+        if (*p < '0' || *p > '9')
+                return -1;
+        char *e;
+        errno = 0;
+        long long n = strtoll(s, &e, 10);
+        if (errno == ERANGE)
+                return -2;
+        *out = (int64_t)n;
+        if (end)
+                *end = e;
+        return 0;
+}
+
+int
+kinbox__parse_i64_all(const char *s, int64_t *out)
+{
+        const char *end = NULL;
+        int64_t n = 0;
+        int rc = kinbox__parse_i64(s, &n, &end);
+        if (rc)
+                return rc;
+        if (*end)
+                return -1;
+        *out = n;
+        return 0;
+}
+
+int64_t
+kinbox__i64_or(const char *s, int64_t dflt)
+{
+        int64_t n = 0;
+        return kinbox__parse_i64(s, &n, NULL) ? dflt : n;
+}

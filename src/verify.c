@@ -18,8 +18,7 @@ typedef struct verify_own {
 static int64_t
 cell(kinbox_rows_t *r, size_t i, int c, int64_t null)
 {
-        const char *v = kinbox_rows_value(r, i, c, NULL);
-        return v ? strtoll(v, NULL, 10) : null;
+        return kinbox__rows_i64(r, i, c, null);
 }
 
 static const char *

@@ -778,7 +778,7 @@ Test(kafkaconf, operator_client)
         kinbox_kafka_t *kk = kinbox_kafka_new(c, NULL, e, sizeof(e));
         cr_assert(kk != NULL, "%s", e);
         const rd_kafka_conf_t *rc =
-            rd_kafka_conf((rd_kafka_t *)kinbox_kafka_handle(kk));
+            rd_kafka_conf((rd_kafka_t *)kinbox__kafka_handle(kk));
         const char *const want[] = {"bootstrap.servers",
                                     "127.0.0.1:1",
                                     "group.id",
@@ -795,7 +795,7 @@ Test(kafkaconf, operator_client)
                                      "7000", NULL};
         kk = kinbox_kafka_new(c, extra, e, sizeof(e));
         cr_assert(kk != NULL, "%s", e);
-        rc = rd_kafka_conf((rd_kafka_t *)kinbox_kafka_handle(kk));
+        rc = rd_kafka_conf((rd_kafka_t *)kinbox__kafka_handle(kk));
         const char *const want2[] = {"group.id", "ops", "session.timeout.ms",
                                      "7000", NULL};
         rk_expect(rc, want2);

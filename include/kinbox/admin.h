@@ -24,6 +24,7 @@
 #include "error.h"
 #include "conf.h"
 #include "handler.h"
+#include "consumer.h"
 
 KINBOX_BEGIN_DECLS
 
@@ -199,10 +200,6 @@ typedef struct kinbox_kafka_s kinbox_kafka_t;
 KINBOX_API kinbox_kafka_t *kinbox_kafka_new(const kinbox_conf_t *conf,
                                             const char *const *extra,
                                             char *errstr, size_t errstr_size);
-
-/** @brief The client's librdkafka handle (an `rd_kafka_t *`), owned by
- *         @p k; NULL for NULL. */
-KINBOX_API void *kinbox_kafka_handle(kinbox_kafka_t *k);
 
 /**
  * @brief Whether the cluster answers with these settings: a metadata
@@ -407,6 +404,15 @@ typedef struct kinbox_consumer_status {
         /** When the oldest parked message was parked, as the database
          *  prints it; "-" when none is parked. */
         char oldest_parked_at[64];
+        /** Messages skipped as applied already (a redelivery) and as
+         *  business duplicates, counted by the running `kinbox run`
+         *  processes of this consumer since their start
+         *  (kinbox_consumer_stats()) as they last recorded them in the
+         *  database (within 50 ms of a change, at least every second;
+         *  table `kinbox_consumer_counters`);
+         *  -1 when no process records them (none running). */
+        int64_t duplicates;
+        int64_t business_duplicates; /**< as duplicates */
 } kinbox_consumer_status_t;
 
 /** One outbox destination (`kinbox status`). */
@@ -478,47 +484,185 @@ KINBOX_API kinbox_err_t kinbox_admin_consumers(kinbox_admin_t *adm,
 /** @brief Free kinbox_admin_status()'s result. NULL is a no-op. */
 KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);
 
+/**
+ * @brief Record this process's counters of consumer @p consumer for
+ *        kinbox_admin_status() (`kinbox run` does, on each change and
+ *        every second, for each
+ *        consumer it runs); @p remove non-zero deletes the record (a
+ *        clean stop).
+ * @param instance names the process among those running the consumer
+ *                 (e.g. "host:pid:start"); not kept.
+ * @param st       the consumer's kinbox_consumer_stats(); ignored with
+ *                 @p remove.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_INVALID (NULL names).
+ */
+KINBOX_API kinbox_err_t kinbox_admin_counters_record(
+    kinbox_admin_t *adm, const char *consumer, const char *instance,
+    const kinbox_consumer_stats_t *st, int remove);
+
+/* ------------------------------------------------------------------------
+ * A consumer group's lag (`kinbox status`, `kinbox verify`)
+ */
+
+/** One partition of kinbox_admin_lag(). */
+typedef struct kinbox_lag_partition {
+        char topic[256];
+        int32_t partition;
+        int64_t committed; /**< the group's committed offset; negative:
+                                none committed (librdkafka's
+                                RD_KAFKA_OFFSET_INVALID, -1001) */
+        int64_t high; /**< the log's end offset; -1: not answered */
+        int64_t lag; /**< high - committed (none committed: high), 0 when
+                          high is unknown or behind */
+} kinbox_lag_partition_t;
+
+/** What kinbox_admin_lag() read of a consumer's group. */
+typedef struct kinbox_lag {
+        char group[256]; /**< `group.id`, or the consumer's `name` */
+        int64_t total; /**< the sum of the partitions' lag */
+        size_t npartitions;
+        kinbox_lag_partition_t *partitions; /**< by topic, partition */
+} kinbox_lag_t;
+
+/**
+ * @brief A consumer group's committed offsets, the log end offsets and the
+ *        lag, per partition of the consumer's `topics`, asked of the broker
+ *        by a client that joins no group (5 s per request at most).
+ * @param adm  the handle whose kinbox_admin_errstr() receives the reason of
+ *             a failure (its database is not used).
+ * @param conf a consumer's configuration: `name`, `group.id`, `topics`,
+ *             `kafka.*`; not kept.
+ * @param lagp receives the result (kinbox_lag_destroy()), NULL on error.
+ * @returns ::KINBOX_OK; ::KINBOX_ERR_CONFIG (no `kafka.bootstrap.servers`,
+ *          a bad `kafka.*` setting); ::KINBOX_ERR_KAFKA (metadata or
+ *          committed offsets not answered); ::KINBOX_ERR_INVALID (NULL
+ *          arguments); ::KINBOX_ERR_NOMEM.
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t kinbox_admin_lag(kinbox_admin_t *adm,
+                                         const kinbox_conf_t *conf,
+                                         kinbox_lag_t **lagp);
+
+/** @brief Free kinbox_admin_lag()'s result. NULL is a no-op. Thread-safe
+ *         (no handle). */
+KINBOX_API void kinbox_lag_destroy(kinbox_lag_t *l);
+
 /* ------------------------------------------------------------------------
  * Dead letters (the operator's side; replay below)
  */
 
 /**
- * @brief Dead letters in id order, at most @p limit, columns: id,
- *        consumer, topic, partition, offset, message id (bytes), status,
- *        attempts, dead at, error, parked messages it holds back.
+ * A dead letter as kinbox_dead_list() and kinbox_dead_show() return it.
+ * Strings and bytes point into the result that holds the dead letter and
+ * are valid until it is freed; byte fields (`*_len`) may hold any byte,
+ * NUL included, and are NUL-terminated after their length.
+ */
+typedef struct kinbox_dead_letter {
+        int64_t id;
+        const char *consumer; /**< the consumer's `name` */
+        const char *topic;
+        int32_t partition;
+        int64_t offset;
+        const char *message_id; /**< bytes; NULL: none */
+        size_t message_id_len;
+        const char *status; /**< "dead", "replayed" or "discarded" */
+        int attempts;
+        const char *dead_at; /**< database text form */
+        const char *error; /**< NULL: none */
+        /** kinbox_dead_list(): messages parked behind it (its held key);
+         *  kinbox_dead_show(): -1 (not read). */
+        int64_t holds_back;
+        /* kinbox_dead_show() only (NULL / 0 in a list): */
+        const char *first_failed_at; /**< database text form */
+        const char *key; /**< bytes; NULL: none */
+        size_t key_len;
+        const char *headers; /**< bytes, stored format (docs/operations.md,
+                                  Stored headers); NULL: none */
+        size_t headers_len;
+        const char *payload; /**< bytes; NULL: none */
+        size_t payload_len;
+} kinbox_dead_letter_t;
+
+/** What kinbox_dead_list() found. */
+typedef struct kinbox_dead_list {
+        size_t count;
+        kinbox_dead_letter_t *letters; /**< in id order */
+} kinbox_dead_list_t;
+
+/**
+ * @brief Dead letters in id order, at most @p limit.
  * @param consumer NULL: every consumer's.
  * @param status   "dead", "replayed", "discarded"; NULL: any.
- * @param rowsp    receives the rows (kinbox_rows_destroy()).
- * @returns As kinbox_admin_ping().
+ * @param listp    receives the list (kinbox_dead_list_destroy()), NULL on
+ *                 error.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_INVALID (@p listp NULL);
+ *          ::KINBOX_ERR_NOMEM.
  */
 KINBOX_API kinbox_err_t kinbox_dead_list(kinbox_admin_t *adm,
                                          const char *consumer,
                                          const char *status, long limit,
-                                         kinbox_rows_t **rowsp);
+                                         kinbox_dead_list_t **listp);
+
+/** @brief Free kinbox_dead_list()'s result. NULL is a no-op. Thread-safe
+ *         (no handle). */
+KINBOX_API void kinbox_dead_list_destroy(kinbox_dead_list_t *l);
 
 /**
- * @brief Dead letter @p id, one row: id, consumer, message id, topic,
- *        partition, offset, key, headers (stored format), payload, error,
- *        attempts, first failed at, dead at, status.
- * @param rowsp receives the row (kinbox_rows_destroy()); NULL on error.
+ * @brief Dead letter @p id with its stored message (key, headers,
+ *        payload) and when it first failed.
+ * @param dlp receives the dead letter (kinbox_dead_letter_destroy()); NULL
+ *            on error.
  * @returns ::KINBOX_OK; ::KINBOX_ERR_NOT_FOUND ("no dead letter with id
- *          N" in kinbox_admin_errstr()); as kinbox_admin_ping().
+ *          N" in kinbox_admin_errstr()); ::KINBOX_ERR_INVALID (@p dlp
+ *          NULL); ::KINBOX_ERR_NOMEM; as kinbox_admin_ping().
  */
 KINBOX_API kinbox_err_t kinbox_dead_show(kinbox_admin_t *adm, int64_t id,
-                                         kinbox_rows_t **rowsp);
+                                         kinbox_dead_letter_t **dlp);
+
+/** @brief Free kinbox_dead_show()'s result (only that: a list's letters
+ *         go with kinbox_dead_list_destroy()). NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_dead_letter_destroy(kinbox_dead_letter_t *dl);
+
+/** A message parked behind a held key (`dead_letter.hold_key`). Strings
+ *  and bytes as ::kinbox_dead_letter_t's. */
+typedef struct kinbox_parked {
+        int64_t id; /**< its parked row */
+        const char *consumer;
+        const char *topic;
+        int32_t partition;
+        int64_t offset;
+        const char *message_id; /**< bytes; NULL: none */
+        size_t message_id_len;
+        const char *key; /**< the held key, bytes */
+        size_t key_len;
+        int64_t blocker_id; /**< the dead letter holding the key; 0: none
+                                 now (being released) */
+        const char *parked_at; /**< database text form */
+} kinbox_parked_t;
+
+/** What kinbox_dead_parked() found. */
+typedef struct kinbox_parked_list {
+        size_t count;
+        kinbox_parked_t *parked; /**< by consumer, topic, partition, key,
+                                      offset */
+} kinbox_parked_list_t;
 
 /**
- * @brief Messages parked behind a held key (`dead_letter.hold_key`), by
- *        consumer, topic, partition, key and offset, at most @p limit:
- *        id, consumer, topic, partition, offset, message id, key, the
- *        blocking dead letter's id, parked at.
+ * @brief Messages parked behind a held key, at most @p limit.
  * @param consumer NULL: every consumer's.
- * @param rowsp    receives the rows (kinbox_rows_destroy()).
- * @returns As kinbox_admin_ping().
+ * @param listp    receives the list (kinbox_parked_list_destroy()), NULL
+ *                 on error.
+ * @returns As kinbox_admin_ping(); ::KINBOX_ERR_INVALID (@p listp NULL);
+ *          ::KINBOX_ERR_NOMEM.
  */
 KINBOX_API kinbox_err_t kinbox_dead_parked(kinbox_admin_t *adm,
                                            const char *consumer, long limit,
-                                           kinbox_rows_t **rowsp);
+                                           kinbox_parked_list_t **listp);
+
+/** @brief Free kinbox_dead_parked()'s result. NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_parked_list_destroy(kinbox_parked_list_t *l);
 
 /**
  * @brief Discard dead letter @p id: its status becomes `discarded`, and
@@ -799,6 +943,131 @@ KINBOX_API kinbox_err_t kinbox_dead_replay(kinbox_admin_t *adm, int64_t id,
                                            kinbox_batch_handler_fn bfn,
                                            void *opaque,
                                            kinbox_result_t *resultp);
+
+/* ------------------------------------------------------------------------
+ * `kinbox status` and `kinbox verify`, each in one call
+ */
+
+/** kinbox_admin_report() flag: ask the broker too (each consumer's lag
+ *  and start positions). */
+#define KINBOX_REPORT_KAFKA 1
+
+/** One consumer's part of kinbox_admin_report() beyond the database's. */
+typedef struct kinbox_consumer_report {
+        const char *name; /**< the consumer's `name` */
+        const char *group; /**< its `group.id`, or its name */
+        /** The group's lag (kinbox_admin_lag()); NULL: not asked, or not
+         *  answered (the reason in lag_error). */
+        kinbox_lag_t *lag;
+        char lag_error[512];
+        /** Where `kinbox run` would start each partition
+         *  (kinbox_offsets_list() on the consumer's own database); NULL:
+         *  not asked, or not read (the reason in start_error). */
+        kinbox_offsets_t *start;
+        char start_error[512];
+        int refused; /**< partitions `kinbox run` refuses to start; -1:
+                          unknown */
+} kinbox_consumer_report_t;
+
+/** What kinbox_admin_report() read: `kinbox status` in one call. */
+typedef struct kinbox_report {
+        kinbox_status_t *status; /**< the database's part, as
+                                      kinbox_admin_status() */
+        kinbox_consumer_report_t *consumers; /**< status->nconsumers, in
+                                                  the same order */
+        /** The log relay (`relay.source = wal | binlog` in the relay's
+         *  configuration): 0 when there is none. */
+        int log_relay;
+        char log_slot[128]; /**< its slot (reader) */
+        int64_t log_retained_bytes; /**< log the server keeps for it; -1:
+                                         unknown */
+        char log_state[64]; /**< PostgreSQL's wal_status; "": unknown */
+        char log_error[512]; /**< "" unless the figures were not read */
+} kinbox_report_t;
+
+/**
+ * @brief Everything `kinbox status` shows, in one call: the database's
+ *        counts (kinbox_admin_status()), and per consumer its group's lag
+ *        and its start refusals (with ::KINBOX_REPORT_KAFKA), and the log
+ *        relay's slot.
+ *
+ * A failure of the broker or of a consumer's own database is reported in
+ * the consumer's `lag_error` / `start_error`, not as the call's result.
+ * @param consumers  @p nconsumers consumer configurations (`name`,
+ *                   `group.id`, `topics`, `kafka.*`, `database.*`); not
+ *                   kept.
+ * @param relay      the relay's configuration (its `relay.source`,
+ *                   `relay.slot`), or NULL: no log relay part.
+ * @param flags      0 or ::KINBOX_REPORT_KAFKA.
+ * @param reportp    receives the result (kinbox_report_destroy()), NULL on
+ *                   error.
+ * @returns As kinbox_admin_status().
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t
+kinbox_admin_report(kinbox_admin_t *adm, const kinbox_conf_t *const *consumers,
+                    size_t nconsumers, const kinbox_conf_t *relay, int flags,
+                    kinbox_report_t **reportp);
+
+/** @brief Free kinbox_admin_report()'s result. NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_report_destroy(kinbox_report_t *r);
+
+/** An outbox destination with rows pending too long. */
+typedef struct kinbox_verify_stuck {
+        const char *destination;
+        int64_t rows; /**< rows pending longer than asked */
+        int64_t oldest_id; /**< the smallest id among them */
+        int64_t oldest_age_s; /**< the oldest one's age, whole seconds */
+} kinbox_verify_stuck_t;
+
+/** One consumer's part of kinbox_admin_verify(). */
+typedef struct kinbox_verify_consumer {
+        const char *name; /**< the consumer's `name` */
+        kinbox_verify_result_t *rows; /**< its rows against its
+                                           watermarks (kinbox_verify()) */
+        /** Where `kinbox run` would start (kinbox_offsets_list() with
+         *  ::KINBOX_OFFSETS_READ_LOG): every refusal is a gap. NULL: not
+         *  read (the reason in start_error). */
+        kinbox_offsets_t *start;
+        char start_error[512];
+        /** The group's committed offsets (kinbox_admin_lag()); NULL: the
+         *  broker did not answer (the reason in lag_error). */
+        kinbox_lag_t *lag;
+        char lag_error[512];
+} kinbox_verify_consumer_t;
+
+/** What kinbox_admin_verify() found: `kinbox verify` in one call. */
+typedef struct kinbox_verify_report {
+        size_t nconsumers;
+        kinbox_verify_consumer_t *consumers; /**< in the order asked */
+        size_t nstuck;
+        kinbox_verify_stuck_t *stuck; /**< by destination */
+        size_t ndestinations; /**< outbox destinations with rows */
+} kinbox_verify_report_t;
+
+/**
+ * @brief Everything `kinbox verify` checks, in one call: per consumer its
+ *        rows against its watermarks, its start positions (the record at
+ *        W-1 read again) and Kafka's committed offsets; the outbox's rows
+ *        pending longer than @p older_ms.
+ * @param consumers @p nconsumers consumer configurations; not kept. The
+ *                  rows are read on @p adm's database, the start positions
+ *                  on each consumer's own.
+ * @param reportp   receives the result (kinbox_verify_report_destroy()),
+ *                  NULL on error.
+ * @returns As kinbox_verify() (a database failure of @p adm); a broker's
+ *          or a consumer database's failure is in the consumer's
+ *          `start_error` / `lag_error`.
+ * @remark Same thread rules as @p adm.
+ */
+KINBOX_API kinbox_err_t kinbox_admin_verify(
+    kinbox_admin_t *adm, const kinbox_conf_t *const *consumers,
+    size_t nconsumers, int64_t older_ms, kinbox_verify_report_t **reportp);
+
+/** @brief Free kinbox_admin_verify()'s result. NULL is a no-op.
+ *         Thread-safe (no handle). */
+KINBOX_API void kinbox_verify_report_destroy(kinbox_verify_report_t *r);
 
 KINBOX_END_DECLS
 

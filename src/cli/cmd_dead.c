@@ -11,7 +11,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -30,46 +29,47 @@
 static int
 dead_list(ctx_t *x)
 {
-        kinbox_rows_t *r = NULL;
+        kinbox_dead_list_t *l = NULL;
         kinbox_err_t rc = kinbox_dead_list(x->adm, x->o.consumer, x->o.status,
-                                           x->o.limit, &r);
+                                           x->o.limit, &l);
         if (rc)
                 return db_fail(x, rc);
         json_t *ja = json_array();
         table_t t;
         tbl_init(&t, 9, "ID", "CONSUMER", "TOPIC [PART] OFFSET", "MESSAGE ID",
                  "STATUS", "ATTEMPTS", "DEAD AT", "HOLDS BACK", "ERROR");
-        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
-                size_t idl = 0;
-                const char *idv = kinbox_rows_value(r, i, 5, &idl);
-                char *mid = idv ? escape_bytes(idv, idl) : NULL;
+        for (size_t i = 0; i < l->count; i++) {
+                const kinbox_dead_letter_t *d = &l->letters[i];
+                char *mid = d->message_id ? escape_bytes(d->message_id,
+                                                         d->message_id_len)
+                                          : NULL;
+                const char *error = d->error ? d->error : "";
                 json_array_append_new(
-                    ja,
-                    json_pack("{s:o,s:s,s:s,s:o,s:o,s:o,s:s,s:o,s:s,s:s}",
-                              "id", jval(rv(r, i, 0)), "consumer", rv(r, i, 1),
-                              "topic", rv(r, i, 2), "partition",
-                              jval(rv(r, i, 3)), "offset", jval(rv(r, i, 4)),
-                              "message_id",
-                              mid ? json_string(mid) : json_null(), "status",
-                              rv(r, i, 6), "attempts", jval(rv(r, i, 7)),
-                              "dead_at", rv(r, i, 8), "error", rv(r, i, 9)));
-                json_object_set_new(json_array_get(ja, i), "holds_back",
-                                    jval(rv(r, i, 10)));
+                    ja, json_pack("{s:I,s:s,s:s,s:i,s:I,s:o,s:s,s:i,s:s,s:s,"
+                                  "s:I}",
+                                  "id", (json_int_t)d->id, "consumer",
+                                  d->consumer, "topic", d->topic, "partition",
+                                  (int)d->partition, "offset",
+                                  (json_int_t)d->offset, "message_id",
+                                  mid ? json_string(mid) : json_null(),
+                                  "status", d->status, "attempts", d->attempts,
+                                  "dead_at", d->dead_at, "error", error,
+                                  "holds_back", (json_int_t)d->holds_back));
                 char err[61];
-                snprintf(err, sizeof(err), "%s", rv(r, i, 9));
-                tbl_add(&t, "%s", rv(r, i, 0));
-                tbl_add(&t, "%s", rv(r, i, 1));
-                tbl_add(&t, "%s [%s] %s", rv(r, i, 2), rv(r, i, 3),
-                        rv(r, i, 4));
+                snprintf(err, sizeof(err), "%s", error);
+                tbl_add(&t, "%" PRId64, d->id);
+                tbl_add(&t, "%s", d->consumer);
+                tbl_add(&t, "%s [%d] %" PRId64, d->topic, (int)d->partition,
+                        d->offset);
                 tbl_add(&t, "%s", mid ? mid : "(none)");
-                tbl_add(&t, "%s", rv(r, i, 6));
-                tbl_add(&t, "%s", rv(r, i, 7));
-                tbl_add(&t, "%s", rv(r, i, 8));
-                tbl_add(&t, "%s", rv(r, i, 10));
+                tbl_add(&t, "%s", d->status);
+                tbl_add(&t, "%d", d->attempts);
+                tbl_add(&t, "%s", d->dead_at);
+                tbl_add(&t, "%" PRId64, d->holds_back);
                 tbl_add(&t, "%s", err);
                 free(mid);
         }
-        kinbox_rows_destroy(r);
+        kinbox_dead_list_destroy(l);
         rows_out(x->o.json, &t, ja);
         return KB_EX_OK;
 }
@@ -96,11 +96,51 @@ show_headers(const char *val, size_t n)
         return e;
 }
 
+/* One field of `kinbox dead show`: its name, its text (a number
+ * formatted into num) or bytes, and how JSON shows it. */
+typedef struct field {
+        const char *name;
+        const char *val;
+        size_t len;
+        bool number; /* JSON number */
+        bool headers; /* decoded for people */
+        const char *size_key; /* JSON: also the byte count */
+        char num[24];
+} field_t;
+
+static void
+show_field(bool json, json_t *jo, const field_t *f)
+{
+        char *e = f->headers && f->val ? show_headers(f->val, f->len)
+                  : f->val             ? escape_bytes(f->val, f->len)
+                                       : NULL;
+        if (!json)
+                printf("%-16s %s\n", f->name, e ? e : "(null)");
+        else if (f->number)
+                json_object_set_new(jo, f->name, jval(f->val));
+        else
+                json_object_set_new(jo, f->name,
+                                    e ? json_string(e) : json_null());
+        if (json && f->size_key && f->val)
+                json_object_set_new(jo, f->size_key,
+                                    json_integer((json_int_t)f->len));
+        free(e);
+}
+
+#define FIELD_TEXT(n, v)                                                      \
+        {                                                                     \
+                .name = n, .val = v, .len = (v) ? strlen(v) : 0               \
+        }
+#define FIELD_BYTES(n, v, l)                                                  \
+        {                                                                     \
+                .name = n, .val = v, .len = l                                 \
+        }
+
 static int
 dead_show(ctx_t *x, int64_t id)
 {
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_dead_show(x->adm, id, &r);
+        kinbox_dead_letter_t *d = NULL;
+        kinbox_err_t rc = kinbox_dead_show(x->adm, id, &d);
         if (rc == KINBOX_ERR_NOT_FOUND) {
                 fprintf(stderr, "kinbox dead show: %s\n",
                         kinbox_admin_errstr(x->adm));
@@ -108,33 +148,36 @@ dead_show(ctx_t *x, int64_t id)
         }
         if (rc)
                 return db_fail(x, rc);
-        static const char *const names[] = {
-            "id",        "consumer", "message_id", "topic",
-            "partition", "offset",   "key",        "headers",
-            "payload",   "error",    "attempts",   "first_failed_at",
-            "dead_at",   "status"};
-        json_t *jo = json_object();
-        for (int c = 0; c < 14; c++) {
-                size_t n = 0;
-                const char *val = kinbox_rows_value(r, 0, c, &n);
-                char *e = c == 7 && val ? show_headers(val, n)
-                          : val         ? escape_bytes(val, n)
-                                        : NULL;
-                if (x->o.json)
-                        json_object_set_new(
-                            jo, names[c],
-                            c == 0 || c == 4 || c == 5 || c == 10 ? jval(val)
-                            : e ? json_string(e)
-                                : json_null());
-                else
-                        printf("%-16s %s\n", names[c], e ? e : "(null)");
-                if ((c == 6 || c == 8) && x->o.json && val)
-                        json_object_set_new(
-                            jo, c == 6 ? "key_size" : "payload_size",
-                            json_integer((json_int_t)n));
-                free(e);
+        field_t f[14] = {
+            {.name = "id", .number = true},
+            FIELD_TEXT("consumer", d->consumer),
+            FIELD_BYTES("message_id", d->message_id, d->message_id_len),
+            FIELD_TEXT("topic", d->topic),
+            {.name = "partition", .number = true},
+            {.name = "offset", .number = true},
+            FIELD_BYTES("key", d->key, d->key_len),
+            FIELD_BYTES("headers", d->headers, d->headers_len),
+            FIELD_BYTES("payload", d->payload, d->payload_len),
+            FIELD_TEXT("error", d->error),
+            {.name = "attempts", .number = true},
+            FIELD_TEXT("first_failed_at", d->first_failed_at),
+            FIELD_TEXT("dead_at", d->dead_at),
+            FIELD_TEXT("status", d->status)};
+        f[6].size_key = "key_size";
+        f[7].headers = true;
+        f[8].size_key = "payload_size";
+        const int64_t nums[4] = {d->id, d->partition, d->offset, d->attempts};
+        const int at[4] = {0, 4, 5, 10};
+        for (int k = 0; k < 4; k++) {
+                field_t *n = &f[at[k]];
+                snprintf(n->num, sizeof(n->num), "%" PRId64, nums[k]);
+                n->val = n->num;
+                n->len = strlen(n->num);
         }
-        kinbox_rows_destroy(r);
+        json_t *jo = json_object();
+        for (int c = 0; c < 14; c++)
+                show_field(x->o.json, jo, &f[c]);
+        kinbox_dead_letter_destroy(d);
         if (x->o.json)
                 json_out(jo);
         else
@@ -186,42 +229,48 @@ print_released(long long n)
 static int
 dead_parked(ctx_t *x)
 {
-        kinbox_rows_t *r = NULL;
+        kinbox_parked_list_t *l = NULL;
         kinbox_err_t rc =
-            kinbox_dead_parked(x->adm, x->o.consumer, x->o.limit, &r);
+            kinbox_dead_parked(x->adm, x->o.consumer, x->o.limit, &l);
         if (rc)
                 return db_fail(x, rc);
         json_t *ja = json_array();
         table_t t;
         tbl_init(&t, 7, "ID", "CONSUMER", "TOPIC [PART] OFFSET", "KEY",
                  "MESSAGE ID", "BLOCKER", "PARKED AT");
-        for (size_t i = 0; i < kinbox_rows_count(r); i++) {
-                size_t kl = 0, il = 0;
-                const char *kv = kinbox_rows_value(r, i, 6, &kl);
-                const char *iv = kinbox_rows_value(r, i, 5, &il);
-                char *key = escape_bytes(kv ? kv : "", kv ? kl : 0);
-                char *mid = escape_bytes(iv ? iv : "", iv ? il : 0);
+        for (size_t i = 0; i < l->count; i++) {
+                const kinbox_parked_t *p = &l->parked[i];
+                char *key = escape_bytes(p->key ? p->key : "", p->key_len);
+                char *mid = escape_bytes(p->message_id ? p->message_id : "",
+                                         p->message_id_len);
+                /* No blocker: the key is being released right now. */
+                char blocker[24] = "(null)";
+                if (p->blocker_id)
+                        snprintf(blocker, sizeof(blocker), "%" PRId64,
+                                 p->blocker_id);
                 json_array_append_new(
                     ja,
-                    json_pack("{s:o,s:s,s:s,s:o,s:o,s:s,s:s,s:o,s:s}", "id",
-                              jval(rv(r, i, 0)), "consumer", rv(r, i, 1),
-                              "topic", rv(r, i, 2), "partition",
-                              jval(rv(r, i, 3)), "offset", jval(rv(r, i, 4)),
-                              "message_id", mid ? mid : "", "key",
-                              key ? key : "", "blocker", jval(rv(r, i, 7)),
-                              "parked_at", rv(r, i, 8)));
-                tbl_add(&t, "%s", rv(r, i, 0));
-                tbl_add(&t, "%s", rv(r, i, 1));
-                tbl_add(&t, "%s [%s] %s", rv(r, i, 2), rv(r, i, 3),
-                        rv(r, i, 4));
+                    json_pack(
+                        "{s:I,s:s,s:s,s:i,s:I,s:s,s:s,s:o,s:s}", "id",
+                        (json_int_t)p->id, "consumer", p->consumer, "topic",
+                        p->topic, "partition", (int)p->partition, "offset",
+                        (json_int_t)p->offset, "message_id", mid ? mid : "",
+                        "key", key ? key : "", "blocker",
+                        p->blocker_id ? json_integer((json_int_t)p->blocker_id)
+                                      : json_null(),
+                        "parked_at", p->parked_at));
+                tbl_add(&t, "%" PRId64, p->id);
+                tbl_add(&t, "%s", p->consumer);
+                tbl_add(&t, "%s [%d] %" PRId64, p->topic, (int)p->partition,
+                        p->offset);
                 tbl_add(&t, "%s", key ? key : "");
                 tbl_add(&t, "%s", mid ? mid : "");
-                tbl_add(&t, "%s", rv(r, i, 7));
-                tbl_add(&t, "%s", rv(r, i, 8));
+                tbl_add(&t, "%s", blocker);
+                tbl_add(&t, "%s", p->parked_at);
                 free(key);
                 free(mid);
         }
-        kinbox_rows_destroy(r);
+        kinbox_parked_list_destroy(l);
         rows_out(x->o.json, &t, ja);
         return KB_EX_OK;
 }
@@ -237,7 +286,7 @@ dead_discard(ctx_t *x, int64_t id)
         if (rc == KINBOX_ERR_NOT_FOUND || rc == KINBOX_ERR_STATE) {
                 fprintf(stderr, "kinbox dead discard: %s\n",
                         kinbox_admin_errstr(x->adm));
-                return rc == KINBOX_ERR_STATE ? KB_EX_RUNTIME : KB_EX_NOTFOUND;
+                return kb_exit_of(rc);
         }
         if (rc)
                 return db_fail(x, rc);
@@ -256,8 +305,8 @@ dead_discard(ctx_t *x, int64_t id)
 static int
 dead_replay(ctx_t *x, int64_t id)
 {
-        kinbox_rows_t *r = NULL;
-        kinbox_err_t rc = kinbox_dead_show(x->adm, id, &r);
+        kinbox_dead_letter_t *d = NULL;
+        kinbox_err_t rc = kinbox_dead_show(x->adm, id, &d);
         if (rc == KINBOX_ERR_NOT_FOUND) {
                 fprintf(stderr, "kinbox dead replay: %s\n",
                         kinbox_admin_errstr(x->adm));
@@ -266,8 +315,8 @@ dead_replay(ctx_t *x, int64_t id)
         if (rc)
                 return db_fail(x, rc);
         char consumer[256];
-        snprintf(consumer, sizeof(consumer), "%s", rv(r, 0, 1));
-        kinbox_rows_destroy(r);
+        snprintf(consumer, sizeof(consumer), "%s", d->consumer);
+        kinbox_dead_letter_destroy(d);
         kinbox_conf_t *conf = NULL;
         if (!consumer_section(x, consumer, &conf)) {
                 fprintf(stderr,
@@ -306,9 +355,10 @@ dead_replay(ctx_t *x, int64_t id)
         if (rc) {
                 fprintf(stderr, "kinbox dead replay: %s\n",
                         kinbox_admin_errstr(x->adm));
-                return rc == KINBOX_ERR_NOT_FOUND ? KB_EX_NOTFOUND
-                       : rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
-                                                  : KB_EX_RUNTIME;
+                /* INVALID: the handler did not apply it (rolled back),
+                 * a runtime outcome, not a usage error. */
+                return rc == KINBOX_ERR_INVALID ? KB_EX_RUNTIME
+                                                : kb_exit_of(rc);
         }
         if (x->o.json) {
                 json_out(json_pack(

@@ -46,10 +46,9 @@ check_relay_source(const kb_config_t *cfg)
         if (!rc)
                 return KB_EX_OK;
         fprintf(stderr, "kinbox migrate: %s\n", err);
-        return rc == KINBOX_ERR_DB_CONN || rc == KINBOX_ERR_STATE ? KB_EX_DB
-               : rc == KINBOX_ERR_CONFIG || rc == KINBOX_ERR_SCHEMA
-                   ? KB_EX_USAGE
-                   : KB_EX_RUNTIME;
+        /* STATE: the source could not be opened (its slot is another
+         * reader's): the database's side, as the relay counts it. */
+        return rc == KINBOX_ERR_STATE ? KB_EX_DB : kb_exit_of(rc);
 }
 
 /* One component on one database; prints its steps and its state. */
@@ -64,7 +63,7 @@ migrate_one(const kinbox_conf_t *conf, const kinbox_module_t *mod, int flags,
         if (rc) {
                 fprintf(stderr, "kinbox migrate%s%s: %s\n", *where ? ":" : "",
                         where, err);
-                return kb_schema_exit(rc);
+                return kb_exit_of(rc);
         }
         if (!r.steps)
                 printf("%s: up to date\n", what);

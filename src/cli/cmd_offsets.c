@@ -113,8 +113,7 @@ offsets_list(ctx_t *x)
                         fprintf(stderr, "kinbox offsets list: %s: %s\n",
                                 x->cfg.consumers[i].name,
                                 adm ? kinbox_admin_errstr(adm) : "");
-                        ex = rc == KINBOX_ERR_DB_CONN ? KB_EX_DB
-                                                      : KB_EX_RUNTIME;
+                        ex = kb_exit_of(rc);
                 }
                 kinbox_admin_destroy(adm);
                 for (size_t k = 0; all[i] && k < all[i]->npartitions; k++)
@@ -163,10 +162,7 @@ offsets_reset(ctx_t *x)
         if (rc) {
                 fprintf(stderr, "kinbox offsets reset: %s\n",
                         kinbox_admin_errstr(adm));
-                ex = rc == KINBOX_ERR_DB_CONN     ? KB_EX_DB
-                     : rc == KINBOX_ERR_INVALID   ? KB_EX_USAGE
-                     : rc == KINBOX_ERR_NOT_FOUND ? KB_EX_NOTFOUND
-                                                  : KB_EX_RUNTIME;
+                ex = kb_exit_of(rc);
         } else {
                 table_t t;
                 tbl_head(&t, true);

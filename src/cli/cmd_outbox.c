@@ -79,7 +79,7 @@ outbox_fail(ctx_t *x, kinbox_err_t rc, const char *what)
                 return KB_EX_NOTFOUND;
         }
         fprintf(stderr, "kinbox outbox: %s\n", kinbox_admin_errstr(x->adm));
-        return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
+        return kb_exit_of(rc);
 }
 
 static int

@@ -4,29 +4,61 @@
 #include "common.h"
 #include "schema.h"
 #include "confval.h"
-#include "hdrcodec.h"
+#include "settings.h"
 
-#include <arpa/inet.h>
-#include <ctype.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
-#include <math.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
 #include "services.h"
 
-/* ------------------------------------------------------------------ */
-/* prune */
+/* What a pruning run deleted (or would): JSON, or a line per table. */
+static void
+prune_print(const ctx_t *x, const kinbox_prune_result_t *res)
+{
+        const kinbox__settings_t *s = kinbox__settings_of(x->cfg.base);
+        char in[32], out[32], src[16];
+        kinbox__confval_duration_text(s->inbox_retention, in, sizeof(in));
+        kinbox__confval_duration_text(s->outbox_retention, out, sizeof(out));
+        kinbox__conf_enum_text("relay.source", (int)s->relay_source, src,
+                               sizeof(src));
+        const char *verb = x->o.dry_run ? "would delete" : "deleted";
+        if (x->o.json)
+                json_out(json_pack(
+                    "{s:b,s:b,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:I}", "dry_run",
+                    x->o.dry_run, "skipped", res->skipped, "inbox_rows",
+                    (json_int_t)res->inbox_rows, "outbox_rows",
+                    (json_int_t)res->outbox_rows, "outbox_log_rows",
+                    (json_int_t)res->outbox_log_rows, "inbox_retention", in,
+                    "outbox_retention", out, "partitions_dropped",
+                    (json_int_t)res->partitions_dropped, "partitions_created",
+                    (json_int_t)res->partitions_created, "rows_kept",
+                    (json_int_t)res->rows_kept));
+        else if (res->skipped)
+                printf("another instance is pruning (lock held): nothing "
+                       "done\n");
+        if (x->o.json || res->skipped)
+                return;
+        printf("inbox:  %s %s%" PRIu64 " rows older than %s\n", verb,
+               res->partitions_dropped ? "about " : "", res->inbox_rows, in);
+        if (res->partitions_dropped || res->partitions_created)
+                printf("inbox:  %s %" PRIu64 " partitions (%" PRIu64
+                       " rows kept for dead letters and parked messages), "
+                       "created %" PRIu64 " ahead\n",
+                       x->o.dry_run ? "would drop" : "dropped",
+                       res->partitions_dropped, res->rows_kept,
+                       res->partitions_created);
+        printf("outbox: %s %" PRIu64 " sent rows older than %s (dead rows "
+               "and dead letters are kept)\n",
+               verb, res->outbox_rows, out);
+        if (s->relay_source != KINBOX__SOURCE_POLL)
+                printf("outbox: %s %" PRIu64 " event rows created more than "
+                       "%s ago (relay.source = %s: published from the log, "
+                       "never marked)\n",
+                       verb, res->outbox_log_rows, out, src);
+}
 
 int
 kb_cmd_prune(int argc, char **argv)
@@ -63,49 +95,9 @@ kb_cmd_prune(int argc, char **argv)
                                        err, sizeof(err));
         if (rc) {
                 fprintf(stderr, "kinbox prune: %s\n", err);
-                ex = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB
-                     : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
-                                               : KB_EX_RUNTIME;
-        } else if (x.o.json) {
-                json_out(json_pack(
-                    "{s:b,s:b,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:I}", "dry_run",
-                    x.o.dry_run, "skipped", res.skipped, "inbox_rows",
-                    (json_int_t)res.inbox_rows, "outbox_rows",
-                    (json_int_t)res.outbox_rows, "outbox_log_rows",
-                    (json_int_t)res.outbox_log_rows, "inbox_retention",
-                    kinbox_conf_get(x.cfg.base, "inbox.retention"),
-                    "outbox_retention",
-                    kinbox_conf_get(x.cfg.base, "outbox.retention"),
-                    "partitions_dropped", (json_int_t)res.partitions_dropped,
-                    "partitions_created", (json_int_t)res.partitions_created,
-                    "rows_kept", (json_int_t)res.rows_kept));
-        } else if (res.skipped) {
-                printf("another instance is pruning (lock held): nothing "
-                       "done\n");
+                ex = kb_exit_of(rc);
         } else {
-                const char *verb = x.o.dry_run ? "would delete" : "deleted";
-                printf("inbox:  %s %s%" PRIu64 " rows older than %s\n", verb,
-                       res.partitions_dropped ? "about " : "", res.inbox_rows,
-                       kinbox_conf_get(x.cfg.base, "inbox.retention"));
-                if (res.partitions_dropped || res.partitions_created)
-                        printf("inbox:  %s %" PRIu64 " partitions (%" PRIu64
-                               " rows kept for dead letters and parked "
-                               "messages), created %" PRIu64 " ahead\n",
-                               x.o.dry_run ? "would drop" : "dropped",
-                               res.partitions_dropped, res.rows_kept,
-                               res.partitions_created);
-                printf("outbox: %s %" PRIu64 " sent rows older than %s "
-                       "(dead rows and dead letters are kept)\n",
-                       verb, res.outbox_rows,
-                       kinbox_conf_get(x.cfg.base, "outbox.retention"));
-                const char *src = kinbox_conf_get(x.cfg.base, "relay.source");
-                if (src && strcmp(src, "poll"))
-                        printf("outbox: %s %" PRIu64 " event rows created "
-                               "more than %s ago (relay.source = %s: "
-                               "published from the log, never marked)\n",
-                               verb, res.outbox_log_rows,
-                               kinbox_conf_get(x.cfg.base, "outbox.retention"),
-                               src);
+                prune_print(&x, &res);
         }
         ctx_close(&x);
         return ex;

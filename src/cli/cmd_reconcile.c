@@ -133,9 +133,7 @@ kb_cmd_reconcile(int argc, char **argv)
         int status = KB_EX_OK;
         if (rc) {
                 fprintf(stderr, "kinbox reconcile: %s\n", err);
-                status = rc == KINBOX_ERR_DB_CONN  ? KB_EX_DB
-                         : rc == KINBOX_ERR_CONFIG ? KB_EX_USAGE
-                                                   : KB_EX_RUNTIME;
+                status = kb_exit_of(rc);
         } else if (res.discrepancies) {
                 status = KB_EX_RUNTIME;
         }

@@ -13,7 +13,9 @@
 #include <string.h>
 #include <kinbox/kinbox.h>
 #include "common.h"
+#include "internal.h"
 #include "services.h"
+#include "counters.h"
 #include "watchdog.h"
 #include "config.h"
 #include "sdnotify.h"
@@ -53,25 +55,6 @@ config_arg(int argc, char **argv, const char *cmd)
                 exit(KB_EX_USAGE);
         }
         return path;
-}
-
-static int
-exit_for(kinbox_err_t err)
-{
-        switch (err) {
-        case KINBOX_OK:
-                return 0;
-        case KINBOX_ERR_DB_CONN:
-                return KB_EX_DB;
-        case KINBOX_ERR_CONFIG:
-        case KINBOX_ERR_INVALID:
-        case KINBOX_ERR_UNKNOWN_KEY:
-        case KINBOX_ERR_ABI:
-        case KINBOX_ERR_SCHEMA:
-                return KB_EX_USAGE;
-        default:
-                return KB_EX_RUNTIME;
-        }
 }
 
 typedef struct runner {
@@ -119,7 +102,7 @@ relay_thread(void *arg)
 static kinbox_relay_t *
 relay_create(kb_config_t *cfg, char *err, size_t sz)
 {
-        const char *mods = kinbox_conf_get(cfg->relay, "relay.modules");
+        const char *mods = kinbox__settings_of(cfg->relay)->relay_modules;
         char list[512];
         snprintf(list, sizeof(list), "%s", mods ? mods : "");
         const kinbox_module_t *found[16];
@@ -231,7 +214,7 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
                                 kinbox_err_name(rs[i].rc),
                                 kinbox_consumer_errstr(rs[i].c));
                         if (!status)
-                                status = exit_for(rs[i].rc);
+                                status = kb_exit_of(rs[i].rc);
                 }
         }
         if (relay_started) {
@@ -245,7 +228,7 @@ runners_join(runner_t *rs, int n, int started, kinbox_relay_t *relay,
                                 kinbox_err_name(g_relay_rc),
                                 kinbox_relay_errstr(relay));
                         if (!status)
-                                status = exit_for(g_relay_rc);
+                                status = kb_exit_of(g_relay_rc);
                 }
                 fprintf(stderr,
                         "kinbox run: relay: published %llu, actions "
@@ -295,6 +278,26 @@ tracing_hold(kb_config_t *cfg)
         return on;
 }
 
+/* The record of the n consumers' counters in their databases (NULL, a
+ * note printed, when it cannot start: status then shows n/a). */
+static kb_counters_t *
+counters_start(const kb_config_t *cfg, const runner_t *rs, int n)
+{
+        kinbox_consumer_t *cs[KB_MAX_CONSUMERS];
+        const kinbox_conf_t *confs[KB_MAX_CONSUMERS];
+        if (!n)
+                return NULL;
+        for (int i = 0; i < n; i++) {
+                cs[i] = rs[i].c;
+                confs[i] = cfg->consumers[i].settings;
+        }
+        kb_counters_t *k = kb_counters_start(cs, confs, n);
+        if (!k)
+                fprintf(stderr, "kinbox run: cannot start recording the "
+                                "consumers' counters\n");
+        return k;
+}
+
 /* Load and check the configuration `run` starts from: 0 with *cfg
  * loaded, or the exit status (cfg freed). */
 static int
@@ -327,76 +330,52 @@ run_config(const char *path, kb_config_t *cfg)
         return rc;
 }
 
-int
-kb_cmd_run(int argc, char **argv)
+/* Start the relay and the consumers, each on a thread, and wait for them
+ * to end (a signal, or one failing); the exit status. */
+static int
+run_threads(const char *path, runner_t *rs, int n, kinbox_relay_t *relay)
 {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_signal;
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
-        const char *path = config_arg(argc, argv, "run");
-        kb_config_t cfg;
-        char err[2048];
-        int sx = run_config(path, &cfg);
-        if (sx)
-                return sx;
-        runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
+        g_runners = rs;
+        g_nrunners = n;
+        g_relay = relay;
+        if (kb_watchdog_start())
+                fprintf(stderr, "kinbox run: cannot start the "
+                                "shutdown watchdog\n");
+        if (g_stop_asked)
+                on_signal(0); /* asked during start-up */
         int status = 0;
-        if (!rs) {
-                kb_config_free(&cfg);
-                return KB_EX_RUNTIME;
-        }
-        int n = 0;
-        status = runners_create(&cfg, rs, &n);
-        kinbox_relay_t *relay = NULL;
         pthread_t relay_thr;
-        if (!status && cfg.relay_enabled) {
-                relay = relay_create(&cfg, err, sizeof(err));
-                if (!relay) {
-                        fprintf(stderr, "kinbox run: [relay]: %s\n", err);
-                        status = KB_EX_USAGE;
+        bool relay_started = false;
+        if (relay) {
+                if (pthread_create(&relay_thr, NULL, relay_thread, relay))
+                        status = KB_EX_RUNTIME;
+                else
+                        relay_started = true;
+        }
+        int started = 0;
+        for (; started < n && !status; started++)
+                if (pthread_create(&rs[started].thr, NULL, run_thread,
+                                   &rs[started])) {
+                        on_signal(0);
+                        status = KB_EX_RUNTIME;
+                        break;
                 }
-        }
-        bool tracing = !status && tracing_hold(&cfg);
-        kb_services_t *svc = NULL; /* pruner thread, [metrics] listen */
-        if (!status && !(svc = kb_services_start(&cfg, err, sizeof(err)))) {
-                fprintf(stderr, "kinbox run: %s\n", err);
-                status = KB_EX_USAGE;
-        }
-        if (!status) {
-                g_runners = rs;
-                g_nrunners = n;
-                g_relay = relay;
-                if (kb_watchdog_start())
-                        fprintf(stderr, "kinbox run: cannot start the "
-                                        "shutdown watchdog\n");
-                if (g_stop_asked)
-                        on_signal(0); /* asked during start-up */
-                bool relay_started = false;
-                if (relay) {
-                        if (pthread_create(&relay_thr, NULL, relay_thread,
-                                           relay))
-                                status = KB_EX_RUNTIME;
-                        else
-                                relay_started = true;
-                }
-                int started = 0;
-                for (; started < n && !status; started++)
-                        if (pthread_create(&rs[started].thr, NULL, run_thread,
-                                           &rs[started])) {
-                                on_signal(0);
-                                status = KB_EX_RUNTIME;
-                                break;
-                        }
-                /* READY=1, watchdog, SIGHUP (a failure only loses those). */
-                if (!status && kb_sd_start(path))
-                        fprintf(stderr, "kinbox run: cannot start the "
-                                        "service manager thread\n");
-                status =
-                    runners_join(rs, n, started, relay,
-                                 relay_started ? &relay_thr : NULL, status);
-        }
+        /* READY=1, watchdog, SIGHUP (a failure only loses those). */
+        if (!status && kb_sd_start(path))
+                fprintf(stderr, "kinbox run: cannot start the "
+                                "service manager thread\n");
+        return runners_join(rs, n, started, relay,
+                            relay_started ? &relay_thr : NULL, status);
+}
+
+/* What kb_cmd_run() started, stopped and freed in order, each step named
+ * to the shutdown watchdog. */
+static void
+run_teardown(runner_t *rs, int n, kb_counters_t *counters, kb_services_t *svc,
+             kinbox_relay_t *relay, bool tracing)
+{
+        kb_watchdog_step("deleting the consumers' counters records");
+        kb_counters_stop(counters);
         for (int i = 0; i < n; i++) {
                 kb_watchdog_step("closing a consumer (leaving its group)");
                 kinbox_consumer_destroy(rs[i].c);
@@ -414,6 +393,48 @@ kb_cmd_run(int argc, char **argv)
                          "(tracing.endpoint)");
         kinbox__tracing_release(tracing);
         kb_watchdog_done();
+}
+
+int
+kb_cmd_run(int argc, char **argv)
+{
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_signal;
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        const char *path = config_arg(argc, argv, "run");
+        kb_config_t cfg;
+        char err[2048];
+        int sx = run_config(path, &cfg);
+        if (sx)
+                return sx;
+        runner_t *rs = calloc((size_t)cfg.nconsumers + 1, sizeof(*rs));
+        if (!rs) {
+                kb_config_free(&cfg);
+                return KB_EX_RUNTIME;
+        }
+        int n = 0;
+        int status = runners_create(&cfg, rs, &n);
+        kinbox_relay_t *relay = NULL;
+        if (!status && cfg.relay_enabled) {
+                relay = relay_create(&cfg, err, sizeof(err));
+                if (!relay) {
+                        fprintf(stderr, "kinbox run: [relay]: %s\n", err);
+                        status = KB_EX_USAGE;
+                }
+        }
+        bool tracing = !status && tracing_hold(&cfg);
+        /* Recorded before /readyz answers: a running consumer shows 0. */
+        kb_counters_t *counters = status ? NULL : counters_start(&cfg, rs, n);
+        kb_services_t *svc = NULL; /* pruner thread, [metrics] listen */
+        if (!status && !(svc = kb_services_start(&cfg, err, sizeof(err)))) {
+                fprintf(stderr, "kinbox run: %s\n", err);
+                status = KB_EX_USAGE;
+        }
+        if (!status)
+                status = run_threads(path, rs, n, relay);
+        run_teardown(rs, n, counters, svc, relay, tracing);
         free(rs);
         kb_config_free(&cfg);
         return status;

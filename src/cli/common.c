@@ -9,7 +9,6 @@
 
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,32 +28,6 @@ kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond, const volatile int *stop,
         bool stopped = *stop;
         pthread_mutex_unlock(lock);
         return stopped;
-}
-
-void
-kb_port_file(const kb_config_t *cfg, char *buf, size_t sz)
-{
-        uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-        for (int k = 0; k < 2; k++)
-                for (const char *p = k ? cfg->metrics_listen : cfg->path;
-                     p && *p; p++)
-                        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        snprintf(buf, sz, "/tmp/kinbox-metrics-%016" PRIx64 ".port", h);
-}
-
-int
-kb_port_read(const kb_config_t *cfg)
-{
-        char path[128];
-        kb_port_file(cfg, path, sizeof(path));
-        FILE *fp = fopen(path, "r");
-        int port = 0;
-        if (fp) {
-                if (fscanf(fp, "%d", &port) != 1 || port < 1 || port > 65535)
-                        port = 0;
-                fclose(fp);
-        }
-        return port;
 }
 
 int
@@ -126,7 +99,7 @@ ctx_discover(ctx_t *x)
                         break;
                 }
                 kinbox_conf_t *conf = x->cfg.consumers[k].conf;
-                const char *had = kinbox_conf_get(conf, "topics");
+                const char *had = kinbox__settings_of(conf)->topics;
                 char list[1024], e[300];
                 snprintf(list, sizeof(list), "%s%s%s", had ? had : "",
                          had ? "," : "", topic ? topic : "");
@@ -166,11 +139,32 @@ kb_db_reachable(const kinbox_conf_t *conf, const char *cmd, const char *where)
 }
 
 int
+kb_exit_of(kinbox_err_t rc)
+{
+        switch (rc) {
+        case KINBOX_OK:
+                return KB_EX_OK;
+        case KINBOX_ERR_DB_CONN:
+                return KB_EX_DB;
+        case KINBOX_ERR_CONFIG:
+        case KINBOX_ERR_INVALID:
+        case KINBOX_ERR_UNKNOWN_KEY:
+        case KINBOX_ERR_ABI:
+        case KINBOX_ERR_SCHEMA:
+                return KB_EX_USAGE;
+        case KINBOX_ERR_NOT_FOUND:
+                return KB_EX_NOTFOUND;
+        default:
+                return KB_EX_RUNTIME;
+        }
+}
+
+int
 db_fail(ctx_t *x, kinbox_err_t rc)
 {
         fprintf(stderr, "kinbox %s: %s\n", x->o.cmd,
                 kinbox_admin_errstr(x->adm));
-        return rc == KINBOX_ERR_DB_CONN ? KB_EX_DB : KB_EX_RUNTIME;
+        return kb_exit_of(rc);
 }
 
 const char *
@@ -182,83 +176,8 @@ rv(kinbox_rows_t *r, size_t i, int c)
 const char *
 group_of(kinbox_conf_t *conf)
 {
-        const char *g = kinbox_conf_get(conf, "group.id");
-        return g ? g : kinbox_conf_get(conf, "name");
-}
-
-/* A librdkafka consumer handle of the group (nothing joins, nothing is
- * committed: it only reads committed offsets and watermarks). */
-/* A client in the consumer's group (never joining it) with all of its
- * kafka.* settings, logging through its logger. */
-kinbox_kafka_t *
-group_handle(kinbox_conf_t *conf, char *err, size_t sz)
-{
-        const char *const extra[] = {
-            "group.id", group_of(conf), "enable.auto.commit",
-            "false",    "log_level",    "0",
-            NULL};
-        return kinbox_kafka_new(conf, extra, err, sz);
-}
-
-/* Per partition of a consumer's topics: committed offset and high
- * watermark from the broker. Returns NULL (err set) when the broker does
- * not answer. */
-rd_kafka_topic_partition_list_t *
-broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz)
-{
-        if (!kinbox_conf_get(conf, "kafka.bootstrap.servers")) {
-                snprintf(err, sz, "no [kafka] bootstrap.servers configured");
-                return NULL;
-        }
-        kinbox_kafka_t *kk = group_handle(conf, err, sz);
-        if (!kk)
-                return NULL;
-        rd_kafka_t *rk = kinbox_kafka_handle(kk);
-        const char *topics = kinbox_conf_get(conf, "topics");
-        char list[1024];
-        snprintf(list, sizeof(list), "%s", topics ? topics : "");
-        rd_kafka_topic_partition_list_t *l =
-            rd_kafka_topic_partition_list_new(16);
-        for (char *save = NULL, *t = strtok_r(list, ", ", &save); t;
-             t = strtok_r(NULL, ", ", &save)) {
-                rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, t, NULL);
-                const struct rd_kafka_metadata *md = NULL;
-                rd_kafka_resp_err_t e =
-                    rd_kafka_metadata(rk, 0, rkt, &md, 5000);
-                rd_kafka_topic_destroy(rkt);
-                if (e) {
-                        snprintf(err, sz, "broker metadata for %s: %s", t,
-                                 rd_kafka_err2str(e));
-                        rd_kafka_topic_partition_list_destroy(l);
-                        kinbox_kafka_destroy(kk);
-                        return NULL;
-                }
-                for (int i = 0; i < md->topic_cnt; i++)
-                        for (int p = 0; p < md->topics[i].partition_cnt; p++)
-                                rd_kafka_topic_partition_list_add(
-                                    l, t, md->topics[i].partitions[p].id);
-                rd_kafka_metadata_destroy(md);
-        }
-        rd_kafka_topic_partition_list_sort(l, NULL, NULL);
-        rd_kafka_resp_err_t e = rd_kafka_committed(rk, l, 5000);
-        if (e) {
-                snprintf(err, sz, "committed offsets: %s",
-                         rd_kafka_err2str(e));
-                rd_kafka_topic_partition_list_destroy(l);
-                kinbox_kafka_destroy(kk);
-                return NULL;
-        }
-        *highs = calloc((size_t)l->cnt + 1, sizeof(int64_t));
-        for (int i = 0; i < l->cnt && *highs; i++) {
-                int64_t lo = 0, hi = 0;
-                if (rd_kafka_query_watermark_offsets(rk, l->elems[i].topic,
-                                                     l->elems[i].partition,
-                                                     &lo, &hi, 5000))
-                        hi = -1;
-                (*highs)[i] = hi;
-        }
-        kinbox_kafka_destroy(kk);
-        return l;
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        return s->group_id ? s->group_id : s->name;
 }
 
 const char *
@@ -270,19 +189,6 @@ consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf)
                         return x->cfg.consumers[i].name;
                 }
         return NULL;
-}
-
-kinbox_offsets_t *
-kb_start_positions(kinbox_conf_t *conf, int flags, char *err, size_t sz)
-{
-        kinbox_admin_t *adm = kinbox_admin_new(conf, err, sz);
-        if (!adm)
-                return NULL;
-        kinbox_offsets_t *o = NULL;
-        if (kinbox_offsets_list(adm, conf, NULL, -1, flags, &o))
-                snprintf(err, sz, "%s", kinbox_admin_errstr(adm));
-        kinbox_admin_destroy(adm);
-        return o;
 }
 
 static const char *

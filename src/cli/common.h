@@ -10,7 +10,6 @@
 
 #include <kinbox/kinbox.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -24,6 +23,11 @@
 #define KB_EX_USAGE 2 /* usage or configuration error */
 #define KB_EX_DB 3 /* database unreachable */
 #define KB_EX_NOTFOUND 4 /* no such id / destination */
+/* The exit status of a library failure, the one mapping of every command:
+ * KB_EX_DB for an unreachable database, KB_EX_USAGE for what the
+ * configuration or the arguments got wrong, KB_EX_NOTFOUND, else
+ * KB_EX_RUNTIME. */
+int kb_exit_of(kinbox_err_t rc);
 
 /* The commands (main.c's commands[]): argv[0] is the command. */
 int kb_cmd_run(int argc, char **argv);
@@ -59,13 +63,6 @@ const kinbox_module_t *kb_schema_owner(const kinbox_module_t *m);
  * or until *stop, set under lock with cond signalled. True when stopped. */
 bool kb_nap(pthread_mutex_t *lock, pthread_cond_t *cond,
             const volatile int *stop, int64_t ms);
-
-/* Where `kinbox run` of cfg records the port its [metrics] listen bound
- * (`listen = HOST:0` picks one): a file in /tmp named after the
- * configuration file and the listen address, which `kinbox status` reads.
- * kb_port_read(): the port, 0 when there is no file. */
-void kb_port_file(const kb_config_t *cfg, char *buf, size_t sz);
-int kb_port_read(const kb_config_t *cfg);
 
 /* "5m", "30s", "2h", "1d", "500ms"; bare numbers are seconds. 0 or -1. */
 int kb_duration_ms(const char *s, int64_t *ms);
@@ -151,19 +148,9 @@ const char *rv(kinbox_rows_t *r, size_t i, int c);
 /* The [consumer.NAME] section named name (its conf in *conf), or NULL. */
 const char *consumer_section(ctx_t *x, const char *name, kinbox_conf_t **conf);
 
-/* The broker's view of a consumer's group (common.c). */
+/* A consumer's group: its group.id, or its name (common.c). */
 const char *group_of(kinbox_conf_t *conf);
-kinbox_kafka_t *group_handle(kinbox_conf_t *conf, char *err, size_t sz);
-/* Per partition of a consumer's topics: committed offset and high
- * watermark (*highs, malloc'ed). NULL (err set) when the broker does not
- * answer. */
-rd_kafka_topic_partition_list_t *
-broker_offsets(kinbox_conf_t *conf, int64_t **highs, char *err, size_t sz);
 
-/* A consumer's start positions (kinbox_offsets_list() on its own
- * database): NULL with err set when they cannot be read. */
-kinbox_offsets_t *kb_start_positions(kinbox_conf_t *conf, int flags, char *err,
-                                     size_t sz);
 /* "topic [p]: refused (name): reason; W .., C .., log L..H" of a refused
  * partition. */
 void kb_start_refusal(const kinbox_offsets_partition_t *p, char *buf,

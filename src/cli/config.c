@@ -444,93 +444,109 @@ toomany:
 static int
 share_source(kb_config_t *cfg)
 {
-        const char *src =
-            cfg->relay ? kinbox_conf_get(cfg->relay, "relay.source") : NULL;
-        return src && kinbox_conf_set(cfg->base, "relay.source", src, NULL, 0);
+        if (!cfg->relay)
+                return 0;
+        char src[16];
+        kinbox__conf_enum_text(
+            "relay.source", (int)kinbox__settings_of(cfg->relay)->relay_source,
+            src, sizeof(src));
+        return kinbox_conf_set(cfg->base, "relay.source", src, NULL, 0);
 }
 
-int
-kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
+/* Read L->path into L (base settings, the sections' keys); 0 or -1 with
+ * L->err set. */
+static int
+parse_file(load_t *L)
 {
-        memset(cfg, 0, sizeof(*cfg));
-        cfg->base = kinbox_conf_new();
-        load_t *L = calloc(1, sizeof(*L));
-        if (!cfg->base || !L) {
-                free(L);
-                snprintf(errstr, sz, "out of memory");
+        const char *path = L->path;
+        FILE *fp = fopen(path, "r");
+        if (!fp) {
+                snprintf(L->err, L->errsz,
+                         "%s: cannot open configuration file", path);
                 return -1;
         }
-        L->cfg = cfg;
-        L->err = errstr;
-        L->errsz = sz;
-        L->path = path;
-        FILE *fp = fopen(path, "r");
-        int rc = -1;
-        if (!fp) {
-                snprintf(errstr, sz, "%s: cannot open configuration file",
-                         path);
-                goto out;
-        }
-        int dup = over_limits(fp, path, errstr, sz);
+        int dup = over_limits(fp, path, L->err, L->errsz);
         if (!dup)
-                dup = repeated_section(fp, path, errstr, sz);
+                dup = repeated_section(fp, path, L->err, L->errsz);
         int line = dup ? 0 : ini_parse_file(fp, on_kv, L);
         fclose(fp);
-        if (dup)
-                goto out;
-        if (L->failed)
-                goto out;
+        if (dup || L->failed)
+                return -1;
         if (line) {
-                snprintf(errstr, sz, "%s:%d: syntax error", path, line);
-                goto out;
+                snprintf(L->err, L->errsz, "%s:%d: syntax error", path, line);
+                return -1;
         }
+        return 0;
+}
+
+/* Each consumer's conf: base, its name, its section's keys; and the copy
+ * that stays in cfg. 0 or -1 with L->err set. */
+static int
+build_consumers(load_t *L)
+{
+        kb_config_t *cfg = L->cfg;
+        char e[300];
         for (int i = 0; i < cfg->nconsumers; i++) {
                 kinbox_conf_t *c = kinbox_conf_dup(cfg->base);
                 cfg->consumers[i].conf = c;
-                char e[300];
                 if (!c || kinbox_conf_set(c, "name", cfg->consumers[i].name, e,
                                           sizeof(e))) {
-                        snprintf(errstr, sz, "consumer.%s: bad name",
+                        snprintf(L->err, L->errsz, "consumer.%s: bad name",
                                  cfg->consumers[i].name);
-                        goto out;
+                        return -1;
                 }
         }
         for (int i = 0; i < L->nckv; i++) {
                 kinbox_conf_t *c = cfg->consumers[L->ckv[i].consumer].conf;
-                char e[300];
                 if (kinbox_conf_set(c, L->ckv[i].k, L->ckv[i].v, e,
                                     sizeof(e))) {
-                        snprintf(errstr, sz, "%s: [consumer.%s] %s", path,
+                        snprintf(L->err, L->errsz, "%s: [consumer.%s] %s",
+                                 L->path,
                                  cfg->consumers[L->ckv[i].consumer].name, e);
-                        goto out;
+                        return -1;
                 }
         }
         for (int i = 0; i < cfg->nconsumers; i++)
                 if (!(cfg->consumers[i].settings =
                           kinbox_conf_dup(cfg->consumers[i].conf))) {
-                        snprintf(errstr, sz, "out of memory");
-                        goto out;
+                        snprintf(L->err, L->errsz, "out of memory");
+                        return -1;
                 }
+        return 0;
+}
+
+/* The relay's conf (base + [relay]), its relay.source shared with base,
+ * and the file's path. 0 or -1 with L->err set. */
+static int
+build_relay(load_t *L)
+{
+        kb_config_t *cfg = L->cfg;
         cfg->relay = kinbox_conf_dup(cfg->base);
         for (int i = 0; cfg->relay && i < L->nrelay; i++) {
                 char e[300];
                 if (kinbox_conf_set(cfg->relay, L->relay[i].k, L->relay[i].v,
                                     e, sizeof(e))) {
-                        snprintf(errstr, sz, "%s: [relay] %s", path, e);
-                        goto out;
+                        snprintf(L->err, L->errsz, "%s: [relay] %s", L->path,
+                                 e);
+                        return -1;
                 }
         }
         if (share_source(cfg)) {
-                snprintf(errstr, sz, "%s: [relay] source: bad value", path);
-                goto out;
+                snprintf(L->err, L->errsz, "%s: [relay] source: bad value",
+                         L->path);
+                return -1;
         }
-        cfg->path = realpath(path, NULL);
-        if (!cfg->path && !(cfg->path = strdup(path))) {
-                snprintf(errstr, sz, "out of memory");
-                goto out;
+        cfg->path = realpath(L->path, NULL);
+        if (!cfg->path && !(cfg->path = strdup(L->path))) {
+                snprintf(L->err, L->errsz, "out of memory");
+                return -1;
         }
-        rc = 0;
-out:
+        return 0;
+}
+
+static void
+load_free(load_t *L)
+{
         for (int i = 0; i < L->nckv; i++) {
                 free(L->ckv[i].k);
                 free(L->ckv[i].v);
@@ -543,6 +559,30 @@ out:
         if (L->rk)
                 rd_kafka_conf_destroy(L->rk);
         free(L);
+}
+
+int
+kb_config_load(const char *path, kb_config_t *cfg, char *errstr, size_t sz)
+{
+        memset(cfg, 0, sizeof(*cfg));
+        cfg->base = kinbox_conf_new();
+        load_t *L = calloc(1, sizeof(*L));
+        if (!cfg->base || !L) {
+                free(L);
+                kb_config_free(cfg);
+                snprintf(errstr, sz, "out of memory");
+                return -1;
+        }
+        L->cfg = cfg;
+        L->err = errstr;
+        L->errsz = sz;
+        L->path = path;
+        int rc = parse_file(L);
+        if (!rc)
+                rc = build_consumers(L);
+        if (!rc)
+                rc = build_relay(L);
+        load_free(L);
         if (rc)
                 kb_config_free(cfg);
         return rc;

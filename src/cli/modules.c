@@ -3,6 +3,7 @@
  * handler.path/NAME.so, the one a consumer configures.
  */
 #include "common.h"
+#include "internal.h"
 
 #include <dlfcn.h>
 #include <stdbool.h>
@@ -41,7 +42,7 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
         for (size_t i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++)
                 if (!strcmp(builtins[i]->name, name))
                         return builtins[i];
-        const char *dir = kinbox_conf_get(conf, "handler.path");
+        const char *dir = kinbox__settings_of(conf)->handler_path;
         if (!dir) {
                 snprintf(err, sz,
                          "handler \"%s\" is not built in and handler.path is "
@@ -96,10 +97,11 @@ find_module_named(const kinbox_conf_t *conf, const char *name, char *err,
 const kinbox_module_t *
 find_module(const kinbox_conf_t *conf, char *err, size_t sz)
 {
-        const char *name = kinbox_conf_get(conf, "handler");
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        const char *name = s->handler;
         if (!name) {
                 snprintf(err, sz, "consumer.%s: no handler configured",
-                         kinbox_conf_get(conf, "name"));
+                         s->name ? s->name : "(null)");
                 return NULL;
         }
         const kinbox_module_t *m = find_module_named(conf, name, err, sz);

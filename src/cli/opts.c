@@ -5,8 +5,10 @@
  */
 #include "common.h"
 #include "confval.h"
+#include "internal.h"
 
 #include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,25 +35,105 @@ static const struct option lo[] = {
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
-/* The options of `kinbox offsets`. */
+/* An option's number: 0, or -1 with what was expected printed. */
 static int
-offsets_opt(opts_t *o, int ch, const char *arg)
+number_opt(const opts_t *o, const char *name, const char *arg, int64_t min,
+           int64_t max, const char *expected, int64_t *out)
 {
-        char *end;
-        if (ch == 'T') {
+        int64_t v = 0;
+        if (kinbox__parse_i64_all(arg, &v) || v < min || v > max) {
+                fprintf(stderr, "kinbox %s: --%s \"%s\": expected %s\n",
+                        o->cmd, name, arg, expected);
+                return -1;
+        }
+        *out = v;
+        return 0;
+}
+
+/* The options with a number or a name of `kinbox offsets`, `dead list`
+ * and `outbox list`; 0 or -1 (printed). */
+static int
+value_opt(opts_t *o, int ch, const char *arg)
+{
+        int64_t v = 0;
+        switch (ch) {
+        case 'T':
                 o->topic = arg;
-        } else if (ch == 't') {
+                return 0;
+        case 't':
                 o->to = arg;
-        } else {
-                long v = strtol(arg, &end, 10);
-                if (*end || v < 0 || v > INT32_MAX) {
-                        fprintf(stderr,
-                                "kinbox %s: --partition \"%s\": expected a "
-                                "partition number\n",
-                                o->cmd, arg);
+                return 0;
+        case 'P':
+                if (number_opt(o, "partition", arg, 0, INT32_MAX,
+                               "a partition number", &v))
+                        return -1;
+                o->partition = (int32_t)v;
+                return 0;
+        case 'l':
+                if (number_opt(o, "limit", arg, 1, LONG_MAX,
+                               "a positive number", &v))
+                        return -1;
+                o->limit = (long)v;
+                return 0;
+        default: /* 'a' */
+                return number_opt(o, "after", arg, 0, INT64_MAX, "an id",
+                                  &o->after);
+        }
+}
+
+/* A flag or an option with text; 1 when ch is neither. */
+static int
+text_opt(opts_t *o, int ch, const char *arg)
+{
+        switch (ch) {
+        case 'c':
+                o->config = arg;
+                break;
+        case 'j':
+                o->json = true;
+                break;
+        case 'n':
+                o->dry_run = true;
+                break;
+        case 'w':
+                o->wait = true;
+                break;
+        case 'C':
+                o->consumer = arg;
+                break;
+        case 's':
+                o->status = arg;
+                break;
+        case 'd':
+                o->destination = arg;
+                break;
+        case 'o':
+                o->older_than = arg;
+                break;
+        case 'S':
+                o->since = arg;
+                break;
+        default:
+                return 1;
+        }
+        return 0;
+}
+
+/* The positional arguments after the options (getopt permuted them). */
+static int
+positional(int argc, char **argv, opts_t *o)
+{
+        for (int i = optind; i < argc; i++) {
+                if (o->nargs == 4) {
+                        fprintf(stderr, "kinbox %s: too many arguments\n",
+                                o->cmd);
                         return -1;
                 }
-                o->partition = (int32_t)v;
+                o->args[o->nargs++] = argv[i];
+        }
+        if (!o->config) {
+                fprintf(stderr, "kinbox %s: -c FILE is required\n", o->cmd);
+                return -1;
         }
         return 0;
 }
@@ -79,86 +161,17 @@ parse_opts(int argc, char **argv, opts_t *o, const char *allowed)
                         kb_usage_of(o->cmd, stderr);
                         return -1;
                 }
-                char *end;
-                switch (ch) {
-                case 'c':
-                        o->config = optarg;
-                        break;
-                case 'j':
-                        o->json = true;
-                        break;
-                case 'n':
-                        o->dry_run = true;
-                        break;
-                case 'w':
-                        o->wait = true;
-                        break;
-                case 'C':
-                        o->consumer = optarg;
-                        break;
-                case 's':
-                        o->status = optarg;
-                        break;
-                case 'd':
-                        o->destination = optarg;
-                        break;
-                case 'o':
-                        o->older_than = optarg;
-                        break;
-                case 'S':
-                        o->since = optarg;
-                        break;
-                case 'l':
-                        o->limit = strtol(optarg, &end, 10);
-                        if (*end || o->limit <= 0) {
-                                fprintf(stderr,
-                                        "kinbox %s: --limit \"%s\": expected "
-                                        "a positive number\n",
-                                        o->cmd, optarg);
-                                return -1;
-                        }
-                        break;
-                case 'T':
-                case 't':
-                case 'P':
-                        if (offsets_opt(o, ch, optarg))
-                                return -1;
-                        break;
-                case 'a':
-                        o->after = strtoll(optarg, &end, 10);
-                        if (*end || o->after < 0) {
-                                fprintf(stderr,
-                                        "kinbox %s: --after \"%s\": expected "
-                                        "an id\n",
-                                        o->cmd, optarg);
-                                return -1;
-                        }
-                        break;
-                }
-                /* getopt permutes: positional arguments are collected
-                 * after the loop. */
-        }
-        for (int i = optind; i < argc; i++) {
-                if (o->nargs == 4) {
-                        fprintf(stderr, "kinbox %s: too many arguments\n",
-                                o->cmd);
+                if (text_opt(o, ch, optarg) && value_opt(o, ch, optarg))
                         return -1;
-                }
-                o->args[o->nargs++] = argv[i];
         }
-        if (!o->config) {
-                fprintf(stderr, "kinbox %s: -c FILE is required\n", o->cmd);
-                return -1;
-        }
-        return 0;
+        return positional(argc, argv, o);
 }
 
 int
 parse_id(const opts_t *o, const char *s, int64_t *id)
 {
-        char *end;
-        long long v = s ? strtoll(s, &end, 10) : 0;
-        if (!s || *end || v <= 0) {
+        int64_t v = 0;
+        if (kinbox__parse_i64_all(s, &v) || v <= 0) {
                 fprintf(stderr, "kinbox %s: \"%s\" is not an id\n", o->cmd,
                         s ? s : "");
                 return -1;

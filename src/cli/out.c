@@ -3,6 +3,7 @@
  * JSON document on stdout with --json.
  */
 #include "common.h"
+#include "internal.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -129,9 +130,8 @@ jval(const char *v)
 {
         if (!v)
                 return json_null();
-        char *end;
-        long long n = strtoll(v, &end, 10);
-        if (*v && !*end && end != v)
-                return json_integer(n);
+        int64_t n = 0;
+        if (!kinbox__parse_i64_all(v, &n))
+                return json_integer((json_int_t)n);
         return json_string(v);
 }

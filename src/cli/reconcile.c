@@ -18,6 +18,7 @@
 #include <kinbox/kinbox.h>
 
 #include "common.h"
+#include "internal.h"
 #include "services.h"
 #include "config.h"
 
@@ -55,7 +56,7 @@ kb_reconcile_checks(kb_config_t *cfg, const kinbox_check_t **out, size_t max,
                 add_module(m, seen, &nseen, out, &n);
         }
         const char *mods =
-            cfg->relay ? kinbox_conf_get(cfg->relay, "relay.modules") : NULL;
+            cfg->relay ? kinbox__settings_of(cfg->relay)->relay_modules : NULL;
         char list[512];
         snprintf(list, sizeof(list), "%s", mods ? mods : "");
         for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
@@ -126,16 +127,9 @@ kb_reconciler_start(kb_config_t *cfg, char *err, size_t sz)
                 free(r);
                 return NULL;
         }
-        const char *iv = kinbox_conf_get(cfg->base, "reconcile.interval");
-        if (n == 0 || !iv) { /* nothing to run */
-                free(r);
-                err[0] = '\0';
-                return NULL;
-        }
         r->n = (size_t)n;
-        r->interval_ms = 3600000;
-        kb_duration_ms(iv, &r->interval_ms);
-        if (r->interval_ms <= 0) {
+        r->interval_ms = kinbox__settings_of(cfg->base)->reconcile_interval;
+        if (n == 0 || r->interval_ms <= 0) { /* nothing to run */
                 free(r);
                 err[0] = '\0';
                 return NULL;

@@ -5,6 +5,7 @@
  */
 #include "schema.h"
 #include "common.h"
+#include "internal.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -14,9 +15,9 @@
 static void
 add_db(targets_t *t, const kinbox_conf_t *conf, const char *where)
 {
-        const char *url = kinbox_conf_get(conf, "database.url");
+        const char *url = kinbox__settings_of(conf)->database_url;
         for (int i = 0; i < t->ndb; i++) {
-                const char *u = kinbox_conf_get(t->db[i], "database.url");
+                const char *u = kinbox__settings_of(t->db[i])->database_url;
                 if (u && url && !strcmp(u, url))
                         return;
         }
@@ -29,10 +30,10 @@ add_mod(targets_t *t, const kinbox_module_t *m, const kinbox_conf_t *conf,
         const char *kind)
 {
         m = kb_schema_owner(m);
-        const char *url = kinbox_conf_get(conf, "database.url");
+        const char *url = kinbox__settings_of(conf)->database_url;
         for (int i = 0; i < t->nmod; i++) { /* one module, one database */
                 const char *u =
-                    kinbox_conf_get(t->mod_conf[i], "database.url");
+                    kinbox__settings_of(t->mod_conf[i])->database_url;
                 if (t->mod[i] == m && u && url && !strcmp(u, url))
                         return;
         }
@@ -72,7 +73,7 @@ kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd,
                 return KB_EX_OK;
         if (cfg->relay_enabled)
                 add_db(t, cfg->relay, "[relay]");
-        const char *rm = kinbox_conf_get(cfg->relay, "relay.modules");
+        const char *rm = kinbox__settings_of(cfg->relay)->relay_modules;
         char list[512];
         snprintf(list, sizeof(list), "%s", rm ? rm : "");
         for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
@@ -88,23 +89,6 @@ kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd,
         return KB_EX_OK;
 }
 
-int
-kb_schema_exit(kinbox_err_t rc)
-{
-        switch (rc) {
-        case KINBOX_OK:
-                return KB_EX_OK;
-        case KINBOX_ERR_DB_CONN:
-                return KB_EX_DB;
-        case KINBOX_ERR_SCHEMA:
-        case KINBOX_ERR_CONFIG:
-        case KINBOX_ERR_INVALID:
-                return KB_EX_USAGE;
-        default:
-                return KB_EX_RUNTIME;
-        }
-}
-
 /* The section a conf's database was first named in, when cfg names more
  * than one database ("" otherwise). */
 const char *
@@ -114,9 +98,9 @@ kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf, char *b,
         b[0] = '\0';
         if (t->ndb < 2)
                 return b;
-        const char *url = kinbox_conf_get(conf, "database.url");
+        const char *url = kinbox__settings_of(conf)->database_url;
         for (int i = 0; i < t->ndb; i++) {
-                const char *u = kinbox_conf_get(t->db[i], "database.url");
+                const char *u = kinbox__settings_of(t->db[i])->database_url;
                 if (u && url && !strcmp(u, url)) {
                         snprintf(b, sz, " (database of %s)", t->db_where[i]);
                         break;
@@ -144,7 +128,7 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd, bool handlers)
                                     ? "database unreachable: "
                                     : "",
                                 err);
-                        ex = kb_schema_exit(rc);
+                        ex = kb_exit_of(rc);
                 }
         }
         for (int i = 0; !ex && i < t.nmod; i++) {
@@ -156,7 +140,7 @@ kb_schema_check_config(kb_config_t *cfg, const char *cmd, bool handlers)
                                 kb_schema_db_label(&t, t.mod_conf[i], lab,
                                                    sizeof(lab)),
                                 err);
-                        ex = kb_schema_exit(rc);
+                        ex = kb_exit_of(rc);
                 }
         }
         return ex;

@@ -51,8 +51,6 @@ typedef struct targets {
  * left out (kb_schema_check_config()). */
 int kb_schema_targets(kb_config_t *cfg, targets_t *t, const char *cmd,
                       bool handlers);
-/* The exit status of a migration's error. */
-int kb_schema_exit(kinbox_err_t rc);
 /* " (database of SECTION)" for conf's database when t names several,
  * else ""; in b. */
 const char *kb_schema_db_label(const targets_t *t, const kinbox_conf_t *conf,

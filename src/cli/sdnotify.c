@@ -12,6 +12,7 @@
  * because its database is slow would not help).
  */
 #include "sdnotify.h"
+#include "internal.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -52,23 +53,6 @@ kb_sd_stopping(void)
         g_stopping = 1;
 }
 
-static int
-level_of(const char *name)
-{
-        static const struct {
-                const char *n;
-                int l;
-        } lv[] = {{"error", KINBOX_LOG_ERR},
-                  {"warning", KINBOX_LOG_WARNING},
-                  {"notice", KINBOX_LOG_NOTICE},
-                  {"info", KINBOX_LOG_INFO},
-                  {"debug", KINBOX_LOG_DEBUG}};
-        for (size_t i = 0; name && i < sizeof(lv) / sizeof(lv[0]); i++)
-                if (!strcmp(name, lv[i].n))
-                        return lv[i].l;
-        return -1;
-}
-
 /* SIGHUP: read the file again; apply what can change while running (the
  * log level). A file that no longer loads changes nothing. */
 static void
@@ -83,8 +67,13 @@ reload(void)
                         "settings\n",
                         err);
         } else {
-                const char *l = kinbox_conf_get(cfg.base, "log.level");
-                kinbox_log_set_level(level_of(l));
+                kinbox__log_t lg;
+                kinbox__conf_logger(cfg.base, &lg);
+                kinbox_log_set_level(lg.level);
+                char l[16];
+                kinbox__conf_enum_text(
+                    "log.level", (int)kinbox__settings_of(cfg.base)->log_level,
+                    l, sizeof(l));
                 fprintf(stderr,
                         "kinbox run: SIGHUP: reloaded %s: log.level = %s "
                         "(other settings take effect at the next start)\n",

@@ -18,7 +18,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <librdkafka/rdkafka.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -75,41 +74,15 @@ struct kb_services {
         char **consumers;
         int nconsumers;
         kb_reconciler_t *reconciler;
-        char port_file[128]; /* kb_port_file(), written: removed at stop */
         kinbox__console_t *console; /* [console] enabled */
         kb_config_t *cfg; /* the console's handlers (lives past stop) */
 };
-
-/* Record the bound port for `kinbox status` (kb_port_file()): a file
- * written beside it and renamed over it (never through a planted link).
- * Best effort: status then shows n/a. */
-static void
-port_file_write(kb_services_t *svc, const kb_config_t *cfg, int port)
-{
-        char path[128], tmp[160];
-        kb_port_file(cfg, path, sizeof(path));
-        snprintf(tmp, sizeof(tmp), "%s.XXXXXX", path);
-        int fd = mkstemp(tmp);
-        if (fd < 0)
-                return;
-        char line[16];
-        int n = snprintf(line, sizeof(line), "%d\n", port);
-        bool ok = fchmod(fd, 0644) == 0 && write(fd, line, (size_t)n) == n;
-        close(fd);
-        if (ok && rename(tmp, path) == 0)
-                snprintf(svc->port_file, sizeof(svc->port_file), "%s", path);
-        else
-                unlink(tmp);
-}
 
 static void *
 pruner_main(void *arg)
 {
         kb_services_t *svc = arg;
-        int64_t interval = 600000;
-        const char *iv = kinbox_conf_get(svc->conf, "prune.interval");
-        if (iv)
-                parse_duration_ms(iv, &interval);
+        int64_t interval = kinbox__settings_of(svc->conf)->prune_interval;
         while (!kb_nap(&svc->lock, &svc->cond, &svc->stop, interval)) {
                 char err[1024];
                 kinbox_prune_result_t res;
@@ -317,7 +290,6 @@ kb_services_start(kb_config_t *cfg, char *err, size_t sz)
                 "/healthz /readyz%s\n",
                 hl, cfg->metrics_listen, port, port,
                 console ? " /console" : "");
-        port_file_write(svc, cfg, port);
         return svc;
 }
 
@@ -326,8 +298,6 @@ kb_services_stop(kb_services_t *svc)
 {
         if (!svc)
                 return;
-        if (svc->port_file[0])
-                unlink(svc->port_file);
         kinbox__http_stop(svc->http);
         kinbox__console_destroy(svc->console);
         pthread_mutex_lock(&svc->lock);

@@ -177,51 +177,64 @@ outbox_usage(FILE *fp)
                     "duration back from now: 2h)\n");
 }
 
+/* `kinbox status`. */
+static void
+status_usage(FILE *fp)
+{
+        fprintf(fp,
+                "usage: kinbox status -c FILE [--json]\n\n"
+                "Per configured consumer: lag (committed offsets vs "
+                "high watermarks, asked of\nthe broker), inbox rows, "
+                "dead letters by status. Per outbox destination:\n"
+                "pending, age of the oldest pending row, dead, sent "
+                "in the last hour, paused.\nInbox size. Dedup hits "
+                "are not stored: each running `kinbox run` records\n"
+                "what its consumers counted in the database every "
+                "second (n/a: none runs).\nThe read-only commands (status, "
+                "verify, dead list/show/discard, outbox) load\nno "
+                "handler: a consumer whose handler lives in your own "
+                "program is fine;\nwithout any [consumer.NAME] they "
+                "report the consumers the database records.\n");
+}
+
+/* `kinbox dead`. */
+static void
+dead_usage(FILE *fp)
+{
+        fprintf(fp, "usage: kinbox dead list [--consumer NAME] [--status "
+                    "dead|replayed|discarded]\n"
+                    "                        [--limit N] -c FILE "
+                    "[--json]\n"
+                    "       kinbox dead parked [--consumer NAME] "
+                    "[--limit N] -c FILE [--json]\n"
+                    "       kinbox dead show ID -c FILE [--json]\n"
+                    "       kinbox dead replay ID -c FILE [--wait] "
+                    "[--json]\n"
+                    "       kinbox dead discard ID -c FILE [--wait] "
+                    "[--json]\n\n"
+                    "show prints the original key, headers and payload "
+                    "(text, non-printable bytes\nas \\xNN). replay runs "
+                    "the consumer's configured handler on the stored "
+                    "copy in\none transaction with its inbox row, as if "
+                    "it arrived again, and marks the\ndead letter "
+                    "replayed; a dead letter is replayed at most once. "
+                    "discard marks it\ndiscarded (the row is kept).\n"
+                    "With dead_letter.hold_key, list shows how many "
+                    "parked messages each dead\nletter holds back "
+                    "(HOLDS BACK), parked lists them, and replay and "
+                    "discard\nreport how many they release: the running "
+                    "consumer applies them in offset\norder. --wait "
+                    "waits until it did (exit 0), or one of them failed "
+                    "and\nholds the key again (exit 1).\n");
+}
+
 int
 kb_usage_of(const char *cmd, FILE *fp)
 {
         if (!strcmp(cmd, "status"))
-                fprintf(fp,
-                        "usage: kinbox status -c FILE [--json]\n\n"
-                        "Per configured consumer: lag (committed offsets vs "
-                        "high watermarks, asked of\nthe broker), inbox rows, "
-                        "dead letters by status. Per outbox destination:\n"
-                        "pending, age of the oldest pending row, dead, sent "
-                        "in the last hour, paused.\nInbox size. Dedup hits "
-                        "are not stored: a running `kinbox run` exports them\n"
-                        "as kinbox_consumer_messages_total{result=\"duplicate"
-                        "\"} on /metrics.\nThe read-only commands (status, "
-                        "verify, dead list/show/discard, outbox) load\nno "
-                        "handler: a consumer whose handler lives in your own "
-                        "program is fine;\nwithout any [consumer.NAME] they "
-                        "report the consumers the database records.\n");
+                status_usage(fp);
         else if (!strcmp(cmd, "dead"))
-                fprintf(fp,
-                        "usage: kinbox dead list [--consumer NAME] [--status "
-                        "dead|replayed|discarded]\n"
-                        "                        [--limit N] -c FILE "
-                        "[--json]\n"
-                        "       kinbox dead parked [--consumer NAME] "
-                        "[--limit N] -c FILE [--json]\n"
-                        "       kinbox dead show ID -c FILE [--json]\n"
-                        "       kinbox dead replay ID -c FILE [--wait] "
-                        "[--json]\n"
-                        "       kinbox dead discard ID -c FILE [--wait] "
-                        "[--json]\n\n"
-                        "show prints the original key, headers and payload "
-                        "(text, non-printable bytes\nas \\xNN). replay runs "
-                        "the consumer's configured handler on the stored "
-                        "copy in\none transaction with its inbox row, as if "
-                        "it arrived again, and marks the\ndead letter "
-                        "replayed; a dead letter is replayed at most once. "
-                        "discard marks it\ndiscarded (the row is kept).\n"
-                        "With dead_letter.hold_key, list shows how many "
-                        "parked messages each dead\nletter holds back "
-                        "(HOLDS BACK), parked lists them, and replay and "
-                        "discard\nreport how many they release: the running "
-                        "consumer applies them in offset\norder. --wait "
-                        "waits until it did (exit 0), or one of them failed "
-                        "and\nholds the key again (exit 1).\n");
+                dead_usage(fp);
         else if (!strcmp(cmd, "outbox"))
                 outbox_usage(fp);
         else if (!strcmp(cmd, "verify"))

@@ -791,6 +791,22 @@ static const struct kinbox__sql my_sql = {
         " CURRENT_TIMESTAMP(6) - INTERVAL ($1 * 1000) MICROSECOND"
         " AND (kind = 'action' OR $2 = 0)"
         " GROUP BY destination ORDER BY destination",
+    .counters_put =
+        "INSERT INTO kinbox_consumer_counters (consumer, instance,"
+        " duplicates, business_duplicates, updated_at) VALUES ($1, $2,"
+        " $3, $4, CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE"
+        " duplicates = VALUES(duplicates),"
+        " business_duplicates = VALUES(business_duplicates),"
+        " updated_at = CURRENT_TIMESTAMP(6)",
+    .counters_remove =
+        "DELETE FROM kinbox_consumer_counters WHERE consumer = $1 AND"
+        " (instance = $2 OR updated_at < CURRENT_TIMESTAMP(6) -"
+        " INTERVAL 1 HOUR)",
+    .counters_read =
+        "SELECT COUNT(*), COALESCE(SUM(duplicates), 0),"
+        " COALESCE(SUM(business_duplicates), 0)"
+        " FROM kinbox_consumer_counters WHERE consumer = $1"
+        " AND updated_at > CURRENT_TIMESTAMP(6) - INTERVAL 10 SECOND",
     .dead_letter_gauges =
         "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
         "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "

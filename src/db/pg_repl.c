@@ -49,18 +49,6 @@ pg_now_us(void)
         return kinbox__wall_ms() * 1000 - PG_EPOCH_US;
 }
 
-void
-kinbox__pgr_seterr(kinbox__logsrc_t *s, const char *fmt, ...)
-{
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(s->err, sizeof(s->err), fmt, ap);
-        va_end(ap);
-        for (char *c = s->err; *c; c++)
-                if (*c == '\n' || *c == '\r')
-                        *c = ' ';
-}
-
 /* ---- connections */
 
 static PGconn *

@@ -5,11 +5,26 @@
  * DateStyle ISO, TimeZone UTC, bytea_output hex) and logical Message.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pg_repl_int.h"
+
+/* (The reader's error line lives here, at the bottom: pg_repl.c uses it
+ * too.) */
+void
+kinbox__pgr_seterr(kinbox__logsrc_t *s, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(s->err, sizeof(s->err), fmt, ap);
+        va_end(ap);
+        for (char *c = s->err; *c; c++)
+                if (*c == '\n' || *c == '\r')
+                        *c = ' ';
+}
 
 static const char *const col_names[C_N] = {
     "id",      "kind",    "destination", "idem_key", "aggregate_id",

@@ -115,6 +115,20 @@ const struct kinbox__sql kinbox__pg_sql = {
         " now() - $1::bigint * interval '1 millisecond'"
         " AND (kind = 'action' OR $2::int = 0)"
         " GROUP BY destination ORDER BY destination",
+    .counters_put =
+        "INSERT INTO kinbox_consumer_counters (consumer, instance,"
+        " duplicates, business_duplicates, updated_at) VALUES ($1, $2,"
+        " $3::bigint, $4::bigint, now()) ON CONFLICT (consumer, instance)"
+        " DO UPDATE SET duplicates = EXCLUDED.duplicates,"
+        " business_duplicates = EXCLUDED.business_duplicates,"
+        " updated_at = now()",
+    .counters_remove =
+        "DELETE FROM kinbox_consumer_counters WHERE consumer = $1 AND"
+        " (instance = $2 OR updated_at < now() - interval '1 hour')",
+    .counters_read = "SELECT count(*), COALESCE(sum(duplicates), 0),"
+                     " COALESCE(sum(business_duplicates), 0)"
+                     " FROM kinbox_consumer_counters WHERE consumer = $1"
+                     " AND updated_at > now() - interval '10 seconds'",
     .dead_letter_gauges =
         "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
         "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",

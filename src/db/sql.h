@@ -93,6 +93,14 @@ struct kinbox__sql {
          * kinbox_admin_outbox_stuck() ($1 older than, in ms; $2 as $1 of
          * outbox_gauges). */
         const char *outbox_summary, *outbox_stuck;
+        /* kinbox_consumer_counters (kinbox_admin_counters_record(),
+         * kinbox_admin_status()): counters_put: $1 consumer $2 instance
+         * $3 duplicates $4 business duplicates, now. counters_remove: $1
+         * consumer $2 instance (with the consumer's rows stale for an
+         * hour). counters_read: $1 consumer: one row of the rows updated
+         * in the last 10 s: their number, duplicates, business
+         * duplicates. */
+        const char *counters_put, *counters_remove, *counters_read;
         /* The operator statements, alike on both backends (src/db/opsql.h).
          * ping: reachability. outbox_paused / outbox_resume: $1
          * destination (a row when paused / unpause). consumer_status: $1
