@@ -51,6 +51,18 @@ grant(kt_producer_t *p, const char *topic, const char *key, int user,
         kt_produce(p, topic, 0, key, payload, id);
 }
 
+/* A file holding TOKEN (console.token_file). */
+static char *
+token_file(void)
+{
+        char *tok = kt_tmp("console_token");
+        FILE *f = fopen(tok, "w");
+        cr_assert(f != NULL);
+        fprintf(f, "%s\n", TOKEN);
+        fclose(f);
+        return tok;
+}
+
 /* A database with three dead letters (user 999: a rule, its key held
  * with two followers parked; user 998: a rule; a payload with markup) and
  * `kinbox run` with the console on it. */
@@ -75,11 +87,7 @@ start(run_t *r, int backend)
                    "onerror=\"window.__kbx=2\">",
                    "m-xss");
         kt_producer_flush_destroy(p);
-        char *tok = kt_tmp("console_token");
-        FILE *f = fopen(tok, "w");
-        cr_assert(f != NULL);
-        fprintf(f, "%s\n", TOKEN);
-        fclose(f);
+        char *tok = token_file();
         r->port = kt_free_port();
         r->ini = kt_write_ini(
             r->url,
@@ -294,11 +302,8 @@ start_relay(run_t *r, char *url, const char *bootstrap, const char *extra)
 {
         memset(r, 0, sizeof(*r));
         r->url = url;
-        char *tok = kt_tmp("console_token");
-        FILE *f = fopen(tok, "w");
-        cr_assert(f != NULL);
-        fprintf(f, "%s\n", TOKEN);
-        fclose(f);
+        char *tok = token_file();
+        FILE *f;
         r->port = kt_free_port();
         r->ini = kt_tmp("console_relay_ini");
         f = fopen(r->ini, "w");

@@ -352,15 +352,9 @@ Test(snippets, readme_outbox, .timeout = 120)
         cr_assert(
             eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 1));
         /* The relay publishes it: key o-1, the payload, its message id. */
-        kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
-        trelay_t tr;
-        relay_start(&tr, r);
-        bool ok = wait_q(url, 1, 30,
-                         "SELECT count(*) FROM kinbox_outbox WHERE status = "
-                         "'sent'");
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        cr_assert(ok, "the row was not sent");
+        cr_assert(
+            relay_until_sent(relay_conf(url, bootstrap), url, 1, 30, NULL),
+            "the row was not sent");
         tmsgs_t got;
         consume(bootstrap, topic, 1, 30, 1000, &got);
         cr_assert(eq(sz, got.n, 1), "got %zu messages", got.n);
