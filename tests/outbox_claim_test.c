@@ -730,16 +730,10 @@ append_hot(const char *backend, const char *url, const char *topic, int aggs,
         tc_sql(&c, "BEGIN");
         for (int seq = 0; seq < rows; seq++) {
                 for (int a = 0; a < aggs; a++) {
-                        char key[48], agg[16], pay[16];
+                        char key[48], agg[16];
                         snprintf(key, sizeof(key), "h%d-s%d", a, seq);
                         snprintf(agg, sizeof(agg), "h-%d", a);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, agg, seq, 0);
                 }
         }
         tc_sql(&c, "COMMIT");

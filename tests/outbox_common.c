@@ -96,6 +96,21 @@ qrows(const char *url, const char *sql)
         return r;
 }
 
+void
+append_seq(tconn_t *c, const char *dest, const char *key, const char *agg,
+           int seq, int max_attempts)
+{
+        char pay[16];
+        int n = snprintf(pay, sizeof(pay), "%d", seq);
+        kinbox_outbox_msg_t m = {.destination = dest,
+                                 .idem_key = key,
+                                 .aggregate_id = agg,
+                                 .payload = pay,
+                                 .payload_size = (size_t)n,
+                                 .max_attempts = max_attempts};
+        cr_assert(eq(int, tc_append(c, &m, NULL), KINBOX_OK), "%s", key);
+}
+
 /* Text of the first column of the first row. */
 char *
 qtext(const char *url, const char *sql)

@@ -59,6 +59,11 @@ void tc_sql(tconn_t *c, const char *sql);
 
 kinbox_err_t tc_append(tconn_t *c, const kinbox_outbox_msg_t *m, int64_t *idp);
 
+/* Appends (asserted KINBOX_OK) the row key of aggregate agg to dest, its
+ * payload seq as text, with max_attempts (0: relay.max_attempts). */
+void append_seq(tconn_t *c, const char *dest, const char *key, const char *agg,
+                int seq, int max_attempts);
+
 /* The rows of sql on url (a connection of its own); the caller destroys
  * them. */
 kinbox_rows_t *qrows(const char *url, const char *sql);

@@ -238,18 +238,12 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends, .timeout = 400)
         for (int b = 0; b < T2_ROWS / 1000; b++) {
                 tc_sql(&c, "BEGIN");
                 for (int i = b * 1000; i < (b + 1) * 1000; i++) {
-                        char key[32], agg[32], pay[64];
+                        char key[32], agg[32];
                         /* Aggregate a gets seq 0..19 in id order. */
                         int a = i % T2_AGGS, seq = i / T2_AGGS;
                         snprintf(key, sizeof(key), "e-%d", i);
                         snprintf(agg, sizeof(agg), "agg-%d", a);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, agg, seq, 0);
                 }
                 tc_sql(&c, "COMMIT");
         }
@@ -371,28 +365,15 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
         cr_assert(eq(int, tc_append(&c, &head, NULL), KINBOX_OK));
         for (int seq = 0; seq < T5_EVENTS; seq++) {
                 for (int a = 0; a < T5_AGGS; a++) {
-                        char key[48], agg[32], pay[16];
+                        char key[48], agg[32];
                         snprintf(key, sizeof(key), "a%d-s%d", a, seq);
                         snprintf(agg, sizeof(agg), "agg-%d", a);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n,
-                                                 .max_attempts = 1000};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, agg, seq, 1000);
                 }
                 if (seq < 3) {
-                        char key[32], pay[16];
+                        char key[32];
                         snprintf(key, sizeof(key), "stuck-s%d", seq);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = "agg-stuck",
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, "agg-stuck", seq, 0);
                 }
         }
         tc_sql(&c, "COMMIT");
@@ -500,33 +481,17 @@ ParameterizedTest(int *bidx, outbox_pipeline_stall, backends, .timeout = 300)
          * finds 10 heads in its window of 80 rows and takes a run of 4 of
          * each (a full claim: the next one follows at once). */
         for (int seq = 0; seq < 8; seq++) {
-                char key[16], pay[16];
+                char key[16];
                 snprintf(key, sizeof(key), "slow-%d", seq);
-                int n = snprintf(pay, sizeof(pay), "%d", seq);
-                kinbox_outbox_msg_t m = {.destination = dead,
-                                         .idem_key = key,
-                                         .aggregate_id = "slow",
-                                         .payload = pay,
-                                         .payload_size = (size_t)n,
-                                         .max_attempts = 100000};
-                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                append_seq(&c, dead, key, "slow", seq, 100000);
         }
         for (int b = 0; b < PP_EVENTS / 8; b++) {
                 for (int a = 0; a < PP_AGGS; a++) {
                         for (int seq = 8 * b; seq < 8 * b + 8; seq++) {
-                                char key[48], agg[32], pay[16];
+                                char key[48], agg[32];
                                 snprintf(key, sizeof(key), "a%d-s%d", a, seq);
                                 snprintf(agg, sizeof(agg), "agg-%d", a);
-                                int n = snprintf(pay, sizeof(pay), "%d", seq);
-                                kinbox_outbox_msg_t m = {
-                                    .destination = live,
-                                    .idem_key = key,
-                                    .aggregate_id = agg,
-                                    .payload = pay,
-                                    .payload_size = (size_t)n,
-                                    .max_attempts = 100000};
-                                cr_assert(eq(int, tc_append(&c, &m, NULL),
-                                             KINBOX_OK));
+                                append_seq(&c, live, key, agg, seq, 100000);
                         }
                 }
         }
@@ -683,15 +648,9 @@ ParameterizedTest(int *bidx, outbox_hot_aggregate, backends, .timeout = 180)
         tc_open(&c, backend, url);
         tc_sql(&c, "BEGIN");
         for (int i = 0; i < N; i++) {
-                char key[16], pay[16];
+                char key[16];
                 snprintf(key, sizeof(key), "h%d", i);
-                int n = snprintf(pay, sizeof(pay), "%d", i);
-                kinbox_outbox_msg_t m = {.destination = topic,
-                                         .idem_key = key,
-                                         .aggregate_id = "hot",
-                                         .payload = pay,
-                                         .payload_size = (size_t)n};
-                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                append_seq(&c, topic, key, "hot", i, 0);
         }
         tc_sql(&c, "COMMIT");
         tc_close(&c);
@@ -747,13 +706,7 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
                                          .max_attempts = i == BAD ? 2 : 0};
                 cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
                 snprintf(key, sizeof(key), "p%d", i);
-                kinbox_outbox_msg_t q = {.destination =
-                                             i == BAD ? paused : topic,
-                                         .idem_key = key,
-                                         .aggregate_id = "p",
-                                         .payload = pay,
-                                         .payload_size = (size_t)n};
-                cr_assert(eq(int, tc_append(&c, &q, NULL), KINBOX_OK));
+                append_seq(&c, i == BAD ? paused : topic, key, "p", i, 0);
         }
         tc_sql(&c, "COMMIT");
         tc_close(&c);
