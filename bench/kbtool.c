@@ -26,13 +26,14 @@
  *       acknowledged, whoever published it) until it reaches N. Prints
  *       "t_first n_first t_last n_last" (CLOCK_REALTIME seconds) like wait.
  *
- *   kbtool latency (--pg URL | --mysql URL) --table kinbox|debezium
+ *   kbtool latency (--pg URL | --mysql URL) --table kinbox|debezium|emit
  *         -b BOOTSTRAP -t TOPIC -n N --rate R [-a AGGREGATES]
- *         [-w WRITERS] [--tx ROWS] [--dump FILE]
+ *         [-w WRITERS] [--tx ROWS] [--dump FILE] [--append-time 1]
  *       Commit-to-receive latency of whatever relays the table to TOPIC:
  *       a writer thread appends N rows at R rows/s, each its own
  *       autocommitted INSERT (kinbox_outbox, or Debezium's outbox table
- *       outboxevent), shaped like bench/run's fill, and notes the time the
+ *       outboxevent; emit: kinbox_outbox_emit_pg()'s logical messages,
+ *       PostgreSQL), shaped like bench/run's fill, and notes the time the
  *       COMMIT returned; another reads TOPIC from the start and notes when
  *       each row (the number after "o-") first arrives. Row i is due at
  *       i / R s from the start and is never written before. -w: WRITERS
@@ -44,8 +45,12 @@
  *       "p50_ms p99_ms p999_ms max_ms received duplicates rate" (rate: the
  *       appends' achieved rows/s, N over the first row's due time to the
  *       last commit); exit 1 if not every row arrived. --dump: one line a
- *       row to FILE, "seq due_s latency_ms" (due_s: seconds from the
- *       first row's due time; latency -1 if it never arrived).
+ *       row to FILE, "seq due_s latency_ms append_ms" (due_s: seconds
+ *       from the first row's due time; latency -1 if it never arrived;
+ *       append_ms: from the commit to the broker's append, -1 unknown).
+ *       --append-time 1 first sets the topic's message.timestamp.type to
+ *       LogAppendTime, so append_ms is known (the relay's part of the
+ *       latency, apart from the consumer's fetch).
  *
  *   kbtool produce -b BOOTSTRAP -t TOPIC -n N [-a AGGREGATES]
  *       A plain librdkafka idempotent producer pushing N messages shaped as
@@ -546,6 +551,8 @@ static struct {
         long n, aggs, writers, tx;
         double rate;
         double *tc, *tr; /* commit returned / first received, per row 1..n */
+        double *ta; /* the broker's append time (--append-time), per row */
+        int append_time;
         volatile int writers_done;
         long long received, dups;
         double t_write0, t_write1;
@@ -573,6 +580,17 @@ lat_values(char *sql, size_t at, size_t cap, int dbz, int my, long i)
         return at + (size_t)k;
 }
 
+/* --table emit: the rows as kinbox_outbox_emit_pg() writes them, one
+ * logical message each with its envelope (docs/outbox.md; headers NULL),
+ * from VALUES (destination, idem_key, aggregate_id, payload). */
+#define LAT_EMIT_SQL                                                          \
+        "SELECT count(pg_logical_emit_message(true, 'kinbox.outbox.v1', "     \
+        "'\\x01'::bytea || int4send(octet_length(d)) || convert_to(d, "       \
+        "'UTF8') || int4send(octet_length(a)) || convert_to(a, 'UTF8') || "   \
+        "int4send(octet_length(k)) || convert_to(k, 'UTF8') || "              \
+        "'\\xffffffff'::bytea || int4send(octet_length(p)) || "               \
+        "convert_to(p, 'UTF8'))) FROM (VALUES "
+
 static void *
 lat_writer(void *arg)
 {
@@ -588,8 +606,9 @@ lat_writer(void *arg)
         } else if (!(my = my_connect_url(L.myurl))) {
                 exit(1);
         }
-        int dbz = !strcmp(L.table, "debezium");
-        size_t cap = 256 + (size_t)L.tx * 320;
+        int dbz = !strcmp(L.table, "debezium"),
+            emit = !strcmp(L.table, "emit");
+        size_t cap = 1024 + (size_t)L.tx * 320;
         char *sql = malloc(cap);
         long *rows = malloc(sizeof(long) * (size_t)L.tx);
         long i = 0;
@@ -612,12 +631,14 @@ lat_writer(void *arg)
                         usleep((useconds_t)((due - now) * 1e6));
                 size_t at = (size_t)snprintf(
                     sql, cap, "%s",
-                    dbz ? (my ? "INSERT INTO outboxevent (id, aggregatetype, "
+                    emit ? LAT_EMIT_SQL
+                    : dbz
+                        ? (my ? "INSERT INTO outboxevent (id, aggregatetype, "
                                 "aggregateid, type, payload) VALUES "
                               : "INSERT INTO outboxevent (aggregatetype, "
                                 "aggregateid, type, payload) VALUES ")
-                        : "INSERT INTO kinbox_outbox (destination, idem_key, "
-                          "aggregate_id, payload) VALUES ");
+                        : "INSERT INTO kinbox_outbox (destination, "
+                          "idem_key, aggregate_id, payload) VALUES ");
                 for (long r = 0; r < nr; r++) {
                         if (r)
                                 at +=
@@ -625,9 +646,13 @@ lat_writer(void *arg)
                         at =
                             lat_values(sql, at, cap, dbz, my != NULL, rows[r]);
                 }
+                if (emit)
+                        at += (size_t)snprintf(sql + at, cap - at,
+                                               ") AS v (d, k, a, p)");
                 if (pg) {
                         PGresult *r = PQexec(pg, sql);
-                        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                        if (PQresultStatus(r) !=
+                            (emit ? PGRES_TUPLES_OK : PGRES_COMMAND_OK)) {
                                 fprintf(stderr, "kbtool: %s",
                                         PQerrorMessage(pg));
                                 exit(1);
@@ -664,6 +689,29 @@ cmp_d(const void *a, const void *b)
         return x < y ? -1 : x > y;
 }
 
+/* --append-time 1: the topic's records stamped by the broker
+ * (message.timestamp.type = LogAppendTime), so each row's time of append
+ * is known beside its receive (the relay's part and the consumer's). */
+static void
+set_append_time(rd_kafka_t *rk, const char *topic)
+{
+        rd_kafka_ConfigResource_t *res =
+            rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic);
+        rd_kafka_ConfigResource_set_config(res, "message.timestamp.type",
+                                           "LogAppendTime");
+        rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+        rd_kafka_AlterConfigs(rk, &res, 1, NULL, q);
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 10000);
+        if (!ev || rd_kafka_event_error(ev))
+                fprintf(stderr, "kbtool latency: LogAppendTime on %s: %s\n",
+                        topic,
+                        ev ? rd_kafka_event_error_string(ev) : "timeout");
+        if (ev)
+                rd_kafka_event_destroy(ev);
+        rd_kafka_queue_destroy(q);
+        rd_kafka_ConfigResource_destroy(res);
+}
+
 /* kbtool latency's arguments into L; 2 on a bad one. */
 static int
 latency_args(int argc, char **argv)
@@ -697,6 +745,8 @@ latency_args(int argc, char **argv)
                         L.tx = atol(v);
                 else if (!strcmp(a, "--dump"))
                         L.dump = v;
+                else if (!strcmp(a, "--append-time"))
+                        L.append_time = atoi(v);
                 else {
                         fprintf(stderr, "kbtool latency: unknown %s\n", a);
                         return 2;
@@ -734,6 +784,8 @@ latency_receive(rd_kafka_t *rk)
                 char val[512];
                 snprintf(val, sizeof(val), "%.*s", (int)m->len,
                          (const char *)m->payload);
+                rd_kafka_timestamp_type_t tst;
+                int64_t ts = rd_kafka_message_timestamp(m, &tst);
                 rd_kafka_message_destroy(m);
                 const char *o = strstr(val, "o-");
                 long seq = o ? atol(o + 2) : 0;
@@ -744,6 +796,8 @@ latency_receive(rd_kafka_t *rk)
                         continue;
                 }
                 L.tr[seq] = now;
+                if (tst == RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME)
+                        L.ta[seq] = (double)ts / 1e3;
                 L.received++;
         }
 }
@@ -757,6 +811,7 @@ cmd_latency(int argc, char **argv)
         pthread_mutex_init(&L.mu, NULL);
         L.tc = calloc((size_t)L.n + 1, sizeof(double));
         L.tr = calloc((size_t)L.n + 1, sizeof(double));
+        L.ta = calloc((size_t)L.n + 1, sizeof(double));
         char err[512];
         rd_kafka_conf_t *c = rd_kafka_conf_new();
         rd_kafka_conf_set(c, "bootstrap.servers", L.b, err, sizeof(err));
@@ -765,6 +820,8 @@ cmd_latency(int argc, char **argv)
         rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, err, sizeof(err));
         if (!rk)
                 return 1;
+        if (L.append_time)
+                set_append_time(rk, L.t);
         int np = partitions(rk, L.t);
         if (np <= 0) {
                 fprintf(stderr, "kbtool latency: no topic %s\n", L.t);
@@ -800,8 +857,10 @@ cmd_latency(int argc, char **argv)
                         return 1;
                 }
                 for (long i = 1; i <= L.n; i++)
-                        fprintf(f, "%ld %.4f %.3f\n", i, (i - 1) / L.rate,
+                        fprintf(f, "%ld %.4f %.3f %.3f\n", i, (i - 1) / L.rate,
                                 L.tr[i] && L.tc[i] ? (L.tr[i] - L.tc[i]) * 1e3
+                                                   : -1.0,
+                                L.ta[i] && L.tc[i] ? (L.ta[i] - L.tc[i]) * 1e3
                                                    : -1.0);
                 fclose(f);
         }

@@ -4,7 +4,8 @@
  *
  *   Environment: KINBOX_BENCH_RELAY_CLAIM (relay.claim: lock / lease),
  *   RB_LOCK_MS (relay.lock.ms), RB_PIPELINE, RB_LINGER, RB_NAGLE, RB_LOG
- *   (log.level of the relays: debug logs every batch's timings), RB_SOURCE
+ *   (log.level of the relays: debug logs every batch's timings), RB_KDEBUG
+ *   (librdkafka's debug contexts of the relays' producers), RB_SOURCE
  *   (relay.source: wal reads the log; its slot RB_SLOT must exist before
  *   the backlog is written, e.g. made by `kinbox migrate`; binlog: its
  *   position in kinbox_relay_position, relay RB_SLOT, likewise).
@@ -93,7 +94,8 @@ mk_relay(int idx)
             {"relay.lock.ms", getenv("RB_LOCK_MS")},
             {"kafka.socket.nagle.disable", getenv("RB_NAGLE")},
             {"relay.source", getenv("RB_SOURCE")},
-            {"relay.slot", getenv("RB_SLOT")}};
+            {"relay.slot", getenv("RB_SLOT")},
+            {"kafka.debug", getenv("RB_KDEBUG")}};
         for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
                 if (kv[i][1] &&
                     kinbox_conf_set(c, kv[i][0], kv[i][1], err, sizeof(err))) {

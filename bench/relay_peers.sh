@@ -1,12 +1,19 @@
 # bench/relay_peers.sh -- sourced by bench/run --peers: the relay side.
 #
-# kinbox's relay (1 and 2 relays, bench/relay_bench) and Debezium's outbox
-# event router (bench/peers/debezium-outbox: the embedded engine, pgoutput on
-# PostgreSQL, the MySQL connector on MariaDB's binlog) take turns on the same
-# database server and the same Apache Kafka broker, on the same rows: the
-# same writer fills kinbox_outbox or Debezium's documented outbox table
-# (outboxevent: id, aggregatetype, aggregateid, type, payload) with the same
-# count, payloads and aggregates, in transactions of 1,000 rows.
+# kinbox's relays (bench/relay_bench: the polling relay, 1 and 2 relays
+# "kinbox-1" / "kinbox-2"; the log relay "wal" on PostgreSQL and "binlog"
+# on MariaDB; "emit": the log relay reading the table-less outbox,
+# kinbox_outbox_emit_pg()'s logical messages, PostgreSQL) and Debezium's
+# outbox event router (bench/peers/debezium-outbox: the embedded engine,
+# pgoutput on PostgreSQL, the MySQL connector on MariaDB's binlog) take
+# turns on the same database server and the same Apache Kafka broker, on
+# the same rows: the same writer fills kinbox_outbox, Debezium's documented
+# outbox table (outboxevent: id, aggregatetype, aggregateid, type, payload)
+# or (emit) the log with kinbox's envelope, with the same count, payloads
+# and aggregates, in transactions of 1,000 rows. Systems that do not exist
+# on a backend (wal / emit on MariaDB, binlog on PostgreSQL) are skipped.
+# The log relays' slot (PostgreSQL) or stored binlog position (MariaDB) is
+# made before the fill, so the backlog waits in the log.
 #  * backlog: NRP rows committed while the relay is down, then the relay
 #    starts; kbtool hw watches the topic's high watermarks (the broker's
 #    view, the same for every system): rows/s from the first published row
@@ -33,7 +40,8 @@
 # Debezium on MariaDB: debezium-connector-mysql 3.6.1 takes MariaDB 10.11
 # for a MySQL >= 8.4 and fails on SHOW BINARY LOG STATUS; its MariaDB
 # connector (debezium-connector-mariadb) is not served here. The runs are
-# still tried, and recorded as not started.
+# still tried, and recorded as not started with the engine's reason (the
+# audit column: "FAILED:not-ready: REASON").
 # Every run is audited on the topic (kbtool order: every row there, at
 # least once, duplicates counted, per-aggregate order kept).
 # Relay CPU and peak RSS are sampled every 0.1 s from /proc; WAL bytes
@@ -46,15 +54,15 @@ NRL=${KINBOX_BENCH_RELAY_PEERS_LAT_N:-20000}
 RLRATE=${KINBOX_BENCH_RELAY_PEERS_RATE:-1000}
 RSTOP=${KINBOX_BENCH_RELAY_PEERS_STOP_S:-30}
 DBZ_POLL=${KINBOX_BENCH_DBZ_POLL_MS:-500}
-RPSYS=${KINBOX_BENCH_RELAY_PEERS:-kinbox-1 kinbox-2 wal debezium}
-RPLAT=${KINBOX_BENCH_RELAY_PEERS_LAT:-kinbox-1 debezium debezium@10}
+RPSYS=${KINBOX_BENCH_RELAY_PEERS:-kinbox-1 wal emit binlog debezium}
+RPLAT=${KINBOX_BENCH_RELAY_PEERS_LAT:-kinbox-1 wal binlog debezium@10}
 NL10K=${KINBOX_BENCH_RELAY_PEERS_10K_N:-100000}
 R10K=${KINBOX_BENCH_RELAY_PEERS_10K_RATE:-10000}
 W10K=${KINBOX_BENCH_RELAY_PEERS_10K_WRITERS:-2}
 TX10K=${KINBOX_BENCH_RELAY_PEERS_10K_TX:-10}
-RPLAT10K=${KINBOX_BENCH_RELAY_PEERS_10K-kinbox-1 debezium@10}
+RPLAT10K=${KINBOX_BENCH_RELAY_PEERS_10K-wal emit binlog debezium@10}
 NRH=${KINBOX_BENCH_RELAY_PEERS_HOT_N:-200000}
-RPHOT=${KINBOX_BENCH_RELAY_PEERS_HOT-kinbox-1 kinbox-2 debezium}
+RPHOT=${KINBOX_BENCH_RELAY_PEERS_HOT-wal binlog debezium}
 if [ $quick = 1 ]; then NRP=10000 NRL=2000 RSTOP=5 NL10K=5000 NRH=5000; fi
 
 build_debezium_peer() {
@@ -73,6 +81,28 @@ build_debezium_peer() {
 rp_table() {  # rp_table SYSTEM: the outbox table the system reads
     if [ "$1" = debezium ]; then echo outboxevent; else echo kinbox_outbox; fi
 }
+rp_has() {  # rp_has BACKEND SYSTEM: whether the system exists on the backend
+    case "$1/$2" in mysql/wal | mysql/emit | postgresql/binlog) return 1 ;; esac
+    return 0
+}
+rp_logsrc() {  # rp_logsrc BACKEND SYSTEM: the log relay's slot / position, before any row
+    case "$2" in
+        wal | emit) sql postgresql "$rdb" "SELECT 1 FROM pg_create_logical_replication_slot('kbwal_$idx', 'pgoutput')" >/dev/null ;;
+        binlog) sql mysql "$rdb" "INSERT INTO kinbox_relay_position (relay, gtid) VALUES ('kbwal_$idx', @@gtid_binlog_pos)" ;;
+    esac
+}
+rp_relay() {  # rp_relay SYSTEM N: bench/relay_bench for the system, in the background (sets rpid)
+    local src=poll k=1
+    case "$1" in wal | emit) src=wal ;; binlog) src=binlog ;; kinbox-*) k=${1#kinbox-} ;; esac
+    RB_SOURCE=$src RB_SLOT=kbwal_$idx "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays "$k" -n "$2" \
+        > "$rdir/relay.out" 2> "$rdir/relay.log" &
+    rpid=$!
+}
+# kinbox_outbox_emit_pg()'s envelope built in SQL (docs/outbox.md): version
+# 1, then destination, aggregate_id, idem_key, headers (NULL), payload, each
+# a 4-byte big-endian length and its bytes.
+RP_ENV="'\\x01'::bytea || int4send(octet_length(d)) || convert_to(d, 'UTF8') || int4send(octet_length(a)) || convert_to(a, 'UTF8')
+    || int4send(octet_length(k)) || convert_to(k, 'UTF8') || '\\xffffffff'::bytea || int4send(octet_length(p)) || convert_to(p, 'UTF8')"
 rp_db() {  # rp_db BACKEND SYSTEM -> rdb rurl rtopic rdir
     idx=$((idx + 1))
     rdb=kb_$idx rtopic=relay.$idx rdir=$W/$idx
@@ -120,6 +150,11 @@ rp_fill() {  # rp_fill BACKEND SYSTEM N [AGGREGATES]: N rows (aggregates: defaul
                     SELECT '$rtopic', 'agg-' || (i % $ag), 'grant',
                     ('{\"order_id\":\"o-' || i || '\",\"user_id\":' || (i % 100 + 1) || ',\"grant_points\":' || (i % 13 + 1) || '}')::jsonb
                     FROM generate_series($lo, $hi) AS i;"
+            elif [ "$sys" = emit ]; then
+                echo "SELECT count(pg_logical_emit_message(true, 'kinbox.outbox.v1', $RP_ENV))
+                    FROM (SELECT '$rtopic'::text AS d, 'agg-' || (i % $ag) AS a, 'k-' || i AS k,
+                    '{\"order_id\":\"o-' || i || '\",\"user_id\":' || (i % 100 + 1) || ',\"grant_points\":' || (i % 13 + 1) || '}' AS p
+                    FROM generate_series($lo, $hi) AS i) AS e;"
             else
                 echo "INSERT INTO kinbox_outbox (destination, idem_key, aggregate_id, payload)
                     SELECT '$rtopic', 'k-' || i, 'agg-' || (i % $ag),
@@ -190,7 +225,10 @@ dbz_ready() {  # dbz_ready BACKEND: a warm-up row (own topic) until it is publis
     done
     dbz_broken="${dbz_broken:-} $1"
     echo "bench/run: the Debezium peer never published ($rdir/debezium.log)" >&2
-    grep -m1 -o "DebeziumException: .*" "$rdir/debezium.log" >&2 || tail -n 5 "$rdir/debezium.log" >&2
+    # the engine's reason, one line (kept for the later runs' rows too)
+    dbz_why=$(grep -m1 -o "DebeziumException: .*" "$rdir/debezium.log" || tail -n 1 "$rdir/debezium.log")
+    dbz_why=$(printf '%s' "$dbz_why" | tr '\t\r\n' '   ' | cut -c1-300)
+    echo "$dbz_why" >&2
     return 1
 }
 dbz_stop() {
@@ -222,19 +260,17 @@ rp_audit() {  # rp_audit N [KEYS] -> sets raud rmsgs rkeys rdups rviol rdist
 rp_row() {  # rp_row FIELDS...: one line of relay_peers.tsv
     local IFS=$'\t'; echo "$*" >> "$RPRES"
 }
-rp_notready() {  # rp_notready BACKEND SYSTEM KIND N: the row of a peer that never started
-    rp_row "$@" - - - - - - - - - - - - - - - - - - - - "FAILED:not-ready" - - -
+rp_notready() {  # rp_notready BACKEND SYSTEM KIND N: the row of a peer that never started (its reason: dbz_why)
+    rp_row "$@" - - - - - - - - - - - - - - - - - - - - "FAILED:not-ready: ${dbz_why:-unknown}" - - - -
 }
 
 # backlog: rp_backlog BACKEND SYSTEM [KIND N AGGREGATES] (kind hot: every
 # row on one aggregate, no slot wait)
 rp_backlog() {
-    local be=$1 sys=$2 kind=${3:-backlog} NRP=${4:-$NRP} ag=${5:-10000} slot=- k
-    # wal: kinbox's log relay (relay.source = wal), PostgreSQL only; its
-    # slot made before the fill (the log keeps the backlog for it)
-    [ "$sys" = wal ] && [ "$be" != postgresql ] && return 0
+    local be=$1 sys=$2 kind=${3:-backlog} NRP=${4:-$NRP} ag=${5:-10000} slot=-
+    rp_has "$be" "$sys" || return 0
     rp_db "$be" "$sys"
-    [ "$sys" = wal ] && sql postgresql "$rdb" "SELECT 1 FROM pg_create_logical_replication_slot('kbwal_$idx', 'pgoutput')" >/dev/null
+    rp_logsrc "$be" "$sys"
     if [ "$sys" = debezium ]; then
         dbz_start "$be"
         dbz_ready "$be" || { dbz_stop; rp_drop "$be"; rp_notready "$be" "$sys" "$kind" "$NRP"; return 0; }
@@ -249,17 +285,11 @@ rp_backlog() {
     fi
     local dbt0; dbt0=$(db_ticks "$be")
     local t0; t0=$(date +%s.%N)
+    local pid
     if [ "$sys" = debezium ]; then
-        dbz_start "$be"; local pid=$dpid
-    elif [ "$sys" = wal ]; then
-        RB_SOURCE=wal RB_SLOT=kbwal_$idx "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRP" \
-            > "$rdir/relay.out" 2> "$rdir/relay.log" &
-        local pid=$!
+        dbz_start "$be"; pid=$dpid
     else
-        k=${sys#kinbox-}
-        "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays "$k" -n "$NRP" \
-            > "$rdir/relay.out" 2> "$rdir/relay.log" &
-        local pid=$!
+        rp_relay "$sys" "$NRP"; pid=$rpid
     fi
     rp_sample "$pid" "$rdir/samples.txt"
     local hw; hw=$("$KBTOOL" hw -b "$KINBOX_KAFKA_BOOTSTRAP" -t "$rtopic" -n "$NRP" --timeout 300 --interval-ms 50) || true
@@ -283,7 +313,7 @@ rp_backlog() {
     local dbcpu; dbcpu=$(awk -v a="$dbt0" -v b="$dbt1" -v c="$CLK" 'BEGIN { printf "%.2f", (b - a) / c }')
     rp_row "$be" "$sys" "$kind" "$NRP" "$from_start" "$rate" "$cpu" "$cpus" "$rss" "$dbcpu" \
         $((l1 - l0)) $((l2 - l1)) $((r1 - r0)) $((r2 - r1)) "$slot" "$slot_after" "$tbytes" \
-        - - - - "$rmsgs" "$rdups" "$rviol" "$raud" - - -
+        - - - - "$rmsgs" "$rdups" "$rviol" "$raud" - - - -
     printf '   %-10s %-9s %s %s: %7s rows/s (all published %ss after start), cpu %ss (steady %ss), rss %s KiB, log %s+%s B, slot %s B, keys %s, dups %s, %s\n' \
         "$be" "$sys" "$kind" "$NRP" "$rate" "$from_start" "$cpu" "$cpus" "$rss" $((l1 - l0)) $((l2 - l1)) "$slot" "$rkeys" "$rdups" "$raud"
     rp_drop "$be"
@@ -296,29 +326,23 @@ rp_latency() {
     local be=$1 sys=$2 kind=${3:-latency} NRL=${4:-$NRL} RLRATE=${5:-$RLRATE} wr=${6:-1} tx=${7:-1}
     local pid base=${2%@*} poll=$DBZ_POLL
     [ "$base" != "$sys" ] && poll=${sys#*@}
-    [ "$base" = wal ] && [ "$be" != postgresql ] && return 0
+    rp_has "$be" "$base" || return 0
     rp_db "$be" "$base"
     local opt=--pg; [ "$be" = mysql ] && opt=--mysql
-    local table=kinbox
+    local table=kinbox; [ "$base" = emit ] && table=emit
     if [ "$base" = debezium ]; then
         table=debezium
         DBZ_POLL=$poll dbz_start "$be"
         dbz_ready "$be" || { dbz_stop; rp_drop "$be"; rp_notready "$be" "$sys" "$kind" "$NRL"; return 0; }
         pid=$dpid
-    elif [ "$base" = wal ]; then
-        sql postgresql "$rdb" "SELECT 1 FROM pg_create_logical_replication_slot('kbwal_$idx', 'pgoutput')" >/dev/null
-        RB_SOURCE=wal RB_SLOT=kbwal_$idx "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRL" \
-            > "$rdir/relay.out" 2> "$rdir/relay.log" &
-        pid=$!
     else
-        "$RELAYB" throughput --url "$rurl" -b "$KINBOX_KAFKA_BOOTSTRAP" --relays 1 -n "$NRL" \
-            > "$rdir/relay.out" 2> "$rdir/relay.log" &
-        pid=$!
+        rp_logsrc "$be" "$base"
+        rp_relay "$base" "$NRL"; pid=$rpid
     fi
     rp_sample "$pid" "$rdir/samples.txt"
     local out
     out=$("$KBTOOL" latency "$opt" "$rurl" --table "$table" -b "$KINBOX_KAFKA_BOOTSTRAP" -t "$rtopic" \
-        -n "$NRL" --rate "$RLRATE" -w "$wr" --tx "$tx" --dump "$rdir/latency.rows" 2> "$rdir/latency.log") || true
+        -n "$NRL" --rate "$RLRATE" -w "$wr" --tx "$tx" --append-time 1 --dump "$rdir/latency.rows" 2> "$rdir/latency.log") || true
     sleep 0.2
     if [ "$base" = debezium ]; then dbz_stop; else
         kill -0 "$pid" 2>/dev/null && sleep 2
@@ -331,20 +355,23 @@ rp_latency() {
     # the same percentiles over the rows due in the run's second half (the
     # relay's start-up and any early backlog behind it)
     local h50 h99 h999
+    local a99  # the commit to the broker's append (LogAppendTime): the relay's part
+    a99=$(awk '$4 >= 0 { print $4 }' "$rdir/latency.rows" 2>/dev/null | sort -g |
+        awk '{ d[k++] = $1 } END { j = int(0.99 * k); if (j > k - 1) j = k - 1; if (k) printf "%.2f", d[j]; else print "-" }')
     read -r h50 h99 h999 < <(awk -v h="$(awk -v n="$NRL" -v r="$RLRATE" 'BEGIN { print n / r / 2 }')" \
         '$2 >= h && $3 >= 0 { print $3 }' "$rdir/latency.rows" 2>/dev/null | sort -g |
         awk '{ d[k++] = $1 } END { if (!k) { print "- - -"; exit }
             split("0.5 0.99 0.999", q, " "); for (i = 1; i <= 3; i++) { j = int(q[i] * k); if (j > k - 1) j = k - 1; printf "%.2f ", d[j] } print "" }')
     rp_row "$be" "$sys" "$kind" "$NRL" - "$arate" "$cpu" - "$rss" - - - - - - - - \
-        "$p50" "$p99" "$p999" "$pmax" "$rmsgs" "$rdups" "$rviol" "$raud" "${h50:--}" "${h99:--}" "${h999:--}"
-    printf '   %-10s %-9s %s %s rows at %s/s, %s writer(s), %s row(s) a commit (achieved %s/s): p50 %s ms, p99 %s ms, p99.9 %s ms, max %s ms (2nd half: %s / %s / %s ms), dups %s, %s\n' \
-        "$be" "$sys" "$kind" "$NRL" "$RLRATE" "$wr" "$tx" "$arate" "$p50" "$p99" "$p999" "$pmax" "${h50:--}" "${h99:--}" "${h999:--}" "$rdups" "$raud"
+        "$p50" "$p99" "$p999" "$pmax" "$rmsgs" "$rdups" "$rviol" "$raud" "${h50:--}" "${h99:--}" "${h999:--}" "${a99:--}"
+    printf '   %-10s %-9s %s %s rows at %s/s, %s writer(s), %s row(s) a commit (achieved %s/s): p50 %s ms, p99 %s ms, p99.9 %s ms, max %s ms (2nd half: %s / %s / %s ms; to the broker'"'"'s append p99 %s ms), rss %s KiB, dups %s, %s\n' \
+        "$be" "$sys" "$kind" "$NRL" "$RLRATE" "$wr" "$tx" "$arate" "$p50" "$p99" "$p999" "$pmax" "${h50:--}" "${h99:--}" "${h999:--}" "${a99:--}" "$rss" "$rdups" "$raud"
     rp_drop "$be"
 }
 
 relay_peers() {
     RPRES=$W/relay_peers.tsv
-    printf 'backend\tsystem\tkind\tn\tall_published_s\trows_s\tcpu_s\tcpu_steady_s\trss_kib\tdb_cpu_s\tlog_fill_b\tlog_drain_b\tredo_fill_b\tredo_drain_b\tslot_retained_stopped_b\tslot_retained_after_b\ttable_b\tp50_ms\tp99_ms\tp999_ms\tmax_ms\tmessages\tduplicates\torder_violations\taudit\tp50_2nd_half_ms\tp99_2nd_half_ms\tp999_2nd_half_ms\n' > "$RPRES"
+    printf 'backend\tsystem\tkind\tn\tall_published_s\trows_s\tcpu_s\tcpu_steady_s\trss_kib\tdb_cpu_s\tlog_fill_b\tlog_drain_b\tredo_fill_b\tredo_drain_b\tslot_retained_stopped_b\tslot_retained_after_b\ttable_b\tp50_ms\tp99_ms\tp999_ms\tmax_ms\tmessages\tduplicates\torder_violations\taudit\tp50_2nd_half_ms\tp99_2nd_half_ms\tp999_2nd_half_ms\tappend_p99_ms\n' > "$RPRES"
     local be s
     for be in ${KINBOX_BENCH_BACKENDS:-postgresql mysql}; do
         echo "== relay side on Apache Kafka: $be (backlog $NRP rows; latency $NRL rows at $RLRATE/s)"

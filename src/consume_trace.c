@@ -34,23 +34,23 @@ kinbox__msg_trace_start(kinbox_msg_t *m)
 
 /* What kinbox decided for the message, as span attributes. */
 static void
-decision(kinbox__span_t *sp, const kinbox_msg_t *m)
+decision(kinbox__span_t *sp, const kinbox_msg_t *m, const kinbox__run_t *ru)
 {
         const char *dup = NULL;
-        if (m->state == KINBOX__MSG_DUP)
+        if (ru->state == KINBOX__MSG_DUP)
                 dup = "redelivery";
-        else if (m->state == KINBOX__MSG_BIZDUP ||
-                 (m->state == KINBOX__MSG_RUN && m->dup_ok))
+        else if (ru->state == KINBOX__MSG_BIZDUP ||
+                 (ru->state == KINBOX__MSG_RUN && ru->dup_ok))
                 dup = "business";
         kinbox__span_bool(sp, "kinbox.duplicate", dup != NULL);
         if (dup)
                 kinbox__span_str(sp, "kinbox.duplicate.kind", dup);
         kinbox__span_bool(sp, "kinbox.dead_lettered",
-                          m->state == KINBOX__MSG_DEAD);
-        if (m->state == KINBOX__MSG_PARK)
+                          ru->state == KINBOX__MSG_DEAD);
+        if (ru->state == KINBOX__MSG_PARK)
                 kinbox__span_bool(sp, "kinbox.parked", true);
         kinbox__span_int(sp, "kinbox.attempt", m->attempt ? m->attempt : 1);
-        if (m->state == KINBOX__MSG_DEAD) {
+        if (ru->state == KINBOX__MSG_DEAD) {
                 sp->status = KINBOX__STATUS_ERROR;
                 if (m->reason)
                         kinbox__span_str(sp, "error.type", m->reason);
@@ -58,7 +58,8 @@ decision(kinbox__span_t *sp, const kinbox_msg_t *m)
 }
 
 static void
-consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m, const char *group)
+consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m,
+             const kinbox__run_t *ru, const char *group)
 {
         if (!m->trace_set || !(m->trace.flags & 0x01))
                 return;
@@ -81,19 +82,20 @@ consume_span(kinbox_consumer_t *c, const kinbox_msg_t *m, const char *group)
         if (m->id)
                 kinbox__span_str(&sp, "messaging.message.id", m->id);
         kinbox__span_str(&sp, "kinbox.consumer", c->name);
-        decision(&sp, m);
+        decision(&sp, m, ru);
         kinbox__span_end(&sp);
 }
 
 void
-kinbox__consume_spans(kinbox_consumer_t *c, kinbox__worker_t *w)
+kinbox__consume_spans(const kinbox__batch_t *b)
 {
+        kinbox_consumer_t *c = b->c;
         const char *group = kinbox__settings_of(c->conf)->group_id;
-        for (size_t i = 0; i < w->nmsgs; i++) {
-                const kinbox_msg_t *m = w->msgs[i];
+        for (size_t i = 0; i < b->nmsgs; i++) {
+                const kinbox_msg_t *m = b->msgs[i];
                 /* KINBOX__MSG_CUT: not decided by this transaction (runs again). */
-                if (m->state != KINBOX__MSG_CUT && m->rkm)
-                        consume_span(c, m, group);
+                if (b->run[i].state != KINBOX__MSG_CUT && m->rkm)
+                        consume_span(c, m, &b->run[i], group);
         }
 }
 

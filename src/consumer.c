@@ -392,27 +392,7 @@ db_open(kinbox_consumer_t *c, char *errstr, size_t sz)
 static bool
 grow_batch(kinbox__worker_t *w, size_t need)
 {
-        if (need <= w->capmsgs)
-                return true;
-        size_t cap = need;
-        kinbox_msg_t **m = realloc(w->msgs, cap * sizeof(*m));
-        if (!m)
-                return false;
-        w->msgs = m;
-        kinbox__inbox_row_t *r = realloc(w->rows, cap * sizeof(*r));
-        if (!r)
-                return false;
-        w->rows = r;
-        bool *b = realloc(w->is_new, cap * sizeof(*b));
-        if (!b)
-                return false;
-        w->is_new = b;
-        kinbox_result_t *res = realloc(w->results, cap * sizeof(*res));
-        if (!res)
-                return false;
-        w->results = res;
-        w->capmsgs = cap;
-        return true;
+        return !kinbox__batch_reserve(&w->b, need);
 }
 
 /* Under w->lock: collect up to limit messages from runnable partitions. */
@@ -432,9 +412,10 @@ collect(kinbox_consumer_t *c, kinbox__worker_t *w, int64_t now,
                                 *next_wake = p->retry_at;
                         continue;
                 }
-                for (kinbox_msg_t *m = p->head; m && n < w->limit; m = m->next)
-                        w->msgs[n++] = m;
-                if (n >= w->limit)
+                for (kinbox_msg_t *m = p->head; m && n < w->b.limit;
+                     m = m->next)
+                        w->b.msgs[n++] = m;
+                if (n >= w->b.limit)
                         break;
         }
         return n;
@@ -471,10 +452,10 @@ worker_main(void *arg)
                         continue;
                 }
                 /* Let the batch fill for up to batch.wait.ms. */
-                if (avail < w->limit && c->batch_wait > 0) {
+                if (avail < w->b.limit && c->batch_wait > 0) {
                         int64_t until = now + c->batch_wait;
                         while (!w->stop &&
-                               runnable(c, w, kinbox__now_ms()) < w->limit) {
+                               runnable(c, w, kinbox__now_ms()) < w->b.limit) {
                                 int64_t left = until - kinbox__now_ms();
                                 if (left <= 0)
                                         break;
@@ -484,15 +465,15 @@ worker_main(void *arg)
                                 break;
                 }
                 int64_t wake;
-                w->nmsgs = collect(c, w, kinbox__now_ms(), &wake);
-                if (!w->nmsgs)
+                w->b.nmsgs = collect(c, w, kinbox__now_ms(), &wake);
+                if (!w->b.nmsgs)
                         continue;
                 w->in_batch = true;
                 pthread_mutex_unlock(&w->lock);
-                kinbox__batch_process(c, w);
+                kinbox__batch_process(&w->b);
                 pthread_mutex_lock(&w->lock);
                 w->in_batch = false;
-                w->nmsgs = 0;
+                w->b.nmsgs = 0;
                 w->batch_seq++;
                 pthread_cond_broadcast(&w->idle);
         }
@@ -942,10 +923,7 @@ workers_free(kinbox_consumer_t *c)
         for (int k = 0; k < c->nworkers; k++) {
                 kinbox__worker_t *w = &c->workers[k];
                 kinbox__db_destroy(w->db);
-                free(w->msgs);
-                free(w->rows);
-                free(w->is_new);
-                free(w->results);
+                kinbox__batch_free(&w->b);
                 pthread_mutex_destroy(&w->lock);
                 pthread_cond_destroy(&w->cond);
                 pthread_cond_destroy(&w->idle);
@@ -981,11 +959,15 @@ workers_start(kinbox_consumer_t *c)
                 kinbox__worker_t *w = &c->workers[k];
                 w->c = c;
                 w->idx = k;
-                w->limit = c->batch_max;
                 pthread_mutex_init(&w->lock, NULL);
                 pthread_cond_init(&w->cond, NULL);
                 pthread_cond_init(&w->idle, NULL);
                 w->db = db_open(c, c->errstr, sizeof(c->errstr));
+                w->b = (kinbox__batch_t){.c = c,
+                                         .w = w,
+                                         .db = w->db,
+                                         .limit = c->batch_max,
+                                         .attr.call_tag = -1};
                 if (!w->db || !grow_batch(w, c->batch_max))
                         return KINBOX_ERR_NOMEM;
                 if (kinbox__db_connect(w->db))

@@ -2,15 +2,16 @@
  * consumer_int.h -- what the consumer's files share (internal).
  *
  * A message travels: consumer.c (poll loop, rebalances, hands each message
- * to the worker owning its partition; worker threads build batches) ->
- * batch.c (one batch in one transaction: inbox insert, handlers, failure
- * isolation and classification, dead letters, watermarks, COMMIT, offset
- * store). Handlers read the message through msg.c and write through the
- * transaction API in txapi.c.
+ * to the worker owning its partition; worker threads collect batches,
+ * batch.h) -> batch*.c (one batch in one transaction: inbox insert,
+ * handlers, failure isolation and classification, dead letters,
+ * watermarks, COMMIT, offset store). Handlers read the message through
+ * msg.c and write through the transaction API in txapi.c.
  */
 #ifndef KINBOX_CONSUMER_INT_H
 #define KINBOX_CONSUMER_INT_H
 
+#include "batch.h"
 #include "db.h"
 #include "internal.h"
 #include "msgid.h"
@@ -27,37 +28,15 @@
 typedef struct kinbox__part kinbox__part_t;
 typedef struct kinbox__worker kinbox__worker_t;
 
-/* What a batch run does with a message. */
-typedef enum kinbox__msg_state {
-        KINBOX__MSG_RUN, /* run the handler */
-        KINBOX__MSG_DUP, /* the inbox has its id (redelivery) */
-        KINBOX__MSG_DEAD, /* dead-letter it */
-        KINBOX__MSG_CUT, /* not in this transaction (retried later) */
-        /* A business duplicate: inbox row only, the handler's effect
-         * undone. */
-        KINBOX__MSG_BIZDUP,
-        /* Its key is held (hold.c): inbox row and parked row. */
-        KINBOX__MSG_PARK
-} kinbox__msg_state_t;
-
 /* Whether a message's held key (dead_letter.hold_key, hold.c) was looked
  * up; zero (a calloc'ed message) is not yet. */
 typedef enum kinbox__hkey_state {
         KINBOX__HKEY_UNKNOWN, /* not looked up yet */
         KINBOX__HKEY_NONE, /* the message has no held-key value */
-        KINBOX__HKEY_SET /* in hkey/hkey_len */
+        KINBOX__HKEY_SET, /* in hkey/hkey_len */
+        /* its source is a header the message carries more than once */
+        KINBOX__HKEY_AMBIGUOUS
 } kinbox__hkey_state_t;
-
-/* How a batch handler's last one-message call went; zero (a calloc'ed
- * worker) is not seen yet. */
-typedef enum kinbox__one_call {
-        KINBOX__ONE_CALL_UNSEEN,
-        /* Without a round trip of its own: narrowing a failed group one
-         * message at a time costs statements, not waits. */
-        KINBOX__ONE_CALL_NO_WAIT,
-        /* It waited for the server: bisect instead. */
-        KINBOX__ONE_CALL_WAITED
-} kinbox__one_call_t;
 
 /* The message as handlers see it. */
 struct kinbox_msg_s {
@@ -67,10 +46,7 @@ struct kinbox_msg_s {
         char *reason; /* why it failed last (malloc), or why it has no id */
         int attempt; /* deliveries to the handler so far, +1 when running */
         int failures; /* its own failed attempts (results, statements) */
-        kinbox__msg_state_t state; /* per batch run */
-        bool inserted; /* this transaction inserted its inbox row */
-        bool dup_ok; /* the handler said KINBOX_RESULT_DUPLICATE */
-        size_t bidx; /* its index in the worker's batch (w->msgs) */
+        size_t bidx; /* its index in its batch (b->msgs, b->run) */
         kinbox_msg_t *next;
         kinbox__msgview_t v; /* what the accessors read */
         int64_t ts; /* Kafka timestamp (ms), -1 if none */
@@ -159,22 +135,7 @@ struct kinbox__worker {
         uint64_t batch_seq;
         bool stop;
         kinbox__db_t *db;
-        size_t limit; /* batch size cap */
-        int iso_left; /* batches left in isolation mode */
-        int64_t handler_us; /* in handler calls, this transaction */
-        bool iso_hit; /* this batch had a failure */
-        /* Batch handler: every failure of this isolation spell was pinned
-         * on its message (a named row, the handler's own verdicts), so its
-         * batches need few groups; false once one needed narrowing. */
-        bool iso_exact;
-        /* Batch handler: how its last one-message call went. */
-        kinbox__one_call_t one_call;
-        kinbox_msg_t **msgs; /* current batch */
-        size_t nmsgs, capmsgs;
-        kinbox__inbox_row_t *rows;
-        bool *is_new;
-        kinbox_result_t *results;
-        bool hold_dead; /* hold.c: this batch has a dead message */
+        kinbox__batch_t b; /* its batch (batch.h), collected under lock */
         int64_t hold_poll_at; /* hold.c: next release poll (monotonic) */
 };
 
@@ -186,7 +147,7 @@ typedef struct kinbox__ukey {
 
 struct kinbox_tx_s {
         kinbox_consumer_t *c;
-        kinbox__worker_t *w;
+        kinbox__batch_t *b; /* the batch of the messages (NULL: replay) */
         kinbox__db_t *db;
         int tag; /* statement tag of the running call (db.h) */
         bool failed; /* a statement failed during the current call */
@@ -272,7 +233,7 @@ int kinbox__msg_traceparent(const kinbox_msg_t *m, kinbox_trace_t *t);
 /* consume_trace.c: a received message's trace context (tracing on), and
  * the consume spans of a committed batch. */
 void kinbox__msg_trace_start(kinbox_msg_t *m);
-void kinbox__consume_spans(kinbox_consumer_t *c, kinbox__worker_t *w);
+void kinbox__consume_spans(const kinbox__batch_t *b);
 /* " (trace <32 hex>)" for a log line about m when it has a trace context
  * (tracing on: its own; else a valid traceparent header), else "". */
 const char *kinbox__msg_trace_note(const kinbox_msg_t *m, char buf[48]);
@@ -280,11 +241,6 @@ const char *kinbox__msg_trace_note(const kinbox_msg_t *m, char buf[48]);
 /* ---- txapi.c */
 /* Forget the transaction's kinbox_tx_exec_unique() keys. */
 void kinbox__tx_clear_ukeys(kinbox_tx_t *tx);
-
-/* ---- batch.c */
-/* Run the worker's current batch (w->msgs[0..nmsgs)) until it committed
- * or was abandoned; pops the committed messages from their partitions. */
-void kinbox__batch_process(kinbox_consumer_t *c, kinbox__worker_t *w);
 
 /* The partition (topic, partition) of c's assignment, or NULL (the
  * polling thread's list). */

@@ -77,7 +77,7 @@ typedef struct kinbox__dberr {
         /* 1 + the tag of the row the server's detail seems to describe
          * (PostgreSQL: "Failing row contains (...)" of a CHECK / NOT NULL
          * violation, matched against the keys of a query with owners,
-         * db->hint_*), 0 when none. A hint for narrowing, never blame:
+         * db->attr->hint_*), 0 when none. A hint for narrowing, never blame:
          * the row's owner is only charged when its own one-message call
          * fails. */
         int suspect;
@@ -121,31 +121,9 @@ struct kinbox__db {
         bool in_tx;
         /* MySQL: merge single-row INSERTs of a transaction (db/mysql.c). */
         bool coalesce;
-        /* Tags of KINBOX__TAG_CLAIM statements that affected no row, in
-         * the order their results were read (the consumer empties it). */
-        int *none_tags;
-        size_t nnone, capnone;
-        /* exec_values() (set by the consumer per batch): drop_rows lets a
-         * failed row's message be dropped from its statement; call_tag is
-         * the tag of the handler call running now (its statements are
-         * never dropped from: the call may still queue more), -1 if none.
-         * drops: the failures of dropped messages (err.tag names the
-         * message), in the order found; the consumer empties it. */
-        bool drop_rows;
-        int call_tag;
-        /* exec_values() rows with owners are queued, unsent (the backend
-         * sets and clears it): the consumer flushes them before a
-         * savepoint or the epilogue, so a dropped row's dead letter is
-         * queued where it stays. */
-        bool rows_queued;
-        kinbox__dberr_t *drops;
-        size_t ndrops, capdrops;
-        /* The query running now has rows with owners (set around
-         * ops->query() by kinbox_tx_query_owned()): row r's key
-         * hint_keys[r], owner tag hint_tags[r]. hint_n 0: none. */
-        const char *const *hint_keys;
-        const int *hint_tags;
-        size_t hint_n;
+        /* The attribution record of the transaction running now
+         * (db/tags.h), set by kinbox__db_begin(); NULL: none kept. */
+        kinbox__attr_t *attr;
         /* The inbox layout (db/inbox.c): the width of one range of
          * message time in seconds (part_at), the boundary skew, and
          * whether kinbox_inbox is partitioned (shadow rows written). Set
@@ -179,10 +157,10 @@ struct kinbox__db_ops {
          * $nper are that row's parameters), rows joined by ", ", then
          * tail. Row r belongs to row_tags[r]. When a row fails and the
          * server names it, db->err.tag is that row's tag (err.stmt_tag
-         * stays tag); with db->drop_rows the row's owner may be dropped
+         * stays tag); with db->attr->drop_rows the row's owner may be dropped
          * from the statement (and from the same call's later exec_values()
          * statements) and the transaction goes on: the failure is then
-         * appended to db->drops instead of returned. row_tags NULL: no
+         * appended to db->attr->drops instead of returned. row_tags NULL: no
          * owners, a plain statement. Backends whose server cannot name a
          * row use kinbox__db_exec_values_text(). */
         int (*exec_values)(kinbox__db_t *db, const struct kinbox__values *v,
@@ -246,6 +224,9 @@ struct kinbox__db_ops {
         /* The partitioned inbox's statements (db/pg_part.c,
          * db/mysql_part.c). */
         const struct kinbox__part_ops *part;
+        /* The partitioned outbox's statements
+         * (db/pg_outbox_partition.c, db/mysql_outbox_partition.c). */
+        const struct kinbox__opart_ops *opart;
 };
 
 /* The server ran out of a resource: disk, memory, connection slots or
@@ -309,9 +290,11 @@ kinbox__db_t *kinbox__db_new_conf(const struct kinbox_conf_s *conf,
 
 /* An unconnected handle of the backend ops names (db/db.c): for a
  * backend's own side connections, which must not go back up through
- * kinbox__db_new(). NULL when out of memory. */
-kinbox__db_t *kinbox__db_alloc(const struct kinbox__db_ops *ops,
-                               const char *url, const char *password);
+ * kinbox__db_new(). NULL with errstr when url names another backend or
+ * memory ran out. */
+kinbox__db_t *kinbox__db_new_ops(const struct kinbox__db_ops *ops,
+                                 const char *url, const char *password,
+                                 char *errstr, size_t errstr_size);
 /* The log relay's source of db's backend (db/logsrc_ops.h). */
 const struct kinbox__logsrc_ops *kinbox__db_logsrc(const kinbox__db_t *db);
 
@@ -415,16 +398,23 @@ int kinbox__rows_set(struct kinbox_rows_s *r, size_t row, int col,
                      const char *v, size_t len);
 int kinbox__rows_set_name(struct kinbox_rows_s *r, int col, const char *n);
 
+/* ops->begin() with attr as the transaction's attribution record
+ * (db/tags.h; NULL: none kept): the backend writes it until the next
+ * kinbox__db_begin(). */
+int kinbox__db_begin(kinbox__db_t *db, kinbox__attr_t *attr);
+/* An attribution record's memory (the record itself is the caller's). */
+void kinbox__attr_free(kinbox__attr_t *a);
+
 /* Run sql (no parameters) now; *yes = it returned a row. */
 int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
 
-/* ops->query() with its rows' keys and owner tags as hints (db->hint_*,
+/* ops->query() with its rows' keys and owner tags as hints (db->attr->hint_*,
  * set for this statement only; keys NULL: a plain query). */
 int kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
                             const kinbox__param_t *p, int tag,
                             const char *const *keys, const int *tags,
                             size_t nrows, struct kinbox_rows_s **out);
-/* 1 + the tag of the first hinted row (db->hint_*) with an owner whose
+/* 1 + the tag of the first hinted row (db->attr->hint_*) with an owner whose
  * key is a whole field of row, a row as servers describe it: "(v1, v2,
  * ...)"; 0 when none matches. */
 int kinbox__db_row_suspect(const kinbox__db_t *db, const char *row);
@@ -443,7 +433,7 @@ kinbox__claims_t *kinbox__claims_new(const char *const *keys, const int *tags,
 void kinbox__claims_free(kinbox__claims_t *c);
 /* The statement's result, the keys it returned (got[0..ngot)): each one
  * goes to the first row carrying it; every owner none of whose rows got a
- * key is noted in db->none_tags (already applied). */
+ * key is noted in db->attr->none_tags (already applied). */
 void kinbox__claims_resolve(kinbox__db_t *db, const kinbox__claims_t *c,
                             const char *const *got, size_t ngot);
 /* The claim statement of tag returned no column: a permanent failure
@@ -463,7 +453,8 @@ int kinbox__db_exec_claims(kinbox__db_t *db, const char *sql, int n,
 int kinbox__db_exec_values_text(kinbox__db_t *db, const kinbox__values_t *v,
                                 int tag);
 
-/* Note a claim statement that affected no row (see none_tags). */
+/* Note a claim statement that affected no row (db->attr->none_tags;
+ * nothing without a record). */
 void kinbox__db_note_none(kinbox__db_t *db, int tag);
 
 /* Fill db->err. */
@@ -494,5 +485,6 @@ int kinbox__mysql_url_check(const char *params, char *errstr,
 #include "db/logsrc_ops.h"
 #include "db/outbox_ops.h"
 #include "db/part_ops.h"
+#include "db/outbox_partition.h"
 
 #endif

@@ -42,14 +42,16 @@ void kinbox__hold_free(kinbox__part_t *p);
  *  followers(): a batch handler call rejected a message and also ran a
  *             later message of the same key (the call must be undone).
  *  committed(): the batch committed: its dead keys are held now. */
-bool kinbox__hold_park(kinbox_consumer_t *c, kinbox__worker_t *w, size_t i);
-int kinbox__hold_queue_park(kinbox_consumer_t *c, kinbox__worker_t *w,
-                            kinbox_msg_t *m);
-int kinbox__hold_block(kinbox_consumer_t *c, kinbox__worker_t *w,
-                       kinbox_msg_t *m);
-bool kinbox__hold_followers(kinbox_consumer_t *c, kinbox__worker_t *w,
-                            const size_t *idx, size_t n);
-void kinbox__hold_committed(kinbox_consumer_t *c, kinbox__worker_t *w);
+/* True when m's held key is ambiguous (dead_letter.hold_key.source a
+ * header m carries more than once), with the reason in why: m is
+ * dead-lettered like a message whose id is ambiguous, and holds nothing. */
+bool kinbox__hold_ambiguous(const kinbox_consumer_t *c, kinbox_msg_t *m,
+                            char *why, size_t why_size);
+bool kinbox__hold_park(kinbox__batch_t *b, size_t i);
+int kinbox__hold_queue_park(kinbox__batch_t *b, kinbox_msg_t *m);
+int kinbox__hold_block(kinbox__batch_t *b, kinbox_msg_t *m);
+bool kinbox__hold_followers(kinbox__batch_t *b, const size_t *idx, size_t n);
+void kinbox__hold_committed(kinbox__batch_t *b);
 
 /* Worker thread, between batches, with w->lock held (released while it
  * works): release the parked messages of holds whose blocker left

@@ -187,6 +187,14 @@ static const family_t families[] = {
      "Rows of dropped inbox partitions kept in the catch-all because an "
      "unresolved dead letter or a parked message still needs them.",
      NULL, 0},
+    {"kinbox_outbox_partitions", M_GAUGE,
+     "Day partitions of a partitioned outbox (set by the pruner's run).", NULL,
+     0},
+    {"kinbox_outbox_partition_changes_total", M_COUNTER,
+     "Outbox days created, dropped or kept past the retention because the "
+     "database refused the drop (op = create, drop, keep; the reason is "
+     "logged).",
+     NULL, 0},
     {"kinbox_reconcile_discrepancies", M_GAUGE,
      "Rows the reconciliation check returned in its last run (0: clean).",
      NULL, 0},

@@ -8,6 +8,7 @@
 #include "db.h"
 #include "internal.h"
 #include "partition.h"
+#include "partition_outbox.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,8 +325,8 @@ migrate_module(run_t *r, const kinbox_module_t *mod, const vers_t *got)
                          sql);
 }
 
-/* inbox.layout = partitioned: the conversion, reported as a step of
- * kinbox's own (version 0). */
+/* inbox.layout / outbox.layout = partitioned: the conversions, reported
+ * as steps of kinbox's own (version 0). */
 static int
 layout_step(run_t *r, const kinbox__settings_t *s)
 {
@@ -333,6 +334,11 @@ layout_step(run_t *r, const kinbox__settings_t *s)
         char note[200];
         int rc = kinbox__partition_apply(r->db, s, dry, note, sizeof(note),
                                          r->errstr, r->sz);
+        if (!rc && *note && r->cb)
+                r->cb("kinbox", 0, note, !dry, r->opaque);
+        if (!rc)
+                rc = kinbox__outbox_partition_apply(
+                    r->db, s, dry, note, sizeof(note), r->errstr, r->sz);
         if (!rc && *note && r->cb)
                 r->cb("kinbox", 0, note, !dry, r->opaque);
         return rc;

@@ -155,56 +155,86 @@ kinbox__msgview_of(const rd_kafka_message_t *rkm, kinbox__msgview_t *v)
         v->headers = h;
 }
 
-char *
-kinbox__msgid_extract(const char *spec, const kinbox__msgview_t *m, char *why,
-                      size_t wsz)
+/* The value of header name: the only one, or (several) none picked. */
+static kinbox__field_rc_t
+field_header(const kinbox__msgview_t *m, const char *name, const char *what,
+             kinbox__field_t *out, char *why, size_t wsz)
 {
-        if (!strncmp(spec, "header:", 7)) {
-                const void *v = NULL;
-                size_t n = 0;
-                if (!m->headers ||
-                    rd_kafka_header_get_last(m->headers, spec + 7, &v, &n)) {
-                        kinbox__errstr(why, wsz, "no header \"%s\"", spec + 7);
-                        return NULL;
-                }
-                /* Two id headers: which one the producer meant is unknown,
-                 * and picking one could apply a message twice. */
-                const void *v2;
-                size_t n2;
-                if (!rd_kafka_header_get(m->headers, 1, spec + 7, &v2, &n2)) {
-                        size_t count = 2;
-                        while (!rd_kafka_header_get(m->headers, count,
-                                                    spec + 7, &v2, &n2))
-                                count++;
-                        kinbox__errstr(why, wsz,
-                                       "ambiguous message id: %zu \"%s\" "
-                                       "headers",
-                                       count, spec + 7);
-                        return NULL;
-                }
-                return check_id(v, n, spec, why, wsz);
+        if (!m->headers ||
+            rd_kafka_header_get_last(m->headers, name, &out->v, &out->n)) {
+                kinbox__errstr(why, wsz, "no header \"%s\"", name);
+                return KINBOX__FIELD_NONE;
         }
+        /* Repeated: which one the producer meant is unknown, and picking
+         * one could apply a message twice or out of its key's order. */
+        const void *v2;
+        size_t n2, count = 1;
+        while (!rd_kafka_header_get(m->headers, count, name, &v2, &n2))
+                count++;
+        if (count == 1)
+                return KINBOX__FIELD_SET;
+        out->v = NULL;
+        out->n = 0;
+        kinbox__errstr(why, wsz, "ambiguous %s: %zu \"%s\" headers", what,
+                       count, name);
+        return KINBOX__FIELD_AMBIGUOUS;
+}
+
+kinbox__field_rc_t
+kinbox__msgfield_locate(const char *spec, const kinbox__msgview_t *m,
+                        const char *what, kinbox__field_t *out, char *why,
+                        size_t wsz)
+{
+        *out = (kinbox__field_t){0};
+        if (!strncmp(spec, "header:", 7))
+                return field_header(m, spec + 7, what, out, why, wsz);
         if (!strcmp(spec, "key")) {
                 if (!m->key) {
                         kinbox__errstr(why, wsz, "message has no key");
-                        return NULL;
+                        return KINBOX__FIELD_NONE;
                 }
-                return check_id(m->key, m->key_len, "key", why, wsz);
+                out->v = m->key;
+                out->n = m->key_len;
+                return KINBOX__FIELD_SET;
         }
         if (!strncmp(spec, "json:", 5)) {
                 if (!m->payload) {
                         kinbox__errstr(why, wsz, "message has no payload");
-                        return NULL;
+                        return KINBOX__FIELD_NONE;
                 }
-                return kinbox__json_pointer(m->payload, m->len, spec + 5, why,
-                                            wsz);
-        }
-        if (!strcmp(spec, "coords")) {
+                out->own = kinbox__json_pointer(m->payload, m->len, spec + 5,
+                                                why, wsz);
+        } else if (!strcmp(spec, "coords")) {
                 char b[400];
                 snprintf(b, sizeof(b), "%s/%" PRId32 "/%" PRId64, m->topic,
                          m->partition, m->offset);
-                return check_id(b, strlen(b), "coords", why, wsz);
+                out->own = kinbox__strdup(b);
+                if (!out->own)
+                        kinbox__errstr(why, wsz, "out of memory");
+        } else {
+                kinbox__errstr(why, wsz, "unknown %s source \"%s\"", what,
+                               spec);
+                return KINBOX__FIELD_NONE;
         }
-        kinbox__errstr(why, wsz, "unknown message_id source \"%s\"", spec);
-        return NULL;
+        if (!out->own)
+                return KINBOX__FIELD_NONE;
+        out->v = out->own;
+        out->n = strlen(out->own);
+        return KINBOX__FIELD_SET;
+}
+
+char *
+kinbox__msgid_extract(const char *spec, const kinbox__msgview_t *m, char *why,
+                      size_t wsz)
+{
+        kinbox__field_t f;
+        if (kinbox__msgfield_locate(spec, m, "message id", &f, why, wsz) !=
+            KINBOX__FIELD_SET)
+                return NULL;
+        if (f.own && strncmp(spec, "coords", 6))
+                return f.own; /* json: taken as it is */
+        const char *what = !strcmp(spec, "key") ? "key" : spec;
+        char *id = check_id(f.v, f.n, what, why, wsz);
+        free(f.own);
+        return id;
 }

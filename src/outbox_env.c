@@ -80,6 +80,48 @@ text_ok(const unsigned char *p, uint32_t len, bool required, size_t max)
         return !memchr(p, 0, len);
 }
 
+/* The envelope's fields after its version byte: f[i] and len[i] (NULL_LEN:
+ * absent), *total the bytes they take NUL-terminated. 0, or -1 with why
+ * (truncated, or bytes after the last field). */
+static int
+split_fields(const unsigned char *p, size_t n, const unsigned char **f,
+             uint32_t *len, size_t *total, char *why, size_t whysz)
+{
+        size_t off = 1;
+        for (int i = 0; i < NFIELDS; i++) {
+                if (n - off < 4) {
+                        kinbox__errstr(why, whysz,
+                                       "outbox envelope: truncated (%zu "
+                                       "bytes)",
+                                       n);
+                        return -1;
+                }
+                len[i] = (uint32_t)p[off] << 24 | (uint32_t)p[off + 1] << 16 |
+                         (uint32_t)p[off + 2] << 8 | p[off + 3];
+                off += 4;
+                f[i] = p + off;
+                if (len[i] != NULL_LEN) {
+                        if (n - off < len[i]) {
+                                kinbox__errstr(why, whysz,
+                                               "outbox envelope: truncated "
+                                               "(%zu bytes)",
+                                               n);
+                                return -1;
+                        }
+                        off += len[i];
+                        *total += len[i] + 1;
+                }
+        }
+        if (off != n) {
+                kinbox__errstr(why, whysz,
+                               "outbox envelope: %zu bytes after its last "
+                               "field",
+                               n - off);
+                return -1;
+        }
+        return 0;
+}
+
 int
 kinbox__outbox_env_decode(const char *prefix, const unsigned char *p, size_t n,
                           kinbox__outbox_env_t *out, char *why, size_t whysz)
@@ -102,38 +144,9 @@ kinbox__outbox_env_decode(const char *prefix, const unsigned char *p, size_t n,
         }
         const unsigned char *f[NFIELDS];
         uint32_t len[NFIELDS];
-        size_t off = 1, total = 0;
-        for (int i = 0; i < NFIELDS; i++) {
-                if (n - off < 4) {
-                        kinbox__errstr(why, whysz,
-                                       "outbox envelope: truncated (%zu "
-                                       "bytes)",
-                                       n);
-                        return -1;
-                }
-                len[i] = (uint32_t)p[off] << 24 | (uint32_t)p[off + 1] << 16 |
-                         (uint32_t)p[off + 2] << 8 | p[off + 3];
-                off += 4;
-                f[i] = p + off;
-                if (len[i] != NULL_LEN) {
-                        if (n - off < len[i]) {
-                                kinbox__errstr(why, whysz,
-                                               "outbox envelope: truncated "
-                                               "(%zu bytes)",
-                                               n);
-                                return -1;
-                        }
-                        off += len[i];
-                        total += len[i] + 1;
-                }
-        }
-        if (off != n) {
-                kinbox__errstr(why, whysz,
-                               "outbox envelope: %zu bytes after its last "
-                               "field",
-                               n - off);
+        size_t total = 0;
+        if (split_fields(p, n, f, len, &total, why, whysz))
                 return -1;
-        }
         size_t am = strlen(KINBOX_OUTBOX_ACTION_PREFIX);
         if (!text_ok(f[F_DEST], len[F_DEST], true, KINBOX_OUTBOX_NAME_MAX) ||
             !text_ok(f[F_AGG], len[F_AGG], false, KINBOX_OUTBOX_NAME_MAX) ||

@@ -2,7 +2,8 @@
  * prune.c -- retention: batched deletes of old inbox rows and sent outbox
  * rows (every event row past outbox.retention when relay.source = wal |
  * binlog) under a single-instance lock (a partitioned inbox drops whole
- * ranges instead: partition.c), and the start-up check that the inbox
+ * ranges instead: partition.c; a partitioned outbox whole days:
+ * partition_outbox.c), and the start-up check that the inbox
  * outlives the broker's redelivery window.
  *
  * Why batches: one DELETE of a day's inbox rows holds its locks and its
@@ -15,6 +16,7 @@
 #include "metrics.h"
 #include "outbox_int.h"
 #include "partition.h"
+#include "partition_outbox.h"
 
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -103,7 +105,12 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
                 rc = prune_table(db, T_INBOX, s->inbox_retention,
                                  s->prune_batch, dry_run, stop,
                                  &res.inbox_rows);
+        /* outbox.layout = partitioned: whole days (partition_outbox.c). */
+        bool oparted = false;
         if (!rc && !(stop && *stop))
+                rc = kinbox__outbox_partition_prune(db, conf, &lg, dry_run,
+                                                    stop, &res, &oparted);
+        if (!rc && !(stop && *stop) && (!oparted || dry_run))
                 rc = prune_table(db, T_OUTBOX, s->outbox_retention,
                                  s->prune_batch, dry_run, stop,
                                  &res.outbox_rows);
@@ -122,7 +129,8 @@ kinbox_prune(const kinbox_conf_t *conf, int dry_run, const volatile int *stop,
          * audits: hence outbox.retention. Action rows (polled and marked
          * in every mode) are left to the statement above.
          */
-        if (!rc && !(stop && *stop) && s->relay_source != KINBOX__SOURCE_POLL)
+        if (!rc && !(stop && *stop) &&
+            s->relay_source != KINBOX__SOURCE_POLL && (!oparted || dry_run))
                 rc = prune_table(db, T_OUTBOX_LOG, s->outbox_retention,
                                  s->prune_batch, dry_run, stop,
                                  &res.outbox_log_rows);

@@ -423,32 +423,22 @@ log_join(kinbox_relay_t *r, kinbox_err_t ret)
         return rc && ret == KINBOX_OK ? (kinbox_err_t)rc : ret;
 }
 
-kinbox_err_t
-kinbox_relay_run(kinbox_relay_t *r)
+/* The run's start: the database, its schema, the producers (and the log
+ * relay), LISTEN, the wake-up pipe. KINBOX_OK, or the error (r->errstr). */
+static kinbox_err_t
+run_begin(kinbox_relay_t *r)
 {
-        if (!r)
-                return KINBOX_ERR_INVALID;
-        bool expected = false;
-        if (!atomic_compare_exchange_strong(&r->running, &expected, true))
-                return KINBOX_ERR_STATE;
-        kinbox_err_t ret = KINBOX_OK;
-        r->errstr[0] = '\0';
         int rc = kinbox__db_connect(r->db);
         if (rc) {
                 snprintf(r->errstr, sizeof(r->errstr),
                          "database unreachable: %s", r->db->err.msg);
-                ret = KINBOX_ERR_DB_CONN;
-                goto out;
+                return KINBOX_ERR_DB_CONN;
         }
         if ((rc = kinbox__schema_check_db(r->db, NULL, r->errstr,
-                                          sizeof(r->errstr)))) {
-                ret = (kinbox_err_t)rc;
-                goto out;
-        }
-        if ((rc = producers_start(r))) {
-                ret = (kinbox_err_t)rc;
-                goto out;
-        }
+                                          sizeof(r->errstr))))
+                return (kinbox_err_t)rc;
+        if ((rc = producers_start(r)))
+                return (kinbox_err_t)rc;
         kinbox__relay_listen_open(r);
         kinbox__wake_register(r->pipefd[1], &r->sleeping);
         r->cur_batch = r->batch;
@@ -459,8 +449,15 @@ kinbox_relay_run(kinbox_relay_t *r)
              r->owner, r->db->ops->name, r->batch, r->lease_ms,
              r->lock_mode ? "lock-held" : "leased",
              r->listen ? "LISTEN/NOTIFY" : "polling");
+        return KINBOX_OK;
+}
 
-        int failures = 0;
+/* Claim and publish until stopped: KINBOX_OK, or KINBOX_ERR_KAFKA (a
+ * fatal producer). */
+static kinbox_err_t
+run_loop(kinbox_relay_t *r)
+{
+        int rc, failures = 0;
         bool connected = true, more = true;
         /* The log relay publishes the events; with no local action to
          * run there is nothing to claim. */
@@ -486,10 +483,8 @@ kinbox_relay_run(kinbox_relay_t *r)
                         rlog(r, KINBOX_LOG_WARNING, "relay: %s: %s",
                              kinbox_err_name((kinbox_err_t)rc),
                              r->db->err.msg);
-                        if (rc == KINBOX_ERR_KAFKA) {
-                                ret = KINBOX_ERR_KAFKA;
-                                break;
-                        }
+                        if (rc == KINBOX_ERR_KAFKA)
+                                return KINBOX_ERR_KAFKA;
                         if (rc == KINBOX_ERR_DB_CONN ||
                             rc == KINBOX_ERR_COMMIT_UNKNOWN)
                                 connected = false;
@@ -507,8 +502,23 @@ kinbox_relay_run(kinbox_relay_t *r)
                 }
                 kinbox__relay_idle(r, &more, asked);
         }
-        drain(r);
-out:
+        return KINBOX_OK;
+}
+
+kinbox_err_t
+kinbox_relay_run(kinbox_relay_t *r)
+{
+        if (!r)
+                return KINBOX_ERR_INVALID;
+        bool expected = false;
+        if (!atomic_compare_exchange_strong(&r->running, &expected, true))
+                return KINBOX_ERR_STATE;
+        r->errstr[0] = '\0';
+        kinbox_err_t ret = run_begin(r);
+        if (ret == KINBOX_OK) {
+                ret = run_loop(r);
+                drain(r);
+        }
         ret = log_join(r, ret);
         kinbox__wake_unregister(r->pipefd[1]);
         kinbox__relay_listen_close(r);

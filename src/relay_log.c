@@ -37,6 +37,7 @@
 #define LOG_INFLIGHT_MAX 10000 /* records in flight before reading waits */
 #define LOG_BURST 2000 /* events read before serving delivery reports */
 #define LOG_WAIT_MS 100 /* a read's wait while nothing is in flight */
+#define LOG_DR_WAIT_MS 2 /* ... while records are in flight */
 #define LAG_EVERY_MS 10000 /* the slot's figures, this often */
 
 typedef struct wtx wtx_t;
@@ -409,8 +410,13 @@ pump(lrelay_t *L)
         kinbox__logev_t ev;
         while (L->inflight < LOG_INFLIGHT_MAX && n < LOG_BURST &&
                !atomic_load(&L->r->stop)) {
+                /* While records are in flight the wait is short: their
+                 * delivery reports are served after it (the log's next
+                 * event is read as soon as it comes, never behind them). */
                 rc = L->src.ops->next(&L->src, &ev,
-                                      L->inflight || n ? 0 : LOG_WAIT_MS);
+                                      n             ? 0
+                                      : L->inflight ? LOG_DR_WAIT_MS
+                                                    : LOG_WAIT_MS);
                 if (rc <= 0)
                         break;
                 if ((rc = on_event(L, &ev)) < 0)
@@ -421,7 +427,7 @@ pump(lrelay_t *L)
                 rc = L->src.ops->confirm(&L->src, &L->confirmed);
         if (rc < 0 && L->src.err[0] && rc != KINBOX_ERR_KAFKA)
                 rlog(L->r, KINBOX_LOG_WARNING, "relay: %s", L->src.err);
-        rd_kafka_poll(L->rk, n || !L->inflight ? 0 : 5);
+        rd_kafka_poll(L->rk, 0);
         int arc = advance(L);
         if (rc >= 0)
                 rc = arc;
@@ -472,6 +478,25 @@ wind_down(lrelay_t *L)
         return true;
 }
 
+/* A new producer knows the brokers and the topics before the first
+ * record: librdkafka 2.0 skips the leader query of a topic first produced
+ * to while its start-up request is in transit, and the topic's records
+ * then wait for its one-second scan (every row of the relay's first
+ * second, measured). A full metadata request fills its cache. */
+static void
+producer_warm(lrelay_t *L)
+{
+        const struct rd_kafka_metadata *md = NULL;
+        if (rd_kafka_metadata(L->rk, 1, NULL, &md, 2000) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR)
+                rd_kafka_metadata_destroy(md);
+        else
+                rlog(L->r, KINBOX_LOG_WARNING,
+                     "relay (%s): no broker metadata yet (publishing will "
+                     "wait)",
+                     L->src.ops->name);
+}
+
 /* Open the source and start streaming, with a new producer. */
 static int
 open_start(lrelay_t *L)
@@ -489,6 +514,7 @@ open_start(lrelay_t *L)
                 L->rk = kinbox__relay_producer_new(L->r);
                 if (!L->rk)
                         return KINBOX_ERR_KAFKA;
+                producer_warm(L);
         }
         if (L->waiting)
                 rlog(L->r, KINBOX_LOG_NOTICE,
@@ -557,27 +583,6 @@ log_main(void *arg)
         return NULL;
 }
 
-/* relay.slot, or kinbox_<name> (a-z, 0-9 and _ kept, the rest _). */
-static char *
-slot_name(const kinbox_conf_t *conf)
-{
-        const kinbox__settings_t *s = kinbox__settings_of(conf);
-        if (s->relay_slot && *s->relay_slot)
-                return kinbox__strdup(s->relay_slot);
-        const char *name = s->name && *s->name ? s->name : "relay";
-        char buf[64] = "kinbox_";
-        size_t o = strlen(buf);
-        for (const char *p = name; *p && o < sizeof(buf) - 1; p++) {
-                char c = *p;
-                if (c >= 'A' && c <= 'Z')
-                        c = (char)(c - 'A' + 'a');
-                buf[o++] =
-                    (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
-        }
-        buf[o] = '\0';
-        return kinbox__strdup(buf);
-}
-
 /* The source relay.source names, when the backend has it; NULL with
  * errstr. */
 static const kinbox__logsrc_ops_t *
@@ -621,7 +626,7 @@ log_new(kinbox_relay_t *r, const kinbox_conf_t *conf, kinbox__db_t *db,
         L->src.log = &r->log;
         L->src.url = db->url;
         L->src.password = db->password;
-        L->src.slot = slot_name(conf);
+        L->src.slot = kinbox__wal_slot_name(conf);
         const char *name = kinbox__settings_of(conf)->name;
         kinbox__m_labels(L->labels, sizeof(L->labels), "relay",
                          name ? name : "", (char *)NULL);

@@ -42,7 +42,7 @@ typedef enum {
         KINBOX__SOURCE_BINLOG
 } kinbox__source_t;
 
-/* inbox.layout */
+/* inbox.layout, outbox.layout */
 typedef enum {
         KINBOX__LAYOUT_PLAIN,
         KINBOX__LAYOUT_PARTITIONED
@@ -86,6 +86,7 @@ typedef struct kinbox__settings {
         int64_t inbox_partition_skew; /* ms */
         int64_t inbox_partition_ahead; /* ms */
         int64_t outbox_retention;
+        kinbox__layout_t outbox_layout;
         int64_t prune_interval;
         int64_t prune_batch;
         int64_t reconcile_interval;
@@ -104,6 +105,7 @@ typedef struct kinbox__settings {
         bool relay_notify;
         kinbox__source_t relay_source;
         const char *relay_slot;
+        bool relay_slot_failover;
         int64_t relay_server_id;
         const char *relay_cloudevents_source;
         const char *relay_cloudevents_type;

@@ -29,10 +29,10 @@ kinbox__tx_tag(const kinbox_tx_t *tx)
 const kinbox_msg_t *
 kinbox__tx_msg(const kinbox_tx_t *tx)
 {
-        if (!tx->w || tx->tag < 0 || (tx->tag & KINBOX__TAG_GROUP))
+        if (!tx->b || tx->tag < 0 || (tx->tag & KINBOX__TAG_GROUP))
                 return NULL;
         size_t i = (size_t)KINBOX__TAG_LOW(tx->tag);
-        return i < tx->w->nmsgs ? tx->w->msgs[i] : NULL;
+        return i < tx->b->nmsgs ? tx->b->msgs[i] : NULL;
 }
 
 kinbox_backend_t
@@ -153,7 +153,7 @@ row_tags(kinbox_tx_t *tx, int tag, const kinbox_msg_t *const *owners,
          size_t nrows)
 {
         if (!owners || !nrows || tag < 0 || !(tag & KINBOX__TAG_GROUP) ||
-            !tx->w)
+            !tx->b)
                 return NULL;
         int *t = kinbox__calloc(nrows, sizeof(*t));
         if (!t)
@@ -161,8 +161,8 @@ row_tags(kinbox_tx_t *tx, int tag, const kinbox_msg_t *const *owners,
         for (size_t r = 0; r < nrows; r++) {
                 const kinbox_msg_t *m = owners[r];
                 t[r] = tag;
-                if (m && m->bidx < tx->w->nmsgs && tx->w->msgs[m->bidx] == m &&
-                    m->state == KINBOX__MSG_RUN)
+                if (m && m->bidx < tx->b->nmsgs && tx->b->msgs[m->bidx] == m &&
+                    tx->b->run[m->bidx].state == KINBOX__MSG_RUN)
                         t[r] = (int)m->bidx | (tag & KINBOX__TAG_UNIQUE);
         }
         return t;

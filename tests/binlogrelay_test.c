@@ -3,7 +3,8 @@
  * `kinbox run` against the real server (binlog in ROW format,
  * scripts/services) and the broker of the run (dev broker, or real Apache
  * Kafka: binlogrelay_test@kafka): two writers with rollbacks and a SIGKILL
- * of the relay; a second relay waiting on the readers' lock taking over
+ * of the relay, also with every broker killed (kill -9 of Apache Kafka on
+ * @kafka); a second relay waiting on the readers' lock taking over
  * after a kill -9 of the first; a position whose binlog was purged refused
  * (exit 2) and `kinbox outbox resend --since` exact afterwards.
  *
@@ -25,16 +26,6 @@
 
 static const char *MY = "mysql";
 
-/* The relay named name has read from the binlog (its position row). */
-static bool
-relay_reading(const char *url, const char *name, int timeout_s)
-{
-        return wait_q(url, 1, timeout_s,
-                      "SELECT count(*) FROM kinbox_relay_position WHERE "
-                      "relay = '%s'",
-                      name);
-}
-
 /*
  * Two writers (rollbacks included) while `kinbox run` (relay.source =
  * binlog) is SIGKILLed mid-stream and started again: every committed row
@@ -43,47 +34,23 @@ relay_reading(const char *url, const char *name, int timeout_s)
  */
 Test(binlogrelay, two_writers_sigkill, .timeout = 300)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(MY);
-        char *topic = kt_unique("bl_kill");
-        char *name = kt_unique("blk");
-        kt_topic(topic, 4);
-        char *ini = log_ini(url, "binlog", name);
-        char *log = kt_tmp("bl_kill_log");
-        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
-        writer_t ws[2];
-        int seqs[2][AGGS];
-        memset(seqs, 0, sizeof(seqs));
-        pthread_t th[2];
-        for (int k = 0; k < 2; k++) {
-                ws[k] = (writer_t){MY, url, topic, k, 150, 0, 0, seqs[k]};
-                pthread_create(&th[k], NULL, writer_main, &ws[k]);
-        }
-        usleep(700 * 1000);
-        kill(pid, SIGKILL);
-        cr_assert(eq(int, kt_wait(pid, 10), -SIGKILL));
-        usleep(500 * 1000);
-        pid = kt_spawn_kinbox(ini, NULL, log);
-        for (int k = 0; k < 2; k++)
-                pthread_join(th[k], NULL);
-        int expect = ws[0].committed + ws[1].committed;
-        cr_assert(ws[0].rolled + ws[1].rolled > 0);
-        tmsgs_t got;
-        consume(bootstrap, topic, (size_t)expect, 90, 2000, &got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
-        qsort(got.v, got.n, sizeof(*got.v), by_offset);
-        int dups = 0;
-        check_stream(&got, ws, 2, &dups);
-        cr_log_info("%d rows committed, %zu on the topic, %d duplicates",
-                    expect, got.n, dups);
-        cr_assert(
-            eq(i64,
-               kt_qintf(url, "SELECT count(*) FROM kinbox_outbox "
-                             "WHERE status <> 'pending' OR version <> 0"),
-               0));
-        msgs_free(&got);
+        logrun_t lr;
+        logrun_start(&lr, MY, "binlog", "bl_kill");
+        two_writers_kill(&lr, false, NULL);
+}
+
+/*
+ * The same with every broker killed (kill -9 of Apache Kafka on
+ * binlogrelay_test@kafka) before the relay's SIGKILL, records in flight,
+ * and started again after the new relay started without one: the stored
+ * GTID never passes what Kafka acknowledged, so every committed row is on
+ * the topic, in order, no rolled-back row.
+ */
+Test(binlogrelay, two_writers_broker_kill, .timeout = 400)
+{
+        logrun_t lr;
+        logrun_start(&lr, MY, "binlog", "bl_bkill");
+        two_writers_kill(&lr, true, NULL);
 }
 
 /*
@@ -93,35 +60,9 @@ Test(binlogrelay, two_writers_sigkill, .timeout = 300)
  */
 Test(binlogrelay, takeover_after_kill9, .timeout = 300)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(MY);
-        char *topic = kt_unique("bl_take");
-        char *name = kt_unique("blt");
-        kt_topic(topic, 2);
-        char *ini = log_ini(url, "binlog", name);
-        char *log1 = kt_tmp("bl_take1"), *log2 = kt_tmp("bl_take2");
-        pid_t a = kt_spawn_kinbox(ini, NULL, log1);
-        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log1, 20));
-        pid_t b = kt_spawn_kinbox(ini, NULL, log2);
-        append_rows(MY, url, topic, "one", 0, 50);
-        tmsgs_t got;
-        consume(bootstrap, topic, 50, 60, 500, &got);
-        assert_all(&got, topic, "one", 0, 50);
-        msgs_free(&got);
-        /* b waits: it says so, and has published nothing. */
-        char *t2 = kt_tail(log2, 40);
-        cr_assert(strstr(t2, "waiting to take over") != NULL, "%s", t2);
-        kill(a, SIGKILL);
-        cr_assert(eq(int, kt_wait(a, 10), -SIGKILL));
-        append_rows(MY, url, topic, "two", 0, 50);
-        consume(bootstrap, topic, 100, 90, 2000, &got);
-        assert_all(&got, topic, "one", 0, 50);
-        assert_all(&got, topic, "two", 0, 50);
-        kill(b, SIGTERM);
-        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(log2, 30));
-        cr_log_info("%zu messages for 100 rows", got.n);
-        msgs_free(&got);
-        free(t2);
+        logrun_t lr;
+        takeover_after_kill9(&lr, MY, "binlog", "bl_take",
+                             "waiting to take over", NULL, NULL);
 }
 
 /* Purge the binlog until its oldest file starts after the current
@@ -160,56 +101,28 @@ purge_all(const char *url)
  */
 Test(binlogrelay, purged_then_resend, .timeout = 300)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
         char *url = kt_fresh_db(MY);
         char *topic = kt_unique("bl_purge");
         char *name = kt_unique("blp");
         kt_topic(topic, 2);
         char *ini = log_ini(url, "binlog", name);
         char *log = kt_tmp("bl_purge_log");
-        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
-        cr_assert(relay_reading(url, name, 30), "%s", kt_tail(log, 20));
-        append_rows(MY, url, topic, "a", 0, 20);
-        tmsgs_t got;
-        consume(bootstrap, topic, 20, 60, 500, &got);
-        assert_all(&got, topic, "a", 0, 20);
-        msgs_free(&got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        rows_a_then_stop(MY, url, name, ini, log, topic);
 
         char *since = qtext(url, "SELECT DATE_FORMAT(UTC_TIMESTAMP() - "
                                  "INTERVAL 1 SECOND, '%Y-%m-%dT%H:%i:%s')");
         append_rows(MY, url, topic, "b", 0, 30);
         purge_all(url);
 
-        pid = kt_spawn_kinbox(ini, NULL, log);
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
         cr_assert(eq(int, kt_wait(pid, 60), 2), "%s", kt_tail(log, 30));
         char *t = kt_tail(log, 30);
         cr_assert(strstr(t, "was purged") != NULL, "%s", t);
         cr_assert(strstr(t, "kinbox outbox resend --since") != NULL, "%s", t);
 
-        char *out = NULL;
-        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
-                           since, ini);
-        cr_assert(eq(int, rc, 0), "%s", out);
-        long long n = 0;
-        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
-                  out);
-        cr_assert(ge(i64, n, 30), "%s", out);
-
-        pid = kt_spawn_kinbox(ini, NULL, log);
-        append_rows(MY, url, topic, "c", 0, 10);
-        consume(bootstrap, topic, (size_t)(20 + n + 10), 90, 2000, &got);
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
-        assert_all(&got, topic, "a", 0, 20);
-        assert_all(&got, topic, "b", 0, 30);
-        assert_all(&got, topic, "c", 0, 10);
-        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
-        msgs_free(&got);
+        resend_then_all(MY, url, ini, log, topic, since);
         free(since);
         free(t);
-        free(out);
 }
 
 /*
@@ -340,6 +253,68 @@ Test(binlogrelay, refuse_log_bin_off, .timeout = 180)
         free(run);
 }
 
+/* Commit n one-row transactions on a table that is not the outbox. */
+static void
+fill_other(const char *url, int n)
+{
+        kt_exec(url, "CREATE TABLE IF NOT EXISTS bl_filler (id INT "
+                     "AUTO_INCREMENT PRIMARY KEY, b VARBINARY(2000))");
+        tconn_t c;
+        tc_open(&c, MY, url);
+        for (int i = 0; i < n; i++)
+                tc_sql(&c, "INSERT INTO bl_filler (b) VALUES (REPEAT('x', "
+                           "1900))");
+        tc_close(&c);
+}
+
+/* Within 30 s the relay's stored position is at or past the server's
+ * position now (a single GTID domain). */
+static bool
+position_follows(const logrel_t *l)
+{
+        long long seq = kt_qint(l->url, "SELECT SUBSTRING_INDEX("
+                                        "@@gtid_binlog_pos, '-', -1)");
+        return wait_q(l->url, 1, 30,
+                      "SELECT count(*) FROM kinbox_relay_position WHERE "
+                      "relay = '%s' AND CAST(SUBSTRING_INDEX(gtid, '-', "
+                      "-1) AS UNSIGNED) >= %lld",
+                      l->name, seq);
+}
+
+/*
+ * The binlog's counterpart of walrelay/idle_slot_bounded: an idle outbox
+ * on a busy server. Other tables commit 300 transactions while the relay
+ * has nothing to publish; its stored position follows the server
+ * (heartbeats after other tables' transactions are stored when nothing is
+ * in flight), into the next binlog file after a rotation, so every file
+ * before that one can be purged: stopped and started again the relay
+ * publishes the rows appended since, all of them.
+ */
+Test(binlogrelay, idle_position_follows, .timeout = 300)
+{
+        logrel_t l;
+        logrel_start(&l, MY, "binlog", "bl_idle", 2);
+        fill_other(l.url, 300);
+        cr_assert(position_follows(&l), "the position did not follow");
+        kt_exec(l.url, "FLUSH BINARY LOGS");
+        fill_other(l.url, 50);
+        cr_assert(position_follows(&l), "the position stayed in the old file");
+        char *cur = qtext(l.url, "SHOW MASTER STATUS");
+        char q[256];
+        snprintf(q, sizeof(q), "PURGE BINARY LOGS TO '%s'", cur);
+        kt_exec(l.url, q);
+        free(cur);
+        logrel_stop(&l);
+        append_rows(MY, l.url, l.topic, "after", 0, 20);
+        l.r = relay_new(log_conf(l.url, l.bootstrap, "binlog", l.name));
+        relay_start(&l.tr, l.r);
+        tmsgs_t got;
+        consume(l.bootstrap, l.topic, 20, 60, 1500, &got);
+        logrel_stop(&l);
+        assert_all(&got, l.topic, "after", 0, 20);
+        msgs_free(&got);
+}
+
 /* ------------------------------------------------ parity with polling */
 
 /*
@@ -365,7 +340,7 @@ Test(binlogrelay, parity_with_polling, .timeout = 180)
             KINBOX_OK));
         trelay_t tr;
         relay_start(&tr, r);
-        cr_assert(relay_reading(url, name, 30));
+        cr_assert(log_reading(MY, url, name, 30));
         const int n = 40;
         parity_rows(MY, url, topic, n);
         cr_assert(wait_q(url, 1, 30,
@@ -395,6 +370,25 @@ Test(binlogrelay, parity_with_polling, .timeout = 180)
 
 /* ------------------------------------- large transaction, large rows, DDL */
 
+/* big_rows_ddl's other messages: "agg-after" in order, the large ones. */
+typedef struct big {
+        int after, large;
+} big_t;
+
+static void
+big_other(const tmsg_t *m, void *arg)
+{
+        big_t *bt = arg;
+        if (!strcmp(m->key, "agg-after")) {
+                cr_assert(eq(int, atoi(m->value), bt->after));
+                bt->after++;
+        } else {
+                cr_assert(eq(str, m->key, "t"));
+                cr_assert(eq(sz, m->value_size, 900000));
+                bt->large++;
+        }
+}
+
 /*
  * A 100,000-row transaction; ~900 kB payloads published byte for byte; a
  * 1.2 MB one dead (larger than the producer takes) while the relay goes
@@ -403,16 +397,9 @@ Test(binlogrelay, parity_with_polling, .timeout = 180)
  */
 Test(binlogrelay, big_rows_ddl, .timeout = 400)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(MY);
-        char *topic = kt_unique("bl_big");
-        char *name = kt_unique("blbig");
-        kt_topic(topic, 4);
-        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
-        kinbox_relay_t *r = relay_new(bc);
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(relay_reading(url, name, 30));
+        logrel_t l;
+        logrel_start(&l, MY, "binlog", "bl_big", 4);
+        const char *bootstrap = l.bootstrap, *url = l.url, *topic = l.topic;
         const int big = 100000;
         char sql[1200];
         snprintf(sql, sizeof(sql),
@@ -439,43 +426,11 @@ Test(binlogrelay, big_rows_ddl, .timeout = 400)
         size_t want = (size_t)big + 2 + 10;
         tmsgs_t got;
         consume(bootstrap, topic, want, 200, 2000, &got);
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        cr_assert(eq(sz, got.n, want), "%zu of %zu", got.n, want);
-        char *err = qtext(url, "SELECT CONCAT(status, ': ', last_error) FROM "
-                               "kinbox_outbox WHERE idem_key = 'large-2'");
-        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
-                      strstr(err, "SIZE_TOO_LARGE") != NULL,
-                  "%s", err);
-        free(err);
-        cr_assert(eq(i64,
-                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
-                                  "status <> 'pending'"),
-                     1));
-        qsort(got.v, got.n, sizeof(*got.v), by_offset);
-        int last[16];
-        for (int i = 0; i < 16; i++)
-                last[i] = -1;
-        int after = 0, large = 0;
-        for (size_t i = 0; i < got.n; i++) {
-                const tmsg_t *m = &got.v[i];
-                int a;
-                if (sscanf(m->key, "agg-%d", &a) == 1) {
-                        int v = atoi(m->value);
-                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
-                                  last[a]);
-                        last[a] = v;
-                } else if (!strcmp(m->key, "agg-after")) {
-                        cr_assert(eq(int, atoi(m->value), after));
-                        after++;
-                } else {
-                        cr_assert(eq(str, m->key, "t"));
-                        cr_assert(eq(sz, m->value_size, 900000));
-                        large++;
-                }
-        }
-        cr_assert(eq(int, after, 10));
-        cr_assert(eq(int, large, 2));
+        logrel_stop(&l);
+        big_t bt = {0, 0};
+        check_big_stream(url, &got, want, "large-2", big_other, &bt);
+        cr_assert(eq(int, bt.after, 10));
+        cr_assert(eq(int, bt.large, 2));
         msgs_free(&got);
 }
 
@@ -486,30 +441,6 @@ Test(binlogrelay, big_rows_ddl, .timeout = 400)
  */
 Test(binlogrelay, database_restart, .timeout = 240)
 {
-        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
-        char *url = kt_fresh_db(MY);
-        char *topic = kt_unique("bl_myrs");
-        char *name = kt_unique("blrs");
-        kt_topic(topic, 2);
-        kinbox_conf_t *bc = log_conf(url, bootstrap, "binlog", name);
-        kinbox_relay_t *r = relay_new(bc);
-        trelay_t tr;
-        relay_start(&tr, r);
-        cr_assert(relay_reading(url, name, 30));
-        int n = 0;
-        for (int round = 0; round < 2; round++) {
-                append_tx(MY, url, topic, n, 50);
-                n += 50;
-                if (round == 0) {
-                        kt_services("mysql-stop kill");
-                        sleep(1);
-                        kt_services("mysql-start");
-                }
-        }
-        tmsgs_t got;
-        consume(bootstrap, topic, (size_t)n, 90, 2000, &got);
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        assert_in_order(&got, n);
-        msgs_free(&got);
+        logrel_t l;
+        restart_under_relay(&l, MY, "binlog", "bl_myrs", NULL);
 }

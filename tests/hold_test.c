@@ -12,6 +12,8 @@
  */
 #include "harness.h"
 
+#include <librdkafka/rdkafka.h>
+
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -446,4 +448,94 @@ ParameterizedTest(int *backend, hold, rebalance_during_release, .timeout = 300)
         cr_assert(eq(i64, kt_qint(url, SQL_PARKED), 0));
         assert_key(url, 3, 100, 100);
         assert_others(url, PKEYS, 100, 3);
+}
+
+/* ---- a repeated header: one rule for the message id and the held key
+ * (docs/handlers.md, "Repeated headers") ---- */
+
+static kinbox_result_t
+applied_handle(kinbox_tx_t *tx, const kinbox_msg_t *m, void *opaque)
+{
+        (void)opaque;
+        const char *p[1] = {kinbox_msg_id(m)};
+        kinbox_tx_exec(tx, "INSERT INTO hdr_applied (id) VALUES ($1)", 1, p);
+        return KINBOX_RESULT_OK;
+}
+
+/* One record: key "k", its message_id headers, then its "acct" ones. */
+static void
+produce_hdrs(rd_kafka_t *rk, const char *topic, const char *const *ids,
+             const char *const *accts)
+{
+        rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+        for (; *ids; ids++)
+                rd_kafka_header_add(h, "message_id", -1, *ids, -1);
+        for (; *accts; accts++)
+                rd_kafka_header_add(h, "acct", -1, *accts, -1);
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+            rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(0),
+            RD_KAFKA_V_KEY("k", 1), RD_KAFKA_V_VALUE("v", 1),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h),
+            RD_KAFKA_V_END);
+        cr_assert(err == 0, "produce: %s", rd_kafka_err2str(err));
+}
+
+KT_BACKENDS_PARAMS(hold, repeated_header_is_ambiguous)
+ParameterizedTest(int *backend, hold, repeated_header_is_ambiguous,
+                  .timeout = 240)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("hh");
+        kt_topic(topic, 1);
+        kt_exec(url, "CREATE TABLE hdr_applied (id VARCHAR(64) PRIMARY KEY)");
+        char e[512];
+        rd_kafka_conf_t *pc = rd_kafka_conf_new();
+        rd_kafka_conf_set(pc, "bootstrap.servers", kt_env("KINBOX_BOOTSTRAP"),
+                          e, sizeof(e));
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, pc, e, sizeof(e));
+        cr_assert(rk != NULL, "%s", e);
+        /* The held key's header twice: dead, holding nothing, so the next
+         * message of either value is applied. */
+        produce_hdrs(rk, topic, (const char *[]){"m1", NULL},
+                     (const char *[]){"A", "B", NULL});
+        produce_hdrs(rk, topic, (const char *[]){"m2", NULL},
+                     (const char *[]){"B", NULL});
+        /* The id's header twice: dead; its held key is one value, held. */
+        produce_hdrs(rk, topic, (const char *[]){"m3", "m3", NULL},
+                     (const char *[]){"C", NULL});
+        produce_hdrs(rk, topic, (const char *[]){"m4", NULL},
+                     (const char *[]){"C", NULL});
+        cr_assert(rd_kafka_flush(rk, 60000) == 0, "flush");
+        rd_kafka_destroy(rk);
+        kinbox_conf_t *c = hold_conf(url, kt_unique("hgh"), topic);
+        kt_set(c, "dead_letter.hold_key.source", "header:acct");
+        kt_run_t *r = kt_run_start(c, applied_handle, NULL, NULL);
+        cr_assert(eq(i64, kt_wait_qint(url, SQL_OFFSETS, 4, 90), 4));
+        kt_run_stop(r);
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM hdr_applied"), 1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM hdr_applied WHERE "
+                                  "id = 'm2'"),
+                     1));
+        cr_assert(
+            eq(i64,
+               kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter WHERE "
+                            "message_id = 'm1' AND error LIKE "
+                            "'%ambiguous held key: 2 \"acct\" headers%'"),
+               1));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter "
+                                  "WHERE message_id IS NULL AND error LIKE "
+                                  "'%ambiguous message id: 2 \"message_id\" "
+                                  "headers%'"),
+                     1));
+        cr_assert(eq(
+            i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_dead_letter"), 2));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM kinbox_parked WHERE "
+                                  "message_id = 'm4' AND hold_key = 'C'"),
+                     1));
+        cr_assert(eq(i64, kt_qint(url, SQL_PARKED), 1));
+        cr_assert(eq(i64, kt_qint(url, SQL_HOLDS), 1));
 }

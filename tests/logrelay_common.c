@@ -4,6 +4,8 @@
  */
 #include "logrelay_common.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -320,4 +322,294 @@ sh(const char *fmt, ...)
         va_end(ap);
         int st = system(cmd);
         return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+bool
+log_reading(const char *backend, const char *url, const char *name,
+            int timeout_s)
+{
+        if (!strcmp(backend, "postgresql"))
+                return wait_q(url, 1, timeout_s,
+                              "SELECT count(*) FROM pg_replication_slots "
+                              "WHERE slot_name = '%s' AND active",
+                              name);
+        return wait_q(url, 1, timeout_s,
+                      "SELECT count(*) FROM kinbox_relay_position WHERE "
+                      "relay = '%s'",
+                      name);
+}
+
+void
+brokers_down(void)
+{
+        if (kt_real_kafka())
+                kt_services("kafka-stop kill");
+        else
+                kt_broker("broker-down all");
+}
+
+void
+brokers_up(void)
+{
+        if (kt_real_kafka())
+                kt_services("kafka-start");
+        else
+                kt_broker("broker-up all");
+}
+
+void
+logrun_start(logrun_t *lr, const char *backend, const char *source,
+             const char *tag)
+{
+        memset(lr, 0, sizeof(*lr));
+        lr->backend = backend;
+        lr->source = source;
+        lr->url = kt_fresh_db(backend);
+        lr->topic = kt_unique(tag);
+        lr->name = kt_unique(tag);
+        kt_topic(lr->topic, 4);
+        lr->ini = log_ini(lr->url, source, lr->name);
+        cr_assert(
+            eq(int, kt_kinbox(NULL, NULL, true, "migrate -c %s", lr->ini), 0));
+        lr->log = kt_tmp(tag);
+        lr->pid = kt_spawn_kinbox(lr->ini, NULL, lr->log);
+        cr_assert(log_reading(backend, lr->url, lr->name, 30), "%s",
+                  kt_tail(lr->log, 20));
+}
+
+int
+two_writers_kill(logrun_t *lr, bool broker_kill,
+                 bool (*caught_up)(const char *url, const char *name))
+{
+        writer_t ws[2];
+        int seqs[2][AGGS];
+        memset(seqs, 0, sizeof(seqs));
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+                ws[k] = (writer_t){lr->backend, lr->url, lr->topic, k,
+                                   150,         0,       0,         seqs[k]};
+                pthread_create(&th[k], NULL, writer_main, &ws[k]);
+        }
+        usleep(700 * 1000);
+        if (broker_kill) {
+                brokers_down();
+                usleep(1000 * 1000);
+        }
+        kill(lr->pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(lr->pid, 10), -SIGKILL));
+        usleep(500 * 1000);
+        lr->pid = kt_spawn_kinbox(lr->ini, NULL, lr->log);
+        if (broker_kill) {
+                usleep(2000 * 1000);
+                brokers_up();
+        }
+        for (int k = 0; k < 2; k++)
+                pthread_join(th[k], NULL);
+        int expect = ws[0].committed + ws[1].committed;
+        cr_assert(ws[0].rolled + ws[1].rolled > 0);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), lr->topic, (size_t)expect, 120,
+                2000, &got);
+        if (caught_up)
+                cr_assert(caught_up(lr->url, lr->name), "%s",
+                          kt_tail(lr->log, 30));
+        kill(lr->pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(lr->pid, 30), 0), "%s",
+                  kt_tail(lr->log, 30));
+        qsort(got.v, got.n, sizeof(*got.v), by_offset);
+        int dups = 0;
+        check_stream(&got, ws, 2, &dups);
+        cr_log_info("%s%s: %d rows committed, %zu on the topic, "
+                    "%d duplicates",
+                    lr->source, broker_kill ? " (broker killed)" : "", expect,
+                    got.n, dups);
+        msgs_free(&got);
+        /* Nothing in the table was touched. */
+        cr_assert(
+            eq(i64,
+               kt_qintf(lr->url, "SELECT count(*) FROM kinbox_outbox "
+                                 "WHERE status <> 'pending' OR version <> 0"),
+               0));
+        return dups;
+}
+
+void
+logrel_start(logrel_t *l, const char *backend, const char *source,
+             const char *tag, int partitions)
+{
+        memset(l, 0, sizeof(*l));
+        l->backend = backend;
+        l->bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        l->url = kt_fresh_db(backend);
+        l->topic = kt_unique(tag);
+        l->name = kt_unique(tag);
+        kt_topic(l->topic, partitions);
+        l->r = relay_new(log_conf(l->url, l->bootstrap, source, l->name));
+        relay_start(&l->tr, l->r);
+        cr_assert(log_reading(backend, l->url, l->name, 30));
+}
+
+void
+logrel_stop(logrel_t *l)
+{
+        relay_stop(&l->tr);
+        kinbox_relay_destroy(l->r);
+        l->r = NULL;
+}
+
+void
+restart_under_relay(logrel_t *l, const char *backend, const char *source,
+                    const char *tag,
+                    bool (*caught_up)(const char *url, const char *name))
+{
+        bool pg = !strcmp(backend, "postgresql");
+        logrel_start(l, backend, source, tag, 2);
+        int n = 0;
+        for (int round = 0; round < 2; round++) {
+                append_tx(backend, l->url, l->topic, n, 50);
+                n += 50;
+                if (round == 0) {
+                        kt_services(pg ? "pg-stop immediate"
+                                       : "mysql-stop kill");
+                        sleep(1);
+                        kt_services(pg ? "pg-start" : "mysql-start");
+                }
+        }
+        tmsgs_t got;
+        consume(l->bootstrap, l->topic, (size_t)n, 90, 2000, &got);
+        if (caught_up)
+                cr_assert(caught_up(l->url, l->name), "not confirmed");
+        logrel_stop(l);
+        assert_in_order(&got, n);
+        msgs_free(&got);
+}
+
+/* Whether the log of path holds what (within a few seconds). */
+static bool
+log_says(const char *path, const char *what)
+{
+        bool found = false;
+        for (int i = 0; i < 50 && !found; i++) {
+                char *t = kt_slurp(path);
+                found = t && strstr(t, what);
+                free(t);
+                if (!found)
+                        usleep(100 * 1000);
+        }
+        return found;
+}
+
+void
+takeover_after_kill9(logrun_t *lr, const char *backend, const char *source,
+                     const char *tag, const char *waiting, const char *ours,
+                     bool (*caught_up)(const char *url, const char *name))
+{
+        logrun_start(lr, backend, source, tag);
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *logb = kt_tmp(tag);
+        pid_t b = kt_spawn_kinbox(lr->ini, NULL, logb);
+        append_rows(backend, lr->url, lr->topic, "one", 0, 50);
+        tmsgs_t got;
+        consume(bootstrap, lr->topic, 50, 60, 500, &got);
+        assert_all(&got, lr->topic, "one", 0, 50);
+        msgs_free(&got);
+        /* b waits: it says so, and has published nothing. */
+        cr_assert(log_says(logb, waiting), "%s", kt_tail(logb, 40));
+        kill(lr->pid, SIGKILL);
+        cr_assert(eq(int, kt_wait(lr->pid, 10), -SIGKILL));
+        append_rows(backend, lr->url, lr->topic, "two", 50, 50);
+        consume(bootstrap, lr->topic, 100, 90, 2000, &got);
+        if (caught_up)
+                cr_assert(caught_up(lr->url, lr->name), "%s",
+                          kt_tail(logb, 20));
+        if (ours)
+                cr_assert(log_says(logb, ours), "%s", kt_tail(logb, 40));
+        kill(b, SIGTERM);
+        cr_assert(eq(int, kt_wait(b, 30), 0), "%s", kt_tail(logb, 30));
+        assert_all(&got, lr->topic, "one", 0, 50);
+        assert_all(&got, lr->topic, "two", 50, 50);
+        cr_log_info("%s: %zu messages for 100 rows", source, got.n);
+        assert_in_order(&got, 100); /* copies: published again after the
+                                       kill */
+        msgs_free(&got);
+}
+
+void
+rows_a_then_stop(const char *backend, const char *url, const char *name,
+                 const char *ini, const char *log, const char *topic)
+{
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(log_reading(backend, url, name, 30), "%s", kt_tail(log, 20));
+        append_rows(backend, url, topic, "a", 0, 20);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), topic, 20, 60, 500, &got);
+        assert_all(&got, topic, "a", 0, 20);
+        msgs_free(&got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+}
+
+void
+resend_then_all(const char *backend, const char *url, const char *ini,
+                const char *log, const char *topic, const char *since)
+{
+        char *out = NULL;
+        int rc = kt_kinbox(&out, NULL, true, "outbox resend --since %s -c %s",
+                           since, ini);
+        cr_assert(eq(int, rc, 0), "%s", out);
+        long long n = 0;
+        cr_assert(sscanf(out, "%lld rows published again", &n) == 1, "%s",
+                  out);
+        cr_assert(ge(i64, n, 30), "%s", out);
+        free(out);
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        append_rows(backend, url, topic, "c", 0, 10);
+        tmsgs_t got;
+        consume(kt_env("KINBOX_BOOTSTRAP"), topic, (size_t)(20 + n + 10), 90,
+                2000, &got);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 30), 0), "%s", kt_tail(log, 30));
+        assert_all(&got, topic, "a", 0, 20);
+        assert_all(&got, topic, "b", 0, 30);
+        assert_all(&got, topic, "c", 0, 10);
+        cr_log_info("%zu messages for 60 rows (%lld resent)", got.n, n);
+        msgs_free(&got);
+}
+
+void
+check_big_stream(const char *url, tmsgs_t *got, size_t want, const char *dead,
+                 void (*other)(const tmsg_t *m, void *arg), void *arg)
+{
+        cr_assert(eq(sz, got->n, want), "%zu of %zu", got->n, want);
+        char q[300];
+        snprintf(q, sizeof(q),
+                 "SELECT CONCAT(status, ': ', last_error) FROM "
+                 "kinbox_outbox WHERE idem_key = '%s'",
+                 dead);
+        char *err = qtext(url, q);
+        cr_assert(strncmp(err, "dead: ", 6) == 0 &&
+                      strstr(err, "SIZE_TOO_LARGE") != NULL,
+                  "%s", err);
+        free(err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT count(*) FROM kinbox_outbox WHERE "
+                                  "status <> 'pending'"),
+                     1));
+        qsort(got->v, got->n, sizeof(*got->v), by_offset);
+        int last[16];
+        for (int i = 0; i < 16; i++)
+                last[i] = -1;
+        for (size_t i = 0; i < got->n; i++) {
+                const tmsg_t *m = &got->v[i];
+                int a;
+                if (sscanf(m->key, "agg-%d", &a) == 1) {
+                        cr_assert(a >= 0 && a < 16, "%s", m->key);
+                        int v = atoi(m->value);
+                        cr_assert(v > last[a], "agg-%d: %d after %d", a, v,
+                                  last[a]);
+                        last[a] = v;
+                } else {
+                        other(m, arg);
+                }
+        }
 }

@@ -331,10 +331,9 @@ Test(db, row_suspect_matches_whole_fields)
 {
         const char *keys[] = {"x", "o-1", "o-12", "5000000"};
         int tags[] = {KINBOX__TAG_GROUP | 0, 3, 7, KINBOX__TAG_GROUP | 0};
-        kinbox__db_t db = {0};
-        db.hint_keys = keys;
-        db.hint_tags = tags;
-        db.hint_n = 4;
+        kinbox__attr_t at = {
+            .hint_keys = keys, .hint_tags = tags, .hint_n = 4};
+        kinbox__db_t db = {.attr = &at};
         cr_assert(eq(int,
                      kinbox__db_row_suspect(
                          &db, "(11, 42, o-12, ORDER_REWARD, 5000000, "
@@ -346,7 +345,7 @@ Test(db, row_suspect_matches_whole_fields)
         cr_assert(eq(int, kinbox__db_row_suspect(&db, "(x, o-123, xo-1)"), 0));
         cr_assert(eq(int, kinbox__db_row_suspect(&db, "no row"), 0));
         cr_assert(eq(int, kinbox__db_row_suspect(&db, NULL), 0));
-        db.hint_n = 0;
+        at.hint_n = 0;
         cr_assert(eq(int, kinbox__db_row_suspect(&db, "(o-1)"), 0));
 }
 

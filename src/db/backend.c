@@ -30,11 +30,11 @@ kinbox__db_new(const char *url, const char *password, char *errstr,
         kinbox__dburl_t u;
         if (kinbox__dburl_parse(url, &u, errstr, errstr_size))
                 return NULL;
-        kinbox_backend_t b = u.backend;
+        const struct kinbox__db_ops *ops = u.backend == KINBOX_BACKEND_MYSQL
+                                               ? &kinbox__mysql_ops
+                                               : &kinbox__pg_ops;
         kinbox__dburl_free(&u);
-        return kinbox__db_alloc(b == KINBOX_BACKEND_MYSQL ? &kinbox__mysql_ops
-                                                          : &kinbox__pg_ops,
-                                url, password);
+        return kinbox__db_new_ops(ops, url, password, errstr, errstr_size);
 }
 
 kinbox__db_t *

@@ -83,6 +83,41 @@ url_scheme(const char *url, kinbox__dburl_t *u, char *errstr, size_t sz)
         return NULL;
 }
 
+/* The host and port of p .. hostend into u; -1 when malformed. A
+ * PostgreSQL list of hosts (host1:port1,host2:port2, which libpq tries in
+ * turn, see target_session_attrs) is kept whole in u->host. */
+static int
+host_port(kinbox__dburl_t *u, const char *p, const char *hostend)
+{
+        const char *colon = NULL;
+        if (u->backend == KINBOX_BACKEND_POSTGRESQL &&
+            memchr(p, ',', (size_t)(hostend - p))) {
+                u->host = kinbox__strndup(p, (size_t)(hostend - p));
+                return 0;
+        }
+        if (*p == '[') {
+                const char *rb = memchr(p, ']', (size_t)(hostend - p));
+                if (!rb)
+                        return -1;
+                u->host = kinbox__strndup(p + 1, (size_t)(rb - p - 1));
+                if (rb + 1 < hostend && rb[1] == ':')
+                        colon = rb + 1;
+        } else {
+                colon = memchr(p, ':', (size_t)(hostend - p));
+                size_t hl = (size_t)((colon ? colon : hostend) - p);
+                if (hl)
+                        u->host = kinbox__strndup(p, hl);
+        }
+        if (colon) {
+                char *end;
+                long port = strtol(colon + 1, &end, 10);
+                if (end != hostend || port <= 0 || port > 65535)
+                        return -1;
+                u->port = (int)port;
+        }
+        return 0;
+}
+
 int
 kinbox__dburl_split(const char *url, kinbox__dburl_t *u, char *errstr,
                     size_t sz)
@@ -112,28 +147,8 @@ kinbox__dburl_split(const char *url, kinbox__dburl_t *u, char *errstr,
                 }
                 p = at + 1;
         }
-        const char *hostend = auth_end;
-        const char *colon = NULL;
-        if (*p == '[') {
-                const char *rb = memchr(p, ']', (size_t)(hostend - p));
-                if (!rb)
-                        goto bad;
-                u->host = kinbox__strndup(p + 1, (size_t)(rb - p - 1));
-                if (rb + 1 < hostend && rb[1] == ':')
-                        colon = rb + 1;
-        } else {
-                colon = memchr(p, ':', (size_t)(hostend - p));
-                size_t hl = (size_t)((colon ? colon : hostend) - p);
-                if (hl)
-                        u->host = kinbox__strndup(p, hl);
-        }
-        if (colon) {
-                char *end;
-                long port = strtol(colon + 1, &end, 10);
-                if (end != hostend || port <= 0 || port > 65535)
-                        goto bad;
-                u->port = (int)port;
-        }
+        if (host_port(u, p, auth_end))
+                goto bad;
         if (slash) {
                 const char *q = strchr(slash + 1, '?');
                 size_t dl = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
@@ -150,18 +165,29 @@ bad:
 }
 
 kinbox__db_t *
-kinbox__db_alloc(const struct kinbox__db_ops *ops, const char *url,
-                 const char *password)
+kinbox__db_new_ops(const struct kinbox__db_ops *ops, const char *url,
+                   const char *password, char *errstr, size_t sz)
 {
-        kinbox__db_t *db = kinbox__calloc(1, sizeof(*db));
-        if (!db)
+        kinbox__dburl_t u;
+        if (kinbox__dburl_split(url, &u, errstr, sz))
                 return NULL;
+        bool same = u.backend == ops->backend;
+        kinbox__dburl_free(&u);
+        if (!same) {
+                kinbox__errstr(errstr, sz, "database.url: not a %s URL",
+                               ops->name);
+                return NULL;
+        }
+        kinbox__db_t *db = kinbox__calloc(1, sizeof(*db));
+        if (!db) {
+                kinbox__errstr(errstr, sz, "out of memory");
+                return NULL;
+        }
         db->backend = ops->backend;
         db->ops = ops;
         db->url = kinbox__strdup(url);
         db->password = kinbox__strdup(password);
         db->err.tag = db->err.stmt_tag = -1;
-        db->call_tag = -1;
         return db;
 }
 
@@ -175,8 +201,6 @@ kinbox__db_destroy(kinbox__db_t *db)
                 db->ops->release(db);
         free(db->url);
         free(db->password);
-        free(db->none_tags);
-        free(db->drops);
         free(db);
 }
 
@@ -255,18 +279,38 @@ kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes)
         return rc;
 }
 
+int
+kinbox__db_begin(kinbox__db_t *db, kinbox__attr_t *attr)
+{
+        db->attr = attr;
+        return db->ops->begin(db);
+}
+
+void
+kinbox__attr_free(kinbox__attr_t *a)
+{
+        free(a->none_tags);
+        free(a->drops);
+        a->none_tags = NULL;
+        a->drops = NULL;
+        a->nnone = a->capnone = a->ndrops = a->capdrops = 0;
+}
+
 void
 kinbox__db_note_none(kinbox__db_t *db, int tag)
 {
-        if (db->nnone == db->capnone) {
-                size_t cap = db->capnone ? db->capnone * 2 : 64;
-                int *t = realloc(db->none_tags, cap * sizeof(*t));
+        kinbox__attr_t *a = db->attr;
+        if (!a)
+                return;
+        if (a->nnone == a->capnone) {
+                size_t cap = a->capnone ? a->capnone * 2 : 64;
+                int *t = realloc(a->none_tags, cap * sizeof(*t));
                 if (!t)
                         return; /* counted as processed, not as duplicate */
-                db->none_tags = t;
-                db->capnone = cap;
+                a->none_tags = t;
+                a->capnone = cap;
         }
-        db->none_tags[db->nnone++] = tag;
+        a->none_tags[a->nnone++] = tag;
 }
 
 static void *
@@ -539,15 +583,18 @@ kinbox__db_query_hinted(kinbox__db_t *db, const char *sql, int n,
                         const char *const *keys, const int *tags, size_t nrows,
                         struct kinbox_rows_s **out)
 {
-        if (keys) {
-                db->hint_keys = keys;
-                db->hint_tags = tags;
-                db->hint_n = nrows;
+        kinbox__attr_t *a = db->attr;
+        if (keys && a) {
+                a->hint_keys = keys;
+                a->hint_tags = tags;
+                a->hint_n = nrows;
         }
         int rc = db->ops->query(db, sql, n, p, tag, out);
-        db->hint_keys = NULL;
-        db->hint_tags = NULL;
-        db->hint_n = 0;
+        if (a) {
+                a->hint_keys = NULL;
+                a->hint_tags = NULL;
+                a->hint_n = 0;
+        }
         return rc;
 }
 
@@ -586,7 +633,9 @@ keys_suspect(const char *const *keys, const int *tags, size_t n,
 int
 kinbox__db_row_suspect(const kinbox__db_t *db, const char *row)
 {
-        return keys_suspect(db->hint_keys, db->hint_tags, db->hint_n, row);
+        const kinbox__attr_t *a = db->attr;
+        return a ? keys_suspect(a->hint_keys, a->hint_tags, a->hint_n, row)
+                 : 0;
 }
 
 kinbox__claims_t *

@@ -142,4 +142,10 @@ extern const kinbox__logsrc_ops_t kinbox__pg_repl_ops;
 /* MariaDB's (db/mysql_binlog_src.c). */
 extern const kinbox__logsrc_ops_t kinbox__binlog_src_ops;
 
+/* The log relay's slot (PostgreSQL) and reader name of conf: relay.slot,
+ * or kinbox_<name> (a-z, 0-9 and _ kept, the rest _); malloc'ed, NULL
+ * when out of memory. Also the slot whose progress a partitioned
+ * outbox's prune waits for (partition_outbox.c). db/pg_repl.c. */
+char *kinbox__wal_slot_name(const struct kinbox_conf_s *conf);
+
 #endif

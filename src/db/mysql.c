@@ -56,7 +56,8 @@ my_begin(kinbox__db_t *db)
         }
         kinbox__my_q_reset(s);
         s->nsent = s->nran = 0;
-        db->rows_queued = false;
+        if (db->attr)
+                db->attr->rows_queued = false;
         s->tx_sent = false;
         kinbox__my_m_begin(s->merge);
         int rc = kinbox__my_q_append(db, "START TRANSACTION", 17, -1, 1);
@@ -258,7 +259,8 @@ my_exec_values(kinbox__db_t *db, const kinbox__values_t *v, int tag)
                 goto out;
         rm.stmt = s->ntags - 1;
         s->rmaps[s->nrmaps++] = rm;
-        db->rows_queued = true;
+        if (db->attr)
+                db->attr->rows_queued = true;
         return KINBOX_OK;
 out:
         kinbox__my_rm_free(&rm);
@@ -350,7 +352,8 @@ my_rollback(kinbox__db_t *db)
         bool sent = s->tx_sent;
         kinbox__my_q_reset(s);
         s->nsent = s->nran = 0;
-        db->rows_queued = false;
+        if (db->attr)
+                db->attr->rows_queued = false;
         s->tx_sent = false;
         if (!sent)
                 return;
@@ -738,11 +741,11 @@ static const struct kinbox__sql my_sql = {
          "DELETE FROM kinbox_outbox WHERE status = 'sent' AND sent_at < "
          "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64 " MICROSECOND ORDER "
          "BY sent_at LIMIT %" PRId64,
-         /* No index on created_at: the primary key's order (insertion
-          * order) finds the oldest rows first. */
+         /* kinbox_outbox_created_at (migration 0013) finds the oldest
+          * rows first. */
          "DELETE FROM kinbox_outbox WHERE kind = 'event' AND status <> "
          "'dead' AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
-         " MICROSECOND ORDER BY id LIMIT %" PRId64},
+         " MICROSECOND ORDER BY created_at LIMIT %" PRId64},
     .prune_age_scale = 1000,
     .dead_letter_lock = "SELECT consumer, message_id, topic, kafka_partition, "
                         "kafka_offset, msg_key, headers, payload, status FROM "
@@ -830,4 +833,5 @@ const struct kinbox__db_ops kinbox__mysql_ops = {
     .sql = &my_sql,
     .outbox = &kinbox__mysql_outbox_ops,
     .part = &kinbox__mysql_part,
+    .opart = &kinbox__mysql_opart,
 };

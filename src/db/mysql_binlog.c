@@ -307,30 +307,12 @@ start_dump(kinbox__binlog_t *b, const kinbox__binlog_opts_t *o)
         return KINBOX_OK;
 }
 
-kinbox__db_t *
-kinbox__binlog_db_new(const char *url, const char *password, char *errstr,
-                      size_t sz)
-{
-        kinbox__dburl_t u;
-        if (kinbox__dburl_split(url, &u, errstr, sz))
-                return NULL;
-        kinbox_backend_t b = u.backend;
-        kinbox__dburl_free(&u);
-        if (b != KINBOX_BACKEND_MYSQL) {
-                kinbox__errstr(errstr, sz, "not a mysql:// URL");
-                return NULL;
-        }
-        kinbox__db_t *db = kinbox__db_alloc(&kinbox__mysql_ops, url, password);
-        if (!db)
-                kinbox__errstr(errstr, sz, "out of memory");
-        return db;
-}
-
 static int
 open_session(kinbox__binlog_t *b, const kinbox__binlog_opts_t *o)
 {
         char ebuf[256];
-        b->db = kinbox__binlog_db_new(o->url, o->password, ebuf, sizeof(ebuf));
+        b->db = kinbox__db_new_ops(&kinbox__mysql_ops, o->url, o->password,
+                                   ebuf, sizeof(ebuf));
         if (!b->db) {
                 kinbox__errstr(b->err, sizeof(b->err), "binlog: %s", ebuf);
                 return KINBOX_ERR_INVALID;

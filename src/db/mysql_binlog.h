@@ -78,12 +78,6 @@ uint32_t kinbox__binlog_server_id(const char *name);
 struct kinbox__db;
 int kinbox__binlog_check(struct kinbox__db *db, char *errstr, size_t sz);
 
-/* An unconnected MariaDB handle for the reader's own SQL session: url must
- * be a mysql:// URL (NULL with errstr otherwise, or when out of memory).
- * Not kinbox__db_new(): the backend layer's top is above the readers. */
-struct kinbox__db *kinbox__binlog_db_new(const char *url, const char *password,
-                                         char *errstr, size_t sz);
-
 /* Open a reader at o->start. Returns NULL with *code and errstr set:
  * KINBOX_ERR_CONFIG (a server setting, named), KINBOX_ERR_NOT_FOUND (the
  * binlog holding start was purged: the message names the position and

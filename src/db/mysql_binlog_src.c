@@ -1,6 +1,6 @@
 /*
  * mysql_binlog_src.c -- relay.source = binlog: MariaDB's ROW binlog as a
- * source of the log relay (db/logsrc_ops.h; db->ops->logsrc of the MySQL
+ * source of the log relay (db/logsrc_ops.h; kinbox__db_logsrc() of the MySQL
  * backend), over the reader of mysql_binlog.h.
  *
  * open(): a SQL session of its own that lives as long as the source: it
@@ -174,7 +174,8 @@ bl_open(kinbox__logsrc_t *s)
         b->name = kinbox__binlog_name(s->conf);
         b->url = kinbox__strdup(s->url ? s->url : st->database_url);
         b->server_id = (uint32_t)st->relay_server_id;
-        b->db = kinbox__binlog_db_new(b->url, b->password, e, sizeof(e));
+        b->db = kinbox__db_new_ops(&kinbox__mysql_ops, b->url, b->password, e,
+                                   sizeof(e));
         int rc = b->db ? kinbox__db_connect(b->db) : KINBOX_ERR_CONFIG;
         if (rc) {
                 kinbox__errstr(s->err, sizeof(s->err), "binlog: %s",
@@ -375,7 +376,8 @@ bl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
         kinbox__db_t *db = b ? b->db : NULL;
         char e[512] = "";
         if (!db) {
-                db = kinbox__binlog_db_new(s->url, s->password, e, sizeof(e));
+                db = kinbox__db_new_ops(&kinbox__mysql_ops, s->url,
+                                        s->password, e, sizeof(e));
                 if (!db || kinbox__db_connect(db)) {
                         kinbox__errstr(s->err, sizeof(s->err), "binlog: %s",
                                        db ? db->err.msg : e);

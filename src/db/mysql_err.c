@@ -109,7 +109,8 @@ st_free(kinbox__db_t *db)
         kinbox__my_m_free(s->merge);
         free(s);
         db->impl = NULL;
-        db->rows_queued = false;
+        if (db->attr)
+                db->attr->rows_queued = false;
 }
 
 /* ------------------------------------------------------------------ errors */

@@ -87,6 +87,7 @@ kinbox__my_q_send(kinbox__db_t *db, struct kinbox_rows_s **out, bool in_commit)
                         break;
         }
         kinbox__my_q_reset(s);
-        db->rows_queued = false;
+        if (db->attr)
+                db->attr->rows_queued = false;
         return rc;
 }

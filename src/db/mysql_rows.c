@@ -145,7 +145,7 @@ kinbox__my_rm_pin(kinbox__db_t *db, int rc)
 
 /*
  * Whether the failed exec_values() statement can go on without the row's
- * message (see rm_drop()): the consumer allows it (db->drop_rows), no
+ * message (see rm_drop()): the consumer allows it (db->attr->drop_rows), no
  * COMMIT rides in the round trip, the failure can never succeed (a unique
  * violation, a permanent error), the server named the row, the handler
  * call that queued it has returned, no statement of that call that ran
@@ -161,11 +161,13 @@ kinbox__my_rm_can_drop(kinbox__db_t *db, bool in_commit)
         const kinbox__dberr_t *e = &db->err;
         size_t f = s->fail_stmt;
         struct rowmap *rm = rm_at(s, f);
-        if (!db->drop_rows || in_commit || !rm || e->tag == e->stmt_tag ||
-            e->tag < 0 || (e->code != KINBOX_ERR_DUPLICATE && !e->permanent))
+        if (!db->attr || !db->attr->drop_rows || in_commit || !rm ||
+            e->tag == e->stmt_tag || e->tag < 0 ||
+            (e->code != KINBOX_ERR_DUPLICATE && !e->permanent))
                 return false;
         int t = call_of(rm->tag);
-        if (t == call_of(db->call_tag) || sent_has(s, t) || ran_has(s, e->tag))
+        if (t == call_of(db->attr->call_tag) || sent_has(s, t) ||
+            ran_has(s, e->tag))
                 return false;
         for (size_t k = 0; k < s->ntags; k++) {
                 if (k == f || call_of(s->tags[k]) != t)
@@ -231,7 +233,7 @@ rm_remove(struct rowmap *rm, int mt)
  * the failed one on (those before it ran), with the failed statement and
  * the call's later exec_values() statements without the message's rows
  * (a statement left with no row goes). The failure is recorded in
- * db->drops for the consumer. Returns 0 when the queue is ready to be
+ * db->attr->drops for the consumer. Returns 0 when the queue is ready to be
  * sent again.
  */
 int
@@ -240,8 +242,9 @@ kinbox__my_rm_drop(kinbox__db_t *db)
         struct mystate *s = st_get(db);
         size_t f = s->fail_stmt, n0 = s->ntags;
         int mt = db->err.tag, t = call_of(s->tags[f]);
-        if (kinbox__grow(&db->drops, &db->capdrops, db->ndrops + 1,
-                         sizeof(*db->drops)))
+        kinbox__attr_t *a = db->attr;
+        if (kinbox__grow(&a->drops, &a->capdrops, a->ndrops + 1,
+                         sizeof(*a->drops)))
                 return -1;
         kinbox__buf_t nq;
         kinbox__buf_init(&nq);
@@ -283,7 +286,7 @@ kinbox__my_rm_drop(kinbox__db_t *db)
         }
         if (nq.oom)
                 goto oom;
-        db->drops[db->ndrops++] = db->err;
+        a->drops[a->ndrops++] = db->err;
         size_t keep = 0;
         for (size_t k = 0; k < s->nrmaps; k++) {
                 struct rowmap *rm = &s->rmaps[k];

@@ -218,7 +218,7 @@ take_one(kinbox__db_t *db, int *rc, bool *commit_sent)
                 /* A query with owners: at most one is queued (a query is
                  * read at once), so the failing K_QUERY is that one. */
                 const char *row = kinbox__pg_failing_row(res);
-                if (p.kind == K_QUERY && db->hint_n && row)
+                if (p.kind == K_QUERY && db->attr && db->attr->hint_n && row)
                         db->err.suspect = kinbox__db_row_suspect(db, row);
                 else if (p.claims && row)
                         db->err.suspect =
@@ -843,4 +843,5 @@ const struct kinbox__db_ops kinbox__pg_ops = {
     .sql = &kinbox__pg_sql,
     .outbox = &kinbox__pg_outbox_ops,
     .part = &kinbox__pg_part,
+    .opart = &kinbox__pg_opart,
 };

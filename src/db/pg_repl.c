@@ -7,7 +7,8 @@
  * open(): on a plain connection, the prerequisites (wal_level = logical,
  * a role with REPLICATION, a free slot and walsender, the publication
  * kinbox_outbox_pub of migration 0010, the slot not lost); then the
- * replication connection, and the slot when missing (pgoutput).
+ * replication connection, and the slot when missing (pgoutput; a failover
+ * slot with relay.slot_failover, PostgreSQL 17 and later).
  * start(): START_REPLICATION ... LOGICAL 0/0: from the slot's
  * confirmed_flush_lsn. next(): CopyData: 'w' XLogData carrying one
  * pgoutput message (B begin, C commit, R relation, I insert, M message;
@@ -27,108 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <libpq-fe.h>
-
-#include "../db.h"
-#include "../internal.h"
+#include "pg_repl_int.h"
 
 #define PUBLICATION "kinbox_outbox_pub"
-#define MSG_PREFIX "kinbox."
 #define FEEDBACK_MS 1000 /* feedback at least this often when changed */
 #define IDLE_FEEDBACK_MS 10000
-#define PG_EPOCH_US 946684800000000LL /* 2000-01-01 in Unix microseconds */
-
-/* Outbox columns the relay reads, in this order. */
-enum {
-        C_ID,
-        C_KIND,
-        C_DEST,
-        C_IDEM,
-        C_AGG,
-        C_PAYLOAD,
-        C_HEADERS,
-        C_CREATED,
-        C_STATUS,
-        C_N
-};
-static const char *const col_names[C_N] = {
-    "id",      "kind",    "destination", "idem_key", "aggregate_id",
-    "payload", "headers", "created_at",  "status"};
-
-typedef struct rel {
-        uint32_t id;
-        bool outbox;
-        int natts;
-        int col[C_N]; /* attribute index of each column, -1 absent */
-} rel_t;
-
-typedef struct repl {
-        PGconn *conn;
-        PGconn *plain; /* dead(): a plain connection, made on first need */
-        char *copybuf; /* the last PQgetCopyData() buffer */
-        rel_t *rels;
-        size_t nrels, caprels;
-        bool in_tx;
-        int64_t commit_ms;
-        uint64_t confirmed; /* flush position reported */
-        bool dirty; /* confirmed changed since the last feedback */
-        int64_t fed_at; /* last feedback (monotonic ms) */
-        kinbox__buf_t val[C_N]; /* a row's values, NUL-terminated */
-        bool null[C_N];
-        kinbox__buf_t payload; /* decoded bytea */
-        kinbox__buf_t prefix;
-} repl_t;
-
-/* ---- byte reading */
-
-typedef struct rd {
-        const unsigned char *p;
-        size_t n;
-        bool bad;
-} rd_t;
-
-static uint64_t
-rd_u(rd_t *r, int bytes)
-{
-        if (r->bad || r->n < (size_t)bytes) {
-                r->bad = true;
-                return 0;
-        }
-        uint64_t v = 0;
-        for (int i = 0; i < bytes; i++)
-                v = (v << 8) | r->p[i];
-        r->p += bytes;
-        r->n -= (size_t)bytes;
-        return v;
-}
-
-/* A NUL-terminated string in place (NULL when malformed). */
-static const char *
-rd_str(rd_t *r)
-{
-        const unsigned char *z = r->bad ? NULL : memchr(r->p, 0, r->n);
-        if (!z) {
-                r->bad = true;
-                return NULL;
-        }
-        const char *s = (const char *)r->p;
-        r->n -= (size_t)(z - r->p) + 1;
-        r->p = z + 1;
-        return s;
-}
-
-static const unsigned char *
-rd_bytes(rd_t *r, size_t len)
-{
-        if (r->bad || r->n < len) {
-                r->bad = true;
-                return NULL;
-        }
-        const unsigned char *s = r->p;
-        r->p += len;
-        r->n -= len;
-        return s;
-}
 
 static void
 put_u64(unsigned char *p, uint64_t v)
@@ -145,11 +49,8 @@ pg_now_us(void)
         return kinbox__wall_ms() * 1000 - PG_EPOCH_US;
 }
 
-static void seterr(kinbox__logsrc_t *s, const char *fmt, ...)
-    KINBOX_PRINTF(2, 3);
-
-static void
-seterr(kinbox__logsrc_t *s, const char *fmt, ...)
+void
+kinbox__pgr_seterr(kinbox__logsrc_t *s, const char *fmt, ...)
 {
         va_list ap;
         va_start(ap, fmt);
@@ -203,7 +104,7 @@ conn_failed(kinbox__logsrc_t *s, PGconn *c, const char *what)
                  strstr(m, "remaining connection slots"))
                 rc = strstr(m, "remaining") ? KINBOX_ERR_DB_CONN
                                             : KINBOX_ERR_CONFIG;
-        seterr(s, "relay.source = wal: %s: %s", what, m);
+        kinbox__pgr_seterr(s, "relay.source = wal: %s: %s", what, m);
         if (c)
                 PQfinish(c);
         return rc;
@@ -232,8 +133,9 @@ check(kinbox__logsrc_t *s, bool *exists)
         const char *p[1] = {s->slot};
         PGresult *res = PQexecParams(c, check_sql, 1, NULL, p, NULL, NULL, 0);
         if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-                seterr(s, "relay.source = wal: checking the server: %s",
-                       PQerrorMessage(c));
+                kinbox__pgr_seterr(
+                    s, "relay.source = wal: checking the server: %s",
+                    PQerrorMessage(c));
                 PQclear(res);
                 PQfinish(c);
                 return KINBOX_ERR_DB;
@@ -244,53 +146,61 @@ check(kinbox__logsrc_t *s, bool *exists)
         *exists = slot != NULL;
         int rc = KINBOX_OK;
         if (strcmp(wl, "logical")) {
-                seterr(s,
-                       "relay.source = wal needs wal_level = logical on "
-                       "the server (it is %s; set it in postgresql.conf "
-                       "and restart PostgreSQL)",
-                       wl);
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal needs wal_level = logical on "
+                    "the server (it is %s; set it in postgresql.conf "
+                    "and restart PostgreSQL)",
+                    wl);
                 rc = KINBOX_ERR_CONFIG;
         } else if (strcmp(PQgetvalue(res, 0, 1), "t")) {
-                seterr(s,
-                       "relay.source = wal needs a role with REPLICATION "
-                       "(ALTER ROLE %s REPLICATION)",
-                       PQuser(c));
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal needs a role with REPLICATION "
+                    "(ALTER ROLE %s REPLICATION)",
+                    PQuser(c));
                 rc = KINBOX_ERR_CONFIG;
         } else if (!slot && atoi(PQgetvalue(res, 0, 2)) <= 0) {
-                seterr(s,
-                       "relay.source = wal: no free replication slot for "
-                       "%s: raise max_replication_slots (every slot is "
-                       "in use)",
-                       s->slot);
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal: no free replication slot for "
+                    "%s: raise max_replication_slots (every slot is "
+                    "in use)",
+                    s->slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (atoi(PQgetvalue(res, 0, 3)) <= 0) {
-                seterr(s, "relay.source = wal: no free WAL sender: raise "
-                          "max_wal_senders (every one is in use)");
+                kinbox__pgr_seterr(
+                    s, "relay.source = wal: no free WAL sender: raise "
+                       "max_wal_senders (every one is in use)");
                 rc = KINBOX_ERR_CONFIG;
         } else if (slot && strncmp(slot, "pgoutput ", 9)) {
-                seterr(s,
-                       "relay.source = wal: slot %s (relay.slot) exists "
-                       "with another output plugin (%s): name another "
-                       "slot",
-                       s->slot, slot);
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal: slot %s (relay.slot) exists "
+                    "with another output plugin (%s): name another "
+                    "slot",
+                    s->slot, slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (slot && strstr(slot, " false")) {
-                seterr(s,
-                       "relay.source = wal: slot %s (relay.slot) belongs "
-                       "to another database: name another slot",
-                       s->slot);
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal: slot %s (relay.slot) belongs "
+                    "to another database: name another slot",
+                    s->slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (slot && strstr(slot, " lost ")) {
-                seterr(s,
-                       "relay.source = wal: slot %s (relay.slot) is lost "
-                       "(max_slot_wal_keep_size removed WAL it needed): "
-                       "events after its position may be unpublished; "
-                       "see docs/outbox.md (a lost slot) to recover",
-                       s->slot);
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal: slot %s (relay.slot) is lost "
+                    "(max_slot_wal_keep_size removed WAL it needed): "
+                    "events after its position may be unpublished; "
+                    "see docs/outbox.md (a lost slot) to recover",
+                    s->slot);
                 rc = KINBOX_ERR_CONFIG;
         } else if (strcmp(PQgetvalue(res, 0, 5), "t")) {
-                seterr(s, "relay.source = wal: publication " PUBLICATION
-                          " is missing: run kinbox migrate");
+                kinbox__pgr_seterr(
+                    s, "relay.source = wal: publication " PUBLICATION
+                       " is missing: run kinbox migrate");
                 rc = KINBOX_ERR_SCHEMA;
         }
         PQclear(res);
@@ -298,35 +208,82 @@ check(kinbox__logsrc_t *s, bool *exists)
         return rc;
 }
 
+/*
+ * The slot: made when missing (pgoutput, no snapshot). relay.slot_failover
+ * (PostgreSQL 17 and later, refused below): made with FAILOVER, or an
+ * existing slot without it altered (ALTER_REPLICATION_SLOT), so that the
+ * standbys' slot synchronization keeps a copy the relay goes on from after
+ * a promotion.
+ */
 static int
-create_slot(kinbox__logsrc_t *s, repl_t *x)
+create_slot(kinbox__logsrc_t *s, repl_t *x, bool exists)
 {
+        bool fo = kinbox__settings_of(s->conf)->relay_slot_failover;
+        if (fo && PQserverVersion(x->conn) < 170000) {
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.slot_failover needs PostgreSQL 17 or later "
+                    "(the server is %d): before 17 a logical slot does "
+                    "not survive a failover; see docs/outbox.md (failover)",
+                    PQserverVersion(x->conn));
+                return KINBOX_ERR_CONFIG;
+        }
+        if (exists && !fo)
+                return KINBOX_OK;
         char *id = PQescapeIdentifier(x->conn, s->slot, strlen(s->slot));
-        if (!id) {
-                seterr(s, "relay.source = wal: %s", PQerrorMessage(x->conn));
+        char *lit = PQescapeLiteral(x->conn, s->slot, strlen(s->slot));
+        char sql[600];
+        PGresult *res = NULL;
+        if (id && lit && exists) {
+                snprintf(sql, sizeof(sql),
+                         "SELECT 1 FROM pg_replication_slots WHERE "
+                         "slot_name = %s AND NOT failover",
+                         lit);
+                res = PQexec(x->conn, sql);
+                exists = PQresultStatus(res) == PGRES_TUPLES_OK &&
+                         PQntuples(res) == 0; /* failover already */
+                PQclear(res);
+                snprintf(sql, sizeof(sql),
+                         "ALTER_REPLICATION_SLOT %s (FAILOVER true)", id);
+        } else if (id && lit) {
+                snprintf(sql, sizeof(sql),
+                         fo ? "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput "
+                              "(SNAPSHOT 'nothing', FAILOVER true)"
+                            : "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput "
+                              "NOEXPORT_SNAPSHOT",
+                         id);
+        }
+        PQfreemem(id);
+        PQfreemem(lit);
+        if (!id || !lit) {
+                kinbox__pgr_seterr(s, "relay.source = wal: %s",
+                                   PQerrorMessage(x->conn));
                 return KINBOX_ERR_DB;
         }
-        char sql[512];
-        snprintf(sql, sizeof(sql),
-                 "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput "
-                 "NOEXPORT_SNAPSHOT",
-                 id);
-        PQfreemem(id);
-        PGresult *res = PQexec(x->conn, sql);
+        if (exists) /* a failover slot already */
+                return KINBOX_OK;
+        res = PQexec(x->conn, sql);
         int rc = KINBOX_OK;
-        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        ExecStatusType ok = sql[0] == 'A' ? PGRES_COMMAND_OK : PGRES_TUPLES_OK;
+        if (PQresultStatus(res) != ok) {
                 const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-                /* 42710: made meanwhile by another relay: use it. */
-                if (!st || strcmp(st, "42710")) {
-                        seterr(s, "relay.source = wal: creating slot %s: %s",
-                               s->slot, PQerrorMessage(x->conn));
+                /* 42710: made meanwhile by another relay: use it. 55006:
+                 * altered by the reader that holds it (it is altered when
+                 * this relay takes the slot over). */
+                if (!st || (strcmp(st, "42710") && strcmp(st, "55006"))) {
+                        kinbox__pgr_seterr(
+                            s, "relay.source = wal: %s slot %s: %s",
+                            sql[0] == 'A' ? "altering" : "creating", s->slot,
+                            PQerrorMessage(x->conn));
                         rc = st && !strcmp(st, "53400") ? KINBOX_ERR_CONFIG
                                                         : KINBOX_ERR_DB;
                 }
         } else {
                 kinbox__log(s->log, KINBOX_LOG_NOTICE, "relay",
-                            "replication slot %s created at %s", s->slot,
-                            PQgetvalue(res, 0, 1));
+                            "replication slot %s %s%s", s->slot,
+                            sql[0] == 'A' ? "altered to failover"
+                                          : "created at ",
+                            sql[0] == 'A' ? "" : PQgetvalue(res, 0, 1));
         }
         PQclear(res);
         return rc;
@@ -372,7 +329,7 @@ repl_open(kinbox__logsrc_t *s)
                 repl_free(x);
                 return rc;
         }
-        if (!exists && (rc = create_slot(s, x))) {
+        if ((rc = create_slot(s, x, exists))) {
                 repl_free(x);
                 return rc;
         }
@@ -399,10 +356,11 @@ repl_start(kinbox__logsrc_t *s)
                 /* 55006: the slot is active for another relay (its lease):
                  * wait and try again. */
                 bool busy = st && !strcmp(st, "55006");
-                seterr(s,
-                       "relay.source = wal: START_REPLICATION on slot %s: "
-                       "SQLSTATE %s: %s",
-                       s->slot, st ? st : "?????", PQerrorMessage(x->conn));
+                kinbox__pgr_seterr(
+                    s,
+                    "relay.source = wal: START_REPLICATION on slot %s: "
+                    "SQLSTATE %s: %s",
+                    s->slot, st ? st : "?????", PQerrorMessage(x->conn));
                 PQclear(res);
                 return busy ? KINBOX_ERR_STATE : KINBOX_ERR_DB_CONN;
         }
@@ -426,8 +384,9 @@ feedback(kinbox__logsrc_t *s, repl_t *x, bool reply)
         m[33] = reply ? 1 : 0;
         if (PQputCopyData(x->conn, (const char *)m, sizeof(m)) <= 0 ||
             PQflush(x->conn)) {
-                seterr(s, "relay.source = wal: sending feedback: %s",
-                       PQerrorMessage(x->conn));
+                kinbox__pgr_seterr(s,
+                                   "relay.source = wal: sending feedback: %s",
+                                   PQerrorMessage(x->conn));
                 return KINBOX_ERR_DB_CONN;
         }
         x->dirty = false;
@@ -452,272 +411,6 @@ repl_confirm(kinbox__logsrc_t *s, const kinbox__logpos_t *pos)
         return KINBOX_OK;
 }
 
-/* ---- pgoutput */
-
-static rel_t *
-rel_find(repl_t *x, uint32_t id)
-{
-        for (size_t i = 0; i < x->nrels; i++)
-                if (x->rels[i].id == id)
-                        return &x->rels[i];
-        return NULL;
-}
-
-static int
-on_relation(kinbox__logsrc_t *s, repl_t *x, rd_t *r)
-{
-        uint32_t id = (uint32_t)rd_u(r, 4);
-        const char *ns = rd_str(r), *name = rd_str(r);
-        rd_u(r, 1); /* replica identity */
-        int natts = (int)rd_u(r, 2);
-        rel_t *rel = rel_find(x, id);
-        if (!rel) {
-                if (kinbox__grow(&x->rels, &x->caprels, x->nrels + 1,
-                                 sizeof(*x->rels)))
-                        return KINBOX_ERR_NOMEM;
-                rel = &x->rels[x->nrels++];
-        }
-        rel->id = id;
-        rel->natts = natts;
-        rel->outbox = name && !strcmp(name, "kinbox_outbox");
-        for (int c = 0; c < C_N; c++)
-                rel->col[c] = -1;
-        for (int i = 0; i < natts && !r->bad; i++) {
-                rd_u(r, 1); /* flags */
-                const char *att = rd_str(r);
-                rd_u(r, 4); /* type */
-                rd_u(r, 4); /* typmod */
-                for (int c = 0; c < C_N && att; c++)
-                        if (!strcmp(att, col_names[c]))
-                                rel->col[c] = i;
-        }
-        if (r->bad) {
-                seterr(s, "relay.source = wal: malformed Relation message");
-                return KINBOX_ERR_DB;
-        }
-        kinbox__log(s->log, KINBOX_LOG_DEBUG, "relay",
-                    "relation %s.%s (%u): %d columns", ns ? ns : "?",
-                    name ? name : "?", id, natts);
-        return KINBOX_OK;
-}
-
-static int
-hexval(int c)
-{
-        if (c >= '0' && c <= '9')
-                return c - '0';
-        if (c >= 'a' && c <= 'f')
-                return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F')
-                return c - 'A' + 10;
-        return -1;
-}
-
-/* bytea's hex text form ("\x...") into out. */
-static bool
-unhex(const char *s, size_t n, kinbox__buf_t *out)
-{
-        kinbox__buf_reset(out);
-        if (n < 2 || s[0] != '\\' || s[1] != 'x' || n % 2)
-                return false;
-        for (size_t i = 2; i < n; i += 2) {
-                int hi = hexval((unsigned char)s[i]),
-                    lo = hexval((unsigned char)s[i + 1]);
-                if (hi < 0 || lo < 0)
-                        return false;
-                unsigned char b = (unsigned char)(hi << 4 | lo);
-                kinbox__buf_add(out, &b, 1);
-        }
-        kinbox__buf_add(out, "", 1);
-        return !out->oom;
-}
-
-static int64_t
-days_from_civil(int64_t y, int m, int d)
-{
-        y -= m <= 2;
-        int64_t era = (y >= 0 ? y : y - 399) / 400;
-        int64_t yoe = y - era * 400;
-        int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-        int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        return era * 146097 + doe - 719468;
-}
-
-/* An ISO timestamptz ("2026-12-06 05:55:42.123456+00[:MM]") into ms
- * since the epoch, floored; false when it does not parse. */
-static bool
-parse_ts(const char *s, int64_t *ms)
-{
-        int y, mo, d, h, mi, sec, n = 0;
-        if (sscanf(s, "%d-%d-%d %d:%d:%d%n", &y, &mo, &d, &h, &mi, &sec, &n) !=
-            6)
-                return false;
-        const char *p = s + n;
-        int64_t us = 0;
-        if (*p == '.') {
-                int digits = 0;
-                for (p++; *p >= '0' && *p <= '9'; p++, digits++)
-                        if (digits < 6)
-                                us = us * 10 + (*p - '0');
-                for (; digits < 6; digits++)
-                        us *= 10;
-        }
-        int64_t off = 0;
-        if (*p == '+' || *p == '-') {
-                int sign = *p == '+' ? 1 : -1, oh = 0, om = 0, os = 0;
-                if (sscanf(p + 1, "%d:%d:%d", &oh, &om, &os) < 1)
-                        return false;
-                off = sign * (oh * 3600 + om * 60 + os);
-        }
-        int64_t t =
-            days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec - off;
-        int64_t tus = t * 1000000 + us;
-        *ms = tus >= 0 ? tus / 1000 : -((-tus + 999) / 1000);
-        return true;
-}
-
-/* TupleData of an INSERT into the outbox, into ev->row. */
-static int
-decode_row(kinbox__logsrc_t *s, repl_t *x, const rel_t *rel, rd_t *r,
-           kinbox__logev_t *ev)
-{
-        int ncols = (int)rd_u(r, 2);
-        for (int c = 0; c < C_N; c++)
-                x->null[c] = true;
-        for (int i = 0; i < ncols && !r->bad; i++) {
-                int kind = (int)rd_u(r, 1);
-                size_t len = 0;
-                const unsigned char *v = NULL;
-                if (kind == 't' || kind == 'b') {
-                        len = (size_t)rd_u(r, 4);
-                        v = rd_bytes(r, len);
-                }
-                for (int c = 0; c < C_N; c++) {
-                        if (rel->col[c] != i || !v)
-                                continue;
-                        kinbox__buf_reset(&x->val[c]);
-                        kinbox__buf_add(&x->val[c], v, len);
-                        kinbox__buf_add(&x->val[c], "", 1);
-                        x->null[c] = x->val[c].oom;
-                }
-        }
-        if (r->bad) {
-                seterr(s, "relay.source = wal: malformed Insert message");
-                return KINBOX_ERR_DB;
-        }
-        kinbox__logrow_t *row = &ev->row;
-        memset(row, 0, sizeof(*row));
-        const char *v[C_N];
-        for (int c = 0; c < C_N; c++)
-                v[c] = x->null[c] ? NULL : x->val[c].p;
-#define V(c) v[c]
-        /* Inserted already dead (dead() of a bad message, an operator's
-         * copy): not an event to publish. */
-        if (V(C_STATUS) && strcmp(V(C_STATUS), "pending"))
-                return 0;
-        row->id = V(C_ID) ? strtoll(V(C_ID), NULL, 10) : 0;
-        row->action = V(C_KIND) && !strcmp(V(C_KIND), "action");
-        row->destination = V(C_DEST);
-        row->idem_key = V(C_IDEM);
-        row->aggregate_id = V(C_AGG);
-        row->headers_json = V(C_HEADERS);
-        if (!row->destination || !row->idem_key || !V(C_CREATED) ||
-            !parse_ts(V(C_CREATED), &row->created_at_ms)) {
-                seterr(s,
-                       "relay.source = wal: outbox row %" PRId64
-                       ": a required column is missing or unreadable",
-                       row->id);
-                return KINBOX_ERR_DB;
-        }
-        if (V(C_PAYLOAD)) {
-                if (!unhex(V(C_PAYLOAD), x->val[C_PAYLOAD].len - 1,
-                           &x->payload)) {
-                        seterr(s,
-                               "relay.source = wal: outbox row %" PRId64
-                               ": payload is not bytea hex",
-                               row->id);
-                        return KINBOX_ERR_DB;
-                }
-                row->payload = x->payload.p;
-                row->payload_size = x->payload.len - 1;
-        }
-#undef V
-        ev->kind = KINBOX__LOGEV_ROW;
-        return 1;
-}
-
-/* One pgoutput message: 1 an event in *ev, 0 nothing to deliver, <0 an
- * error. */
-static int
-on_pgoutput(kinbox__logsrc_t *s, repl_t *x, uint64_t start, rd_t *r,
-            kinbox__logev_t *ev)
-{
-        int type = (int)rd_u(r, 1);
-        ev->pos.lsn = start;
-        ev->pos.text[0] = '\0';
-        switch (type) {
-        case 'B':
-                rd_u(r, 8); /* final LSN */
-                x->commit_ms = (int64_t)(rd_u(r, 8) + PG_EPOCH_US) / 1000;
-                rd_u(r, 4); /* xid */
-                x->in_tx = true;
-                ev->kind = KINBOX__LOGEV_BEGIN;
-                ev->commit_ms = x->commit_ms;
-                return r->bad ? KINBOX_ERR_DB : 1;
-        case 'C':
-                rd_u(r, 1); /* flags */
-                rd_u(r, 8); /* commit LSN */
-                ev->pos.lsn = rd_u(r, 8); /* end LSN */
-                ev->commit_ms = (int64_t)(rd_u(r, 8) + PG_EPOCH_US) / 1000;
-                x->in_tx = false;
-                ev->kind = KINBOX__LOGEV_COMMIT;
-                return r->bad ? KINBOX_ERR_DB : 1;
-        case 'R':
-                return on_relation(s, x, r);
-        case 'I': {
-                const rel_t *rel = rel_find(x, (uint32_t)rd_u(r, 4));
-                if (rd_u(r, 1) != 'N' || r->bad) {
-                        seterr(s, "relay.source = wal: malformed Insert");
-                        return KINBOX_ERR_DB;
-                }
-                if (!rel || !rel->outbox)
-                        return 0;
-                return decode_row(s, x, rel, r, ev);
-        }
-        case 'M': {
-                int flags = (int)rd_u(r, 1);
-                rd_u(r, 8); /* the message's LSN */
-                const char *prefix = rd_str(r);
-                size_t len = (size_t)rd_u(r, 4);
-                const unsigned char *data = rd_bytes(r, len);
-                if (r->bad) {
-                        seterr(s, "relay.source = wal: malformed Message");
-                        return KINBOX_ERR_DB;
-                }
-                if (strncmp(prefix, MSG_PREFIX, strlen(MSG_PREFIX)))
-                        return 0;
-                if (!(flags & 1) || !x->in_tx) {
-                        kinbox__log(s->log, KINBOX_LOG_WARNING, "relay",
-                                    "non-transactional logical message "
-                                    "with prefix %s skipped (kinbox reads "
-                                    "transactional ones only)",
-                                    prefix);
-                        return 0;
-                }
-                kinbox__buf_reset(&x->prefix);
-                kinbox__buf_adds(&x->prefix, prefix);
-                kinbox__buf_add(&x->prefix, "", 1);
-                ev->kind = KINBOX__LOGEV_MESSAGE;
-                ev->prefix = x->prefix.p;
-                ev->data = data;
-                ev->size = len;
-                return x->prefix.oom ? KINBOX_ERR_NOMEM : 1;
-        }
-        default: /* Y type, O origin, T truncate, U/D: not delivered */
-                return 0;
-        }
-}
-
 /* One CopyData message: 1 an event, 0 none, <0 an error. */
 static int
 on_copydata(kinbox__logsrc_t *s, repl_t *x, const char *buf, int len,
@@ -730,7 +423,8 @@ on_copydata(kinbox__logsrc_t *s, repl_t *x, const char *buf, int len,
                 rd_u(&r, 8); /* send time */
                 int reply = (int)rd_u(&r, 1);
                 if (r.bad) {
-                        seterr(s, "relay.source = wal: malformed keepalive");
+                        kinbox__pgr_seterr(
+                            s, "relay.source = wal: malformed keepalive");
                         return KINBOX_ERR_DB;
                 }
                 if (reply) {
@@ -746,18 +440,20 @@ on_copydata(kinbox__logsrc_t *s, repl_t *x, const char *buf, int len,
                 return 1;
         }
         if (kind != 'w') {
-                seterr(s, "relay.source = wal: unknown CopyData message %c",
-                       kind);
+                kinbox__pgr_seterr(
+                    s, "relay.source = wal: unknown CopyData message %c",
+                    kind);
                 return KINBOX_ERR_DB;
         }
         uint64_t start = rd_u(&r, 8);
         rd_u(&r, 8); /* walEnd */
         rd_u(&r, 8); /* send time */
         if (r.bad) {
-                seterr(s, "relay.source = wal: malformed XLogData");
+                kinbox__pgr_seterr(s,
+                                   "relay.source = wal: malformed XLogData");
                 return KINBOX_ERR_DB;
         }
-        return on_pgoutput(s, x, start, &r, ev);
+        return kinbox__pgr_pgoutput(s, x, start, &r, ev);
 }
 
 static int
@@ -801,8 +497,9 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
                         struct pollfd pfd = {PQsocket(x->conn), POLLIN, 0};
                         int w = left < FEEDBACK_MS ? (int)left : FEEDBACK_MS;
                         if (poll(&pfd, 1, w) < 0 && errno != EINTR) {
-                                seterr(s, "relay.source = wal: poll: %s",
-                                       strerror(errno));
+                                kinbox__pgr_seterr(
+                                    s, "relay.source = wal: poll: %s",
+                                    strerror(errno));
                                 return KINBOX_ERR_DB_CONN;
                         }
                         if (!PQconsumeInput(x->conn))
@@ -812,9 +509,10 @@ repl_next(kinbox__logsrc_t *s, kinbox__logev_t *ev, int timeout_ms)
                 break; /* -1: the stream ended; -2: an error */
         }
         PGresult *res = PQgetResult(x->conn);
-        seterr(s, "relay.source = wal: the replication stream ended: %s",
-               res && PQresultErrorMessage(res)[0] ? PQresultErrorMessage(res)
-                                                   : PQerrorMessage(x->conn));
+        kinbox__pgr_seterr(
+            s, "relay.source = wal: the replication stream ended: %s",
+            res && PQresultErrorMessage(res)[0] ? PQresultErrorMessage(res)
+                                                : PQerrorMessage(x->conn));
         PQclear(res);
         return KINBOX_ERR_DB_CONN;
 }
@@ -856,8 +554,9 @@ repl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
         }
         rc = KINBOX_OK;
         if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-                seterr(s, "relay.source = wal: recording a dead record: %s",
-                       PQerrorMessage(x->plain));
+                kinbox__pgr_seterr(
+                    s, "relay.source = wal: recording a dead record: %s",
+                    PQerrorMessage(x->plain));
                 rc = PQstatus(x->plain) == CONNECTION_OK ? KINBOX_ERR_DB
                                                          : KINBOX_ERR_DB_CONN;
         }
@@ -915,8 +614,9 @@ repl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
                          PQgetvalue(res, 0, 1));
                 rc = KINBOX_OK;
         } else {
-                seterr(s, "relay.source = wal: reading slot %s: %s", s->slot,
-                       PQntuples(res) ? PQerrorMessage(c) : "no such slot");
+                kinbox__pgr_seterr(
+                    s, "relay.source = wal: reading slot %s: %s", s->slot,
+                    PQntuples(res) ? PQerrorMessage(c) : "no such slot");
         }
         PQclear(res);
         if (x == &tmp)
@@ -973,3 +673,23 @@ const kinbox__logsrc_ops_t kinbox__pg_repl_ops = {
     .lag = repl_lag,
     .close = repl_close,
 };
+
+char *
+kinbox__wal_slot_name(const kinbox_conf_t *conf)
+{
+        const kinbox__settings_t *s = kinbox__settings_of(conf);
+        if (s->relay_slot && *s->relay_slot)
+                return kinbox__strdup(s->relay_slot);
+        const char *name = s->name && *s->name ? s->name : "relay";
+        char buf[64] = "kinbox_";
+        size_t o = strlen(buf);
+        for (const char *p = name; *p && o < sizeof(buf) - 1; p++) {
+                char c = *p;
+                if (c >= 'A' && c <= 'Z')
+                        c = (char)(c - 'A' + 'a');
+                buf[o++] =
+                    (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ? c : '_';
+        }
+        buf[o] = '\0';
+        return kinbox__strdup(buf);
+}

@@ -59,17 +59,15 @@ const struct kinbox__sql kinbox__pg_sql = {
          "kinbox_outbox WHERE status = 'sent' AND sent_at < now() - "
          "%" PRId64 " * interval '1 millisecond' ORDER BY sent_at LIMIT "
          "%" PRId64 ") RETURNING 1) SELECT count(*) FROM d",
-         /* No index on created_at (and no migration for one): the
-          * primary key's order, which is insertion order, finds the
-          * oldest rows first, and the last batch of a run reads the rest
-          * of the table once. = ANY(ARRAY(...)) deletes by primary key
-          * lookups: IN (subquery) planned a hash join over a sequential
-          * scan of the whole table for every batch. */
+         /* kinbox_outbox_created_at (migration 0013) finds the oldest
+          * rows. = ANY(ARRAY(...)) deletes by primary key lookups: IN
+          * (subquery) planned a hash join over a sequential scan of the
+          * whole table for every batch. */
          "WITH d AS (DELETE FROM kinbox_outbox WHERE id = ANY(ARRAY(SELECT "
          "id FROM kinbox_outbox WHERE kind = 'event' AND status <> 'dead' "
          "AND created_at < now() - %" PRId64 " * interval '1 millisecond' "
-         "ORDER BY id LIMIT %" PRId64 ")) RETURNING 1) SELECT count(*) FROM "
-         "d"},
+         "ORDER BY created_at LIMIT %" PRId64 ")) RETURNING 1) SELECT "
+         "count(*) FROM d"},
     .prune_age_scale = 1,
     .dead_letter_lock =
         "SELECT consumer, message_id, topic, kafka_partition, kafka_offset,"

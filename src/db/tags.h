@@ -1,12 +1,18 @@
 /*
- * db/tags.h -- statement tags, the attribution contract between the
- * backend layer and the consumer (internal; included by db.h, which users
- * include). The connection's side of it (db->err.tag, db->none_tags, the
- * drop_rows / call_tag / drops of exec_values() rows, the hints of a
- * query with owners) is in struct kinbox__db, db.h.
+ * db/tags.h -- statement tags and the attribution record: the attribution
+ * contract between the backend layer and the consumer (internal; included
+ * by db.h, which users include). A failed statement's tag comes back in
+ * db->err.tag; everything else the backend learns about whom a result
+ * belongs to it writes into the attribution record of the transaction
+ * (kinbox__attr_t), which kinbox__db_begin() hands it.
  */
 #ifndef KINBOX_DB_TAGS_H
 #define KINBOX_DB_TAGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct kinbox__dberr;
 
 /*
  * Statement tags. A tag travels with each deferred statement and comes back
@@ -36,5 +42,42 @@
 /* err.tag of a failed statement that merged rows of several messages
  * (MySQL coalescing): no one message is to blame; run the batch again. */
 #define KINBOX__TAG_MERGED (-3)
+
+/*
+ * The attribution record of one transaction: owned by its caller (the
+ * consumer's batch), pointed at by db->attr from kinbox__db_begin() on.
+ * The backend writes it through that one pointer, and writes nothing when
+ * it is NULL (every other user of a connection: nobody attributes). One
+ * thread, the connection's.
+ */
+typedef struct kinbox__attr {
+        /* Tags of KINBOX__TAG_CLAIM statements that affected no row, in
+         * the order their results were read (kinbox__db_note_none(); the
+         * caller empties it). */
+        int *none_tags;
+        size_t nnone, capnone;
+        /* exec_values() (set by the caller per transaction): drop_rows
+         * lets a failed row's message be dropped from its statement;
+         * call_tag is the tag of the handler call running now (its
+         * statements are never dropped from: the call may still queue
+         * more), -1 if none. drops: the failures of dropped messages
+         * (err.tag names the message), in the order found; the caller
+         * empties it. */
+        bool drop_rows;
+        int call_tag;
+        /* exec_values() rows with owners are queued, unsent (the backend
+         * sets and clears it): the caller flushes them before a savepoint
+         * or the epilogue, so a dropped row's dead letter is queued where
+         * it stays. */
+        bool rows_queued;
+        struct kinbox__dberr *drops;
+        size_t ndrops, capdrops;
+        /* The query running now has rows with owners (set around
+         * ops->query() by kinbox__db_query_hinted()): row r's key
+         * hint_keys[r], owner tag hint_tags[r]. hint_n 0: none. */
+        const char *const *hint_keys;
+        const int *hint_tags;
+        size_t hint_n;
+} kinbox__attr_t;
 
 #endif
