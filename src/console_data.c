@@ -243,7 +243,13 @@ label(const char *line, const char *name, char *out, size_t sz)
 static double
 line_value(const char *line)
 {
-        const char *sp = strrchr(line, ' ');
+        /* The last space of this line (line points into the whole text:
+         * strrchr() found the last line's, every series read as the
+         * text's last value). */
+        const char *sp = NULL;
+        for (const char *p = line; *p && *p != '\n'; p++)
+                if (*p == ' ')
+                        sp = p;
         return sp ? strtod(sp + 1, NULL) : NAN;
 }
 

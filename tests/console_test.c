@@ -9,11 +9,14 @@
  * security headers, refuse actions without the token or from another
  * Origin, and hold no secret. Chromium missing fails the test.
  * Screenshots of the PostgreSQL run (dev broker) go to docs/console-*.png.
+ * The relay's view (JSON level): a polling relay's state and counts, and
+ * the log relay's slot lag against pg_replication_slots.
  */
 #include "harness.h"
 
 #include <jansson.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +51,18 @@ grant(kt_producer_t *p, const char *topic, const char *key, int user,
         kt_produce(p, topic, 0, key, payload, id);
 }
 
+/* A file holding TOKEN (console.token_file). */
+static char *
+token_file(void)
+{
+        char *tok = kt_tmp("console_token");
+        FILE *f = fopen(tok, "w");
+        cr_assert(f != NULL);
+        fprintf(f, "%s\n", TOKEN);
+        fclose(f);
+        return tok;
+}
+
 /* A database with three dead letters (user 999: a rule, its key held
  * with two followers parked; user 998: a rule; a payload with markup) and
  * `kinbox run` with the console on it. */
@@ -72,11 +87,7 @@ start(run_t *r, int backend)
                    "onerror=\"window.__kbx=2\">",
                    "m-xss");
         kt_producer_flush_destroy(p);
-        char *tok = kt_tmp("console_token");
-        FILE *f = fopen(tok, "w");
-        cr_assert(f != NULL);
-        fprintf(f, "%s\n", TOKEN);
-        fclose(f);
+        char *tok = token_file();
         r->port = kt_free_port();
         r->ini = kt_write_ini(
             r->url,
@@ -269,4 +280,190 @@ ParameterizedTest(int *backend, console, browser, .timeout = 300)
                               "replay") != NULL,
                   "%s", log);
         free(log);
+}
+
+/* ---- the relay's view */
+
+static void
+execf(const char *url, const char *fmt, ...)
+{
+        char sql[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(sql, sizeof(sql), fmt, ap);
+        va_end(ap);
+        kt_exec(url, sql);
+}
+
+/* `kinbox run` with the console and a relay only ([relay] enabled, the
+ * lines of extra) on url, its broker bootstrap. */
+static void
+start_relay(run_t *r, char *url, const char *bootstrap, const char *extra)
+{
+        memset(r, 0, sizeof(*r));
+        r->url = url;
+        char *tok = token_file();
+        FILE *f;
+        r->port = kt_free_port();
+        r->ini = kt_tmp("console_relay_ini");
+        f = fopen(r->ini, "w");
+        cr_assert(f != NULL);
+        fprintf(f,
+                "[database]\nurl = %s\n[kafka]\nbootstrap.servers = %s\n"
+                "[log]\nlevel = info\n[metrics]\nlisten = 127.0.0.1:%d\n"
+                "[console]\nenabled = true\ntoken_file = %s\n"
+                "[relay]\nenabled = true\npoll.ms = 100\n%s",
+                url, bootstrap, r->port, tok, extra);
+        fclose(f);
+        r->log = kt_tmp("console_relay_run");
+        r->pid = kt_spawn_kinbox(r->ini, NULL, r->log);
+}
+
+static json_t *
+relay_shown(const run_t *r, const char *extra)
+{
+        json_t *j = driver(r, "relay", extra);
+        json_t *rel = json_incref(json_object_get(j, "relay"));
+        json_decref(j);
+        bool obj = json_is_object(rel);
+        cr_assert(obj, "no relay in the overview");
+        return rel;
+}
+
+/* A polling relay: the console shows it enabled, its source and what it
+ * published (the rows the topic got). */
+KT_BACKENDS_PARAMS(console, relay_state)
+ParameterizedTest(int *backend, console, relay_state, .timeout = 180)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("conrel");
+        kt_topic(topic, 1);
+        for (int i = 0; i < 3; i++)
+                execf(url,
+                      "INSERT INTO kinbox_outbox (destination, idem_key, "
+                      "payload) VALUES ('%s', 'r-%d', '{}')",
+                      topic, i);
+        run_t r;
+        start_relay(&r, url, kt_env("KINBOX_BOOTSTRAP"), "");
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COUNT(*) FROM kinbox_outbox WHERE "
+                                  "status = 'sent'",
+                                  3, 60),
+                     3),
+                  "%s", kt_tail(r.log, 30));
+        json_t *rel = relay_shown(&r, "--min-published 3");
+        char *dump = json_dumps(rel, 0);
+        bool enabled = json_is_true(json_object_get(rel, "enabled"));
+        cr_assert(enabled, "%s", dump);
+        cr_assert(eq(str,
+                     (char *)json_string_value(json_object_get(rel, "source")),
+                     "poll"),
+                  "%s", dump);
+        /* Counters are JSON numbers (3.0). */
+        double pub = json_number_value(json_object_get(rel, "published"));
+        double failed = json_number_value(json_object_get(rel, "failed"));
+        cr_assert(eq(dbl, pub, 3.0), "%s", dump);
+        cr_assert(eq(dbl, failed, 0.0), "%s", dump);
+        cr_assert(eq(i64, kt_high_sum(topic, 1), 3));
+        free(dump);
+        json_decref(rel);
+        stop(&r);
+}
+
+/* The slot's lag as pg_replication_slots has it (bytes of WAL past its
+ * confirmed position). */
+static long long
+slot_lag(const char *url, const char *slot)
+{
+        return kt_qintf(url,
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), "
+                        "confirmed_flush_lsn)::bigint FROM "
+                        "pg_replication_slots WHERE slot_name = '%s'",
+                        slot);
+}
+
+/*
+ * relay.source = wal: the console shows the slot's lag in bytes, >= 0
+ * and near pg_replication_slots' once caught up; rows appended while the
+ * relay is stopped grow it, and a relay that cannot publish them (its
+ * broker unreachable) shows at least that lag, at most the slot's now.
+ */
+Test(console, relay_slot_lag, .timeout = 240)
+{
+        char *url = kt_fresh_db("postgresql");
+        char *topic = kt_unique("conwal");
+        char *slot = kt_unique("kbt_con");
+        kt_topic(topic, 1);
+        char extra[256];
+        snprintf(extra, sizeof(extra), "source = wal\nslot = %s\n", slot);
+        run_t r;
+        start_relay(&r, url, kt_env("KINBOX_BOOTSTRAP"), extra);
+        char q[256];
+        snprintf(q, sizeof(q),
+                 "SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name "
+                 "= '%s' AND active",
+                 slot);
+        cr_assert(eq(i64, kt_wait_qint(url, q, 1, 60), 1), "%s",
+                  kt_tail(r.log, 30));
+        for (int i = 0; i < 3; i++)
+                execf(url,
+                      "INSERT INTO kinbox_outbox (destination, idem_key, "
+                      "payload) VALUES ('%s', 'w-%d', '{}')",
+                      topic, i);
+        long long t0 = kt_clock_ms();
+        while (kt_high_sum(topic, 1) < 3 && kt_clock_ms() - t0 < 60000)
+                usleep(200000);
+        cr_assert(eq(i64, kt_high_sum(topic, 1), 3), "%s", kt_tail(r.log, 30));
+        json_t *rel = relay_shown(&r, "--min-lag 0");
+        char *dump = json_dumps(rel, 0);
+        cr_assert(eq(str,
+                     (char *)json_string_value(json_object_get(rel, "source")),
+                     "wal"),
+                  "%s", dump);
+        long long shown = (long long)json_number_value(
+            json_object_get(rel, "slot_lag_bytes"));
+        long long now = slot_lag(url, slot);
+        cr_assert(shown >= 0 && shown < 1048576, "%s", dump);
+        cr_assert(now >= 0 && now < 1048576, "pg_replication_slots: %lld",
+                  now);
+        free(dump);
+        json_decref(rel);
+        stop(&r);
+
+        /* Stopped: 1 MB of events appended (random text: TOAST cannot
+         * compress it away), the slot's lag grows. */
+        long long before = slot_lag(url, slot);
+        execf(url,
+              "INSERT INTO kinbox_outbox (destination, idem_key, payload) "
+              "SELECT '%s', 'big-' || i, convert_to((SELECT "
+              "string_agg(md5(random()::text || i || j), '') FROM "
+              "generate_series(1, 125) j), 'UTF8') FROM generate_series(1, "
+              "250) i",
+              topic);
+        long long grown = slot_lag(url, slot);
+        cr_assert(grown >= before + 500000, "slot lag %lld, then %lld", before,
+                  grown);
+        /* A relay that cannot publish them confirms nothing past them: the
+         * console shows the grown lag. */
+        start_relay(&r, url, "127.0.0.1:1", extra);
+        char want[64];
+        snprintf(want, sizeof(want), "--min-lag %lld", grown);
+        rel = relay_shown(&r, want);
+        shown = (long long)json_number_value(
+            json_object_get(rel, "slot_lag_bytes"));
+        now = slot_lag(url, slot);
+        cr_assert(shown >= grown && shown <= now,
+                  "shown %lld, pg_replication_slots %lld then %lld", shown,
+                  grown, now);
+        json_decref(rel);
+        kill(r.pid, SIGTERM);
+        kt_wait(r.pid, 60);
+        /* Slots outlive databases' connections: drop this one. */
+        snprintf(q, sizeof(q),
+                 "SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name "
+                 "= '%s' AND NOT active",
+                 slot);
+        kt_wait_qint(url, q, 1, 30);
+        execf(url, "SELECT pg_drop_replication_slot('%s')", slot);
 }

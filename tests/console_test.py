@@ -13,6 +13,10 @@ and the broker and checks the outcomes in SQL.
       --discard ID --xss ID [--shots DIR]
       the page: no console error, counts shown, <script> inert, a replay
       and a discard done from the page.
+  console_test.py relay --base URL --token T --secret S... [--min-published N]
+      [--min-lag BYTES]
+      /console/api/overview's relay until it has published N or shows a
+      slot lag of BYTES or more (no browser).
 
 Prints one JSON object of what it saw on stdout; exits non-zero with the
 reason on stderr when something is wrong. Chromium or chromedriver
@@ -346,9 +350,28 @@ def browser(a):
     return out
 
 
+def relay(a):
+    """The overview's relay object once it shows what the test waits for
+    (the overview is sampled every 2 s, the slot every 10 s)."""
+    rel = None
+    for _ in range(120):
+        code, _h, body = http("GET", a.base + "/console/api/overview")
+        if code != 200:
+            die("GET /console/api/overview: %d %r" % (code, body[:200]))
+        no_secret(body, a.secret, "GET /console/api/overview")
+        rel = json.loads(body).get("relay")
+        lag = rel.get("slot_lag_bytes") if rel else None
+        if rel and (a.min_published is None or
+                    (rel.get("published") or 0) >= a.min_published) and \
+                (a.min_lag is None or (lag is not None and lag >= a.min_lag)):
+            return {"relay": rel}
+        time.sleep(0.5)
+    die("the overview's relay never showed it: %r" % (rel,))
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("headers", "browser"))
+    p.add_argument("mode", choices=("headers", "browser", "relay"))
     p.add_argument("--base", required=True)
     p.add_argument("--token", required=True)
     p.add_argument("--secret", action="append", default=[])
@@ -359,8 +382,11 @@ def main():
     p.add_argument("--ob-dead")
     p.add_argument("--ob-pend")
     p.add_argument("--ob-dest")
+    p.add_argument("--min-published", type=int)
+    p.add_argument("--min-lag", type=int)
     a = p.parse_args()
-    out = check_headers(a) if a.mode == "headers" else browser(a)
+    modes = {"headers": check_headers, "browser": browser, "relay": relay}
+    out = modes[a.mode](a)
     print(json.dumps(out))
 
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -942,4 +943,73 @@ kt_kinbox(char **out, char **err, bool merge, const char *fmt, ...)
         int rc = kt_kinboxv(out, err, merge, fmt, ap);
         va_end(ap);
         return rc;
+}
+
+/* ---- HTTP (the metrics endpoint of `kinbox run`) */
+
+/* GET path from 127.0.0.1:port; returns the HTTP status (-1: no
+ * connection), body in *body. timeout_s > 0 bounds the wait for the
+ * answer: -2 when nothing came within it. */
+int
+kt_http_get(int port, const char *path, int timeout_s, char **body)
+{
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        if (timeout_s > 0) {
+                struct timeval tv = {.tv_sec = timeout_s};
+                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        }
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+                close(fd);
+                return -1;
+        }
+        char req[256];
+        snprintf(req, sizeof(req),
+                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+        size_t cap = 1 << 16, n = 0;
+        char *buf = malloc(cap);
+        ssize_t r = 0;
+        while ((r = read(fd, buf + n, cap - n - 1)) > 0) {
+                n += (size_t)r;
+                if (n + 1 == cap)
+                        buf = realloc(buf, cap *= 2);
+        }
+        close(fd);
+        buf[n] = '\0';
+        if (timeout_s > 0 && r < 0 && n == 0) {
+                free(buf);
+                return -2; /* timed out (or reset) with nothing read */
+        }
+        int status = -1;
+        sscanf(buf, "HTTP/1.%*d %d", &status);
+        char *b = strstr(buf, "\r\n\r\n");
+        if (body)
+                *body = strdup(b ? b + 4 : "");
+        free(buf);
+        return status;
+}
+
+int
+kt_wait_http(int port, const char *path, int want, const char *has,
+             int timeout_s, char **body)
+{
+        int st = -1;
+        char *b = NULL;
+        for (int i = 0; i < timeout_s * 10; i++) {
+                free(b);
+                b = NULL;
+                st = kt_http_get(port, path, 0, &b);
+                if (st == want && (!has || strstr(b, has)))
+                        break;
+                usleep(100000);
+        }
+        if (body)
+                *body = b;
+        else
+                free(b);
+        return st;
 }

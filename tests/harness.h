@@ -173,4 +173,15 @@ int kt_free_port(void);
  * be read): for failure messages, since CI keeps only the test output. */
 char *kt_tail(const char *path, int lines);
 
+/* GET path from 127.0.0.1:port: the HTTP status (-1: no connection; -2:
+ * nothing within timeout_s when timeout_s > 0), the body in *body
+ * (malloc'ed; body may be NULL). */
+int kt_http_get(int port, const char *path, int timeout_s, char **body);
+
+/* kt_http_get() every 100 ms until path answers want with a body holding
+ * has (NULL: any), up to timeout_s; the last status, and its body in *body
+ * (may be NULL). */
+int kt_wait_http(int port, const char *path, int want, const char *has,
+                 int timeout_s, char **body);
+
 #endif

@@ -20,56 +20,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* GET path from 127.0.0.1:port; returns the HTTP status (-1: no
- * connection), body in *body. timeout_s > 0 bounds the wait for the
- * answer: -2 when nothing came within it. */
 static int
 http_get_within(int port, const char *path, int timeout_s, char **body)
 {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        cr_assert(fd >= 0);
-        if (timeout_s > 0) {
-                struct timeval tv = {.tv_sec = timeout_s};
-                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        }
-        struct sockaddr_in a = {.sin_family = AF_INET,
-                                .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-                close(fd);
-                return -1;
-        }
-        char req[256];
-        snprintf(req, sizeof(req),
-                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
-        size_t cap = 1 << 16, n = 0;
-        char *buf = malloc(cap);
-        ssize_t r = 0;
-        while ((r = read(fd, buf + n, cap - n - 1)) > 0) {
-                n += (size_t)r;
-                if (n + 1 == cap)
-                        buf = realloc(buf, cap *= 2);
-        }
-        close(fd);
-        buf[n] = '\0';
-        if (timeout_s > 0 && r < 0 && n == 0) {
-                free(buf);
-                return -2; /* timed out (or reset) with nothing read */
-        }
-        int status = -1;
-        sscanf(buf, "HTTP/1.%*d %d", &status);
-        char *b = strstr(buf, "\r\n\r\n");
-        if (body)
-                *body = strdup(b ? b + 4 : "");
-        free(buf);
-        return status;
+        return kt_http_get(port, path, timeout_s, body);
 }
 
 static int
 http_get(int port, const char *path, char **body)
 {
-        return http_get_within(port, path, 0, body);
+        return kt_http_get(port, path, 0, body);
 }
 
 /* The port printed by `kinbox run` ("(port N)"). */
@@ -97,21 +57,7 @@ wait_port(const char *log)
 static int
 wait_status(int port, const char *path, int want, char **body)
 {
-        int st = 0;
-        char *b = NULL;
-        for (int i = 0; i < 200; i++) {
-                free(b);
-                b = NULL;
-                st = http_get(port, path, &b);
-                if (st == want)
-                        break;
-                usleep(100000);
-        }
-        if (body)
-                *body = b;
-        else
-                free(b);
-        return st;
+        return kt_wait_http(port, path, want, NULL, 20, body);
 }
 
 static double

@@ -27,13 +27,7 @@
 static char *
 qall(const char *url, const char *sql)
 {
-        char e[512];
-        kinbox__db_t *db = kinbox__db_new(url, NULL, e, sizeof(e));
-        cr_assert(db != NULL, "%s", e);
-        cr_assert(kinbox__db_connect(db) == 0, "%s", db->err.msg);
-        kinbox_rows_t *r = NULL;
-        cr_assert(kinbox__db_query(db, sql, 0, NULL, &r) == 0, "%s: %s", sql,
-                  db->err.msg);
+        kinbox_rows_t *r = qrows(url, sql);
         size_t cap = 1 << 16, len = 0;
         char *out = calloc(cap, 1);
         for (size_t i = 0; i < kinbox_rows_count(r); i++) {
@@ -48,7 +42,6 @@ qall(const char *url, const char *sql)
                         len += (size_t)snprintf(out + len, cap - len, "\n");
         }
         kinbox_rows_destroy(r);
-        kinbox__db_destroy(db);
         return out;
 }
 
@@ -442,28 +435,12 @@ db_int(kinbox__db_t *db, const char *sql)
 
 /* Per key "h-A" (payload = seq, appended in seq order): every seq first
  * appears right after the one before it (copies of older ones may follow:
- * at-least-once), and every seq up to rows - 1 arrived. */
+ * at-least-once), every seq up to rows - 1 arrived, no other key. */
 static void
 check_first_order(const tmsgs_t *got, int aggs, int rows)
 {
-        int *last = malloc(sizeof(int) * (size_t)aggs);
-        for (int a = 0; a < aggs; a++)
-                last[a] = -1;
-        for (size_t i = 0; i < got->n; i++) {
-                const tmsg_t *m = &got->v[i];
-                cr_assert(m->key && !strncmp(m->key, "h-", 2));
-                int a = atoi(m->key + 2), seq = atoi(m->value);
-                cr_assert(a >= 0 && a < aggs);
-                cr_assert(seq <= last[a] + 1, "%s: seq %d first seen after %d",
-                          m->key, seq, last[a]);
-                if (seq > last[a])
-                        last[a] = seq;
-        }
-        for (int a = 0; a < aggs; a++)
-                cr_assert(eq(int, last[a], rows - 1),
-                          "h-%d (%zu messages read from the topic)", a,
-                          got->n);
-        free(last);
+        cr_assert(eq(sz, aggs_seqs(got, "h-", aggs, rows, SEQ_COPIES, NULL),
+                     got->n));
 }
 
 #define LR_AGGS 6
@@ -753,16 +730,10 @@ append_hot(const char *backend, const char *url, const char *topic, int aggs,
         tc_sql(&c, "BEGIN");
         for (int seq = 0; seq < rows; seq++) {
                 for (int a = 0; a < aggs; a++) {
-                        char key[48], agg[16], pay[16];
+                        char key[48], agg[16];
                         snprintf(key, sizeof(key), "h%d-s%d", a, seq);
                         snprintf(agg, sizeof(agg), "h-%d", a);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, agg, seq, 0);
                 }
         }
         tc_sql(&c, "COMMIT");
@@ -806,19 +777,12 @@ ParameterizedTest(int *bidx, outbox_lock_slow_broker, backends, .timeout = 300)
         tw.url = url;
         pthread_t wt;
         cr_assert(pthread_create(&wt, NULL, tx_watch, &tw) == 0);
-        kinbox_conf_t *conf =
-            lock_relay_conf(url, mk.bootstrap, "200", "40000", "45000");
-        kinbox_relay_t *r = relay_new(conf);
-        trelay_t tr;
-        relay_start(&tr, r);
         int total = SB_AGGS * SB_ROWS;
-        bool ok = wait_q(url, total, 200,
-                         "SELECT count(*) FROM kinbox_outbox WHERE "
-                         "status = 'sent'");
-        relay_stop(&tr);
+        bool ok = relay_until_sent(
+            lock_relay_conf(url, mk.bootstrap, "200", "40000", "45000"), url,
+            total, 200, NULL);
         atomic_store(&tw.stop, true);
         pthread_join(wt, NULL);
-        kinbox_relay_destroy(r);
         cr_assert(ok, "not all sent: %lld",
                   kt_qintf(url, "SELECT count(*) FROM kinbox_outbox WHERE "
                                 "status = 'sent'"));

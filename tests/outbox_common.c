@@ -82,9 +82,8 @@ tc_append(tconn_t *c, const kinbox_outbox_msg_t *m, int64_t *idp)
         return rc;
 }
 
-/* Text of the first column of the first row. */
-char *
-qtext(const char *url, const char *sql)
+kinbox_rows_t *
+qrows(const char *url, const char *sql)
 {
         char e[512];
         kinbox__db_t *db = kinbox__db_new(url, NULL, e, sizeof(e));
@@ -93,11 +92,34 @@ qtext(const char *url, const char *sql)
         kinbox_rows_t *r = NULL;
         cr_assert(kinbox__db_query(db, sql, 0, NULL, &r) == 0, "%s: %s", sql,
                   db->err.msg);
+        kinbox__db_destroy(db);
+        return r;
+}
+
+void
+append_seq(tconn_t *c, const char *dest, const char *key, const char *agg,
+           int seq, int max_attempts)
+{
+        char pay[16];
+        int n = snprintf(pay, sizeof(pay), "%d", seq);
+        kinbox_outbox_msg_t m = {.destination = dest,
+                                 .idem_key = key,
+                                 .aggregate_id = agg,
+                                 .payload = pay,
+                                 .payload_size = (size_t)n,
+                                 .max_attempts = max_attempts};
+        cr_assert(eq(int, tc_append(c, &m, NULL), KINBOX_OK), "%s", key);
+}
+
+/* Text of the first column of the first row. */
+char *
+qtext(const char *url, const char *sql)
+{
+        kinbox_rows_t *r = qrows(url, sql);
         const char *v =
             kinbox_rows_count(r) ? kinbox_rows_value(r, 0, 0, NULL) : NULL;
         char *out = strdup(v ? v : "");
         kinbox_rows_destroy(r);
-        kinbox__db_destroy(db);
         return out;
 }
 
@@ -215,6 +237,23 @@ relay_stop(trelay_t *t)
         pthread_join(t->th, NULL);
         cr_assert(t->rc == KINBOX_OK, "relay_run: %s: %s",
                   kinbox_err_name(t->rc), kinbox_relay_errstr(t->r));
+}
+
+bool
+relay_until_sent(kinbox_conf_t *conf, const char *url, long long n,
+                 int timeout_s, kinbox_relay_stats_t *st)
+{
+        kinbox_relay_t *r = relay_new(conf);
+        trelay_t tr;
+        relay_start(&tr, r);
+        bool ok = wait_q(url, n, timeout_s,
+                         "SELECT count(*) FROM kinbox_outbox WHERE "
+                         "status = 'sent'");
+        relay_stop(&tr);
+        if (st)
+                kinbox_relay_stats(r, st);
+        kinbox_relay_destroy(r);
+        return ok;
 }
 
 /* ---- Kafka read-back */
@@ -384,6 +423,47 @@ count_msgid(const tmsgs_t *m, const char *id)
                 if (m->v[i].msgid && !strcmp(m->v[i].msgid, id))
                         k++;
         return k;
+}
+
+seqs_t
+key_seqs(const tmsgs_t *m, const char *key, seq_rule_t rule)
+{
+        seqs_t s = {-1, 0, 0};
+        for (size_t i = 0; i < m->n; i++) {
+                const tmsg_t *x = &m->v[i];
+                if (!x->key || strcmp(x->key, key))
+                        continue;
+                int seq = atoi(x->value ? x->value : "-2");
+                bool ok = rule == SEQ_ONCE     ? seq == s.last + 1
+                          : rule == SEQ_RISING ? seq > s.last
+                          : rule == SEQ_AGAIN
+                              ? seq == s.last + 1 || seq == s.last
+                              : seq <= s.last + 1;
+                cr_assert(ok, "%s: seq %d after %d", key, seq, s.last);
+                s.n++;
+                s.copies += seq <= s.last;
+                if (seq > s.last)
+                        s.last = seq;
+        }
+        return s;
+}
+
+size_t
+aggs_seqs(const tmsgs_t *m, const char *prefix, int aggs, int rows,
+          seq_rule_t rule, size_t *copies)
+{
+        size_t n = 0;
+        for (int a = 0; a < aggs; a++) {
+                char key[64];
+                snprintf(key, sizeof(key), "%s%d", prefix, a);
+                seqs_t s = key_seqs(m, key, rule);
+                cr_assert(eq(int, s.last, rows - 1),
+                          "%s (%zu messages read from the topic)", key, m->n);
+                n += s.n;
+                if (copies)
+                        *copies += s.copies;
+        }
+        return n;
 }
 
 /* ---- an in-process mock cluster (faults only this test sees) */

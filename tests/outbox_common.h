@@ -59,6 +59,15 @@ void tc_sql(tconn_t *c, const char *sql);
 
 kinbox_err_t tc_append(tconn_t *c, const kinbox_outbox_msg_t *m, int64_t *idp);
 
+/* Appends (asserted KINBOX_OK) the row key of aggregate agg to dest, its
+ * payload seq as text, with max_attempts (0: relay.max_attempts). */
+void append_seq(tconn_t *c, const char *dest, const char *key, const char *agg,
+                int seq, int max_attempts);
+
+/* The rows of sql on url (a connection of its own); the caller destroys
+ * them. */
+kinbox_rows_t *qrows(const char *url, const char *sql);
+
 /* Text of the first column of the first row. */
 char *qtext(const char *url, const char *sql);
 
@@ -82,6 +91,12 @@ void relay_start(trelay_t *t, kinbox_relay_t *r);
 
 void relay_stop(trelay_t *t);
 
+/* A relay on conf (taken) until n rows of url's outbox are sent or
+ * timeout_s passed: stopped and destroyed, its stats in *st (may be
+ * NULL). True when the n rows were sent. */
+bool relay_until_sent(kinbox_conf_t *conf, const char *url, long long n,
+                      int timeout_s, kinbox_relay_stats_t *st);
+
 /* Read every partition of topic from the start until want messages came
  * (then on, to see extras: until every message in the log was read, the
  * log's size asked after each linger_ms without a message) or timeout_s
@@ -95,6 +110,31 @@ void msgs_free(tmsgs_t *m);
 const tmsg_t *find_msgid(const tmsgs_t *m, const char *id);
 
 size_t count_msgid(const tmsgs_t *m, const char *id);
+
+/* How one key's payloads "0", "1", ... (appended in that order) may
+ * follow each other on the topic, read back in offset order. */
+typedef enum seq_rule {
+        SEQ_ONCE, /* each once, in order: seq == last + 1 */
+        SEQ_RISING, /* in order, gaps allowed: seq > last */
+        SEQ_AGAIN, /* the last one may come again: seq == last or last + 1 */
+        SEQ_COPIES, /* copies of older ones may follow (at-least-once): each
+                     * seq first appears right after the one before */
+} seq_rule_t;
+
+typedef struct seqs {
+        int last; /* the highest seq seen, -1: none */
+        size_t n; /* messages of the key */
+        size_t copies; /* of them, seqs seen before */
+} seqs_t;
+
+/* The messages of key in m keep rule (asserted). */
+seqs_t key_seqs(const tmsgs_t *m, const char *key, seq_rule_t rule);
+
+/* Keys PREFIX0 .. PREFIX(aggs - 1) each keep rule and reached seq
+ * rows - 1 (asserted); returns how many messages they hold, *copies (may
+ * be NULL) how many of those were copies. */
+size_t aggs_seqs(const tmsgs_t *m, const char *prefix, int aggs, int rows,
+                 seq_rule_t rule, size_t *copies);
 
 void mock_start(mock_t *m, int brokers);
 

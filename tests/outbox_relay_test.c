@@ -98,19 +98,12 @@ ParameterizedTest(int *bidx, outbox_publish, backends, .timeout = 120)
         cr_assert(
             eq(i64, kt_qintf(url, "SELECT count(*) FROM kinbox_outbox"), 3));
 
-        kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
-        trelay_t tr;
-        relay_start(&tr, r);
-        bool ok = wait_q(url, 3, 30,
-                         "SELECT count(*) FROM kinbox_outbox WHERE "
-                         "status = 'sent'");
-        relay_stop(&tr);
-        cr_assert(ok, "rows not sent in time");
         kinbox_relay_stats_t st;
-        kinbox_relay_stats(r, &st);
+        bool ok =
+            relay_until_sent(relay_conf(url, bootstrap), url, 3, 30, &st);
+        cr_assert(ok, "rows not sent in time");
         cr_assert(eq(u64, st.published, 3));
         cr_assert(eq(u64, st.conflicts, 0));
-        kinbox_relay_destroy(r);
 
         tmsgs_t got;
         consume(bootstrap, topic, 3, 30, 1500, &got);
@@ -245,18 +238,12 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends, .timeout = 400)
         for (int b = 0; b < T2_ROWS / 1000; b++) {
                 tc_sql(&c, "BEGIN");
                 for (int i = b * 1000; i < (b + 1) * 1000; i++) {
-                        char key[32], agg[32], pay[64];
+                        char key[32], agg[32];
                         /* Aggregate a gets seq 0..19 in id order. */
                         int a = i % T2_AGGS, seq = i / T2_AGGS;
                         snprintf(key, sizeof(key), "e-%d", i);
                         snprintf(agg, sizeof(agg), "agg-%d", a);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, agg, seq, 0);
                 }
                 tc_sql(&c, "COMMIT");
         }
@@ -299,9 +286,6 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends, .timeout = 400)
                             "messages for %d rows",
                             backend, dberr, got.n, T2_ROWS);
         char *seen = calloc(T2_ROWS, 1);
-        int *last = malloc(sizeof(int) * T2_AGGS);
-        for (int a = 0; a < T2_AGGS; a++)
-                last[a] = -1;
         for (size_t i = 0; i < got.n; i++) {
                 const tmsg_t *m = &got.v[i];
                 cr_assert(m->msgid != NULL);
@@ -311,18 +295,16 @@ ParameterizedTest(int *bidx, outbox_two_relays, backends, .timeout = 400)
                 cr_assert(idx >= 0 && idx < T2_ROWS);
                 cr_assert(dberr || seen[idx] == 0, "%s twice", m->msgid);
                 seen[idx] = 1;
-                int a = atoi(m->key + 4), seq = atoi(m->value);
-                /* got is in partition/offset order per partition, and
-                 * one key lives in one partition. */
-                cr_assert(dberr ? seq <= last[a] + 1 : seq == last[a] + 1,
-                          "agg %d: seq %d after %d", a, seq, last[a]);
-                if (seq > last[a])
-                        last[a] = seq;
         }
         for (int i = 0; i < T2_ROWS; i++)
                 cr_assert(seen[i], "e-%d never on the topic", i);
         free(seen);
-        free(last);
+        /* got is in partition/offset order per partition, and one key
+         * lives in one partition. */
+        cr_assert(eq(sz,
+                     aggs_seqs(&got, "agg-", T2_AGGS, T2_ROWS / T2_AGGS,
+                               dberr ? SEQ_COPIES : SEQ_ONCE, NULL),
+                     got.n));
         msgs_free(&got);
 }
 
@@ -383,28 +365,15 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
         cr_assert(eq(int, tc_append(&c, &head, NULL), KINBOX_OK));
         for (int seq = 0; seq < T5_EVENTS; seq++) {
                 for (int a = 0; a < T5_AGGS; a++) {
-                        char key[48], agg[32], pay[16];
+                        char key[48], agg[32];
                         snprintf(key, sizeof(key), "a%d-s%d", a, seq);
                         snprintf(agg, sizeof(agg), "agg-%d", a);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = agg,
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n,
-                                                 .max_attempts = 1000};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, agg, seq, 1000);
                 }
                 if (seq < 3) {
-                        char key[32], pay[16];
+                        char key[32];
                         snprintf(key, sizeof(key), "stuck-s%d", seq);
-                        int n = snprintf(pay, sizeof(pay), "%d", seq);
-                        kinbox_outbox_msg_t m = {.destination = topic,
-                                                 .idem_key = key,
-                                                 .aggregate_id = "agg-stuck",
-                                                 .payload = pay,
-                                                 .payload_size = (size_t)n};
-                        cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                        append_seq(&c, topic, key, "agg-stuck", seq, 0);
                 }
         }
         tc_sql(&c, "COMMIT");
@@ -466,23 +435,11 @@ ParameterizedTest(int *bidx, outbox_order, backends, .timeout = 300)
          * out in flight (the broker outage above) publishes the run again
          * from its first unconfirmed row, so copies of 6 and 7 may follow
          * 7. */
-        int *last = malloc(sizeof(int) * (T5_AGGS + 1));
-        for (int a = 0; a <= T5_AGGS; a++)
-                last[a] = -1;
-        for (size_t i = 0; i < got.n; i++) {
-                const tmsg_t *m = &got.v[i];
-                int a =
-                    !strcmp(m->key, "agg-stuck") ? T5_AGGS : atoi(m->key + 4);
-                int seq = atoi(m->value);
-                cr_assert(seq <= last[a] + 1, "%s: seq %d first seen after %d",
-                          m->key, seq, last[a]);
-                if (seq > last[a])
-                        last[a] = seq;
-        }
-        for (int a = 0; a < T5_AGGS; a++)
-                cr_assert(eq(int, last[a], T5_EVENTS - 1), "agg %d", a);
-        cr_assert(eq(int, last[T5_AGGS], 2));
-        free(last);
+        size_t n =
+            aggs_seqs(&got, "agg-", T5_AGGS, T5_EVENTS, SEQ_COPIES, NULL);
+        seqs_t stuck = key_seqs(&got, "agg-stuck", SEQ_COPIES);
+        cr_assert(eq(int, stuck.last, 2));
+        cr_assert(eq(sz, n + stuck.n, got.n));
         msgs_free(&got);
         mock_stop(&mk);
 }
@@ -553,33 +510,17 @@ ParameterizedTest(int *bidx, outbox_pipeline_stall, backends, .timeout = 300)
          * N / 4 heads in its window of 2N rows and takes a run of 4 of
          * each (a full claim: the next one follows at once). */
         for (int seq = 0; seq < 8; seq++) {
-                char key[16], pay[16];
+                char key[16];
                 snprintf(key, sizeof(key), "slow-%d", seq);
-                int n = snprintf(pay, sizeof(pay), "%d", seq);
-                kinbox_outbox_msg_t m = {.destination = dead,
-                                         .idem_key = key,
-                                         .aggregate_id = "slow",
-                                         .payload = pay,
-                                         .payload_size = (size_t)n,
-                                         .max_attempts = 100000};
-                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                append_seq(&c, dead, key, "slow", seq, 100000);
         }
         for (int b = 0; b < PP_EVENTS / 8; b++) {
                 for (int a = 0; a < PP_AGGS; a++) {
                         for (int seq = 8 * b; seq < 8 * b + 8; seq++) {
-                                char key[48], agg[32], pay[16];
+                                char key[48], agg[32];
                                 snprintf(key, sizeof(key), "a%d-s%d", a, seq);
                                 snprintf(agg, sizeof(agg), "agg-%d", a);
-                                int n = snprintf(pay, sizeof(pay), "%d", seq);
-                                kinbox_outbox_msg_t m = {
-                                    .destination = live,
-                                    .idem_key = key,
-                                    .aggregate_id = agg,
-                                    .payload = pay,
-                                    .payload_size = (size_t)n,
-                                    .max_attempts = 100000};
-                                cr_assert(eq(int, tc_append(&c, &m, NULL),
-                                             KINBOX_OK));
+                                append_seq(&c, live, key, agg, seq, 100000);
                         }
                 }
         }
@@ -606,23 +547,13 @@ ParameterizedTest(int *bidx, outbox_pipeline_stall, backends, .timeout = 300)
 
         tmsgs_t got;
         consume(mk.bootstrap, live, (size_t)total + 1, 60, 1000, &got);
-        int last[PP_AGGS];
-        for (int a = 0; a < PP_AGGS; a++)
-                last[a] = -1;
         size_t dups = 0;
-        for (size_t i = 0; i < got.n; i++) {
-                const tmsg_t *m = &got.v[i];
-                if (!strcmp(m->key, "warm"))
-                        continue;
-                int a = atoi(m->key + 4), seq = atoi(m->value);
-                cr_assert(a >= 0 && a < PP_AGGS);
-                cr_assert(seq == last[a] + 1 || seq == last[a],
-                          "%s: seq %d after %d", m->key, seq, last[a]);
-                dups += seq == last[a];
-                last[a] = seq;
-        }
-        for (int a = 0; a < PP_AGGS; a++)
-                cr_assert(eq(int, last[a], PP_EVENTS - 1), "agg %d", a);
+        seqs_t warm = key_seqs(&got, "warm", SEQ_COPIES);
+        cr_assert(
+            eq(sz,
+               aggs_seqs(&got, "agg-", PP_AGGS, PP_EVENTS, SEQ_AGAIN, &dups) +
+                   warm.n,
+               got.n));
         cr_log_info("%zu messages, %zu duplicates, %" PRIu64 " retried", got.n,
                     dups, st.retried);
         msgs_free(&got);
@@ -714,15 +645,8 @@ ParameterizedTest(int *bidx, outbox_hop, backends, .timeout = 180)
         cr_assert(eq(int, atomic_load(&x.bad), 0));
         cr_assert(atomic_load(&x.dup_seen) >= N / 10);
 
-        kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
-        trelay_t tr;
-        relay_start(&tr, r);
-        ok = wait_q(url, N, 30,
-                    "SELECT count(*) FROM kinbox_outbox WHERE "
-                    "status = 'sent'");
-        relay_stop(&tr);
-        kinbox_relay_destroy(r);
-        cr_assert(ok);
+        cr_assert(
+            relay_until_sent(relay_conf(url, bootstrap), url, N, 30, NULL));
 
         tmsgs_t got;
         consume(bootstrap, out, (size_t)N, 30, 1000, &got);
@@ -731,23 +655,6 @@ ParameterizedTest(int *bidx, outbox_hop, backends, .timeout = 180)
                 cr_assert(eq(int, atoi(got.v[i].value), (int)i),
                           "order broken at %zu", i);
         msgs_free(&got);
-}
-
-/* Per key, payloads are "seq" in id order: on the topic they never go
- * back, and every seq in want[] arrived; returns the last seq per key. */
-static int
-check_order(const tmsgs_t *got, const char *key)
-{
-        int last = -1;
-        for (size_t i = 0; i < got->n; i++) {
-                const tmsg_t *m = &got->v[i];
-                if (!m->key || strcmp(m->key, key))
-                        continue;
-                int seq = atoi(m->value);
-                cr_assert(seq > last, "%s: seq %d after %d", key, seq, last);
-                last = seq;
-        }
-        return last;
 }
 
 /* One aggregate with 3,000 pending rows drains in runs (far fewer claims
@@ -765,28 +672,15 @@ ParameterizedTest(int *bidx, outbox_hot_aggregate, backends, .timeout = 180)
         tc_open(&c, backend, url);
         tc_sql(&c, "BEGIN");
         for (int i = 0; i < N; i++) {
-                char key[16], pay[16];
+                char key[16];
                 snprintf(key, sizeof(key), "h%d", i);
-                int n = snprintf(pay, sizeof(pay), "%d", i);
-                kinbox_outbox_msg_t m = {.destination = topic,
-                                         .idem_key = key,
-                                         .aggregate_id = "hot",
-                                         .payload = pay,
-                                         .payload_size = (size_t)n};
-                cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
+                append_seq(&c, topic, key, "hot", i, 0);
         }
         tc_sql(&c, "COMMIT");
         tc_close(&c);
-        kinbox_relay_t *r = relay_new(relay_conf(url, bootstrap));
-        trelay_t tr;
-        relay_start(&tr, r);
-        bool ok = wait_q(url, N, 120,
-                         "SELECT count(*) FROM kinbox_outbox WHERE "
-                         "status = 'sent'");
-        relay_stop(&tr);
         kinbox_relay_stats_t st;
-        kinbox_relay_stats(r, &st);
-        kinbox_relay_destroy(r);
+        bool ok =
+            relay_until_sent(relay_conf(url, bootstrap), url, N, 120, &st);
         cr_assert(ok, "not all sent");
         cr_assert(eq(u64, st.published, N));
         cr_assert(st.batches < N / 10,
@@ -794,7 +688,7 @@ ParameterizedTest(int *bidx, outbox_hot_aggregate, backends, .timeout = 180)
         tmsgs_t got;
         consume(bootstrap, topic, N, 60, 500, &got);
         cr_assert(eq(sz, got.n, N));
-        cr_assert(eq(int, check_order(&got, "hot"), N - 1));
+        cr_assert(eq(int, key_seqs(&got, "hot", SEQ_RISING).last, N - 1));
         msgs_free(&got);
 }
 
@@ -836,13 +730,7 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
                                          .max_attempts = i == BAD ? 2 : 0};
                 cr_assert(eq(int, tc_append(&c, &m, NULL), KINBOX_OK));
                 snprintf(key, sizeof(key), "p%d", i);
-                kinbox_outbox_msg_t q = {.destination =
-                                             i == BAD ? paused : topic,
-                                         .idem_key = key,
-                                         .aggregate_id = "p",
-                                         .payload = pay,
-                                         .payload_size = (size_t)n};
-                cr_assert(eq(int, tc_append(&c, &q, NULL), KINBOX_OK));
+                append_seq(&c, i == BAD ? paused : topic, key, "p", i, 0);
         }
         tc_sql(&c, "COMMIT");
         tc_close(&c);
@@ -902,8 +790,8 @@ ParameterizedTest(int *bidx, outbox_run_failures, backends, .timeout = 180)
         tmsgs_t got;
         consume(bootstrap, topic, 2 * N - 2, 60, 500, &got);
         cr_assert(eq(sz, got.n, 2 * N - 2));
-        cr_assert(eq(int, check_order(&got, "f"), N - 1));
-        cr_assert(eq(int, check_order(&got, "p"), N - 1));
+        cr_assert(eq(int, key_seqs(&got, "f", SEQ_RISING).last, N - 1));
+        cr_assert(eq(int, key_seqs(&got, "p", SEQ_RISING).last, N - 1));
         for (size_t i = 0; i < got.n; i++)
                 cr_assert(strcmp(got.v[i].value, "20") ||
                               strcmp(got.v[i].key, "f"),

@@ -7,12 +7,15 @@
  * README's sscanf() on Apache Kafka: the bytes after a payload were the
  * record's headers), balances asserted in SQL; the README's main() runs
  * too, as a whole program (its literals swapped for the test's services
- * by two macros). docs_test checks that
+ * by two macros); the README's outbox append runs on PostgreSQL against
+ * its inventory table, and the relay publishes the event (its destination
+ * swapped for the test's topic by a third). docs_test checks that
  * every handler the Markdown defines is marked; this suite that every
  * marked one runs. Also on Apache Kafka (snippets_test@kafka).
  */
 #include "harness.h"
 #include "metrics.h"
+#include "outbox_common.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -51,16 +54,32 @@ kt_sn_run(kinbox_consumer_t *c)
         return kinbox_consumer_run(c);
 }
 
+/* The README's outbox append publishes to the test's topic in place of
+ * "order.paid" (a topic of its own per run). */
+static const char *kt_sn_dest;
+
+static kinbox_err_t
+kt_sn_append_pg(PGconn *conn, const kinbox_outbox_msg_t *m, int64_t *idp,
+                char *errstr, size_t errstr_size)
+{
+        kinbox_outbox_msg_t t = *m;
+        if (kt_sn_dest && !strcmp(t.destination, "order.paid"))
+                t.destination = kt_sn_dest;
+        return kinbox_outbox_append_pg(conn, &t, idp, errstr, errstr_size);
+}
+
 #define kinbox_conf_set kt_sn_conf_set
 #define kinbox_consumer_run kt_sn_run
+#define kinbox_outbox_append_pg kt_sn_append_pg
 #include "snippets.h"
 #undef kinbox_conf_set
 #undef kinbox_consumer_run
+#undef kinbox_outbox_append_pg
 
 /* Every marked snippet has its test below. */
 Test(snippets, every_marked_snippet_runs)
 {
-        static const char *const tested[] = {"readme_credit",
+        static const char *const tested[] = {"readme_credit", "readme_outbox",
                                              "handlers_credit_batch"};
         /* readme_credit: snippets/readme_credit (the handler) and
          * snippets/readme_main (the whole program). */
@@ -259,4 +278,90 @@ ParameterizedTest(int *backend, snippets, payload_nul_terminated,
         kt_run_stop(r);
         cr_assert(eq(int, nc.seen, 20));
         cr_assert(eq(int, nc.bad, 0));
+}
+
+/* The README's outbox append (order_paid()) on PostgreSQL, on the test's
+ * own connection: the stock taken and the outbox row written in one
+ * transaction; the same append again is KINBOX_ERR_DUPLICATE, changes
+ * nothing, and leaves a transaction usable; the relay publishes the event
+ * once, as appended. */
+Test(snippets, readme_outbox, .timeout = 120)
+{
+        const char *bootstrap = kt_env("KINBOX_BOOTSTRAP");
+        char *url = kt_fresh_db("postgresql");
+        kt_exec(url, "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, "
+                     "stock INT NOT NULL)");
+        kt_exec(url, "INSERT INTO inventory VALUES ('sku-1', 10)");
+        char *topic = kt_unique("tsno");
+        kt_topic(topic, 2);
+        kt_sn_dest = topic;
+        PGconn *conn = PQconnectdb(url);
+        cr_assert(PQstatus(conn) == CONNECTION_OK, "%s", PQerrorMessage(conn));
+        static const char json[] = "{\"order_id\":\"o-1\",\"points\":12}";
+        char err[256] = "";
+        cr_assert(eq(int, order_paid(conn, json, err, sizeof(err)), KINBOX_OK),
+                  "%s", err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT stock FROM inventory WHERE sku = "
+                                  "'sku-1'"),
+                     9));
+        cr_assert(eq(i64,
+                     kt_qintf(url,
+                              "SELECT count(*) FROM kinbox_outbox WHERE "
+                              "destination = '%s' AND idem_key = "
+                              "'order-o-1-points' AND aggregate_id = 'o-1' "
+                              "AND status = 'pending'",
+                              topic),
+                     1));
+        /* Again: a duplicate, rolled back by the snippet (stock unchanged). */
+        cr_assert(eq(int, order_paid(conn, json, err, sizeof(err)),
+                     KINBOX_ERR_DUPLICATE),
+                  "%s", err);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT stock FROM inventory WHERE sku = "
+                                  "'sku-1'"),
+                     9));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 1));
+        /* The transaction a duplicate leaves is usable: its next
+         * statement and its commit apply. */
+        PQclear(PQexec(conn, "BEGIN"));
+        kinbox_outbox_msg_t m = {.destination = topic,
+                                 .idem_key = "order-o-1-points",
+                                 .aggregate_id = "o-1",
+                                 .payload = json,
+                                 .payload_size = strlen(json)};
+        cr_assert(eq(int,
+                     kinbox_outbox_append_pg(conn, &m, NULL, err, sizeof(err)),
+                     KINBOX_ERR_DUPLICATE),
+                  "%s", err);
+        PGresult *res = PQexec(conn, "UPDATE inventory SET stock = stock + 5 "
+                                     "WHERE sku = 'sku-1'");
+        cr_assert(eq(int, PQresultStatus(res), PGRES_COMMAND_OK), "%s",
+                  PQresultErrorMessage(res));
+        PQclear(res);
+        res = PQexec(conn, "COMMIT");
+        cr_assert(eq(int, PQresultStatus(res), PGRES_COMMAND_OK), "%s",
+                  PQresultErrorMessage(res));
+        PQclear(res);
+        PQfinish(conn);
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT stock FROM inventory WHERE sku = "
+                                  "'sku-1'"),
+                     14));
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT count(*) FROM kinbox_outbox"), 1));
+        /* The relay publishes it: key o-1, the payload, its message id. */
+        cr_assert(
+            relay_until_sent(relay_conf(url, bootstrap), url, 1, 30, NULL),
+            "the row was not sent");
+        tmsgs_t got;
+        consume(bootstrap, topic, 1, 30, 1000, &got);
+        cr_assert(eq(sz, got.n, 1), "got %zu messages", got.n);
+        char want[256];
+        snprintf(want, sizeof(want), "%s:order-o-1-points", topic);
+        cr_assert(eq(str, got.v[0].msgid ? got.v[0].msgid : "", want));
+        cr_assert(eq(str, got.v[0].key ? got.v[0].key : "", "o-1"));
+        cr_assert(eq(str, got.v[0].value ? got.v[0].value : "", (char *)json));
+        msgs_free(&got);
 }

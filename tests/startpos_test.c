@@ -151,13 +151,30 @@ start(const char *url, const char *group, const char *topic)
         return kt_run_start(c, add_balance, NULL, NULL);
 }
 
-/* The consumer run until its inbox holds n rows, then stopped. */
+/* The consumer run until its inbox holds n rows (then settle_s more, for
+ * a record applied twice to show), then stopped; its stats in *st (may be
+ * NULL). */
 static void
-run_until(const char *url, const char *group, const char *topic, long long n)
+run_until(const char *url, const char *group, const char *topic, long long n,
+          int settle_s, kinbox_consumer_stats_t *st)
 {
         kt_run_t *r = start(url, group, topic);
         cr_assert(eq(i64, kt_wait_qint(url, INBOX, n, 90), n));
-        kt_run_stop(r);
+        sleep((unsigned)settle_s);
+        if (st)
+                kt_run_stop_stats(r, st);
+        else
+                kt_run_stop(r);
+}
+
+/* Forget the log captured so far. */
+static void
+log_clear(void)
+{
+        pthread_mutex_lock(&log_lock);
+        log_len = 0;
+        log_buf[0] = '\0';
+        pthread_mutex_unlock(&log_lock);
 }
 
 static double
@@ -278,7 +295,7 @@ ParameterizedTest(int *backend, startpos, topic_recreated, .timeout = 300)
         char *group = kt_unique("g_re");
         kt_topic(topic, 1);
         long long old = produce(topic, "old", 0, 30, 1);
-        run_until(url, group, topic, 30);
+        run_until(url, group, topic, 30, 0, NULL);
         cr_assert(eq(i64, kt_qint(url, WM), 30));
 
         topic_delete(topic);
@@ -321,12 +338,8 @@ ParameterizedTest(int *backend, startpos, topic_recreated, .timeout = 300)
         cr_assert(eq(i64, kt_qint(url, WM), 0));
         cr_assert(eq(i64, kt_committed_sum(group, topic, 1), 0));
 
-        log_len = 0;
-        log_buf[0] = '\0';
-        r = start(url, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url, INBOX, 80, 90), 80));
-        sleep(2);
-        kt_run_stop(r);
+        log_clear();
+        run_until(url, group, topic, 80, 2, NULL);
         cr_assert(eq(i64, kt_qint(url, SUM), old + fresh),
                   "every new record exactly once");
         cr_assert(eq(i64, kt_qint(url, WM), 50));
@@ -348,7 +361,7 @@ ParameterizedTest(int *backend, startpos, new_database_old_group,
         char *group = kt_unique("g_nd");
         kt_topic(topic, 1);
         long long total = produce(topic, "h", 0, 40, 3);
-        run_until(url1, group, topic, 40);
+        run_until(url1, group, topic, 40, 0, NULL);
         cr_assert(eq(i64, kt_committed_sum(group, topic, 1), 40));
 
         char *url2 = db(*backend);
@@ -370,10 +383,7 @@ ParameterizedTest(int *backend, startpos, new_database_old_group,
                      0),
                   "%s", out);
         free(out);
-        r = start(url2, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url2, INBOX, 40, 90), 40));
-        sleep(2);
-        kt_run_stop(r);
+        run_until(url2, group, topic, 40, 2, NULL);
         cr_assert(eq(i64, kt_qint(url2, SUM), total),
                   "the whole history applied once");
         cr_assert(eq(i64, kt_qint(url1, SUM), total));
@@ -390,7 +400,7 @@ ParameterizedTest(int *backend, startpos, offset_reset_forward, .timeout = 300)
         char *group = kt_unique("g_fw");
         kt_topic(topic, 1);
         long long first = produce(topic, "f", 0, 20, 2);
-        run_until(url, group, topic, 20);
+        run_until(url, group, topic, 20, 0, NULL);
         produce(topic, "f", 20, 20, 2);
         /* kafka-consumer-groups --reset-offsets --to-latest */
         commit_offset(group, topic, 40);
@@ -434,10 +444,7 @@ ParameterizedTest(int *backend, startpos, offset_reset_forward, .timeout = 300)
         cr_assert(eq(i64, kt_qint(url, WM), 40));
 
         long long later = produce(topic, "f", 40, 5, 7);
-        r = start(url, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url, INBOX, 25, 90), 25));
-        sleep(2);
-        kt_run_stop(r);
+        run_until(url, group, topic, 25, 2, NULL);
         cr_assert(eq(i64, kt_qint(url, SUM), first + later),
                   "the skip accepted, the records after it applied once");
         cr_assert(eq(int, kb(&out, "verify", ini, NULL), 0), "%s", out);
@@ -455,19 +462,15 @@ ParameterizedTest(int *backend, startpos, crash_behind, .timeout = 300)
         char *group = kt_unique("g_cr");
         kt_topic(topic, 1);
         long long first = produce(topic, "c", 0, 20, 1);
-        run_until(url, group, topic, 20);
+        run_until(url, group, topic, 20, 0, NULL);
         /* As after a kill between the database's COMMIT and the offset
          * commit: Kafka's offset behind the watermark. */
         commit_offset(group, topic, 10);
         long long more = produce(topic, "c", 20, 10, 100);
 
-        log_len = 0;
-        log_buf[0] = '\0';
-        kt_run_t *r = start(url, group, topic);
-        cr_assert(eq(i64, kt_wait_qint(url, INBOX, 30, 90), 30));
-        sleep(2);
+        log_clear();
         kinbox_consumer_stats_t st;
-        kt_run_stop_stats(r, &st);
+        run_until(url, group, topic, 30, 2, &st);
         cr_assert(eq(i64, kt_qint(url, SUM), first + more),
                   "nothing applied twice, nothing skipped");
         cr_assert(eq(u64, st.processed, 10));
@@ -492,54 +495,12 @@ ParameterizedTest(int *backend, startpos, crash_behind, .timeout = 300)
 
 /* ---- 5. `kinbox run`: /readyz and /metrics while a partition is refused */
 
-/* GET path from 127.0.0.1:port: the HTTP status (-1: no answer), the body
- * in *body (malloc'ed). */
-static int
-http_get(int port, const char *path, char **body)
+/* `kinbox run` pid stopped (SIGTERM): exit 0 within 60 s. */
+static void
+stop_kinbox(pid_t pid, const char *log)
 {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        cr_assert(fd >= 0);
-        struct sockaddr_in a = {.sin_family = AF_INET,
-                                .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-                close(fd);
-                return -1;
-        }
-        char req[256];
-        snprintf(req, sizeof(req),
-                 "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-        cr_assert(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
-        size_t cap = 1 << 17, n = 0;
-        char *buf = malloc(cap);
-        cr_assert(buf != NULL);
-        for (ssize_t r; (r = read(fd, buf + n, cap - n - 1)) > 0;)
-                n += (size_t)r;
-        close(fd);
-        buf[n] = '\0';
-        int status = -1;
-        sscanf(buf, "HTTP/1.%*d %d", &status);
-        char *b = strstr(buf, "\r\n\r\n");
-        *body = strdup(b ? b + 4 : "");
-        free(buf);
-        return status;
-}
-
-/* Poll path until it answers want and its body holds has (NULL: any), up
- * to 60 s; returns the last status, the last body in *body. */
-static int
-wait_http(int port, const char *path, int want, const char *has, char **body)
-{
-        int st = -1;
-        *body = NULL;
-        for (int i = 0; i < 600; i++) {
-                free(*body);
-                st = http_get(port, path, body);
-                if (st == want && (!has || strstr(*body, has)))
-                        break;
-                usleep(100000);
-        }
-        return st;
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log);
 }
 
 static char *
@@ -568,8 +529,7 @@ ParameterizedTest(int *backend, startpos, readyz_while_refused, .timeout = 300)
             eq(i64,
                kt_wait_qint(url1, "SELECT COUNT(*) FROM kinbox_inbox", 20, 90),
                20));
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log1);
+        stop_kinbox(pid, log1);
 
         /* A new database under the same group. */
         char *url2 = kt_fresh_db(kt_backend(*backend));
@@ -578,15 +538,16 @@ ParameterizedTest(int *backend, startpos, readyz_while_refused, .timeout = 300)
         char *log2 = kt_tmp("sp_rz2");
         pid = kt_spawn_kinbox(ini2, NULL, log2);
         char *body = NULL;
-        cr_assert(
-            eq(int, wait_http(port, "/readyz", 503, "refused", &body), 503),
-            "%s", body);
+        cr_assert(eq(int,
+                     kt_wait_http(port, "/readyz", 503, "refused", 60, &body),
+                     503),
+                  "%s", body);
         free(body);
         cr_assert(eq(int,
-                     wait_http(port, "/metrics", 200,
-                               "kinbox_consumer_partitions_refused{"
-                               "consumer=\"points\"} 1",
-                               &body),
+                     kt_wait_http(port, "/metrics", 200,
+                                  "kinbox_consumer_partitions_refused{"
+                                  "consumer=\"points\"} 1",
+                                  60, &body),
                      200));
         cr_assert(strstr(body, "kinbox_consumer_partitions_refused{"
                                "consumer=\"points\"} 1") != NULL,
@@ -594,8 +555,7 @@ ParameterizedTest(int *backend, startpos, readyz_while_refused, .timeout = 300)
         free(body);
         cr_assert(
             eq(i64, kt_qint(url2, "SELECT COUNT(*) FROM kinbox_inbox"), 0));
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log2);
+        stop_kinbox(pid, log2);
         char *s = kt_slurp(log2);
         cr_assert(s && strstr(s, "refused (unknown_group)") &&
                       strstr(s, group),
@@ -610,14 +570,14 @@ ParameterizedTest(int *backend, startpos, readyz_while_refused, .timeout = 300)
                   "%s", out);
         free(out);
         pid = kt_spawn_kinbox(ini2, NULL, log2);
-        cr_assert(eq(int, wait_http(port, "/readyz", 200, NULL, &body), 200),
-                  "%s", body);
+        cr_assert(
+            eq(int, kt_wait_http(port, "/readyz", 200, NULL, 60, &body), 200),
+            "%s", body);
         free(body);
         cr_assert(
             eq(i64,
                kt_wait_qint(url2, "SELECT COUNT(*) FROM kinbox_inbox", 20, 90),
                20));
-        kill(pid, SIGTERM);
-        cr_assert(eq(int, kt_wait(pid, 60), 0), "see %s", log2);
+        stop_kinbox(pid, log2);
         kt_assert_points(url2, total, 20);
 }
