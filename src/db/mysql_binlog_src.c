@@ -126,8 +126,9 @@ set_str(char **dst, const char *v)
  * binlog on only when that one purged transaction is proven to be the
  * position write; otherwise the refusal stands (KINBOX_ERR_NOT_FOUND,
  * s->err as the check set it). Not sql_log_bin = 0 for the write: it
- * needs a privilege the relay's user should not have, and a replica
- * promoted after a failover would not have the position. */
+ * needs a privilege (SUPER; BINLOG ADMIN since MariaDB 10.5.2) the
+ * relay's user should not have, and a replica promoted after a failover
+ * would not have the position. */
 static int
 bl_own_write_purged(kinbox__logsrc_t *s, blsrc_t *b)
 {
