@@ -444,3 +444,106 @@ Test(binlogrelay, database_restart, .timeout = 240)
         logrel_t l;
         restart_under_relay(&l, MY, "binlog", "bl_myrs", NULL);
 }
+
+/* The sequence number of the server's binlog position (one domain). */
+static long long
+server_seq(const char *url)
+{
+        return kt_qint(url, "SELECT SUBSTRING_INDEX(@@gtid_binlog_pos, "
+                            "'-', -1)");
+}
+
+/*
+ * An idle, caught-up relay: in 10 s it stores its position at most once
+ * (its own position writes do not make it write again), and the stored
+ * position stays one transaction behind the server (that write). The
+ * binlog rotated and purged up to that write, MariaDB killed (SIGKILL)
+ * and started again: the relay proves the one purged transaction was its
+ * own write, reads on without `kinbox outbox resend`, and publishes the
+ * rows appended since, all of them.
+ */
+Test(binlogrelay, rotate_purge_own_write, .timeout = 300)
+{
+        logrel_t l;
+        logrel_start(&l, MY, "binlog", "bl_rot", 2);
+        fill_other(l.url, 50);
+        cr_assert(position_follows(&l), "the position did not follow");
+        sleep(2);
+        long long before = server_seq(l.url);
+        sleep(10);
+        long long idle = server_seq(l.url) - before;
+        cr_assert(idle <= 1, "%lld position writes in 10 s idle", idle);
+        kt_exec(l.url, "FLUSH BINARY LOGS");
+        char *cur = qtext(l.url, "SHOW MASTER STATUS");
+        char q[256];
+        snprintf(q, sizeof(q), "PURGE BINARY LOGS TO '%s'", cur);
+        kt_exec(l.url, q);
+        free(cur);
+        long long stored =
+            kt_qintf(l.url,
+                     "SELECT CAST(SUBSTRING_INDEX(gtid, '-', "
+                     "-1) AS SIGNED) FROM kinbox_relay_position "
+                     "WHERE relay = '%s'",
+                     l.name);
+        cr_assert(eq(llong, stored + 1, server_seq(l.url)),
+                  "the stored position is not the one write behind");
+        kt_services("mysql-stop kill");
+        sleep(1);
+        kt_services("mysql-start");
+        append_rows(MY, l.url, l.topic, "after", 0, 20);
+        tmsgs_t got;
+        consume(l.bootstrap, l.topic, 20, 60, 1500, &got);
+        logrel_stop(&l);
+        assert_all(&got, l.topic, "after", 0, 20);
+        msgs_free(&got);
+}
+
+/*
+ * Exactly one transaction purged after the stored position, and it is not
+ * the relay's position write (an outbox row; the write that stored the
+ * position came after it and is in the binlog left): nothing proves the
+ * purged one publishes nothing, so `kinbox run` refuses the position (exit
+ * 2, "was purged") instead of skipping the row.
+ */
+Test(binlogrelay, one_purged_not_own_write, .timeout = 300)
+{
+        char *url = kt_fresh_db(MY);
+        char *topic = kt_unique("bl_one");
+        char *name = kt_unique("blo");
+        kt_topic(topic, 2);
+        char *ini = log_ini(url, "binlog", name);
+        char *log = kt_tmp("bl_one_log");
+        rows_a_then_stop(MY, url, name, ini, log, topic);
+        char *pos = qtext(url, "SELECT @@gtid_binlog_pos");
+        long long seq = server_seq(url);
+        append_rows(MY, url, topic, "b", 0, 1);
+        kt_exec(url, "FLUSH BINARY LOGS");
+        char *cur = qtext(url, "SHOW MASTER STATUS");
+        char q[512];
+        snprintf(q, sizeof(q),
+                 "UPDATE kinbox_relay_position SET gtid = '%s' WHERE relay "
+                 "= '%s'",
+                 pos, name);
+        kt_exec(url, q);
+        snprintf(q, sizeof(q), "PURGE BINARY LOGS TO '%s'", cur);
+        long long until = kt_clock_ms() + 20000;
+        bool purged = false;
+        while (!purged && kt_clock_ms() < until) {
+                kt_exec(url, q);
+                char *first = qtext(url, "SHOW BINARY LOGS");
+                purged = !strcmp(first, cur);
+                free(first);
+                if (!purged)
+                        usleep(200 * 1000);
+        }
+        cr_assert(purged, "the binlog was not purged");
+        cr_assert(eq(llong, seq + 2, server_seq(url)));
+
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        cr_assert(eq(int, kt_wait(pid, 60), 2), "%s", kt_tail(log, 30));
+        char *t = kt_tail(log, 30);
+        cr_assert(strstr(t, "was purged") != NULL, "%s", t);
+        free(t);
+        free(cur);
+        free(pos);
+}

@@ -71,6 +71,10 @@ struct kinbox__binlog {
          * table (kinbox_relay_position); foreign: one did since
          * kinbox__binlog_take_foreign(). */
         bool tx_foreign, foreign;
+        /* The transaction read wrote kinbox_relay_position (any schema);
+         * pos_writes: how many committed did (kinbox__binlog_pos_prove). */
+        bool tx_pos;
+        uint64_t pos_writes;
         gtid_t cur;
         kinbox__binlog_row_t *rows;
         size_t nrows, caprows;
@@ -529,8 +533,10 @@ on_table_map(kinbox__binlog_t *b, MARIADB_RPL_EVENT *ev)
             tm->table.length == strlen(b->table) &&
             !memcmp(tm->table.str, b->table, tm->table.length);
         if (!ours) {
-                if (!(tm->table.length == 21 &&
-                      !memcmp(tm->table.str, "kinbox_relay_position", 21)))
+                if (tm->table.length == 21 &&
+                    !memcmp(tm->table.str, "kinbox_relay_position", 21))
+                        b->tx_pos = true;
+                else
                         b->tx_foreign = true;
                 return 0;
         }
@@ -554,6 +560,8 @@ static int
 on_commit(kinbox__binlog_t *b, uint32_t when, bool rolled_back)
 {
         b->in_tx = false;
+        if (b->tx_pos) /* rolled back too: counted, to be safe */
+                b->pos_writes++;
         if (state_apply(b, b->cur)) {
                 kinbox__errstr(b->err, sizeof(b->err), "out of memory");
                 return KINBOX_ERR_NOMEM;
@@ -617,7 +625,7 @@ on_event(kinbox__binlog_t *b, MARIADB_RPL_EVENT *ev)
         case GTID_EVENT:
                 rows_clear(b);
                 b->in_tx = true;
-                b->tx_foreign = false;
+                b->tx_foreign = b->tx_pos = false;
                 b->standalone = ev->event.gtid.flags & FL_STANDALONE;
                 b->cur.d = ev->event.gtid.domain_id;
                 b->cur.s = ev->server_id;
@@ -733,9 +741,11 @@ kinbox__binlog_pos_now(kinbox__db_t *db, char **out)
         return rc;
 }
 
-int
-kinbox__binlog_pos_check(kinbox__db_t *db, const char *state, char *err,
-                         size_t sz)
+/* The oldest binlog's name (first) and start position (*oldest: the GTID
+ * state after every purged transaction, its Gtid_list). */
+static int
+oldest_start(kinbox__db_t *db, char *first, size_t fsz,
+             kinbox__binlog_t *oldest, char *err, size_t sz)
 {
         struct kinbox_rows_s *r = NULL;
         int rc = kinbox__db_query(db, "SHOW BINARY LOGS", 0, NULL, &r);
@@ -746,27 +756,37 @@ kinbox__binlog_pos_check(kinbox__db_t *db, const char *state, char *err,
                 return rc ? rc : KINBOX_ERR_CONFIG;
         }
         kinbox__param_t p = {.v = r->values[0]};
-        char first[256];
-        snprintf(first, sizeof(first), "%s", r->values[0]);
+        snprintf(first, fsz, "%s", r->values[0]);
         struct kinbox_rows_s *g = NULL;
         rc = kinbox__db_query(db, "SELECT BINLOG_GTID_POS($1, 4)", 1, &p, &g);
         kinbox_rows_destroy(r);
-        kinbox__binlog_t have = {0}, oldest = {0};
-        int bad = rc || state_parse(&have, state) ||
-                  state_parse(&oldest, g->nrows ? g->values[0] : NULL);
+        int bad = rc || state_parse(oldest, g->nrows ? g->values[0] : NULL);
         kinbox_rows_destroy(g);
-        int out = bad ? (rc ? rc : KINBOX_ERR_INVALID) : KINBOX_OK;
-        for (size_t i = 0; !bad && i < oldest.ndom; i++)
-                for (size_t j = 0; j < have.ndom; j++)
-                        if (have.dom[j].d == oldest.dom[i].d &&
-                            have.dom[j].n < oldest.dom[i].n)
-                                out = KINBOX_ERR_NOT_FOUND;
         if (bad)
                 kinbox__errstr(err, sz,
                                "binlog: reading the oldest binlog's "
                                "position: %s",
                                rc ? db->err.msg : "bad GTID state");
-        else if (out)
+        return bad ? (rc ? rc : KINBOX_ERR_INVALID) : KINBOX_OK;
+}
+
+int
+kinbox__binlog_pos_check(kinbox__db_t *db, const char *state, char *err,
+                         size_t sz)
+{
+        char first[256];
+        kinbox__binlog_t have = {0}, oldest = {0};
+        int out = oldest_start(db, first, sizeof(first), &oldest, err, sz);
+        if (!out && state_parse(&have, state)) {
+                kinbox__errstr(err, sz, "binlog: bad GTID state '%s'", state);
+                out = KINBOX_ERR_INVALID;
+        }
+        for (size_t i = 0; !out && i < oldest.ndom; i++)
+                for (size_t j = 0; j < have.ndom; j++)
+                        if (have.dom[j].d == oldest.dom[i].d &&
+                            have.dom[j].n < oldest.dom[i].n)
+                                out = KINBOX_ERR_NOT_FOUND;
+        if (out == KINBOX_ERR_NOT_FOUND)
                 kinbox__errstr(
                     err, sz,
                     "binlog: the relay's position %s was purged (the oldest "
@@ -778,6 +798,112 @@ kinbox__binlog_pos_check(kinbox__db_t *db, const char *state, char *err,
         free(have.dom);
         free(oldest.dom);
         return out;
+}
+
+/* The sequence number of domain d in g (0: g has none). */
+static uint64_t
+dom_seq(const kinbox__binlog_t *g, uint32_t d)
+{
+        for (size_t i = 0; i < g->ndom; i++)
+                if (g->dom[i].d == d)
+                        return g->dom[i].n;
+        return 0;
+}
+
+/* Whether the binlog purged exactly one transaction after have: the
+ * oldest binlog starts one sequence number after have in one domain and
+ * at or before have in every other. */
+static bool
+one_purged(const kinbox__binlog_t *have, const kinbox__binlog_t *oldest)
+{
+        int after = 0;
+        for (size_t i = 0; i < oldest->ndom; i++) {
+                uint64_t h = dom_seq(have, oldest->dom[i].d);
+                if (oldest->dom[i].n <= h)
+                        continue;
+                if (oldest->dom[i].n != h + 1)
+                        return false;
+                after++;
+        }
+        return after == 1;
+}
+
+/* Whether the reader's state is at or after every domain of now. */
+static bool
+reached(const kinbox__binlog_t *b, const kinbox__binlog_t *now)
+{
+        for (size_t i = 0; i < now->ndom; i++) {
+                bool seen = false;
+                for (size_t j = 0; j < b->ndom; j++)
+                        if (b->dom[j].d == now->dom[i].d)
+                                seen = b->dom[j].n >= now->dom[i].n;
+                if (!seen)
+                        return false;
+        }
+        return true;
+}
+
+/* Read the binlog from o->start to the state now (up to PROVE_SCAN_MS):
+ * 1 no transaction in it wrote kinbox_relay_position, 0 one did or the
+ * end was not reached in time, <0 an error (err). */
+#define PROVE_SCAN_MS 60000
+static int
+no_pos_write_after(const kinbox__binlog_opts_t *o, const kinbox__binlog_t *now,
+                   char *err, size_t sz)
+{
+        int code = 0;
+        kinbox__binlog_t *rd = kinbox__binlog_open(o, &code, err, sz);
+        if (!rd)
+                return code;
+        int64_t until = kinbox__now_ms() + PROVE_SCAN_MS;
+        int out = 0;
+        while (!reached(rd, now) && !rd->pos_writes &&
+               kinbox__now_ms() < until) {
+                const kinbox__binlog_tx_t *tx = NULL;
+                int rc = kinbox__binlog_next(rd, &tx);
+                if (rc < 0) {
+                        kinbox__errstr(err, sz, "%s", rd->err);
+                        out = rc;
+                        break;
+                }
+        }
+        if (!out)
+                out = reached(rd, now) && !rd->pos_writes;
+        kinbox__binlog_close(rd);
+        return out;
+}
+
+int
+kinbox__binlog_pos_prove(kinbox__db_t *db, const kinbox__binlog_opts_t *o,
+                         char **start, char *err, size_t sz)
+{
+        char first[256];
+        char *pos = NULL;
+        *start = NULL;
+        kinbox__binlog_t have = {0}, oldest = {0}, now = {0};
+        kinbox__buf_init(&oldest.state);
+        int rc = oldest_start(db, first, sizeof(first), &oldest, err, sz);
+        if (!rc && (rc = kinbox__binlog_pos_now(db, &pos)))
+                kinbox__errstr(err, sz, "binlog: @@gtid_binlog_pos: %s",
+                               db->err.msg);
+        if (!rc && (state_parse(&have, o->start) || state_parse(&now, pos))) {
+                kinbox__errstr(err, sz, "binlog: bad GTID state");
+                rc = KINBOX_ERR_INVALID;
+        }
+        free(pos);
+        if (!rc && one_purged(&have, &oldest)) {
+                state_render(&oldest);
+                kinbox__binlog_opts_t scan = *o;
+                scan.start = oldest.state.p;
+                rc = no_pos_write_after(&scan, &now, err, sz);
+                if (rc == 1)
+                        *start = kinbox__strdup(oldest.state.p);
+        }
+        free(have.dom);
+        free(now.dom);
+        free(oldest.dom);
+        kinbox__buf_free(&oldest.state);
+        return rc;
 }
 
 /* Whether every domain of g is at or before the same domain of have. */

@@ -127,6 +127,22 @@ int kinbox__binlog_pos_store(struct kinbox__db *db, const char *name,
 int kinbox__binlog_pos_now(struct kinbox__db *db, char **out);
 int kinbox__binlog_pos_check(struct kinbox__db *db, const char *state,
                              char *err, size_t sz);
+/* After kinbox__binlog_pos_check() refused o->start (the position stored
+ * in kinbox_relay_position): whether the one transaction purged after it
+ * is provably the write that stored it, which publishes nothing. That
+ * write is the one transaction a stored position can never cover (every
+ * write of it is a binlogged transaction after the state it stores). It
+ * is proven when the oldest binlog starts exactly one transaction after
+ * o->start, and a dump from there to @@gtid_binlog_pos now (o's
+ * connection settings, up to a minute) shows no write to any
+ * kinbox_relay_position table: the write that stored o->start came after
+ * o->start, before now, and is not in the binlog left, so it is that one
+ * purged transaction. Returns 1 with *start the oldest binlog's start
+ * position to read after (malloc'ed), 0 not proven, <0 an error (err).
+ * Not thread-safe on db. */
+int kinbox__binlog_pos_prove(struct kinbox__db *db,
+                             const kinbox__binlog_opts_t *o, char **start,
+                             char *err, size_t sz);
 /* The binlog bytes a relay at state still has to read, at most (the
  * files from the one holding state on: the binlog a restart reads), and
  * whether the binlog after state was purged (then every file's bytes). */

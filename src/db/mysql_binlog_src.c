@@ -20,7 +20,9 @@
  * written to kinbox_relay_position at most once a second (and at close):
  * a restart may publish again up to a second of acknowledged rows, never
  * skip one. A position moved only by these writes is not written again
- * (kinbox__binlog_take_foreign()).
+ * (kinbox__binlog_take_foreign()), so the stored position never covers
+ * the last of them; when a purge took exactly that write, open() proves
+ * it and reads on (bl_own_write_purged()).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -112,6 +114,58 @@ set_str(char **dst, const char *v)
         *dst = kinbox__strdup(v ? v : "");
 }
 
+/* The stored position was refused as purged. A stored position is always
+ * at least one transaction behind the server: the relay's own write of it
+ * (kinbox_relay_position) is a binlogged transaction after the state it
+ * stores, and the relay does not store again only to cover that write
+ * (that write would need covering in turn: a write every second for
+ * ever). While it runs, the next position a transaction of another table
+ * moves covers it (the stream's state); after a rotation and a purge of
+ * an idle relay's binlog it is the one transaction purged. Nothing is
+ * skipped on a guess: kinbox__binlog_pos_prove() reads from the oldest
+ * binlog on only when that one purged transaction is proven to be the
+ * position write; otherwise the refusal stands (KINBOX_ERR_NOT_FOUND,
+ * s->err as the check set it). Not sql_log_bin = 0 for the write: it
+ * needs a privilege (SUPER; BINLOG ADMIN since MariaDB 10.5.2) the
+ * relay's user should not have, and a replica promoted after a failover
+ * would not have the position. */
+static int
+bl_own_write_purged(kinbox__logsrc_t *s, blsrc_t *b)
+{
+        kinbox__binlog_opts_t o = {.url = b->url,
+                                   .password = b->password,
+                                   .start = b->confirmed,
+                                   .server_id = b->server_id,
+                                   .name = b->name,
+                                   .heartbeat_ms = HEARTBEAT_MS};
+        char e[600] = "", *start = NULL;
+        int rc = kinbox__binlog_pos_prove(b->db, &o, &start, e, sizeof(e));
+        if (rc < 0)
+                kinbox__log(s->log, KINBOX_LOG_WARNING, "relay",
+                            "binlog: proving what was purged after %s: %s",
+                            b->confirmed, e);
+        if (rc != 1 || !start) {
+                free(start);
+                return rc == 1 ? KINBOX_ERR_NOMEM : KINBOX_ERR_NOT_FOUND;
+        }
+        kinbox__log(s->log, KINBOX_LOG_NOTICE, "relay",
+                    "binlog: the one transaction purged after the stored "
+                    "position %s is the relay's own write of it (it "
+                    "publishes nothing): reading after %s",
+                    b->confirmed, start);
+        free(b->confirmed);
+        b->confirmed = start;
+        if ((rc = kinbox__binlog_pos_store(b->db, b->name, start))) {
+                kinbox__errstr(s->err, sizeof(s->err),
+                               "binlog: storing the position %s: %s", start,
+                               b->db->err.msg);
+                return rc;
+        }
+        set_str(&b->stored, start);
+        s->err[0] = '\0';
+        return KINBOX_OK;
+}
+
 /* The position to start from: the stored one, or now (stored at once). */
 static int
 bl_position(kinbox__logsrc_t *s, blsrc_t *b)
@@ -137,6 +191,8 @@ bl_position(kinbox__logsrc_t *s, blsrc_t *b)
         b->confirmed = pos;
         b->stored = kinbox__strdup(pos);
         rc = kinbox__binlog_pos_check(b->db, pos, s->err, sizeof(s->err));
+        if (rc == KINBOX_ERR_NOT_FOUND)
+                rc = bl_own_write_purged(s, b);
         return rc == KINBOX_ERR_NOT_FOUND ? KINBOX_ERR_CONFIG : rc;
 }
 
