@@ -3,7 +3,7 @@
  * wal | binlog run beside the polling relay of a kinbox_relay_t. The
  * backend-neutral loop (produce, delivery reports, confirm the
  * acknowledged prefix) reads a database log reader through
- * db->ops->logsrc: PostgreSQL's is db/pg_repl.c (a logical replication
+ * kinbox__db_logsrc(): PostgreSQL's is db/pg_repl.c (a logical replication
  * slot, pgoutput), MariaDB's db/mysql_binlog.c (the ROW binlog). The
  * source's contract: db/logsrc_ops.h.
  */

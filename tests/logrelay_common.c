@@ -3,6 +3,7 @@
  * (logrelay_common.h).
  */
 #include "logrelay_common.h"
+#include "db/mysql_binlog.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -333,10 +334,14 @@ log_reading(const char *backend, const char *url, const char *name,
                               "SELECT count(*) FROM pg_replication_slots "
                               "WHERE slot_name = '%s' AND active",
                               name);
+        /* The row alone is not enough: kinbox migrate's check stores it
+         * too. The reader holds its lock while it reads. */
+        char lk[65];
+        kinbox__binlog_lock_name(name, lk);
         return wait_q(url, 1, timeout_s,
                       "SELECT count(*) FROM kinbox_relay_position WHERE "
-                      "relay = '%s'",
-                      name);
+                      "relay = '%s' AND IS_USED_LOCK('%s') IS NOT NULL",
+                      name, lk);
 }
 
 void

@@ -2,7 +2,7 @@
  * db/logsrc_ops.h -- a database log reader for the log relay (internal):
  * struct kinbox__logsrc_ops, one per backend that has one (db/pg_repl.c:
  * relay.source = wal; db/mysql_binlog.c: binlog), reached through
- * db->ops->logsrc (NULL: none built), used by relay_log.c (the
+ * kinbox__db_logsrc() (db/backend.c), used by relay_log.c (the
  * backend-neutral loop: produce, delivery reports, confirm the
  * acknowledged prefix). db.h includes it at its end; include db.h.
  *

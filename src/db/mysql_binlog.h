@@ -120,6 +120,8 @@ bool kinbox__binlog_take_foreign(kinbox__binlog_t *b);
  * Return database error codes otherwise (db->err). */
 int kinbox__binlog_lock(struct kinbox__db *db, const char *name, int wait_s,
                         char *err, size_t sz);
+/* The name of that lock (for IS_USED_LOCK()), into buf (65 bytes). */
+void kinbox__binlog_lock_name(const char *name, char buf[65]);
 int kinbox__binlog_pos_load(struct kinbox__db *db, const char *name,
                             char **out);
 int kinbox__binlog_pos_store(struct kinbox__db *db, const char *name,
