@@ -751,9 +751,9 @@ replay_one(kinbox__console_data_t *d, int64_t id, int64_t *released)
                 : NULL;
         void *op = NULL;
         if (!m || (m->init && m->init(conf, &op, err, sizeof(err)))) {
-                snprintf(d->adm->errstr, sizeof(d->adm->errstr),
-                         "consumer %s's handler: %s", consumer,
-                         err[0] ? err : "not available in this process");
+                kinbox__errstr(d->adm->errstr, sizeof(d->adm->errstr),
+                               "consumer %s's handler: %s", consumer,
+                               err[0] ? err : "not available in this process");
                 return KINBOX_ERR_INVALID;
         }
         kinbox_dead_follower_t last;
