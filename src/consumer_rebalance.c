@@ -20,19 +20,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Metrics: partitions assigned now (after a rebalance callback). */
+/* Metrics: partitions assigned now (after a rebalance callback), counted
+ * in the consumer's own partition table (the polling thread's, which runs
+ * the callback). Never rd_kafka_assignment(): it waits for librdkafka's
+ * main thread, and during the close (close_event()) that wait never ends
+ * (kinbox run's shutdown then hit its 30 s watchdog: rebalance::storm). */
 static void
-metrics_assignment(kinbox_consumer_t *c, rd_kafka_t *rk)
+metrics_assignment(kinbox_consumer_t *c)
 {
-        rd_kafka_topic_partition_list_t *l = NULL;
         char lb[300];
-        if (rd_kafka_assignment(rk, &l) || !l)
-                return;
+        int n = 0;
+        for (const kinbox__part_t *p = c->parts; p; p = p->next)
+                n++;
         kinbox__m_set("kinbox_consumer_assigned_partitions",
                       kinbox__m_labels(lb, sizeof(lb), "consumer", c->name,
                                        (char *)NULL),
-                      l->cnt);
-        rd_kafka_topic_partition_list_destroy(l);
+                      n);
 }
 
 static unsigned
@@ -260,7 +263,7 @@ kinbox__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         else
                 revoke(c, rk, err, pl, coop);
         kinbox__startpos_gauge(c);
-        metrics_assignment(c, rk);
+        metrics_assignment(c);
 }
 
 /* How long leaving the group may take at shutdown. librdkafka's close
