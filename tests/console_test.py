@@ -223,7 +223,17 @@ class Driver:
         return list(r.values())[0]
 
     def click(self, css):
-        self.s("POST", "/element/%s/click" % self.find(css), {})
+        # The page re-renders its tables every 2 s: an element found just
+        # before a refresh is gone when clicked (404, no such element / a
+        # stale reference). Find it again.
+        for attempt in range(10):
+            try:
+                self.s("POST", "/element/%s/click" % self.find(css), {})
+                return
+            except RuntimeError:
+                if attempt == 9:
+                    raise
+                time.sleep(0.2)
 
     def type(self, css, text):
         self.s("POST", "/element/%s/value" % self.find(css), {"text": text})

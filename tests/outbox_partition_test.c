@@ -268,7 +268,6 @@ ParameterizedTest(int *backend, outbox_partition, poll, .timeout = 180)
         cr_expect(day_gone(url, *backend, 5));
         expect_keys(url, *backend, "d-dead,y-young");
         free(topic);
-        free(url);
 }
 
 /*
@@ -312,7 +311,6 @@ ParameterizedTest(int *backend, outbox_partition, clock_ahead, .timeout = 120)
         kinbox_conf_destroy(dc);
         unsetenv("KINBOX_FAULT_CLOCK_S");
         expect_keys(url, *backend, "day1,now");
-        free(url);
 }
 
 /*
@@ -378,7 +376,6 @@ log_relay(int backend, const char *source)
         expect_keys(url, backend, "y-young");
         free(slot);
         free(topic);
-        free(url);
 }
 
 Test(outbox_partition, wal, .timeout = 180)
@@ -438,7 +435,6 @@ log_convert(int backend, const char *source)
         expect_keys(url, backend, "after,before-0,before-1,before-2");
         free(slot);
         free(topic);
-        free(url);
 }
 
 Test(outbox_partition, wal_convert, .timeout = 180)
@@ -497,5 +493,4 @@ ParameterizedTest(int *backend, outbox_partition, key_race, .timeout = 120)
                      kt_qint(url, "SELECT COUNT(*) FROM kinbox_outbox WHERE "
                                   "idem_key = 'same'"),
                      1));
-        free(url);
 }
