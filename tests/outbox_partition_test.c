@@ -267,7 +267,6 @@ ParameterizedTest(int *backend, outbox_partition, poll, .timeout = 180)
         prune(url, NULL, NULL);
         cr_expect(day_gone(url, *backend, 5));
         expect_keys(url, *backend, "d-dead,y-young");
-        free(topic);
 }
 
 /*
@@ -374,8 +373,6 @@ log_relay(int backend, const char *source)
         cr_expect(gone, "%s", logged);
         cr_expect(day_gone(url, backend, 4));
         expect_keys(url, backend, "y-young");
-        free(slot);
-        free(topic);
 }
 
 Test(outbox_partition, wal, .timeout = 180)
@@ -433,8 +430,6 @@ log_convert(int backend, const char *source)
         cr_expect(eq(sz, got.n, 4));
         msgs_free(&got);
         expect_keys(url, backend, "after,before-0,before-1,before-2");
-        free(slot);
-        free(topic);
 }
 
 Test(outbox_partition, wal_convert, .timeout = 180)
