@@ -462,6 +462,19 @@ server_seq(const char *url)
  * own write, reads on without `kinbox outbox resend`, and publishes the
  * rows appended since, all of them.
  */
+/* `kinbox status --json -c ini` shows the binlog relay's state want. */
+static void
+relay_status_is(const char *ini, const char *want)
+{
+        char *out = NULL, *err = NULL, w[64];
+        int ex = kt_kinbox(&out, &err, false, "status --json -c %s", ini);
+        snprintf(w, sizeof(w), "\"wal_status\": \"%s\"", want);
+        cr_assert(out && strstr(out, w) != NULL, "want %s (exit %d):\n%s\n%s",
+                  w, ex, out, err);
+        free(out);
+        free(err);
+}
+
 Test(binlogrelay, rotate_purge_own_write, .timeout = 300)
 {
         logrel_t l;
@@ -487,6 +500,10 @@ Test(binlogrelay, rotate_purge_own_write, .timeout = 300)
                      l.name);
         cr_assert(eq(llong, stored + 1, server_seq(l.url)),
                   "the stored position is not the one write behind");
+        /* `kinbox status` agrees with the relay: not "purged". */
+        char *ini = log_ini(l.url, "binlog", l.name);
+        relay_status_is(ini, "ok");
+        free(ini);
         kt_services("mysql-stop kill");
         sleep(1);
         kt_services("mysql-start");
@@ -543,6 +560,7 @@ Test(binlogrelay, one_purged_not_own_write, .timeout = 300)
         cr_assert(eq(int, kt_wait(pid, 60), 2), "%s", kt_tail(log, 30));
         char *t = kt_tail(log, 30);
         cr_assert(strstr(t, "was purged") != NULL, "%s", t);
+        relay_status_is(ini, "purged"); /* as the relay refused */
         free(t);
         free(cur);
         free(pos);

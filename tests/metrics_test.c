@@ -911,3 +911,83 @@ ParameterizedTest(int *backend, metrics, status_finds_port_zero,
         cr_assert(strstr(out, "n/a") != NULL, "%s", out);
         free(out);
 }
+
+/* The row kinbox_consumer_counters keeps for one `kinbox run`: its
+ * updated_at (µs; on PostgreSQL plus its xmin, the transaction that last
+ * wrote it, so a rewrite of the same instant shows too). */
+static long long
+counters_version(const char *url, bool pg)
+{
+        long long v = kt_qint(
+            url, pg ? "SELECT (extract(epoch FROM updated_at) * 1000000)"
+                      "::bigint * 1000 + (xmin::text::bigint % 1000)"
+                      " FROM kinbox_consumer_counters"
+                    : "SELECT CAST(UNIX_TIMESTAMP(updated_at) * 1000000 AS"
+                      " SIGNED) FROM kinbox_consumer_counters");
+        return v;
+}
+
+/* `kinbox run` writes its counters row when a counter changed, not every
+ * second: after traffic the row holds the duplicates counted; idle, the
+ * row is not rewritten (updated_at, and on PostgreSQL xmin, stay the same
+ * over 4 s); the next duplicate is recorded (within a second or so), and
+ * status reads it. */
+KT_BACKENDS_PARAMS(metrics, counters_written_on_change)
+ParameterizedTest(int *backend, metrics, counters_written_on_change,
+                  .timeout = 120)
+{
+        bool pg = *backend == 0;
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("mcnt");
+        char *group = kt_unique("mcntg");
+        kt_topic(topic, 1);
+        kt_producer_t *pr = kt_producer_new();
+        const char *grant = "{\"order_id\":\"o-1\",\"user_id\":1,"
+                            "\"grant_points\":5}";
+        kt_produce(pr, topic, 0, "1", grant, "c-1");
+        kt_produce(pr, topic, 0, "1", grant, "c-1"); /* a re-send */
+        kt_producer_flush_destroy(pr);
+        char *ini = kt_write_ini(url,
+                                 "[consumer.points]\ngroup.id = %s\n"
+                                 "topics = %s\nhandler = points\n",
+                                 group, topic);
+        char *log = kt_tmp("mcnt");
+        pid_t pid = kt_spawn_kinbox(ini, NULL, log);
+        kt_wait_qint(url, "SELECT SUM(next_offset) FROM kinbox_offsets", 2,
+                     60);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT COALESCE(SUM(duplicates), -1) FROM "
+                                  "kinbox_consumer_counters",
+                                  1, 10),
+                     1),
+                  "the row does not hold the duplicate");
+        sleep(2); /* past the write of the change */
+        long long v0 = counters_version(url, pg);
+        sleep(4);
+        long long v1 = counters_version(url, pg);
+        cr_assert(eq(i64, v1, v0), "an idle consumer rewrote its counters");
+        pr = kt_producer_new();
+        kt_produce(pr, topic, 0, "1", grant, "c-1"); /* another re-send */
+        kt_producer_flush_destroy(pr);
+        cr_assert(eq(i64,
+                     kt_wait_qint(url,
+                                  "SELECT SUM(duplicates) FROM "
+                                  "kinbox_consumer_counters",
+                                  2, 30),
+                     2),
+                  "the change was not recorded");
+        cr_assert(counters_version(url, pg) != v0);
+        char *out = NULL;
+        cr_assert(eq(
+            int, kt_kinbox(&out, NULL, false, "status --json -c %s", ini), 0));
+        cr_assert(strstr(out, "\"dedup_hits\": 2,") != NULL, "%s", out);
+        free(out);
+        kill(pid, SIGTERM);
+        cr_assert(eq(int, kt_wait(pid, 60), 0), "%s", kt_tail(log, 20));
+        cr_assert(eq(i64,
+                     kt_qint(url, "SELECT COUNT(*) FROM "
+                                  "kinbox_consumer_counters"),
+                     0),
+                  "the clean stop left its row");
+}

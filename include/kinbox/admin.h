@@ -408,9 +408,10 @@ typedef struct kinbox_consumer_status {
          *  business duplicates, counted by the running `kinbox run`
          *  processes of this consumer since their start
          *  (kinbox_consumer_stats()) as they last recorded them in the
-         *  database (within 50 ms of a change, at least every second;
-         *  table `kinbox_consumer_counters`);
-         *  -1 when no process records them (none running). */
+         *  database (a change within a second, an unchanged record
+         *  rewritten every 60 s; table `kinbox_consumer_counters`);
+         *  -1 when no process records them (none running: no record of
+         *  the last 150 s). */
         int64_t duplicates;
         int64_t business_duplicates; /**< as duplicates */
 } kinbox_consumer_status_t;
@@ -486,10 +487,11 @@ KINBOX_API void kinbox_status_destroy(kinbox_status_t *s);
 
 /**
  * @brief Record this process's counters of consumer @p consumer for
- *        kinbox_admin_status() (`kinbox run` does, on each change and
- *        every second, for each
- *        consumer it runs); @p remove non-zero deletes the record (a
- *        clean stop).
+ *        kinbox_admin_status() (`kinbox run` does, for each consumer it
+ *        runs, on a change at most once a second, and every 60 s when
+ *        nothing changed: kinbox_admin_status() counts the records of the
+ *        last 150 s); @p remove non-zero deletes the record (a clean
+ *        stop).
  * @param instance names the process among those running the consumer
  *                 (e.g. "host:pid:start"); not kept.
  * @param st       the consumer's kinbox_consumer_stats(); ignored with

@@ -16,11 +16,14 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A change is recorded within CHECK_MS (status right after a batch sees
- * it), an unchanged record refreshed every EVERY_MS (status counts the
- * records of the last 10 s as running). */
+/* A change is recorded within CHECK_MS of it, at most once every
+ * EVERY_MS (a write is a durable commit: none while nothing changes); an
+ * unchanged record is only rewritten after ALIVE_MS, for status, which
+ * takes the records of the last 150 s (counters_read, src/db/: two
+ * refreshes and a half) for running processes'. */
 #define KB_COUNTERS_CHECK_MS 50
 #define KB_COUNTERS_EVERY_MS 1000
+#define KB_COUNTERS_ALIVE_MS 60000
 
 struct kb_counters {
         int n;
@@ -36,7 +39,8 @@ struct kb_counters {
         volatile int stop;
 };
 
-/* Each consumer's counters when they changed or the record is due
+/* Each consumer's counters when they changed (EVERY_MS after the last
+ * write at the earliest) or the record is due for its ALIVE_MS refresh
  * (force: now; remove: its record deleted). */
 static void
 record_all(kb_counters_t *k, bool force, int remove)
@@ -48,9 +52,10 @@ record_all(kb_counters_t *k, bool force, int remove)
                 bool changed =
                     st.duplicates != k->last[i].duplicates ||
                     st.business_duplicates != k->last[i].business_duplicates;
-                if (!k->adm[i] ||
-                    !(force || changed ||
-                      now - k->last_ms[i] >= KB_COUNTERS_EVERY_MS))
+                int64_t age = now - k->last_ms[i];
+                bool due = force || (changed && age >= KB_COUNTERS_EVERY_MS) ||
+                           age >= KB_COUNTERS_ALIVE_MS;
+                if (!k->adm[i] || !due)
                         continue;
                 if (!kinbox_admin_counters_record(
                         k->adm[i], kinbox_consumer_name(k->cs[i]), k->instance,

@@ -11,8 +11,10 @@
 typedef struct kb_counters kb_counters_t;
 
 /* Record the n consumers' counters now (a consumer that has not counted
- * yet shows 0, not "no process"), then within 50 ms of a change and every
- * second otherwise, on a thread of its own until kb_counters_stop(). cs is
+ * yet shows 0, not "no process"), then within 50 ms of a change, at most
+ * once a second, and otherwise (nothing changed) only every 60 s (status
+ * takes a record of the last 150 s for a running process), on a thread of
+ * its own until kb_counters_stop(). cs is
  * copied (the consumers must outlive the recorder); confs[i] is cs[i]'s
  * configuration (its database), read now. NULL only when out of memory or
  * the thread cannot start; a database that does not answer is tried again

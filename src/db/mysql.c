@@ -806,7 +806,7 @@ static const struct kinbox__sql my_sql = {
         "SELECT COUNT(*), COALESCE(SUM(duplicates), 0),"
         " COALESCE(SUM(business_duplicates), 0)"
         " FROM kinbox_consumer_counters WHERE consumer = $1"
-        " AND updated_at > CURRENT_TIMESTAMP(6) - INTERVAL 10 SECOND",
+        " AND updated_at > CURRENT_TIMESTAMP(6) - INTERVAL 150 SECOND",
     .dead_letter_gauges =
         "SELECT consumer, COUNT(*), TIMESTAMPDIFF(MICROSECOND, "
         "MIN(dead_at), CURRENT_TIMESTAMP(6)) / 1000000 FROM "

@@ -114,6 +114,31 @@ set_str(char **dst, const char *v)
         *dst = kinbox__strdup(v ? v : "");
 }
 
+/* kinbox__binlog_pos_prove() of the stored position pos, for the relay's
+ * open() and for the operator's figures alike (bl_lag(): status says
+ * "purged" only where the relay refuses): 1 with *start (malloc'ed) the
+ * position the relay reads after, 0 not proven, <0 an error (logged). */
+static int
+bl_prove(kinbox__logsrc_t *s, kinbox__db_t *db, const char *url,
+         const char *password, uint32_t server_id, const char *pos,
+         char **start)
+{
+        kinbox__binlog_opts_t o = {.url = url,
+                                   .password = password,
+                                   .start = pos,
+                                   .server_id = server_id,
+                                   .name = kinbox__binlog_name(s->conf),
+                                   .heartbeat_ms = HEARTBEAT_MS};
+        char e[600] = "";
+        *start = NULL;
+        int rc = kinbox__binlog_pos_prove(db, &o, start, e, sizeof(e));
+        if (rc < 0)
+                kinbox__log(s->log, KINBOX_LOG_WARNING, "relay",
+                            "binlog: proving what was purged after %s: %s",
+                            pos, e);
+        return rc;
+}
+
 /* The stored position was refused as purged. A stored position is always
  * at least one transaction behind the server: the relay's own write of it
  * (kinbox_relay_position) is a binlogged transaction after the state it
@@ -132,18 +157,9 @@ set_str(char **dst, const char *v)
 static int
 bl_own_write_purged(kinbox__logsrc_t *s, blsrc_t *b)
 {
-        kinbox__binlog_opts_t o = {.url = b->url,
-                                   .password = b->password,
-                                   .start = b->confirmed,
-                                   .server_id = b->server_id,
-                                   .name = b->name,
-                                   .heartbeat_ms = HEARTBEAT_MS};
-        char e[600] = "", *start = NULL;
-        int rc = kinbox__binlog_pos_prove(b->db, &o, &start, e, sizeof(e));
-        if (rc < 0)
-                kinbox__log(s->log, KINBOX_LOG_WARNING, "relay",
-                            "binlog: proving what was purged after %s: %s",
-                            b->confirmed, e);
+        char *start = NULL;
+        int rc = bl_prove(s, b->db, b->url, b->password, b->server_id,
+                          b->confirmed, &start);
         if (rc != 1 || !start) {
                 free(start);
                 return rc == 1 ? KINBOX_ERR_NOMEM : KINBOX_ERR_NOT_FOUND;
@@ -421,10 +437,27 @@ bl_dead(kinbox__logsrc_t *s, int64_t row_id, const char *reason,
         return rc;
 }
 
+/* kinbox status, on a stored position refused as purged: whether the
+ * relay would read on (its own position write is the one transaction
+ * purged: bl_prove(), as open() does). The dump registers a server id of
+ * its own, not the relay's: a second dump with the relay's id would end
+ * the running relay's. */
+static bool
+bl_status_proof(kinbox__logsrc_t *s, kinbox__db_t *db, const char *pos)
+{
+        char id[300], *start = NULL;
+        snprintf(id, sizeof(id), "%s:status", kinbox__binlog_name(s->conf));
+        int rc = bl_prove(s, db, s->url ? s->url : db->url, s->password,
+                          kinbox__binlog_server_id(id), pos, &start);
+        free(start);
+        return rc == 1;
+}
+
 /* The operator's figures: the binlog bytes after the stored position
  * (the files from the one holding it), state "ok", "purged" or "none"
- * (no position stored yet). Works on an open source or not (kinbox
- * status). */
+ * (no position stored yet); "ok" too when the one transaction purged is
+ * the relay's own write of the position (bl_status_proof(): where the
+ * relay reads on). Works on an open source or not (kinbox status). */
 static int
 bl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
 {
@@ -449,6 +482,8 @@ bl_lag(kinbox__logsrc_t *s, kinbox__loglag_t *out)
         if (!rc && pos)
                 rc = kinbox__binlog_pos_retained(db, pos, &out->retained_bytes,
                                                  &purged);
+        if (!rc && purged && !b)
+                purged = !bl_status_proof(s, db, pos);
         if (rc)
                 kinbox__errstr(s->err, sizeof(s->err), "binlog: %s",
                                db->err.msg);

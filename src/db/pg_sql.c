@@ -128,7 +128,7 @@ const struct kinbox__sql kinbox__pg_sql = {
     .counters_read = "SELECT count(*), COALESCE(sum(duplicates), 0),"
                      " COALESCE(sum(business_duplicates), 0)"
                      " FROM kinbox_consumer_counters WHERE consumer = $1"
-                     " AND updated_at > now() - interval '10 seconds'",
+                     " AND updated_at > now() - interval '150 seconds'",
     .dead_letter_gauges =
         "SELECT consumer, count(*), extract(epoch FROM now() - min(dead_at)) "
         "FROM kinbox_dead_letter WHERE status = 'dead' GROUP BY consumer",

@@ -98,8 +98,9 @@ struct kinbox__sql {
          * $3 duplicates $4 business duplicates, now. counters_remove: $1
          * consumer $2 instance (with the consumer's rows stale for an
          * hour). counters_read: $1 consumer: one row of the rows updated
-         * in the last 10 s: their number, duplicates, business
-         * duplicates. */
+         * in the last 150 s (a running process rewrites an unchanged row
+         * every 60 s: src/cli/counters.c): their number, duplicates,
+         * business duplicates. */
         const char *counters_put, *counters_remove, *counters_read;
         /* The operator statements, alike on both backends (src/db/opsql.h).
          * ping: reachability. outbox_paused / outbox_resume: $1
