@@ -216,8 +216,13 @@ drop_old(kinbox__db_t *db, const kinbox__log_t *lg, kinbox__range_t *r,
                 res->partitions_dropped++;
                 res->rows_kept += kept;
                 res->inbox_rows += r[i].rows > 0 ? (uint64_t)r[i].rows : 0;
-                if (dry)
+                if (dry) {
+                        kinbox__log(lg, KINBOX_LOG_NOTICE, "prune",
+                                    "would drop inbox partition %s (about "
+                                    "%" PRId64 " rows; dry run)",
+                                    r[i].name, r[i].rows > 0 ? r[i].rows : 0);
                         continue;
+                }
                 count("kinbox_inbox_partition_changes_total", "drop", 1);
                 count("kinbox_inbox_partition_kept_rows_total", "drop",
                       (double)kept);

@@ -130,6 +130,41 @@ ranges_gauge(kinbox__db_t *db)
         return rc;
 }
 
+/* kinbox prune --dry-run: the days past the retention that drop_old()
+ * would drop (logged with their rows, as the catalog estimates them) and
+ * those the database refuses yet (drop()'s own checks, logged), changing
+ * nothing: no mark is taken (a day waiting for the log relay's next mark
+ * shows as kept), no interrupted drop completed. */
+static int
+dry_days(kinbox__db_t *db, const kinbox__log_t *lg, int64_t ret_ms,
+         const kinbox__opart_relay_t *relay, const volatile int *stop)
+{
+        kinbox__range_t *r = NULL;
+        size_t n = 0;
+        int64_t now = 0;
+        int rc = db->ops->part->clock(db, &now);
+        if (!rc)
+                rc = db->ops->opart->list(db, &r, &n);
+        for (size_t i = 0;
+             !rc && i < n && (r[i].start_s + DAY) * 1000 <= now - ret_ms &&
+             !(stop && *stop);
+             i++) {
+                rc = db->ops->opart->check(db, &r[i], ret_ms, relay);
+                if (rc == KINBOX_ERR_STATE)
+                        kinbox__log(lg, KINBOX_LOG_NOTICE, "prune",
+                                    "%s (dry run)", db->err.msg);
+                else if (!rc)
+                        kinbox__log(lg, KINBOX_LOG_NOTICE, "prune",
+                                    "would drop outbox partition %s (about "
+                                    "%" PRId64 " rows; dry run)",
+                                    r[i].name, r[i].rows > 0 ? r[i].rows : 0);
+                if (rc == KINBOX_ERR_STATE)
+                        rc = KINBOX_OK;
+        }
+        free(r);
+        return rc;
+}
+
 int
 kinbox__outbox_partition_prune(kinbox__db_t *db, const kinbox_conf_t *conf,
                                const kinbox__log_t *lg, bool dry,
@@ -139,12 +174,18 @@ kinbox__outbox_partition_prune(kinbox__db_t *db, const kinbox_conf_t *conf,
         const kinbox__settings_t *s = kinbox__settings_of(conf);
         const struct kinbox__opart_ops *po = db->ops->opart;
         int rc = po->layout(db, partitioned);
-        if (rc || !*partitioned || dry)
+        if (rc || !*partitioned)
                 return rc;
         bool log = s->relay_source != KINBOX__SOURCE_POLL;
         char *slot = log ? kinbox__wal_slot_name(conf) : NULL;
         kinbox__opart_relay_t relay = {slot,
                                        log ? kinbox__binlog_name(conf) : NULL};
+        if (dry) {
+                rc = dry_days(db, lg, s->outbox_retention, log ? &relay : NULL,
+                              stop);
+                free(slot);
+                return rc;
+        }
         kinbox__range_t *r = NULL;
         size_t n = 0;
         int64_t now = 0;

@@ -16,7 +16,8 @@
 
 /* The pruner's outbox step, under the pruning lock: *partitioned false
  * when kinbox_outbox is the plain table (nothing done; the caller prunes
- * it by rows). Otherwise (nothing done when dry): complete interrupted
+ * it by rows). Dry: nothing changed, the days that would be dropped and
+ * those the database refuses yet logged (lg). Otherwise: complete interrupted
  * drops, drop the days past outbox.retention that the database allows
  * (partition_outbox.c: a refused day is logged and kept), create days
  * ahead, prune the catch-all by rows; deleted and dropped rows add to

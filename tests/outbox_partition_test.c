@@ -269,6 +269,100 @@ ParameterizedTest(int *backend, outbox_partition, poll, .timeout = 180)
         expect_keys(url, *backend, "d-dead,y-young");
 }
 
+/* kinbox_prune() with outbox.retention 2d, dry (1: --dry-run), poll
+ * mode; the log in logged. */
+static kinbox_prune_result_t
+prune_dry(const char *url, int dry)
+{
+        kinbox_conf_t *c = part_conf(url, "2d");
+        logged[0] = '\0';
+        kinbox_conf_set_log_cb(c, grab_log, NULL);
+        kinbox_prune_result_t res;
+        char e[512];
+        cr_assert(
+            eq(int, kinbox_prune(c, dry, NULL, &res, e, sizeof(e)), KINBOX_OK),
+            "prune: %s", e);
+        kinbox_conf_destroy(c);
+        return res;
+}
+
+/* The partition names logged after prefix, in order, ',' after each. */
+static void
+logged_names(const char *prefix, char *out, size_t sz)
+{
+        size_t n = 0;
+        out[0] = '\0';
+        for (const char *p = strstr(logged, prefix); p;
+             p = strstr(p + 1, prefix)) {
+                p += strlen(prefix);
+                size_t len = strcspn(p, " \n");
+                n += (size_t)snprintf(out + n, sz - n, "%.*s,", (int)len, p);
+                if (n >= sz)
+                        break;
+        }
+}
+
+/* The partition name of the day days_ago days before now. */
+static void
+day_name(int backend, int days_ago, char *out, size_t sz)
+{
+        char lab[16];
+        int64_t d = (int64_t)time(NULL) - days_ago * DAY_S;
+        kinbox__range_label(lab, d - d % DAY_S, DAY_S);
+        snprintf(out, sz, "%s%s", is_my(backend) ? "p_" : "kinbox_outbox_p",
+                 lab);
+}
+
+/*
+ * `kinbox prune --dry-run` on a partitioned outbox: it names the days the
+ * real run would drop, with their rows, and the day the database refuses
+ * yet (a pending row), and changes nothing (every day and row still
+ * there); the real run then drops exactly the days named.
+ */
+KT_BACKENDS_PARAMS(outbox_partition, dry_run)
+ParameterizedTest(int *backend, outbox_partition, dry_run, .timeout = 120)
+{
+        char *url = kt_fresh_db(kt_backend(*backend));
+        char *topic = kt_unique("opd");
+        old_row(url, *backend, topic, "c-held", 5, 0, "pending", true);
+        old_row(url, *backend, topic, "d-dead", 4, 0, "dead", false);
+        old_row(url, *backend, topic, "a-4d", 4, 0, "sent", false);
+        old_row(url, *backend, topic, "b-3d", 3, 0, "sent", false);
+        migrate_part(url);
+        cr_assert(partitioned(url, *backend));
+        expect_keys(url, *backend, "a-4d,b-3d,c-held,d-dead");
+
+        prune_dry(url, 1);
+        char dry[2048], done[2048], d[64];
+        logged_names("would drop outbox partition ", dry, sizeof(dry));
+        for (int k = 7; k >= 3; k--) {
+                day_name(*backend, k, d, sizeof(d));
+                bool named = strstr(dry, d) != NULL;
+                cr_expect(eq(int, named, k != 5), "day %d (%s):\n%s", k, d,
+                          logged);
+        }
+        day_name(*backend, 5, d, sizeof(d));
+        char kept[200];
+        snprintf(kept, sizeof(kept),
+                 "outbox range %s still holds pending rows (not yet "
+                 "published): kept (dry run)",
+                 d);
+        cr_expect(strstr(logged, kept) != NULL, "%s", logged);
+        cr_expect(strstr(logged, "rows; dry run)") != NULL, "%s", logged);
+        /* Nothing changed. */
+        for (int k = -2; k <= 7; k++)
+                cr_expect(day_exists(url, *backend, k), "day %d", k);
+        expect_keys(url, *backend, "a-4d,b-3d,c-held,d-dead");
+
+        prune_dry(url, 0);
+        logged_names("dropped outbox partition ", done, sizeof(done));
+        cr_expect(eq(str, done, dry), "dry run: %s; real run: %s", dry, done);
+        cr_expect(day_exists(url, *backend, 5));
+        cr_expect(day_gone(url, *backend, 4));
+        cr_expect(day_gone(url, *backend, 3));
+        expect_keys(url, *backend, "c-held,d-dead");
+}
+
 /*
  * This host's clock 30 days ahead of the database's: nothing young goes,
  * and a drop of today asked directly is refused by the database.

@@ -399,6 +399,7 @@ const struct kinbox__opart_ops kinbox__mysql_opart = {
     .add = my_add,
     .mark = my_mark,
     .drop = my_drop,
+    .check = drop_checks,
     .finish = my_finish,
     .prune_catchall = my_prune_catchall,
 };

@@ -70,6 +70,11 @@ struct kinbox__opart_ops {
          * kept. */
         int (*drop)(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
                     const kinbox__opart_relay_t *relay, uint64_t *kept);
+        /* drop()'s checks alone, changing nothing (kinbox prune
+         * --dry-run): KINBOX_OK when drop() would drop r now, else as
+         * drop() refuses. */
+        int (*check)(kinbox__db_t *db, const kinbox__range_t *r,
+                     int64_t ret_ms, const kinbox__opart_relay_t *relay);
         /* Complete the drops a crash interrupted (relay as for drop()). */
         int (*finish)(kinbox__db_t *db, const kinbox__opart_relay_t *relay);
         /* One batched delete of catch-all rows past the retention (the

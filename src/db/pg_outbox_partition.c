@@ -348,6 +348,7 @@ const struct kinbox__opart_ops kinbox__pg_opart = {
     .add = pg_add,
     .mark = pg_mark,
     .drop = pg_drop,
+    .check = drop_checks,
     .finish = pg_finish,
     .prune_catchall = pg_prune_catchall,
 };
