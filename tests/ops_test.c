@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "admin_int.h"
@@ -429,6 +430,27 @@ ParameterizedTest(int *backend, ops, prune_dry_run_unanalyzed, .timeout = 120)
         cr_assert(
             eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 3000),
             "the dry run deleted rows");
+        /* The command names the ranges it would drop, the one 12 days
+         * back among them, on its log (stderr). */
+        char *out = NULL, *err = NULL, lab[32];
+        cr_assert(
+            eq(int, kt_kinbox(&out, &err, false, "prune --dry-run -c %s", ini),
+               0),
+            "%s", err);
+        time_t t = time(NULL) - 12 * 86400;
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(lab, sizeof(lab), "%Y%m%d ", &tm);
+        long long named = 0;
+        for (const char *p = err;
+             (p = strstr(p, "would drop inbox partition")); p++)
+                named++;
+        cr_assert(eq(i64, named, dropped), "%s", err);
+        cr_assert(strstr(err, lab) != NULL, "%s not named:\n%s", lab, err);
+        free(out);
+        free(err);
+        cr_assert(
+            eq(i64, kt_qint(url, "SELECT COUNT(*) FROM kinbox_inbox"), 3000));
 }
 
 /* ---- batches: one statement deletes prune.batch rows ---- */

@@ -77,7 +77,10 @@ typedef struct kinbox_prune_result {
  * @param conf    reads `database.*`, `inbox.retention`, `outbox.retention`,
  *                `prune.batch`, `relay.source`; not kept.
  * @param dry_run non-zero: count what would go, delete nothing (the lock
- *                is not taken).
+ *                is not taken); each day partition the run would drop
+ *                (inbox ranges, outbox days, with their estimated rows)
+ *                and each outbox day the database refuses yet is logged
+ *                (NOTICE, through the configuration's logger).
  * @param stop    optional flag checked between statements: non-zero stops
  *                the run early (what was deleted stays deleted).
  * @returns ::KINBOX_OK; ::KINBOX_ERR_DB_CONN; ::KINBOX_ERR_DB.
