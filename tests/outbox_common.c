@@ -458,8 +458,8 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
                                 cr_log_warn("reader of %s: nothing for %d ms "
                                             "with %lld of %lld records read: "
                                             "a new reader goes on",
-                                            topic, stall_ms,
-                                            (long long)out->n, sz);
+                                            topic, stall_ms, (long long)out->n,
+                                            sz);
                                 log_short_read(rk, topic, parts, out);
                                 rd_kafka_consumer_close(rk);
                                 rd_kafka_destroy(rk);
