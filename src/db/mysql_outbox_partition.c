@@ -6,8 +6,9 @@
  * binlog name the table (kinbox_outbox), never a partition, so the binlog
  * relay reads it as it reads the plain one.
  *
- * A range goes as the inbox's do (db/mysql_part.c): swapped out (EXCHANGE
- * PARTITION, metadata only) to kinbox_outbox_old_<day>, its empty
+ * A range goes as the inbox's do (db/mysql_part.c, kinbox__my_part_*):
+ * swapped out (EXCHANGE PARTITION, metadata only) to
+ * kinbox_outbox_old_<day>, its empty
  * partition dropped, the rows kept put back, the table dropped; a crash
  * between the steps leaves that table, which finish() completes.
  */
@@ -71,13 +72,7 @@ my_layout(kinbox__db_t *db, bool *partitioned)
 static int
 my_list(kinbox__db_t *db, kinbox__range_t **out, size_t *n)
 {
-        return kinbox__ranges_read(
-            db,
-            "SELECT PARTITION_NAME, TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH "
-            "FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = "
-            "DATABASE() AND TABLE_NAME = $1 AND PARTITION_NAME IS NOT NULL "
-            "ORDER BY PARTITION_ORDINAL_POSITION",
-            "kinbox_outbox", NULL, out, n, NULL);
+        return kinbox__my_part_list(db, "kinbox_outbox", NULL, out, n, NULL);
 }
 
 /* The ALTER that partitions kinbox_outbox_conv: days [first_s, end_s). */
@@ -236,11 +231,14 @@ gtid_past(const char *pos, const char *mark)
         return true;
 }
 
+/* A drop's refusal: the range's name, why. */
+#define REFUSED "outbox range %s %s: kept"
+
 static int
 refuse(kinbox__db_t *db, const kinbox__range_t *r, const char *why)
 {
-        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
-                          "outbox range %s %s: kept", r->name, why);
+        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1, REFUSED, r->name,
+                          why);
         return KINBOX_ERR_STATE;
 }
 
@@ -277,31 +275,23 @@ drop_checks(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
             const kinbox__opart_relay_t *relay)
 {
         int64_t end = r->start_s + KINBOX__OUTBOX_DAY_S;
-        char sql[300], *v = NULL;
+        char sql[300];
         snprintf(sql, sizeof(sql),
                  "SELECT UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000 - "
                  "%" PRId64 " >= %" PRId64,
                  ret_ms, end * 1000);
-        int rc = first(db, sql, 0, NULL, &v);
-        bool ok = v && !strcmp(v, "1");
-        free(v);
-        if (!rc && !ok)
-                return refuse(db, r,
-                              "is not past outbox.retention by the "
-                              "database's clock");
+        int rc = kinbox__db_must(db, sql, 0, NULL, REFUSED, r->name,
+                                 "is not past outbox.retention by the "
+                                 "database's clock");
         bool poll = !relay || !relay->binlog_name;
         snprintf(sql, sizeof(sql),
                  "SELECT NOT EXISTS (SELECT 1 FROM kinbox_outbox PARTITION "
                  "(%s) WHERE status = 'pending'%s)",
                  r->name, poll ? "" : " AND kind = 'action'");
-        v = NULL;
         if (!rc)
-                rc = first(db, sql, 0, NULL, &v);
-        ok = v && !strcmp(v, "1");
-        free(v);
-        if (!rc && !ok)
-                return refuse(db, r,
-                              "still holds pending rows (not yet published)");
+                rc = kinbox__db_must(
+                    db, sql, 0, NULL, REFUSED, r->name,
+                    "still holds pending rows (not yet published)");
         return rc || poll ? rc : confirmed(db, r, end, relay->binlog_name);
 }
 
@@ -313,15 +303,13 @@ static int
 finish_one(kinbox__db_t *db, const char *t, const kinbox__opart_relay_t *relay,
            uint64_t *kept)
 {
-        char sql[400], *n = NULL;
+        char sql[400];
         bool poll = !relay || !relay->binlog_name;
         snprintf(sql, sizeof(sql),
                  "INSERT INTO kinbox_outbox SELECT * FROM %s WHERE status = "
-                 "'dead' OR (status = 'pending'%s);\nSELECT ROW_COUNT()",
+                 "'dead' OR (status = 'pending'%s)",
                  t, poll ? "" : " AND kind = 'action'");
-        int rc = first(db, sql, 0, NULL, &n);
-        *kept = n ? strtoull(n, NULL, 10) : 0;
-        free(n);
+        int rc = kinbox__my_part_count(db, sql, 0, NULL, kept);
         snprintf(sql, sizeof(sql), "DROP TABLE %s", t);
         return rc ? rc : run(db, sql);
 }
@@ -330,27 +318,14 @@ static int
 my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
         const kinbox__opart_relay_t *relay, uint64_t *kept)
 {
-        char lab[16], t[64], sql[300];
+        char lab[16], t[64];
         kinbox__range_label(lab, r->start_s, KINBOX__OUTBOX_DAY_S);
         snprintf(t, sizeof(t), "kinbox_outbox_old_%s", lab);
         *kept = 0;
         int rc = drop_checks(db, r, ret_ms, relay);
-        snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE kinbox_outbox", t);
         if (!rc)
-                rc = run(db, sql);
-        snprintf(sql, sizeof(sql), "ALTER TABLE %s REMOVE PARTITIONING", t);
-        if (!rc)
-                rc = run(db, sql);
-        snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_outbox EXCHANGE PARTITION %s WITH TABLE "
-                 "%s",
-                 r->name, t);
-        if (!rc)
-                rc = run(db, sql);
-        snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_outbox DROP PARTITION %s", r->name);
-        if (!rc)
-                rc = run(db, sql);
+                rc =
+                    kinbox__my_part_swap_drop(db, "kinbox_outbox", r->name, t);
         return rc ? rc : finish_one(db, t, relay, kept);
 }
 
@@ -377,19 +352,16 @@ static int
 my_prune_catchall(kinbox__db_t *db, int64_t age_ms, bool log, int64_t batch,
                   uint64_t *n)
 {
-        char sql[600], *v = NULL;
+        char sql[600];
         snprintf(sql, sizeof(sql),
                  "DELETE FROM kinbox_outbox PARTITION (p_past, p_future) "
                  "WHERE (status = 'sent' AND sent_at < CURRENT_TIMESTAMP(6) - "
                  "INTERVAL %" PRId64 " MICROSECOND) OR (%d AND kind = "
                  "'event' AND status <> 'dead' AND created_at < "
                  "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
-                 " MICROSECOND) LIMIT %" PRId64 ";\nSELECT ROW_COUNT()",
+                 " MICROSECOND) LIMIT %" PRId64,
                  age_ms * 1000, log ? 1 : 0, age_ms * 1000, batch);
-        int rc = first(db, sql, 0, NULL, &v);
-        *n = v ? strtoull(v, NULL, 10) : 0;
-        free(v);
-        return rc;
+        return kinbox__my_part_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__opart_ops kinbox__mysql_opart = {
