@@ -8,9 +8,9 @@
  *
  * A range goes as the inbox's do (db/mysql_part.c, kinbox__my_part_*):
  * swapped out (EXCHANGE PARTITION, metadata only) to
- * kinbox_outbox_old_<day>, its empty
- * partition dropped, the rows kept put back, the table dropped; a crash
- * between the steps leaves that table, which finish() completes.
+ * kinbox_outbox_old_<day>, its empty partition dropped, the rows kept put
+ * back, the table dropped; a crash between the steps leaves that table,
+ * which finish() completes.
  */
 #include "../db.h"
 #include "../internal.h"
