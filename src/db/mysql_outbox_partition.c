@@ -231,14 +231,11 @@ gtid_past(const char *pos, const char *mark)
         return true;
 }
 
-/* A drop's refusal: the range's name, why. */
-#define REFUSED "outbox range %s %s: kept"
-
 static int
 refuse(kinbox__db_t *db, const kinbox__range_t *r, const char *why)
 {
-        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1, REFUSED, r->name,
-                          why);
+        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
+                          KINBOX__OPART_REFUSED, r->name, why);
         return KINBOX_ERR_STATE;
 }
 
@@ -275,23 +272,14 @@ drop_checks(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
             const kinbox__opart_relay_t *relay)
 {
         int64_t end = r->start_s + KINBOX__OUTBOX_DAY_S;
-        char sql[300];
+        char sql[300], from[160];
         snprintf(sql, sizeof(sql),
                  "SELECT UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000 - "
                  "%" PRId64 " >= %" PRId64,
                  ret_ms, end * 1000);
-        int rc = kinbox__db_must(db, sql, 0, NULL, REFUSED, r->name,
-                                 "is not past outbox.retention by the "
-                                 "database's clock");
+        snprintf(from, sizeof(from), "kinbox_outbox PARTITION (%s)", r->name);
         bool poll = !relay || !relay->binlog_name;
-        snprintf(sql, sizeof(sql),
-                 "SELECT NOT EXISTS (SELECT 1 FROM kinbox_outbox PARTITION "
-                 "(%s) WHERE status = 'pending'%s)",
-                 r->name, poll ? "" : " AND kind = 'action'");
-        if (!rc)
-                rc = kinbox__db_must(
-                    db, sql, 0, NULL, REFUSED, r->name,
-                    "still holds pending rows (not yet published)");
+        int rc = kinbox__opart_checks(db, r, sql, from, !poll);
         return rc || poll ? rc : confirmed(db, r, end, relay->binlog_name);
 }
 

@@ -18,9 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A drop's refusal: the range's name, why. */
-#define REFUSED "outbox range %s %s: kept"
-
 /* A drop's checks' arguments. */
 typedef struct pg_drop {
         int64_t ret_ms;
@@ -195,18 +192,8 @@ drop_checks(kinbox__db_t *db, const kinbox__pg_detach_t *x)
                  "SELECT to_timestamp(%" PRId64 ") <= now() - %" PRId64
                  " * interval '1 millisecond'",
                  end, a->ret_ms);
-        int rc = kinbox__db_must(db, sql, 0, NULL, REFUSED, r->name,
-                                 "is not past outbox.retention by the "
-                                 "database's clock");
         bool poll = !a->relay || !a->relay->slot;
-        snprintf(sql, sizeof(sql),
-                 "SELECT NOT EXISTS (SELECT 1 FROM %s WHERE status = "
-                 "'pending'%s)",
-                 r->name, poll ? "" : " AND kind = 'action'");
-        if (!rc)
-                rc = kinbox__db_must(
-                    db, sql, 0, NULL, REFUSED, r->name,
-                    "still holds pending rows (not yet published)");
+        int rc = kinbox__opart_checks(db, r, sql, r->name, !poll);
         if (rc || poll)
                 return rc;
         snprintf(sql, sizeof(sql),
@@ -217,7 +204,7 @@ drop_checks(kinbox__db_t *db, const kinbox__pg_detach_t *x)
                  end);
         kinbox__param_t p = {a->relay->slot, 0, 0};
         return kinbox__db_must(
-            db, sql, 1, &p, REFUSED, r->name,
+            db, sql, 1, &p, KINBOX__OPART_REFUSED, r->name,
             "is not behind the log relay's confirmed position yet");
 }
 
