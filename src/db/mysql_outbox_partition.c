@@ -188,25 +188,36 @@ my_mark(kinbox__db_t *db)
                             "CURRENT_TIMESTAMP(6) - INTERVAL 2 DAY");
 }
 
+/* The first GTID ("d-s-n") of the list *g ("d-s-n,d-s-n..."): its domain
+ * and sequence number, *g past it (NULL at the end); false when *g holds
+ * none. */
+static bool
+gtid_next(const char **g, unsigned long *dom, long long *n)
+{
+        if (!*g || !**g)
+                return false;
+        char *e = NULL;
+        *dom = strtoul(*g, &e, 10);
+        const char *s = e && *e == '-' ? strchr(e + 1, '-') : NULL;
+        if (!s)
+                return false;
+        *n = strtoll(s + 1, &e, 10);
+        *g = e && *e == ',' ? e + 1 : NULL;
+        while (*g && (**g == ' ' || **g == '\n'))
+                (*g)++;
+        return true;
+}
+
 /* The sequence number of domain d in the GTID list g ("d-s-n,..."), or
  * -1 when g has no GTID of d. */
 static long long
 gtid_seq(const char *g, unsigned long d)
 {
-        long long best = -1;
-        while (g && *g) {
-                char *e = NULL;
-                unsigned long dom = strtoul(g, &e, 10);
-                const char *s = e && *e == '-' ? strchr(e + 1, '-') : NULL;
-                if (!s)
-                        return best;
-                long long n = strtoll(s + 1, &e, 10);
+        long long best = -1, n = 0;
+        unsigned long dom = 0;
+        while (gtid_next(&g, &dom, &n))
                 if (dom == d && n > best)
                         best = n;
-                g = e && *e == ',' ? e + 1 : NULL;
-                while (g && (*g == ' ' || *g == '\n'))
-                        g++;
-        }
         return best;
 }
 
@@ -215,20 +226,12 @@ static bool
 gtid_past(const char *pos, const char *mark)
 {
         const char *m = mark;
-        while (m && *m) {
-                char *e = NULL;
-                unsigned long dom = strtoul(m, &e, 10);
-                const char *s = e && *e == '-' ? strchr(e + 1, '-') : NULL;
-                if (!s)
-                        return false;
-                long long n = strtoll(s + 1, &e, 10);
+        long long n = 0;
+        unsigned long dom = 0;
+        while (gtid_next(&m, &dom, &n))
                 if (gtid_seq(pos, dom) < n)
                         return false;
-                m = e && *e == ',' ? e + 1 : NULL;
-                while (m && (*m == ' ' || *m == '\n'))
-                        m++;
-        }
-        return true;
+        return !m || !*m;
 }
 
 static int
