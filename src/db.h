@@ -407,15 +407,6 @@ void kinbox__attr_free(kinbox__attr_t *a);
 
 /* Run sql (no parameters) now; *yes = it returned a row. */
 int kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes);
-/* Run sql (np parameters p) now; *yes = the first column of its first
- * row is true ("t", "1" or "true"; no row: false). The query's error. */
-int kinbox__db_true(kinbox__db_t *db, const char *sql, int np,
-                    const kinbox__param_t *p, bool *yes);
-/* A check the database decides: sql answers true (kinbox__db_true()), or
- * KINBOX_ERR_STATE with fmt's message in db->err; the query's error. */
-int kinbox__db_must(kinbox__db_t *db, const char *sql, int np,
-                    const kinbox__param_t *p, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
 
 /* ops->query() with its rows' keys and owner tags as hints (db->attr->hint_*,
  * set for this statement only; keys NULL: a plain query). */

@@ -280,35 +280,6 @@ kinbox__db_exists(kinbox__db_t *db, const char *sql, bool *yes)
 }
 
 int
-kinbox__db_true(kinbox__db_t *db, const char *sql, int np,
-                const kinbox__param_t *p, bool *yes)
-{
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, np, p, &r);
-        const char *v = !rc && r->nrows ? r->values[0] : NULL;
-        *yes = v && (!strcmp(v, "t") || !strcmp(v, "1") || !strcmp(v, "true"));
-        kinbox_rows_destroy(r);
-        return rc;
-}
-
-int
-kinbox__db_must(kinbox__db_t *db, const char *sql, int np,
-                const kinbox__param_t *p, const char *fmt, ...)
-{
-        bool yes = false;
-        int rc = kinbox__db_true(db, sql, np, p, &yes);
-        if (rc || yes)
-                return rc;
-        char msg[sizeof(db->err.msg)];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1, "%s", msg);
-        return KINBOX_ERR_STATE;
-}
-
-int
 kinbox__db_begin(kinbox__db_t *db, kinbox__attr_t *attr)
 {
         db->attr = attr;

@@ -25,6 +25,7 @@
 #include "../db.h"
 #include "../internal.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +292,48 @@ kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms)
                       : 0;
         kinbox_rows_destroy(r);
         return rc;
+}
+
+int
+kinbox__db_true(kinbox__db_t *db, const char *sql, int np,
+                const kinbox__param_t *p, bool *yes)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, np, p, &r);
+        *yes = !rc && r->nrows && is_true(r->values[0]);
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+int
+kinbox__db_count(kinbox__db_t *db, const char *sql, int np,
+                 const kinbox__param_t *p, uint64_t *n)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, np, p, &r);
+        long long v = !rc && r && r->nrows && r->values[0]
+                          ? strtoll(r->values[0], NULL, 10)
+                          : 0;
+        *n = v > 0 ? (uint64_t)v : 0;
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
+int
+kinbox__db_must(kinbox__db_t *db, const char *sql, int np,
+                const kinbox__param_t *p, const char *fmt, ...)
+{
+        bool yes = false;
+        int rc = kinbox__db_true(db, sql, np, p, &yes);
+        if (rc || yes)
+                return rc;
+        char msg[sizeof(db->err.msg)];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1, "%s", msg);
+        return KINBOX_ERR_STATE;
 }
 
 int

@@ -46,15 +46,10 @@ kinbox__my_part_count(kinbox__db_t *db, const char *sql, int n,
         kinbox__buf_init(&b);
         kinbox__buf_adds(&b, sql);
         kinbox__buf_adds(&b, ";\nSELECT ROW_COUNT()");
-        struct kinbox_rows_s *r = NULL;
+        *count = 0;
         int rc =
-            b.oom ? KINBOX_ERR_NOMEM : kinbox__db_query(db, b.p, n, p, &r);
+            b.oom ? KINBOX_ERR_NOMEM : kinbox__db_count(db, b.p, n, p, count);
         kinbox__buf_free(&b);
-        long long v = !rc && r && r->nrows && r->values[0]
-                          ? strtoll(r->values[0], NULL, 10)
-                          : 0;
-        *count = v > 0 ? (uint64_t)v : 0;
-        kinbox_rows_destroy(r);
         return rc;
 }
 
@@ -199,12 +194,7 @@ finish_one(kinbox__db_t *db, const char *t, int64_t start_s, uint64_t *kept)
                          "SELECT COUNT(*)" KINBOX__PART_NEEDED(
                              "%s") " WHERE x.part_at < %s",
                          t, st);
-                struct kinbox_rows_s *r = NULL;
-                rc = kinbox__db_query(db, sql, 0, NULL, &r);
-                again = !rc && r->nrows && r->values[0]
-                            ? strtoull(r->values[0], NULL, 10)
-                            : 0;
-                kinbox_rows_destroy(r);
+                rc = kinbox__db_count(db, sql, 0, NULL, &again);
         }
         snprintf(sql, sizeof(sql),
                  "INSERT IGNORE INTO kinbox_inbox (" KINBOX__INBOX_COLS

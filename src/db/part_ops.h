@@ -114,6 +114,21 @@ int kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
  * when it answers none; the query's error. */
 int kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms);
 
+/* For both backends (db/inbox.c): */
+/* Run sql (np parameters p) now; *yes = the first column of its first
+ * row is true ("t", "1" or "true"; no row: false). The query's error. */
+int kinbox__db_true(kinbox__db_t *db, const char *sql, int np,
+                    const kinbox__param_t *p, bool *yes);
+/* Run sql (np parameters p) now; *n = the number in the first column of
+ * its first row (0: no row, NULL or negative). The query's error. */
+int kinbox__db_count(kinbox__db_t *db, const char *sql, int np,
+                     const kinbox__param_t *p, uint64_t *n);
+/* A check the database decides: sql answers true (kinbox__db_true()), or
+ * KINBOX_ERR_STATE with fmt's message in db->err; the query's error. */
+int kinbox__db_must(kinbox__db_t *db, const char *sql, int np,
+                    const kinbox__param_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 /* copy(): the key (consumer, message_id) in columns 0 and 1 of row of r
  * replaces *c, *m (freed), *mlen. KINBOX_ERR_NOMEM (or a NULL column):
  * *c, *m unchanged. */

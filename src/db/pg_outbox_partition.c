@@ -180,7 +180,7 @@ pg_mark(kinbox__db_t *db)
 }
 
 /* The checks, in the DETACH's transaction after it (the range is out of
- * reach of every writer and relay once detached); arg: ret_ms. */
+ * reach of every writer and relay once detached); x->arg: pg_drop_t. */
 static int
 drop_checks(kinbox__db_t *db, const kinbox__pg_detach_t *x)
 {
@@ -245,12 +245,7 @@ pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, bool log, int64_t batch,
                  " * interval '1 millisecond') LIMIT %" PRId64
                  ") RETURNING 1) SELECT count(*) FROM d",
                  age_ms, log ? "true" : "false", age_ms, batch);
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *n = !rc && r->nrows && r->values[0] ? strtoull(r->values[0], NULL, 10)
-                                             : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__db_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__opart_ops kinbox__pg_opart = {

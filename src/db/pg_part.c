@@ -376,12 +376,7 @@ pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
                  "< now() - %" PRId64 " * interval '1 millisecond' LIMIT "
                  "%" PRId64 ") RETURNING 1) SELECT count(*) FROM d",
                  age_ms, batch);
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *n = !rc && r->nrows && r->values[0] ? strtoull(r->values[0], NULL, 10)
-                                             : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__db_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__part_ops kinbox__pg_part = {
