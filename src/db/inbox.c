@@ -265,6 +265,20 @@ kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c, char **m,
         return KINBOX_OK;
 }
 
+/* The number in the first column of sql's first row in *v (no row or
+ * NULL: *v unchanged); the query's error. */
+static int
+first_int(kinbox__db_t *db, const char *sql, int np, const kinbox__param_t *p,
+          int64_t *v)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, np, p, &r);
+        if (!rc && r->nrows && r->values[0])
+                *v = strtoll(r->values[0], NULL, 10);
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
 /* The exact row count of range partition name of table, -1 unknown. */
 static int64_t
 range_count(kinbox__db_t *db, const char *table, const char *name)
@@ -274,24 +288,15 @@ range_count(kinbox__db_t *db, const char *table, const char *name)
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
         snprintf(q, sizeof(q), db->ops->sql->range_count, table, name);
 #pragma GCC diagnostic pop
-        struct kinbox_rows_s *r = NULL;
         int64_t v = -1;
-        if (!kinbox__db_query(db, q, 0, NULL, &r) && r->nrows && r->values[0])
-                v = strtoll(r->values[0], NULL, 10);
-        kinbox_rows_destroy(r);
-        return v;
+        return first_int(db, q, 0, NULL, &v) ? -1 : v;
 }
 
 int
 kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms)
 {
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *now_ms = !rc && r->nrows && r->values[0]
-                      ? strtoll(r->values[0], NULL, 10)
-                      : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        *now_ms = 0;
+        return first_int(db, sql, 0, NULL, now_ms);
 }
 
 int
@@ -309,13 +314,9 @@ int
 kinbox__db_count(kinbox__db_t *db, const char *sql, int np,
                  const kinbox__param_t *p, uint64_t *n)
 {
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, np, p, &r);
-        long long v = !rc && r && r->nrows && r->values[0]
-                          ? strtoll(r->values[0], NULL, 10)
-                          : 0;
-        *n = v > 0 ? (uint64_t)v : 0;
-        kinbox_rows_destroy(r);
+        int64_t v = 0;
+        int rc = first_int(db, sql, np, p, &v);
+        *n = !rc && v > 0 ? (uint64_t)v : 0;
         return rc;
 }
 
