@@ -114,6 +114,17 @@ own_rows(kinbox_admin_t *adm, kinbox_rows_t *r, size_t sz, dead_own_t **op)
         return KINBOX_OK;
 }
 
+/* A list statement (query_limit()) run, its rows owned by a new result
+ * of as many items of size sz. */
+static kinbox_err_t
+own_list(kinbox_admin_t *adm, const char *fmt, long limit, int n,
+         const char *const *v, size_t sz, dead_own_t **op)
+{
+        kinbox_rows_t *r = NULL;
+        kinbox_err_t rc = query_limit(adm, fmt, limit, n, v, &r);
+        return rc ? rc : own_rows(adm, r, sz, op);
+}
+
 static void
 own_destroy(void *pub)
 {
@@ -135,18 +146,15 @@ kinbox_dead_list(kinbox_admin_t *adm, const char *consumer, const char *status,
         /* NULL = no filter (COALESCE gives the parameter its column's type
          * on PostgreSQL, no cast per backend). */
         const char *v[2] = {consumer, status};
-        kinbox_rows_t *r = NULL;
         dead_own_t *o = NULL;
-        kinbox_err_t rc =
-            query_limit(adm, adm->db->ops->sql->dead_list, limit, 2, v, &r);
-        if (!rc)
-                rc = own_rows(adm, r, sizeof(kinbox_dead_letter_t), &o);
+        kinbox_err_t rc = own_list(adm, adm->db->ops->sql->dead_list, limit, 2,
+                                   v, sizeof(kinbox_dead_letter_t), &o);
         if (rc)
                 return rc;
         o->pub.list.letters = o->items;
-        o->pub.list.count = kinbox_rows_count(r);
+        o->pub.list.count = kinbox_rows_count(o->rows);
         for (size_t i = 0; i < o->pub.list.count; i++)
-                fill_letter(&o->pub.list.letters[i], r, i, false);
+                fill_letter(&o->pub.list.letters[i], o->rows, i, false);
         *listp = &o->pub.list;
         return KINBOX_OK;
 }
@@ -165,18 +173,15 @@ kinbox_dead_parked(kinbox_admin_t *adm, const char *consumer, long limit,
                 return KINBOX_ERR_INVALID;
         *listp = NULL;
         const char *v[1] = {consumer};
-        kinbox_rows_t *r = NULL;
         dead_own_t *o = NULL;
-        kinbox_err_t rc =
-            query_limit(adm, adm->db->ops->sql->dead_parked, limit, 1, v, &r);
-        if (!rc)
-                rc = own_rows(adm, r, sizeof(kinbox_parked_t), &o);
+        kinbox_err_t rc = own_list(adm, adm->db->ops->sql->dead_parked, limit,
+                                   1, v, sizeof(kinbox_parked_t), &o);
         if (rc)
                 return rc;
         o->pub.parked.parked = o->items;
-        o->pub.parked.count = kinbox_rows_count(r);
+        o->pub.parked.count = kinbox_rows_count(o->rows);
         for (size_t i = 0; i < o->pub.parked.count; i++)
-                fill_parked(&o->pub.parked.parked[i], r, i);
+                fill_parked(&o->pub.parked.parked[i], o->rows, i);
         *listp = &o->pub.parked;
         return KINBOX_OK;
 }

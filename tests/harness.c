@@ -947,11 +947,8 @@ kt_kinbox(char **out, char **err, bool merge, const char *fmt, ...)
 
 /* ---- HTTP (the metrics endpoint of `kinbox run`) */
 
-/* GET path from 127.0.0.1:port; returns the HTTP status (-1: no
- * connection), body in *body. timeout_s > 0 bounds the wait for the
- * answer: -2 when nothing came within it. */
 int
-kt_http_get(int port, const char *path, int timeout_s, char **body)
+kt_connect(int port, int timeout_s)
 {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         cr_assert(fd >= 0);
@@ -966,6 +963,18 @@ kt_http_get(int port, const char *path, int timeout_s, char **body)
                 close(fd);
                 return -1;
         }
+        return fd;
+}
+
+/* GET path from 127.0.0.1:port; returns the HTTP status (-1: no
+ * connection), body in *body. timeout_s > 0 bounds the wait for the
+ * answer: -2 when nothing came within it. */
+int
+kt_http_get(int port, const char *path, int timeout_s, char **body)
+{
+        int fd = kt_connect(port, timeout_s);
+        if (fd < 0)
+                return -1;
         char req[256];
         snprintf(req, sizeof(req),
                  "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);

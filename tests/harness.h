@@ -173,6 +173,10 @@ int kt_free_port(void);
  * be read): for failure messages, since CI keeps only the test output. */
 char *kt_tail(const char *path, int lines);
 
+/* A TCP connection to 127.0.0.1:port (its fd), -1 when refused; reads
+ * time out after timeout_s when timeout_s > 0. */
+int kt_connect(int port, int timeout_s);
+
 /* GET path from 127.0.0.1:port: the HTTP status (-1: no connection; -2:
  * nothing within timeout_s when timeout_s > 0), the body in *body
  * (malloc'ed; body may be NULL). */

@@ -7,14 +7,10 @@
 #include "harness.h"
 #include "otelcol.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 /* POST body (Content-Type type) to url + path over HTTP/1.1; returns the
@@ -25,17 +21,9 @@ http_post(const char *url, const char *path, const char *type,
 {
         int port = 0;
         cr_assert(sscanf(url, "http://127.0.0.1:%d", &port) == 1, "%s", url);
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        cr_assert(fd >= 0);
-        struct timeval tv = {.tv_sec = 10};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        struct sockaddr_in a = {.sin_family = AF_INET,
-                                .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-                close(fd);
+        int fd = kt_connect(port, 10);
+        if (fd < 0)
                 return -1;
-        }
         char *req = NULL;
         int len = asprintf(&req,
                            "POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"

@@ -406,6 +406,22 @@ ParameterizedTest(int *backend, outbox_partition, clock_ahead, .timeout = 120)
         expect_keys(url, *backend, "day1,now");
 }
 
+/* A log relay (source) on url started in tr, once it reads: its position
+ * stored (MariaDB) or its slot active (PostgreSQL). */
+static void
+log_relay_up(trelay_t *tr, int backend, const char *url, const char *bootstrap,
+             const char *source, const char *slot)
+{
+        relay_start(tr, relay_new(log_conf(url, bootstrap, source, slot)));
+        cr_assert(wait_q(url, 1, 30,
+                         is_my(backend)
+                             ? "SELECT COUNT(*) FROM kinbox_relay_position "
+                               "WHERE relay = '%s'"
+                             : "SELECT COUNT(*) FROM pg_replication_slots "
+                               "WHERE slot_name = '%s' AND active",
+                         slot));
+}
+
 /*
  * The log relay (wal on PostgreSQL, binlog on MariaDB) on a partitioned
  * outbox publishes every row (the stream names kinbox_outbox, not a
@@ -430,14 +446,7 @@ log_relay(int backend, const char *source)
                                           "pubviaroot"),
                              1));
         trelay_t tr;
-        relay_start(&tr, relay_new(log_conf(url, bootstrap, source, slot)));
-        cr_assert(wait_q(url, 1, 30,
-                         is_my(backend)
-                             ? "SELECT COUNT(*) FROM kinbox_relay_position "
-                               "WHERE relay = '%s'"
-                             : "SELECT COUNT(*) FROM pg_replication_slots "
-                               "WHERE slot_name = '%s' AND active",
-                         slot));
+        log_relay_up(&tr, backend, url, bootstrap, source, slot);
         old_row(url, backend, topic, "a-4d", 4, 0, "pending", false);
         old_row(url, backend, topic, "b-3d", 3, 0, "pending", false);
         cr_assert(eq(int, append(be, url, topic, "y-young"), KINBOX_OK));
@@ -496,14 +505,7 @@ log_convert(int backend, const char *source)
         char *slot = kt_unique("kbt_opc");
         kt_topic(topic, 1);
         trelay_t tr;
-        relay_start(&tr, relay_new(log_conf(url, bootstrap, source, slot)));
-        cr_assert(wait_q(url, 1, 30,
-                         is_my(backend)
-                             ? "SELECT COUNT(*) FROM kinbox_relay_position "
-                               "WHERE relay = '%s'"
-                             : "SELECT COUNT(*) FROM pg_replication_slots "
-                               "WHERE slot_name = '%s' AND active",
-                         slot));
+        log_relay_up(&tr, backend, url, bootstrap, source, slot);
         for (int i = 0; i < 3; i++) {
                 char k[16];
                 snprintf(k, sizeof(k), "before-%d", i);

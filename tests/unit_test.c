@@ -623,172 +623,129 @@ Test(startpos, record_hash)
  * defaults, the user's kafka.* over them, and over those the settings the
  * guarantees depend on. */
 
+/* Each "key=value" of the space-separated list s in turn: fn(key, value,
+ * arg). */
+static void
+rk_pairs(const char *s, void (*fn)(const char *, const char *, void *),
+         void *arg)
+{
+        while (*s) {
+                size_t n = strcspn(s, " ");
+                char t[256];
+                cr_assert(n > 0 && n < sizeof(t), "%s", s);
+                memcpy(t, s, n);
+                t[n] = '\0';
+                char *eq = strchr(t, '=');
+                cr_assert(eq != NULL, "%s", t);
+                *eq = '\0';
+                fn(t, eq + 1, arg);
+                s += n + strspn(s + n, " ");
+        }
+}
+
+static void
+rk_set(const char *k, const char *v, void *c)
+{
+        char e[256];
+        cr_assert(eq(int, kinbox_conf_set(c, k, v, e, sizeof(e)), KINBOX_OK),
+                  "%s", e);
+}
+
+/* A consumer's configuration (the settings every case needs), then the
+ * key=value pairs of kv. */
 static kinbox_conf_t *
-rk_conf(const char *const *kv)
+rk_conf(const char *kv)
 {
         kinbox_conf_t *c = kinbox_conf_new();
-        char e[256];
-        const char *const base[] = {"name",
-                                    "c1",
-                                    "database.url",
-                                    "postgresql://x@127.0.0.1/x",
-                                    "topics",
-                                    "t",
-                                    "kafka.bootstrap.servers",
-                                    "127.0.0.1:1",
-                                    NULL};
-        for (const char *const *p = base; *p; p += 2)
-                cr_assert(eq(int, kinbox_conf_set(c, p[0], p[1], e, sizeof(e)),
-                             KINBOX_OK),
-                          "%s", e);
-        for (const char *const *p = kv; p && *p; p += 2)
-                cr_assert(eq(int, kinbox_conf_set(c, p[0], p[1], e, sizeof(e)),
-                             KINBOX_OK),
-                          "%s", e);
+        rk_pairs("name=c1 database.url=postgresql://x@127.0.0.1/x topics=t "
+                 "kafka.bootstrap.servers=127.0.0.1:1",
+                 rk_set, c);
+        rk_pairs(kv, rk_set, c);
         return c;
 }
 
-/* Each key=value of want (NULL-terminated pairs; a NULL value: not set)
- * as rc has it. */
 static void
-rk_expect(const rd_kafka_conf_t *rc, const char *const *want)
+rk_get(const char *k, const char *want, void *rc)
 {
-        for (; *want; want += 2) {
-                char v[512] = "";
-                size_t n = sizeof(v);
-                rd_kafka_conf_res_t r = rd_kafka_conf_get(rc, want[0], v, &n);
-                if (!want[1]) {
-                        cr_assert(r != RD_KAFKA_CONF_OK || !*v, "%s: %s",
-                                  want[0], v);
-                        continue;
-                }
-                cr_assert(eq(int, r, RD_KAFKA_CONF_OK), "%s", want[0]);
-                cr_assert(eq(str, v, (char *)want[1]), "%s", want[0]);
+        char v[512] = "";
+        size_t n = sizeof(v);
+        rd_kafka_conf_res_t r = rd_kafka_conf_get(rc, k, v, &n);
+        if (!*want) {
+                cr_assert(r != RD_KAFKA_CONF_OK || !*v, "%s: %s", k, v);
+                return;
         }
+        cr_assert(eq(int, r, RD_KAFKA_CONF_OK), "%s", k);
+        cr_assert(eq(str, v, (char *)want), "%s", k);
+}
+
+/* Each key=value of want as rc has it ("key=": not set). */
+static void
+rk_expect(const rd_kafka_conf_t *rc, const char *want)
+{
+        rk_pairs(want, rk_get, (void *)rc);
 }
 
 Test(kafkaconf, consumer)
 {
-        const char *const kv[] = {"group.id",
-                                  "g1",
-                                  "kafka.queued.min.messages",
-                                  "1000",
-                                  "kafka.session.timeout.ms",
-                                  "6000",
-                                  "kafka.enable.auto.offset.store",
-                                  "true",
-                                  "kafka.enable.partition.eof",
-                                  "true",
-                                  NULL};
-        kinbox_conf_t *c = rk_conf(kv);
+        kinbox_conf_t *c =
+            rk_conf("group.id=g1 kafka.queued.min.messages=1000 "
+                    "kafka.session.timeout.ms=6000 "
+                    "kafka.enable.auto.offset.store=true "
+                    "kafka.enable.partition.eof=true");
         char e[256];
         kinbox_consumer_t *k = kinbox_consumer_new(c, e, sizeof(e));
         cr_assert(k != NULL, "%s", e);
-        const char *const want[] = {"group.id",
-                                    "g1",
-                                    "bootstrap.servers",
-                                    "127.0.0.1:1",
-                                    "auto.offset.reset",
-                                    "smallest",
-                                    "topic.metadata.refresh.interval.ms",
-                                    "30000",
-                                    "queued.max.messages.kbytes",
-                                    "16384",
-                                    "queued.min.messages",
-                                    "1000",
-                                    "session.timeout.ms",
-                                    "6000",
-                                    "enable.auto.offset.store",
-                                    "false",
-                                    "enable.partition.eof",
-                                    "false",
-                                    NULL};
-        rk_expect(rd_kafka_conf(k->rk), want);
+        rk_expect(rd_kafka_conf(k->rk),
+                  "group.id=g1 bootstrap.servers=127.0.0.1:1 "
+                  "auto.offset.reset=smallest "
+                  "topic.metadata.refresh.interval.ms=30000 "
+                  "queued.max.messages.kbytes=16384 queued.min.messages=1000 "
+                  "session.timeout.ms=6000 enable.auto.offset.store=false "
+                  "enable.partition.eof=false");
         kinbox_consumer_destroy(k);
 }
 
 Test(kafkaconf, relay_producer)
 {
-        const char *const kv[] = {"kafka.compression.type",
-                                  "lz4",
-                                  "kafka.enable.idempotence",
-                                  "false",
-                                  "kafka.message.timeout.ms",
-                                  "20000",
-                                  NULL};
-        kinbox_conf_t *c = rk_conf(kv);
+        kinbox_conf_t *c = rk_conf("kafka.compression.type=lz4 "
+                                   "kafka.enable.idempotence=false "
+                                   "kafka.message.timeout.ms=20000");
         char e[256];
         kinbox_relay_t *r = kinbox_relay_new(c, e, sizeof(e));
         cr_assert(r != NULL, "%s", e);
-        const char *const want[] = {"bootstrap.servers",
-                                    "127.0.0.1:1",
-                                    "linger.ms",
-                                    "1",
-                                    "partitioner",
-                                    "murmur2_random",
-                                    "topic.metadata.refresh.interval.ms",
-                                    "10000",
-                                    "compression.type",
-                                    "lz4",
-                                    "enable.idempotence",
-                                    "true",
-                                    "enable.gapless.guarantee",
-                                    "true",
-                                    "message.timeout.ms",
-                                    "0",
-                                    NULL};
-        rk_expect(r->rkconf, want);
+        rk_expect(r->rkconf, "bootstrap.servers=127.0.0.1:1 linger.ms=1 "
+                             "partitioner=murmur2_random "
+                             "topic.metadata.refresh.interval.ms=10000 "
+                             "compression.type=lz4 enable.idempotence=true "
+                             "enable.gapless.guarantee=true "
+                             "message.timeout.ms=0");
         cr_assert(eq(int, r->compressed, 1));
         kinbox_relay_destroy(r);
         /* The user's linger, partitioner and metadata refresh win. */
-        const char *const kv2[] = {"kafka.queue.buffering.max.ms",
-                                   "20",
-                                   "kafka.partitioner",
-                                   "consistent_random",
-                                   "kafka.topic.metadata.refresh.interval.ms",
-                                   "60000",
-                                   NULL};
-        c = rk_conf(kv2);
+        c = rk_conf("kafka.queue.buffering.max.ms=20 "
+                    "kafka.partitioner=consistent_random "
+                    "kafka.topic.metadata.refresh.interval.ms=60000");
         r = kinbox_relay_new(c, e, sizeof(e));
         cr_assert(r != NULL, "%s", e);
-        const char *const want2[] = {"linger.ms",
-                                     "20",
-                                     "partitioner",
-                                     "consistent_random",
-                                     "topic.metadata.refresh.interval.ms",
-                                     "60000",
-                                     NULL};
-        rk_expect(r->rkconf, want2);
+        rk_expect(r->rkconf, "linger.ms=20 partitioner=consistent_random "
+                             "topic.metadata.refresh.interval.ms=60000");
         cr_assert(eq(int, r->compressed, 0));
         kinbox_relay_destroy(r);
 }
 
 Test(kafkaconf, operator_client)
 {
-        const char *const kv[] = {"kafka.group.id",
-                                  "theirs",
-                                  "kafka.group.instance.id",
-                                  "inst",
-                                  "kafka.session.timeout.ms",
-                                  "6000",
-                                  NULL};
-        kinbox_conf_t *c = rk_conf(kv);
+        kinbox_conf_t *c = rk_conf("kafka.group.id=theirs "
+                                   "kafka.group.instance.id=inst "
+                                   "kafka.session.timeout.ms=6000");
         char e[256];
         /* Never the consumers' group, nor their static membership. */
         kinbox_kafka_t *kk = kinbox_kafka_new(c, NULL, e, sizeof(e));
         cr_assert(kk != NULL, "%s", e);
         const rd_kafka_conf_t *rc =
             rd_kafka_conf((rd_kafka_t *)kinbox__kafka_handle(kk));
-        const char *const want[] = {"bootstrap.servers",
-                                    "127.0.0.1:1",
-                                    "group.id",
-                                    NULL,
-                                    "group.instance.id",
-                                    NULL,
-                                    "session.timeout.ms",
-                                    "6000",
-                                    NULL};
-        rk_expect(rc, want);
+        rk_expect(rc, "bootstrap.servers=127.0.0.1:1 group.id= "
+                      "group.instance.id= session.timeout.ms=6000");
         kinbox_kafka_destroy(kk);
         /* The caller's extra settings go over the user's. */
         const char *const extra[] = {"group.id", "ops", "session.timeout.ms",
@@ -796,9 +753,7 @@ Test(kafkaconf, operator_client)
         kk = kinbox_kafka_new(c, extra, e, sizeof(e));
         cr_assert(kk != NULL, "%s", e);
         rc = rd_kafka_conf((rd_kafka_t *)kinbox__kafka_handle(kk));
-        const char *const want2[] = {"group.id", "ops", "session.timeout.ms",
-                                     "7000", NULL};
-        rk_expect(rc, want2);
+        rk_expect(rc, "group.id=ops session.timeout.ms=7000");
         kinbox_kafka_destroy(kk);
         kinbox_conf_destroy(c);
 }

@@ -25,6 +25,7 @@
 #include "../db.h"
 #include "../internal.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +265,20 @@ kinbox__copy_key(const struct kinbox_rows_s *r, size_t row, char **c, char **m,
         return KINBOX_OK;
 }
 
+/* The number in the first column of sql's first row in *v (no row or
+ * NULL: *v unchanged); the query's error. */
+static int
+first_int(kinbox__db_t *db, const char *sql, int np, const kinbox__param_t *p,
+          int64_t *v)
+{
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, np, p, &r);
+        if (!rc && r->nrows && r->values[0])
+                *v = strtoll(r->values[0], NULL, 10);
+        kinbox_rows_destroy(r);
+        return rc;
+}
+
 /* The exact row count of range partition name of table, -1 unknown. */
 static int64_t
 range_count(kinbox__db_t *db, const char *table, const char *name)
@@ -273,24 +288,53 @@ range_count(kinbox__db_t *db, const char *table, const char *name)
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
         snprintf(q, sizeof(q), db->ops->sql->range_count, table, name);
 #pragma GCC diagnostic pop
-        struct kinbox_rows_s *r = NULL;
         int64_t v = -1;
-        if (!kinbox__db_query(db, q, 0, NULL, &r) && r->nrows && r->values[0])
-                v = strtoll(r->values[0], NULL, 10);
-        kinbox_rows_destroy(r);
-        return v;
+        return first_int(db, q, 0, NULL, &v) ? -1 : v;
 }
 
 int
 kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms)
 {
+        *now_ms = 0;
+        return first_int(db, sql, 0, NULL, now_ms);
+}
+
+int
+kinbox__db_true(kinbox__db_t *db, const char *sql, int np,
+                const kinbox__param_t *p, bool *yes)
+{
         struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *now_ms = !rc && r->nrows && r->values[0]
-                      ? strtoll(r->values[0], NULL, 10)
-                      : 0;
+        int rc = kinbox__db_query(db, sql, np, p, &r);
+        *yes = !rc && r->nrows && is_true(r->values[0]);
         kinbox_rows_destroy(r);
         return rc;
+}
+
+int
+kinbox__db_count(kinbox__db_t *db, const char *sql, int np,
+                 const kinbox__param_t *p, uint64_t *n)
+{
+        int64_t v = 0;
+        int rc = first_int(db, sql, np, p, &v);
+        *n = !rc && v > 0 ? (uint64_t)v : 0;
+        return rc;
+}
+
+int
+kinbox__db_must(kinbox__db_t *db, const char *sql, int np,
+                const kinbox__param_t *p, const char *fmt, ...)
+{
+        bool yes = false;
+        int rc = kinbox__db_true(db, sql, np, p, &yes);
+        if (rc || yes)
+                return rc;
+        char msg[sizeof(db->err.msg)];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1, "%s", msg);
+        return KINBOX_ERR_STATE;
 }
 
 int

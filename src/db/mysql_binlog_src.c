@@ -53,6 +53,18 @@ typedef struct blsrc {
         int phase; /* 0: none, 1: BEGIN given, 2: rows given */
 } blsrc_t;
 
+/* The reader's options: from the relay's confirmed position. */
+static kinbox__binlog_opts_t
+bl_opts(const blsrc_t *b)
+{
+        return (kinbox__binlog_opts_t){.url = b->url,
+                                       .password = b->password,
+                                       .start = b->confirmed,
+                                       .server_id = b->server_id,
+                                       .name = b->name,
+                                       .heartbeat_ms = HEARTBEAT_MS};
+}
+
 const char *
 kinbox__binlog_name(const kinbox_conf_t *conf)
 {
@@ -282,12 +294,7 @@ bl_start(kinbox__logsrc_t *s)
         b->rd = NULL;
         b->tx = NULL;
         b->phase = 0;
-        kinbox__binlog_opts_t o = {.url = b->url,
-                                   .password = b->password,
-                                   .start = b->confirmed,
-                                   .server_id = b->server_id,
-                                   .name = b->name,
-                                   .heartbeat_ms = HEARTBEAT_MS};
+        kinbox__binlog_opts_t o = bl_opts(b);
         int code = 0;
         b->rd = kinbox__binlog_open(&o, &code, s->err, sizeof(s->err));
         return b->rd ? KINBOX_OK : code;

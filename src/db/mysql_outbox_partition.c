@@ -6,10 +6,11 @@
  * binlog name the table (kinbox_outbox), never a partition, so the binlog
  * relay reads it as it reads the plain one.
  *
- * A range goes as the inbox's do (db/mysql_part.c): swapped out (EXCHANGE
- * PARTITION, metadata only) to kinbox_outbox_old_<day>, its empty
- * partition dropped, the rows kept put back, the table dropped; a crash
- * between the steps leaves that table, which finish() completes.
+ * A range goes as the inbox's do (db/mysql_part.c, kinbox__my_part_*):
+ * swapped out (EXCHANGE PARTITION, metadata only) to
+ * kinbox_outbox_old_<day>, its empty partition dropped, the rows kept put
+ * back, the table dropped; a crash between the steps leaves that table,
+ * which finish() completes.
  */
 #include "../db.h"
 #include "../internal.h"
@@ -71,13 +72,7 @@ my_layout(kinbox__db_t *db, bool *partitioned)
 static int
 my_list(kinbox__db_t *db, kinbox__range_t **out, size_t *n)
 {
-        return kinbox__ranges_read(
-            db,
-            "SELECT PARTITION_NAME, TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH "
-            "FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = "
-            "DATABASE() AND TABLE_NAME = $1 AND PARTITION_NAME IS NOT NULL "
-            "ORDER BY PARTITION_ORDINAL_POSITION",
-            "kinbox_outbox", NULL, out, n, NULL);
+        return kinbox__my_part_list(db, "kinbox_outbox", NULL, out, n, NULL);
 }
 
 /* The ALTER that partitions kinbox_outbox_conv: days [first_s, end_s). */
@@ -193,25 +188,36 @@ my_mark(kinbox__db_t *db)
                             "CURRENT_TIMESTAMP(6) - INTERVAL 2 DAY");
 }
 
+/* The first GTID ("d-s-n") of the list *g ("d-s-n,d-s-n..."): its domain
+ * and sequence number, *g past it (NULL at the end); false when *g holds
+ * none. */
+static bool
+gtid_next(const char **g, unsigned long *dom, long long *n)
+{
+        if (!*g || !**g)
+                return false;
+        char *e = NULL;
+        *dom = strtoul(*g, &e, 10);
+        const char *s = e && *e == '-' ? strchr(e + 1, '-') : NULL;
+        if (!s)
+                return false;
+        *n = strtoll(s + 1, &e, 10);
+        *g = e && *e == ',' ? e + 1 : NULL;
+        while (*g && (**g == ' ' || **g == '\n'))
+                (*g)++;
+        return true;
+}
+
 /* The sequence number of domain d in the GTID list g ("d-s-n,..."), or
  * -1 when g has no GTID of d. */
 static long long
 gtid_seq(const char *g, unsigned long d)
 {
-        long long best = -1;
-        while (g && *g) {
-                char *e = NULL;
-                unsigned long dom = strtoul(g, &e, 10);
-                const char *s = e && *e == '-' ? strchr(e + 1, '-') : NULL;
-                if (!s)
-                        return best;
-                long long n = strtoll(s + 1, &e, 10);
+        long long best = -1, n = 0;
+        unsigned long dom = 0;
+        while (gtid_next(&g, &dom, &n))
                 if (dom == d && n > best)
                         best = n;
-                g = e && *e == ',' ? e + 1 : NULL;
-                while (g && (*g == ' ' || *g == '\n'))
-                        g++;
-        }
         return best;
 }
 
@@ -220,27 +226,19 @@ static bool
 gtid_past(const char *pos, const char *mark)
 {
         const char *m = mark;
-        while (m && *m) {
-                char *e = NULL;
-                unsigned long dom = strtoul(m, &e, 10);
-                const char *s = e && *e == '-' ? strchr(e + 1, '-') : NULL;
-                if (!s)
-                        return false;
-                long long n = strtoll(s + 1, &e, 10);
+        long long n = 0;
+        unsigned long dom = 0;
+        while (gtid_next(&m, &dom, &n))
                 if (gtid_seq(pos, dom) < n)
                         return false;
-                m = e && *e == ',' ? e + 1 : NULL;
-                while (m && (*m == ' ' || *m == '\n'))
-                        m++;
-        }
-        return true;
+        return !m || !*m;
 }
 
 static int
 refuse(kinbox__db_t *db, const kinbox__range_t *r, const char *why)
 {
         kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
-                          "outbox range %s %s: kept", r->name, why);
+                          KINBOX__OPART_REFUSED, r->name, why);
         return KINBOX_ERR_STATE;
 }
 
@@ -277,31 +275,14 @@ drop_checks(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
             const kinbox__opart_relay_t *relay)
 {
         int64_t end = r->start_s + KINBOX__OUTBOX_DAY_S;
-        char sql[300], *v = NULL;
+        char sql[300], from[160];
         snprintf(sql, sizeof(sql),
                  "SELECT UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000 - "
                  "%" PRId64 " >= %" PRId64,
                  ret_ms, end * 1000);
-        int rc = first(db, sql, 0, NULL, &v);
-        bool ok = v && !strcmp(v, "1");
-        free(v);
-        if (!rc && !ok)
-                return refuse(db, r,
-                              "is not past outbox.retention by the "
-                              "database's clock");
+        snprintf(from, sizeof(from), "kinbox_outbox PARTITION (%s)", r->name);
         bool poll = !relay || !relay->binlog_name;
-        snprintf(sql, sizeof(sql),
-                 "SELECT NOT EXISTS (SELECT 1 FROM kinbox_outbox PARTITION "
-                 "(%s) WHERE status = 'pending'%s)",
-                 r->name, poll ? "" : " AND kind = 'action'");
-        v = NULL;
-        if (!rc)
-                rc = first(db, sql, 0, NULL, &v);
-        ok = v && !strcmp(v, "1");
-        free(v);
-        if (!rc && !ok)
-                return refuse(db, r,
-                              "still holds pending rows (not yet published)");
+        int rc = kinbox__opart_checks(db, r, sql, from, !poll);
         return rc || poll ? rc : confirmed(db, r, end, relay->binlog_name);
 }
 
@@ -313,15 +294,13 @@ static int
 finish_one(kinbox__db_t *db, const char *t, const kinbox__opart_relay_t *relay,
            uint64_t *kept)
 {
-        char sql[400], *n = NULL;
+        char sql[400];
         bool poll = !relay || !relay->binlog_name;
         snprintf(sql, sizeof(sql),
                  "INSERT INTO kinbox_outbox SELECT * FROM %s WHERE status = "
-                 "'dead' OR (status = 'pending'%s);\nSELECT ROW_COUNT()",
+                 "'dead' OR (status = 'pending'%s)",
                  t, poll ? "" : " AND kind = 'action'");
-        int rc = first(db, sql, 0, NULL, &n);
-        *kept = n ? strtoull(n, NULL, 10) : 0;
-        free(n);
+        int rc = kinbox__my_part_count(db, sql, 0, NULL, kept);
         snprintf(sql, sizeof(sql), "DROP TABLE %s", t);
         return rc ? rc : run(db, sql);
 }
@@ -330,27 +309,14 @@ static int
 my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
         const kinbox__opart_relay_t *relay, uint64_t *kept)
 {
-        char lab[16], t[64], sql[300];
+        char lab[16], t[64];
         kinbox__range_label(lab, r->start_s, KINBOX__OUTBOX_DAY_S);
         snprintf(t, sizeof(t), "kinbox_outbox_old_%s", lab);
         *kept = 0;
         int rc = drop_checks(db, r, ret_ms, relay);
-        snprintf(sql, sizeof(sql), "CREATE TABLE %s LIKE kinbox_outbox", t);
         if (!rc)
-                rc = run(db, sql);
-        snprintf(sql, sizeof(sql), "ALTER TABLE %s REMOVE PARTITIONING", t);
-        if (!rc)
-                rc = run(db, sql);
-        snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_outbox EXCHANGE PARTITION %s WITH TABLE "
-                 "%s",
-                 r->name, t);
-        if (!rc)
-                rc = run(db, sql);
-        snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_outbox DROP PARTITION %s", r->name);
-        if (!rc)
-                rc = run(db, sql);
+                rc =
+                    kinbox__my_part_swap_drop(db, "kinbox_outbox", r->name, t);
         return rc ? rc : finish_one(db, t, relay, kept);
 }
 
@@ -377,19 +343,16 @@ static int
 my_prune_catchall(kinbox__db_t *db, int64_t age_ms, bool log, int64_t batch,
                   uint64_t *n)
 {
-        char sql[600], *v = NULL;
+        char sql[600];
         snprintf(sql, sizeof(sql),
                  "DELETE FROM kinbox_outbox PARTITION (p_past, p_future) "
                  "WHERE (status = 'sent' AND sent_at < CURRENT_TIMESTAMP(6) - "
                  "INTERVAL %" PRId64 " MICROSECOND) OR (%d AND kind = "
                  "'event' AND status <> 'dead' AND created_at < "
                  "CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
-                 " MICROSECOND) LIMIT %" PRId64 ";\nSELECT ROW_COUNT()",
+                 " MICROSECOND) LIMIT %" PRId64,
                  age_ms * 1000, log ? 1 : 0, age_ms * 1000, batch);
-        int rc = first(db, sql, 0, NULL, &v);
-        *n = v ? strtoull(v, NULL, 10) : 0;
-        free(v);
-        return rc;
+        return kinbox__my_part_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__opart_ops kinbox__mysql_opart = {

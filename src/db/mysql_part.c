@@ -38,30 +38,25 @@ run(kinbox__db_t *db, const char *sql)
         return kinbox__db_query(db, sql, 0, NULL, NULL);
 }
 
-/* sql, then ROW_COUNT(): the rows it changed. */
-static int
-run_count(kinbox__db_t *db, const char *sql, int n, const kinbox__param_t *p,
-          uint64_t *count)
+int
+kinbox__my_part_count(kinbox__db_t *db, const char *sql, int n,
+                      const kinbox__param_t *p, uint64_t *count)
 {
         kinbox__buf_t b;
         kinbox__buf_init(&b);
         kinbox__buf_adds(&b, sql);
         kinbox__buf_adds(&b, ";\nSELECT ROW_COUNT()");
-        struct kinbox_rows_s *r = NULL;
+        *count = 0;
         int rc =
-            b.oom ? KINBOX_ERR_NOMEM : kinbox__db_query(db, b.p, n, p, &r);
+            b.oom ? KINBOX_ERR_NOMEM : kinbox__db_count(db, b.p, n, p, count);
         kinbox__buf_free(&b);
-        long long v = !rc && r && r->nrows && r->values[0]
-                          ? strtoll(r->values[0], NULL, 10)
-                          : 0;
-        *count = v > 0 ? (uint64_t)v : 0;
-        kinbox_rows_destroy(r);
         return rc;
 }
 
-static int
-my_list(kinbox__db_t *db, const char *table, kinbox__range_t **out, size_t *n,
-        int64_t *catchall_rows)
+int
+kinbox__my_part_list(kinbox__db_t *db, const char *table,
+                     const char *count_fmt, kinbox__range_t **out, size_t *n,
+                     int64_t *catchall_rows)
 {
         return kinbox__ranges_read(
             db,
@@ -69,8 +64,16 @@ my_list(kinbox__db_t *db, const char *table, kinbox__range_t **out, size_t *n,
             "FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = "
             "DATABASE() AND TABLE_NAME = $1 AND PARTITION_NAME IS NOT NULL "
             "ORDER BY PARTITION_ORDINAL_POSITION",
-            table, "SELECT count(*) FROM %s PARTITION (p_past, p_future)", out,
-            n, catchall_rows);
+            table, count_fmt, out, n, catchall_rows);
+}
+
+static int
+my_list(kinbox__db_t *db, const char *table, kinbox__range_t **out, size_t *n,
+        int64_t *catchall_rows)
+{
+        return kinbox__my_part_list(
+            db, table, "SELECT count(*) FROM %s PARTITION (p_past, p_future)",
+            out, n, catchall_rows);
 }
 
 static int
@@ -107,17 +110,6 @@ my_clock(kinbox__db_t *db, int64_t *now_ms)
                                    now_ms);
 }
 
-/* The first row of sql's answer is "1" (a test the database answers). */
-static int
-yes(kinbox__db_t *db, const char *sql, bool *v)
-{
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *v = !rc && r->nrows && r->values[0] && !strcmp(r->values[0], "1");
-        kinbox_rows_destroy(r);
-        return rc;
-}
-
 /* An empty unpartitioned copy of kinbox_inbox named t, and partition
  * part of table swapped with it (metadata only). */
 static int
@@ -132,6 +124,17 @@ swap_out(kinbox__db_t *db, const char *table, const char *part, const char *t)
         snprintf(sql, sizeof(sql),
                  "ALTER TABLE %s EXCHANGE PARTITION %s WITH TABLE %s", table,
                  part, t);
+        return rc ? rc : run(db, sql);
+}
+
+int
+kinbox__my_part_swap_drop(kinbox__db_t *db, const char *table,
+                          const char *part, const char *t)
+{
+        char sql[300];
+        int rc = swap_out(db, table, part, t);
+        snprintf(sql, sizeof(sql), "ALTER TABLE %s DROP PARTITION %s", table,
+                 part);
         return rc ? rc : run(db, sql);
 }
 
@@ -163,7 +166,7 @@ my_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
         snprintf(sql, sizeof(sql),
                  "SELECT 1 FROM %s PARTITION (p_future) LIMIT 1", table);
         snprintf(fut, sizeof(fut), "%s_fut", table);
-        int rc = yes(db, sql, &rows);
+        int rc = kinbox__db_true(db, sql, 0, NULL, &rows);
         if (!rc && rows)
                 rc = swap_out(db, table, "p_future", fut);
         snprintf(sql, sizeof(sql),
@@ -191,19 +194,14 @@ finish_one(kinbox__db_t *db, const char *t, int64_t start_s, uint64_t *kept)
                          "SELECT COUNT(*)" KINBOX__PART_NEEDED(
                              "%s") " WHERE x.part_at < %s",
                          t, st);
-                struct kinbox_rows_s *r = NULL;
-                rc = kinbox__db_query(db, sql, 0, NULL, &r);
-                again = !rc && r->nrows && r->values[0]
-                            ? strtoull(r->values[0], NULL, 10)
-                            : 0;
-                kinbox_rows_destroy(r);
+                rc = kinbox__db_count(db, sql, 0, NULL, &again);
         }
         snprintf(sql, sizeof(sql),
                  "INSERT IGNORE INTO kinbox_inbox (" KINBOX__INBOX_COLS
                  ") SELECT " KINBOX__INBOX_XCOLS KINBOX__PART_NEEDED("%s"),
                  t);
         if (!rc)
-                rc = run_count(db, sql, 0, NULL, kept);
+                rc = kinbox__my_part_count(db, sql, 0, NULL, kept);
         if (rc)
                 return rc;
         *kept = *kept > again ? *kept - again : 0;
@@ -242,30 +240,21 @@ my_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
         snprintf(t, sizeof(t), "kinbox_inbox_old_%s", lab);
         *kept = 0;
         /* The database's clock decides, right before the swap. */
-        bool old = false;
         snprintf(sql, sizeof(sql),
                  "SELECT TIMESTAMP %s <= UTC_TIMESTAMP(6) - INTERVAL %" PRId64
                  " MICROSECOND",
                  end, ret_ms * 1000);
-        int rc = yes(db, sql, &old);
-        if (!rc && !old) {
-                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
-                                  "range %s is not past the retention by the "
-                                  "database's clock: not dropped",
-                                  r->name);
-                return KINBOX_ERR_STATE;
-        }
+        int rc = kinbox__db_must(db, sql, 0, NULL,
+                                 "range %s is not past the retention by the "
+                                 "database's clock: not dropped",
+                                 r->name);
         /* Swapped out, the range is empty: dropping it is metadata only,
          * and p_past (the catch-all) is not touched. Its span then
          * belongs to the next range up: the rows kept for dead letters
          * and parked messages go there, and are kept again when it
          * goes. */
         if (!rc)
-                rc = swap_out(db, "kinbox_inbox", r->name, t);
-        snprintf(sql, sizeof(sql),
-                 "ALTER TABLE kinbox_inbox DROP PARTITION %s", r->name);
-        if (!rc)
-                rc = run(db, sql);
+                rc = kinbox__my_part_swap_drop(db, "kinbox_inbox", r->name, t);
         return rc ? rc : finish_one(db, t, r->start_s, kept);
 }
 
@@ -374,7 +363,7 @@ my_copy(kinbox__db_t *db, int64_t width_s, int64_t skew_s, int64_t batch,
                  "(msg_at IS NULL OR part_at <=> " EPOCH ")", where, width_s,
                  skew_s);
         uint64_t n = 0;
-        rc = run_count(db, sql, last ? 2 : 4, p, &n);
+        rc = kinbox__my_part_count(db, sql, last ? 2 : 4, p, &n);
         if (!rc && !last)
                 rc = kinbox__copy_key(r, 0, c, m, mlen);
         /* The tail (no boundary) is copied once more, finding nothing. */
@@ -424,7 +413,7 @@ my_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
                  "processed_at < CURRENT_TIMESTAMP(6) - INTERVAL %" PRId64
                  " MICROSECOND ORDER BY processed_at LIMIT %" PRId64,
                  age_ms * 1000, batch);
-        return run_count(db, sql, 0, NULL, n);
+        return kinbox__my_part_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__part_ops kinbox__mysql_part = {

@@ -13,6 +13,18 @@
         "p.kafka_partition = h.kafka_partition AND p.hold_key = "             \
         "h.hold_key WHERE h.blocker_id = $1"
 
+/* A dead-letter list's tail (dead_list, console_dead_page): the count of
+ * its parked followers, then the dead letters of consumer $1 and status $2
+ * (NULL: any). */
+#define KINBOX__OPSQL_DEAD_FROM                                               \
+        " (SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p"           \
+        "  ON p.consumer = h.consumer AND p.topic = h.topic"                  \
+        "  AND p.kafka_partition = h.kafka_partition"                         \
+        "  AND p.hold_key = h.hold_key WHERE h.blocker_id = d.id)"            \
+        " FROM kinbox_dead_letter d"                                          \
+        " WHERE COALESCE($1, consumer) = consumer"                            \
+        " AND COALESCE($2, status) = status"
+
 #define KINBOX__OPSQL                                                         \
         .ping = "SELECT 1",                                                   \
         .outbox_paused =                                                      \
@@ -38,15 +50,8 @@
                      "ORDER BY 1, 2",                                         \
         .dead_list =                                                          \
             "SELECT id, consumer, topic, kafka_partition, kafka_offset,"      \
-            " message_id, status, attempts, dead_at, error,"                  \
-            " (SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p"       \
-            "  ON p.consumer = h.consumer AND p.topic = h.topic"              \
-            "  AND p.kafka_partition = h.kafka_partition"                     \
-            "  AND p.hold_key = h.hold_key WHERE h.blocker_id = d.id)"        \
-            " FROM kinbox_dead_letter d"                                      \
-            " WHERE COALESCE($1, consumer) = consumer"                        \
-            " AND COALESCE($2, status) = status"                              \
-            " ORDER BY id LIMIT %ld",                                         \
+            " message_id, status, attempts, dead_at, "                        \
+            "error," KINBOX__OPSQL_DEAD_FROM " ORDER BY id LIMIT %ld",        \
         .dead_show =                                                          \
             "SELECT id, consumer, message_id, topic, kafka_partition, "       \
             "kafka_offset, msg_key, headers, payload, error, attempts, "      \
@@ -110,14 +115,8 @@
             " WHERE o.consumer = $1 ORDER BY o.topic, o.kafka_partition",     \
         .console_dead_page =                                                  \
             "SELECT id, consumer, topic, kafka_partition, kafka_offset,"      \
-            " message_id, status, attempts, first_failed_at, dead_at, error," \
-            " (SELECT count(*) FROM kinbox_hold h JOIN kinbox_parked p"       \
-            "  ON p.consumer = h.consumer AND p.topic = h.topic"              \
-            "  AND p.kafka_partition = h.kafka_partition"                     \
-            "  AND p.hold_key = h.hold_key WHERE h.blocker_id = d.id)"        \
-            " FROM kinbox_dead_letter d"                                      \
-            " WHERE COALESCE($1, consumer) = consumer"                        \
-            " AND COALESCE($2, status) = status"                              \
+            " message_id, status, attempts, first_failed_at, dead_at, "       \
+            "error," KINBOX__OPSQL_DEAD_FROM                                  \
             " AND COALESCE($3, topic) = topic AND id < $4"                    \
             " ORDER BY id DESC LIMIT %ld"
 

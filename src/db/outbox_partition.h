@@ -84,6 +84,17 @@ struct kinbox__opart_ops {
                               int64_t batch, uint64_t *n);
 };
 
+/* A drop's refusal (db->err): the range's name, why. */
+#define KINBOX__OPART_REFUSED "outbox range %s %s: kept"
+
+/* db/outbox_partition.c: the checks of drop() both backends make, in
+ * its step that detaches r: old (a query of no parameter) answers true,
+ * r's end is over the retention old by the database's clock; from (r's
+ * rows: a FROM clause) holds no pending row (log: no pending action
+ * row). KINBOX_ERR_STATE with the reason in db->err. */
+int kinbox__opart_checks(kinbox__db_t *db, const kinbox__range_t *r,
+                         const char *old, const char *from, bool log);
+
 extern const struct kinbox__opart_ops kinbox__pg_opart;
 extern const struct kinbox__opart_ops kinbox__mysql_opart;
 

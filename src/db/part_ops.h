@@ -114,6 +114,21 @@ int kinbox__ranges_read(kinbox__db_t *db, const char *sql, const char *table,
  * when it answers none; the query's error. */
 int kinbox__db_clock_ms(kinbox__db_t *db, const char *sql, int64_t *now_ms);
 
+/* For both backends (db/inbox.c): */
+/* Run sql (np parameters p) now; *yes = the first column of its first
+ * row is true ("t", "1" or "true"; no row: false). The query's error. */
+int kinbox__db_true(kinbox__db_t *db, const char *sql, int np,
+                    const kinbox__param_t *p, bool *yes);
+/* Run sql (np parameters p) now; *n = the number in the first column of
+ * its first row (0: no row, NULL or negative). The query's error. */
+int kinbox__db_count(kinbox__db_t *db, const char *sql, int np,
+                     const kinbox__param_t *p, uint64_t *n);
+/* A check the database decides: sql answers true (kinbox__db_true()), or
+ * KINBOX_ERR_STATE with fmt's message in db->err; the query's error. */
+int kinbox__db_must(kinbox__db_t *db, const char *sql, int np,
+                    const kinbox__param_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 /* copy(): the key (consumer, message_id) in columns 0 and 1 of row of r
  * replaces *c, *m (freed), *mlen. KINBOX_ERR_NOMEM (or a NULL column):
  * *c, *m unchanged. */
@@ -129,6 +144,66 @@ void kinbox__range_label(char *out, int64_t start_s, int64_t width_s);
 /* The start of the range a partition name ends in (its label after the
  * last 'p' or "p_"), or -1. */
 int64_t kinbox__range_parse(const char *name);
+
+/* ---- One backend's partition machinery, shared by the partitioned inbox
+ * and the partitioned outbox (db/outbox_partition.h). */
+
+/* db/pg_part.c: run the statements of v (NULL-terminated) in one
+ * transaction. */
+int kinbox__pg_part_tx(kinbox__db_t *db, const char *const *v);
+/* db/pg_part.c: list() of the partitions of table named like (a LIKE
+ * pattern, "_" escaped) then "_p" and a label; count_fmt, catchall_rows
+ * as kinbox__ranges_read(). */
+int kinbox__pg_part_list(kinbox__db_t *db, const char *like, const char *table,
+                         const char *count_fmt, kinbox__range_t **out,
+                         size_t *n, int64_t *catchall_rows);
+/* A PostgreSQL range partitioning: the partitioned table, its partitions'
+ * name prefix (prefix_p<label>; the catch-all is table_default), the
+ * column ranged over and the column list a copy names (NULL: all). */
+typedef struct kinbox__pg_range {
+        const char *table, *prefix, *col, *cols;
+} kinbox__pg_range_t;
+/* db/pg_part.c: add the range [start_s, start_s + width_s) above every
+ * other, made apart, the catch-all's rows of its span moved in, then
+ * attached; one transaction with lock_timeout. */
+int kinbox__pg_part_add(kinbox__db_t *db, const kinbox__pg_range_t *g,
+                        int64_t start_s, int64_t width_s);
+/* The drop of range r of parent: before and after (either NULL) are
+ * checks run in the DETACH's transaction before and after it (arg is
+ * theirs); keep answers the count of the rows it puts back. */
+typedef struct kinbox__pg_detach {
+        const char *parent;
+        const kinbox__range_t *r;
+        const char *keep;
+        int (*before)(kinbox__db_t *db, const struct kinbox__pg_detach *x);
+        int (*after)(kinbox__db_t *db, const struct kinbox__pg_detach *x);
+        const void *arg;
+} kinbox__pg_detach_t;
+/* db/pg_part.c: in one transaction with lock_timeout: the checks, DETACH
+ * and keep (*kept: its count); then DROP TABLE in a transaction of its
+ * own (a crash in between leaves the table to
+ * kinbox__pg_part_strays()). */
+int kinbox__pg_part_detach(kinbox__db_t *db, const kinbox__pg_detach_t *x,
+                           uint64_t *kept);
+/* db/pg_part.c: drop every table of the schema whose name matches the
+ * regular expression re and that is nobody's partition, one transaction
+ * each. */
+int kinbox__pg_part_strays(kinbox__db_t *db, const char *re);
+
+/* db/mysql_part.c: list() of the partitions of table; count_fmt,
+ * catchall_rows as kinbox__ranges_read(). */
+int kinbox__my_part_list(kinbox__db_t *db, const char *table,
+                         const char *count_fmt, kinbox__range_t **out,
+                         size_t *n, int64_t *catchall_rows);
+/* db/mysql_part.c: partition part of table swapped out (EXCHANGE with a
+ * new empty table t, metadata only), then dropped (empty: metadata only);
+ * each step commits. */
+int kinbox__my_part_swap_drop(kinbox__db_t *db, const char *table,
+                              const char *part, const char *t);
+/* db/mysql_part.c: run sql (n parameters p), then ROW_COUNT(): *count,
+ * the rows it changed. */
+int kinbox__my_part_count(kinbox__db_t *db, const char *sql, int n,
+                          const kinbox__param_t *p, uint64_t *count);
 
 /* The rows of table x that a dead letter still 'dead' or a parked
  * message needs, found from the small side (their ids) through x's

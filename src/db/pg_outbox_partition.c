@@ -5,8 +5,10 @@
  * published through the root (publish_via_partition_root: the log relay
  * sees kinbox_outbox, never a partition's name).
  *
- * DDL transactions set lock_timeout like the inbox's (db/pg_part.c): a
- * waiting lock request queues the writers' appends behind it.
+ * A day is added, detached and dropped by the inbox's machinery
+ * (db/pg_part.c, kinbox__pg_part_*): its DDL transactions set
+ * lock_timeout, as a waiting lock request queues the writers' appends
+ * behind it.
  */
 #include "../db.h"
 #include "../internal.h"
@@ -16,7 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LOCK_WAIT "SET LOCAL lock_timeout = '5s'"
+/* A drop's checks' arguments. */
+typedef struct pg_drop {
+        int64_t ret_ms;
+        const kinbox__opart_relay_t *relay;
+} pg_drop_t;
 
 /* The key check of a partitioned outbox: appends of one key wait for each
  * other (a transaction-scoped advisory lock on the key's hash), then the
@@ -28,15 +34,6 @@ static const char idem_fn[] =
     "IF EXISTS (SELECT 1 FROM kinbox_outbox WHERE destination = "
     "NEW.destination AND idem_key = NEW.idem_key) THEN RETURN NULL; END "
     "IF; RETURN NEW; END $f$";
-
-static int
-in_tx(kinbox__db_t *db, const char *const *v)
-{
-        int rc = db->ops->begin(db);
-        for (size_t i = 0; !rc && v[i]; i++)
-                rc = db->ops->query(db, v[i], 0, NULL, -1, NULL);
-        return kinbox__db_end(db, rc);
-}
 
 static int
 pg_layout(kinbox__db_t *db, bool *partitioned)
@@ -51,13 +48,8 @@ pg_layout(kinbox__db_t *db, bool *partitioned)
 static int
 pg_list(kinbox__db_t *db, kinbox__range_t **out, size_t *n)
 {
-        return kinbox__ranges_read(
-            db,
-            "SELECT c.relname, c.reltuples::bigint, "
-            "pg_total_relation_size(c.oid) FROM pg_inherits i JOIN pg_class "
-            "c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1) "
-            "AND c.relname LIKE 'kinbox\\_outbox\\_p%' ORDER BY c.relname",
-            "kinbox_outbox", NULL, out, n, NULL);
+        return kinbox__pg_part_list(db, "kinbox\\_outbox", "kinbox_outbox",
+                                    NULL, out, n, NULL);
 }
 
 /* "CREATE TABLE kinbox_outbox_pDAY PARTITION OF table ..." */
@@ -170,32 +162,9 @@ pg_convert(kinbox__db_t *db, int64_t first_s, int64_t end_s, uint64_t *rows)
 static int
 pg_add(kinbox__db_t *db, int64_t start_s)
 {
-        char lab[16], from[48], to[48];
-        kinbox__range_label(lab, start_s, KINBOX__OUTBOX_DAY_S);
-        kinbox__utc_quoted(from, sizeof(from), "+00", start_s);
-        kinbox__utc_quoted(to, sizeof(to), "+00",
-                           start_s + KINBOX__OUTBOX_DAY_S);
-        char c[256], m[400], d[256], a[320];
-        snprintf(c, sizeof(c),
-                 "CREATE TABLE kinbox_outbox_p%s (LIKE kinbox_outbox "
-                 "INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
-                 lab);
-        /* Rows that waited in the catch-all move in with it. */
-        snprintf(m, sizeof(m),
-                 "INSERT INTO kinbox_outbox_p%s SELECT * FROM "
-                 "kinbox_outbox_default WHERE created_at >= %s AND "
-                 "created_at < %s",
-                 lab, from, to);
-        snprintf(d, sizeof(d),
-                 "DELETE FROM kinbox_outbox_default WHERE created_at >= %s "
-                 "AND created_at < %s",
-                 from, to);
-        snprintf(a, sizeof(a),
-                 "ALTER TABLE kinbox_outbox ATTACH PARTITION "
-                 "kinbox_outbox_p%s FOR VALUES FROM (%s) TO (%s)",
-                 lab, from, to);
-        const char *v[] = {LOCK_WAIT, c, m, d, a, NULL};
-        return in_tx(db, v);
+        const kinbox__pg_range_t g = {"kinbox_outbox", "kinbox_outbox",
+                                      "created_at", NULL};
+        return kinbox__pg_part_add(db, &g, start_s, KINBOX__OUTBOX_DAY_S);
 }
 
 static int
@@ -207,49 +176,24 @@ pg_mark(kinbox__db_t *db)
             "DELETE FROM kinbox_outbox_marks WHERE at < now() - interval "
             "'2 days'",
             NULL};
-        return in_tx(db, v);
+        return kinbox__pg_part_tx(db, v);
 }
 
-/* The first column of sql's first row is true; else KINBOX_ERR_STATE
- * with why ("range NAME ...why: not dropped"). */
+/* The checks, in the DETACH's transaction after it (the range is out of
+ * reach of every writer and relay once detached); x->arg: pg_drop_t. */
 static int
-must(kinbox__db_t *db, const char *sql, int np, const kinbox__param_t *p,
-     const kinbox__range_t *r, const char *why)
+drop_checks(kinbox__db_t *db, const kinbox__pg_detach_t *x)
 {
-        struct kinbox_rows_s *o = NULL;
-        int rc = db->ops->query(db, sql, np, p, -1, &o);
-        bool ok = !rc && o->nrows && o->values[0] && o->values[0][0] == 't';
-        kinbox_rows_destroy(o);
-        if (!rc && !ok) {
-                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
-                                  "outbox range %s %s: kept", r->name, why);
-                rc = KINBOX_ERR_STATE;
-        }
-        return rc;
-}
-
-/* The checks, in the DETACH's transaction (the range is out of reach of
- * every writer and relay once detached). */
-static int
-drop_checks(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
-            const kinbox__opart_relay_t *relay)
-{
+        const kinbox__range_t *r = x->r;
+        const pg_drop_t *a = x->arg;
         int64_t end = r->start_s + KINBOX__OUTBOX_DAY_S;
         char sql[400];
         snprintf(sql, sizeof(sql),
                  "SELECT to_timestamp(%" PRId64 ") <= now() - %" PRId64
                  " * interval '1 millisecond'",
-                 end, ret_ms);
-        int rc = must(db, sql, 0, NULL, r,
-                      "is not past outbox.retention by the database's clock");
-        bool poll = !relay || !relay->slot;
-        snprintf(sql, sizeof(sql),
-                 "SELECT NOT EXISTS (SELECT 1 FROM %s WHERE status = "
-                 "'pending'%s)",
-                 r->name, poll ? "" : " AND kind = 'action'");
-        if (!rc)
-                rc = must(db, sql, 0, NULL, r,
-                          "still holds pending rows (not yet published)");
+                 end, a->ret_ms);
+        bool poll = !a->relay || !a->relay->slot;
+        int rc = kinbox__opart_checks(db, r, sql, r->name, !poll);
         if (rc || poll)
                 return rc;
         snprintf(sql, sizeof(sql),
@@ -258,65 +202,44 @@ drop_checks(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
                  "to_timestamp(%" PRId64 ") AND s.confirmed_flush_lsn >= "
                  "m.pos::pg_lsn)",
                  end);
-        kinbox__param_t p = {relay->slot, 0, 0};
-        return must(db, sql, 1, &p, r,
-                    "is not behind the log relay's confirmed position yet");
+        kinbox__param_t p = {a->relay->slot, 0, 0};
+        return kinbox__db_must(
+            db, sql, 1, &p, KINBOX__OPART_REFUSED, r->name,
+            "is not behind the log relay's confirmed position yet");
 }
 
 static int
 pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
         const kinbox__opart_relay_t *relay, uint64_t *kept)
 {
-        char d[160], k[300], x[160];
-        snprintf(d, sizeof(d), "ALTER TABLE kinbox_outbox DETACH PARTITION %s",
-                 r->name);
         /* Detached, its span is the catch-all's: dead rows land there. */
+        char k[300];
         snprintf(k, sizeof(k),
                  "WITH i AS (INSERT INTO kinbox_outbox SELECT * FROM %s WHERE "
                  "status = 'dead' RETURNING 1) SELECT count(*) FROM i",
                  r->name);
-        struct kinbox_rows_s *n = NULL;
-        int rc = db->ops->begin(db);
-        if (!rc)
-                rc = db->ops->query(db, LOCK_WAIT, 0, NULL, -1, NULL);
-        if (!rc)
-                rc = db->ops->query(db, d, 0, NULL, -1, NULL);
-        if (!rc)
-                rc = drop_checks(db, r, ret_ms, relay);
-        if (!rc)
-                rc = db->ops->query(db, k, 0, NULL, -1, &n);
-        rc = kinbox__db_end(db, rc);
-        *kept = !rc && n && n->nrows && n->values[0]
-                    ? strtoull(n->values[0], NULL, 10)
-                    : 0;
-        kinbox_rows_destroy(n);
-        /* The files go in a transaction of their own (db/pg_part.c); a
-         * crash in between leaves the detached table for finish(). */
-        snprintf(x, sizeof(x), "DROP TABLE %s", r->name);
-        const char *w[] = {x, NULL};
-        return rc ? rc : in_tx(db, w);
+        const pg_drop_t a = {ret_ms, relay};
+        const kinbox__pg_detach_t x = {"kinbox_outbox", r, k, NULL,
+                                       drop_checks,     &a};
+        return kinbox__pg_part_detach(db, &x, kept);
+}
+
+/* drop_checks() alone, on the attached range (kinbox prune --dry-run). */
+static int
+pg_check(kinbox__db_t *db, const kinbox__range_t *r, int64_t ret_ms,
+         const kinbox__opart_relay_t *relay)
+{
+        const pg_drop_t a = {ret_ms, relay};
+        const kinbox__pg_detach_t x = {"kinbox_outbox", r, NULL, NULL,
+                                       drop_checks,     &a};
+        return drop_checks(db, &x);
 }
 
 static int
 pg_finish(kinbox__db_t *db, const kinbox__opart_relay_t *relay)
 {
         (void)relay; /* the checks ran in the DETACH's transaction */
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(
-            db,
-            "SELECT c.relname FROM pg_class c WHERE c.relnamespace = "
-            "current_schema()::regnamespace AND c.relkind = 'r' AND NOT "
-            "c.relispartition AND c.relname ~ '^kinbox_outbox_p[0-9]{8}$'",
-            0, NULL, &r);
-        for (size_t i = 0; !rc && i < r->nrows; i++) {
-                char x[160];
-                snprintf(x, sizeof(x), "DROP TABLE %s",
-                         r->values[i * (size_t)r->ncols]);
-                const char *v[] = {x, NULL};
-                rc = in_tx(db, v);
-        }
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__pg_part_strays(db, "^kinbox_outbox_p[0-9]{8}$");
 }
 
 static int
@@ -333,12 +256,7 @@ pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, bool log, int64_t batch,
                  " * interval '1 millisecond') LIMIT %" PRId64
                  ") RETURNING 1) SELECT count(*) FROM d",
                  age_ms, log ? "true" : "false", age_ms, batch);
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *n = !rc && r->nrows && r->values[0] ? strtoull(r->values[0], NULL, 10)
-                                             : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__db_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__opart_ops kinbox__pg_opart = {
@@ -348,7 +266,7 @@ const struct kinbox__opart_ops kinbox__pg_opart = {
     .add = pg_add,
     .mark = pg_mark,
     .drop = pg_drop,
-    .check = drop_checks,
+    .check = pg_check,
     .finish = pg_finish,
     .prune_catchall = pg_prune_catchall,
 };

@@ -21,9 +21,8 @@
 
 #define LOCK_WAIT "SET LOCAL lock_timeout = '5s'"
 
-/* Run the statements of v (NULL-terminated) in one transaction. */
-static int
-in_tx(kinbox__db_t *db, const char *const *v)
+int
+kinbox__pg_part_tx(kinbox__db_t *db, const char *const *v)
 {
         int rc = db->ops->begin(db);
         for (size_t i = 0; !rc && v[i]; i++)
@@ -31,17 +30,30 @@ in_tx(kinbox__db_t *db, const char *const *v)
         return kinbox__db_end(db, rc);
 }
 
+int
+kinbox__pg_part_list(kinbox__db_t *db, const char *like, const char *table,
+                     const char *count_fmt, kinbox__range_t **out, size_t *n,
+                     int64_t *catchall_rows)
+{
+        char sql[400];
+        snprintf(sql, sizeof(sql),
+                 "SELECT c.relname, c.reltuples::bigint, "
+                 "pg_total_relation_size(c.oid) FROM pg_inherits i JOIN "
+                 "pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = "
+                 "to_regclass($1) AND c.relname LIKE '%s\\_p%%' ORDER BY "
+                 "c.relname",
+                 like);
+        return kinbox__ranges_read(db, sql, table, count_fmt, out, n,
+                                   catchall_rows);
+}
+
 static int
 pg_list(kinbox__db_t *db, const char *table, kinbox__range_t **out, size_t *n,
         int64_t *catchall_rows)
 {
-        return kinbox__ranges_read(
-            db,
-            "SELECT c.relname, c.reltuples::bigint, "
-            "pg_total_relation_size(c.oid) FROM pg_inherits i JOIN pg_class "
-            "c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1) "
-            "AND c.relname LIKE 'kinbox\\_inbox\\_p%' ORDER BY c.relname",
-            table, "SELECT count(*) FROM %s_default", out, n, catchall_rows);
+        return kinbox__pg_part_list(db, "kinbox\\_inbox", table,
+                                    "SELECT count(*) FROM %s_default", out, n,
+                                    catchall_rows);
 }
 
 static int
@@ -68,36 +80,46 @@ pg_create(kinbox__db_t *db, const char *table, int64_t first_s)
                  "(processed_at)",
                  table, table);
         const char *v[] = {t, d, i, NULL};
-        return in_tx(db, v);
+        return kinbox__pg_part_tx(db, v);
 }
 
-static int
-pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
+int
+kinbox__pg_part_add(kinbox__db_t *db, const kinbox__pg_range_t *g,
+                    int64_t start_s, int64_t width_s)
 {
         char lab[16], from[48], to[48];
         kinbox__range_label(lab, start_s, width_s);
         kinbox__utc_quoted(from, sizeof(from), "+00", start_s);
         kinbox__utc_quoted(to, sizeof(to), "+00", start_s + width_s);
+        const char *cols = g->cols ? g->cols : "*";
         char c[256], m[512], d[256], a[320];
         snprintf(c, sizeof(c),
-                 "CREATE TABLE kinbox_inbox_p%s (LIKE %s INCLUDING DEFAULTS "
-                 "INCLUDING CONSTRAINTS)",
-                 lab, table);
+                 "CREATE TABLE %s_p%s (LIKE %s INCLUDING DEFAULTS INCLUDING "
+                 "CONSTRAINTS)",
+                 g->prefix, lab, g->table);
         /* Rows that waited in the catch-all move in with it. */
         snprintf(m, sizeof(m),
-                 "INSERT INTO kinbox_inbox_p%s (" KINBOX__INBOX_COLS
-                 ") SELECT " KINBOX__INBOX_COLS " FROM %s_default WHERE "
-                 "part_at >= %s AND part_at < %s",
-                 lab, table, from, to);
+                 "INSERT INTO %s_p%s%s%s%s SELECT %s FROM %s_default WHERE "
+                 "%s >= %s AND %s < %s",
+                 g->prefix, lab, g->cols ? " (" : "", g->cols ? cols : "",
+                 g->cols ? ")" : "", cols, g->table, g->col, from, g->col, to);
         snprintf(d, sizeof(d),
-                 "DELETE FROM %s_default WHERE part_at >= %s AND part_at < %s",
-                 table, from, to);
+                 "DELETE FROM %s_default WHERE %s >= %s AND %s < %s", g->table,
+                 g->col, from, g->col, to);
         snprintf(a, sizeof(a),
-                 "ALTER TABLE %s ATTACH PARTITION kinbox_inbox_p%s FOR VALUES "
-                 "FROM (%s) TO (%s)",
-                 table, lab, from, to);
+                 "ALTER TABLE %s ATTACH PARTITION %s_p%s FOR VALUES FROM (%s) "
+                 "TO (%s)",
+                 g->table, g->prefix, lab, from, to);
         const char *v[] = {LOCK_WAIT, c, m, d, a, NULL};
-        return in_tx(db, v);
+        return kinbox__pg_part_tx(db, v);
+}
+
+static int
+pg_add(kinbox__db_t *db, const char *table, int64_t start_s, int64_t width_s)
+{
+        const kinbox__pg_range_t g = {table, "kinbox_inbox", "part_at",
+                                      KINBOX__INBOX_COLS};
+        return kinbox__pg_part_add(db, &g, start_s, width_s);
 }
 
 static int
@@ -109,38 +131,70 @@ pg_clock(kinbox__db_t *db, int64_t *now_ms)
                                    now_ms);
 }
 
-/* In the drop's transaction: whether the range ending at end_s is over
- * ret_ms old by the database's clock; KINBOX_ERR_STATE when it is not. */
+/* In the drop's transaction, before the DETACH: whether the range is over
+ * the retention old by the database's clock; KINBOX_ERR_STATE when not. */
 static int
-pg_old_enough(kinbox__db_t *db, const kinbox__range_t *r, int64_t end_s,
-              int64_t ret_ms)
+pg_old_enough(kinbox__db_t *db, const kinbox__pg_detach_t *x)
 {
+        const int64_t *lim = x->arg; /* end_s, ret_ms */
         char g[200];
         snprintf(g, sizeof(g),
                  "SELECT to_timestamp(%" PRId64 ") <= now() - %" PRId64
                  " * interval '1 millisecond'",
-                 end_s, ret_ms);
-        struct kinbox_rows_s *o = NULL;
-        int rc = db->ops->query(db, g, 0, NULL, -1, &o);
-        bool old = !rc && o->nrows && o->values[0] && o->values[0][0] == 't';
-        kinbox_rows_destroy(o);
-        if (!rc && !old) {
-                kinbox__db_seterr(db, KINBOX_ERR_STATE, "", 0, -1,
-                                  "range %s is not past the retention by the "
-                                  "database's clock: not dropped",
-                                  r->name);
-                rc = KINBOX_ERR_STATE;
-        }
-        return rc;
+                 lim[0], lim[1]);
+        return kinbox__db_must(db, g, 0, NULL,
+                               "range %s is not past the retention by the "
+                               "database's clock: not dropped",
+                               x->r->name);
+}
+
+/* DROP TABLE name in a transaction of its own. */
+static int
+drop_table(kinbox__db_t *db, const char *name)
+{
+        char x[160];
+        snprintf(x, sizeof(x), "DROP TABLE %s", name);
+        const char *w[] = {x, NULL};
+        return kinbox__pg_part_tx(db, w);
+}
+
+int
+kinbox__pg_part_detach(kinbox__db_t *db, const kinbox__pg_detach_t *x,
+                       uint64_t *kept)
+{
+        char d[160];
+        snprintf(d, sizeof(d), "ALTER TABLE %s DETACH PARTITION %s", x->parent,
+                 x->r->name);
+        int rc = db->ops->begin(db);
+        struct kinbox_rows_s *n = NULL;
+        if (!rc)
+                rc = db->ops->query(db, LOCK_WAIT, 0, NULL, -1, NULL);
+        if (!rc && x->before)
+                rc = x->before(db, x);
+        if (!rc)
+                rc = db->ops->query(db, d, 0, NULL, -1, NULL);
+        if (!rc && x->after)
+                rc = x->after(db, x);
+        if (!rc)
+                rc = db->ops->query(db, x->keep, 0, NULL, -1, &n);
+        rc = kinbox__db_end(db, rc);
+        *kept = !rc && n && n->nrows && n->values[0]
+                    ? strtoull(n->values[0], NULL, 10)
+                    : 0;
+        kinbox_rows_destroy(n);
+        /* The files go in a transaction of their own: removing them takes
+         * longer the bigger the range (about 0.3 s for 5 M rows), and
+         * inside the DETACH's transaction the writers' inserts would
+         * wait on its ACCESS EXCLUSIVE lock as long. A crash in between
+         * leaves the detached table; finish() drops it. */
+        return rc ? rc : drop_table(db, x->r->name);
 }
 
 static int
 pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
         int64_t ret_ms, uint64_t *kept)
 {
-        char d[160], k[1024], x[160];
-        snprintf(d, sizeof(d), "ALTER TABLE kinbox_inbox DETACH PARTITION %s",
-                 r->name);
+        char k[1024];
         /* Detached, its range is the catch-all's: the rows still needed
          * land there. */
         snprintf(k, sizeof(k),
@@ -149,30 +203,27 @@ pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
                      "%s") " ON CONFLICT DO NOTHING RETURNING 1) SELECT "
                            "count(*) FROM i",
                  r->name);
-        const char *v[] = {LOCK_WAIT, d};
-        int rc = db->ops->begin(db);
-        struct kinbox_rows_s *n = NULL;
-        if (!rc)
-                rc = db->ops->query(db, v[0], 0, NULL, -1, NULL);
-        if (!rc)
-                rc = pg_old_enough(db, r, r->start_s + width_s, ret_ms);
-        if (!rc)
-                rc = db->ops->query(db, v[1], 0, NULL, -1, NULL);
-        if (!rc)
-                rc = db->ops->query(db, k, 0, NULL, -1, &n);
-        rc = kinbox__db_end(db, rc);
-        *kept = !rc && n && n->nrows && n->values[0]
-                    ? strtoull(n->values[0], NULL, 10)
-                    : 0;
-        kinbox_rows_destroy(n);
-        /* The files go in a transaction of their own: removing them takes
-         * longer the bigger the range (about 0.3 s for 5 M rows), and
-         * inside the DETACH's transaction the consumers' inserts would
-         * wait on its ACCESS EXCLUSIVE lock as long. A crash in between
-         * leaves the detached table; finish() drops it. */
-        snprintf(x, sizeof(x), "DROP TABLE %s", r->name);
-        const char *w[] = {x, NULL};
-        return rc ? rc : in_tx(db, w);
+        const int64_t lim[2] = {r->start_s + width_s, ret_ms};
+        const kinbox__pg_detach_t x = {"kinbox_inbox", r,    k,
+                                       pg_old_enough,  NULL, lim};
+        return kinbox__pg_part_detach(db, &x, kept);
+}
+
+int
+kinbox__pg_part_strays(kinbox__db_t *db, const char *re)
+{
+        char sql[400];
+        snprintf(sql, sizeof(sql),
+                 "SELECT c.relname FROM pg_class c WHERE c.relnamespace = "
+                 "current_schema()::regnamespace AND c.relkind = 'r' AND NOT "
+                 "c.relispartition AND c.relname ~ '%s'",
+                 re);
+        struct kinbox_rows_s *r = NULL;
+        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
+        for (size_t i = 0; !rc && i < r->nrows; i++)
+                rc = drop_table(db, r->values[i * (size_t)r->ncols]);
+        kinbox_rows_destroy(r);
+        return rc;
 }
 
 /* Drop the tables a drop detached but a crash kept from dropping: a
@@ -180,23 +231,8 @@ pg_drop(kinbox__db_t *db, const kinbox__range_t *r, int64_t width_s,
 static int
 pg_finish(kinbox__db_t *db)
 {
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(
-            db,
-            "SELECT c.relname FROM pg_class c WHERE c.relnamespace = "
-            "current_schema()::regnamespace AND c.relkind = 'r' AND NOT "
-            "c.relispartition AND c.relname ~ "
-            "'^kinbox_inbox_p[0-9]{8}([0-9]{2})?$'",
-            0, NULL, &r);
-        for (size_t i = 0; !rc && i < r->nrows; i++) {
-                char x[160];
-                snprintf(x, sizeof(x), "DROP TABLE %s",
-                         r->values[i * (size_t)r->ncols]);
-                const char *v[] = {x, NULL};
-                rc = in_tx(db, v);
-        }
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__pg_part_strays(db,
+                                      "^kinbox_inbox_p[0-9]{8}([0-9]{2})?$");
 }
 
 static int
@@ -208,7 +244,7 @@ pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
                     "kinbox_inbox",
                     "DROP FUNCTION IF EXISTS kinbox_inbox_mirror()",
                     "DROP TABLE IF EXISTS kinbox_inbox_conv", NULL};
-                return in_tx(db, v);
+                return kinbox__pg_part_tx(db, v);
         }
         char f[2048];
         snprintf(
@@ -242,7 +278,7 @@ pg_mirror(kinbox__db_t *db, bool on, int64_t width_s, int64_t skew_s)
             "CREATE TRIGGER kinbox_inbox_mirror AFTER INSERT OR DELETE ON "
             "kinbox_inbox FOR EACH ROW EXECUTE FUNCTION kinbox_inbox_mirror()",
             NULL};
-        return in_tx(db, v);
+        return kinbox__pg_part_tx(db, v);
 }
 
 static int
@@ -313,7 +349,7 @@ pg_swap(kinbox__db_t *db, int64_t width_s, int64_t skew_s)
             "kinbox_inbox_default_processed_at",
             rec,
             NULL};
-        return in_tx(db, v);
+        return kinbox__pg_part_tx(db, v);
 }
 
 static int
@@ -340,12 +376,7 @@ pg_prune_catchall(kinbox__db_t *db, int64_t age_ms, int64_t batch, uint64_t *n)
                  "< now() - %" PRId64 " * interval '1 millisecond' LIMIT "
                  "%" PRId64 ") RETURNING 1) SELECT count(*) FROM d",
                  age_ms, batch);
-        struct kinbox_rows_s *r = NULL;
-        int rc = kinbox__db_query(db, sql, 0, NULL, &r);
-        *n = !rc && r->nrows && r->values[0] ? strtoull(r->values[0], NULL, 10)
-                                             : 0;
-        kinbox_rows_destroy(r);
-        return rc;
+        return kinbox__db_count(db, sql, 0, NULL, n);
 }
 
 const struct kinbox__part_ops kinbox__pg_part = {
