@@ -945,6 +945,47 @@ kt_kinbox(char **out, char **err, bool merge, const char *fmt, ...)
         return rc;
 }
 
+/* ---- the library's log, captured */
+
+void
+kt_log_grab(int level, const char *facility, const char *message, void *opaque)
+{
+        (void)level;
+        (void)facility;
+        kt_log_t *l = opaque;
+        size_t n = strlen(l->text);
+        if (n + strlen(message) + 2 < sizeof(l->text))
+                snprintf(l->text + n, sizeof(l->text) - n, "%s\n", message);
+}
+
+kinbox_prune_result_t
+kt_prune(kinbox_conf_t *c, int dry, kt_log_t *log)
+{
+        log->text[0] = '\0';
+        kinbox_conf_set_log_cb(c, kt_log_grab, log);
+        kinbox_prune_result_t res;
+        char e[512];
+        kinbox_err_t rc = kinbox_prune(c, dry, NULL, &res, e, sizeof(e));
+        cr_assert(eq(int, rc, KINBOX_OK), "prune: %s", e);
+        kinbox_conf_destroy(c);
+        return res;
+}
+
+void
+kt_words_after(const char *text, const char *prefix, char *out, size_t sz)
+{
+        size_t n = 0;
+        out[0] = '\0';
+        for (const char *p = strstr(text, prefix); p;
+             p = strstr(p + 1, prefix)) {
+                p += strlen(prefix);
+                size_t len = strcspn(p, " \n");
+                n += (size_t)snprintf(out + n, sz - n, "%.*s,", (int)len, p);
+                if (n >= sz)
+                        break;
+        }
+}
+
 /* ---- HTTP (the metrics endpoint of `kinbox run`) */
 
 int

@@ -177,6 +177,26 @@ char *kt_tail(const char *path, int lines);
  * time out after timeout_s when timeout_s > 0. */
 int kt_connect(int port, int timeout_s);
 
+/* ---- the library's log, captured */
+
+/* What a kinbox_conf_set_log_cb() callback of kt_log_grab() gathered:
+ * each message and a newline (what does not fit is dropped). */
+typedef struct kt_log {
+        char text[16384];
+} kt_log_t;
+
+/* A log callback; opaque: the kt_log_t to append to. */
+void kt_log_grab(int level, const char *facility, const char *message,
+                 void *opaque);
+
+/* kinbox_prune(c, dry) asserted KINBOX_OK, c destroyed; its log into
+ * log (emptied first). */
+kinbox_prune_result_t kt_prune(kinbox_conf_t *c, int dry, kt_log_t *log);
+
+/* The word after each prefix in text, in order, ',' after each, into out. */
+void kt_words_after(const char *text, const char *prefix, char *out,
+                    size_t sz);
+
 /* GET path from 127.0.0.1:port: the HTTP status (-1: no connection; -2:
  * nothing within timeout_s when timeout_s > 0), the body in *body
  * (malloc'ed; body may be NULL). */

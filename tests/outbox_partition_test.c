@@ -31,18 +31,7 @@ is_my(int backend)
         return backend == 1;
 }
 
-static char logged[16384];
-
-static void
-grab_log(int level, const char *facility, const char *message, void *opaque)
-{
-        (void)level;
-        (void)facility;
-        (void)opaque;
-        size_t n = strlen(logged);
-        if (n + strlen(message) + 2 < sizeof(logged))
-                snprintf(logged + n, sizeof(logged) - n, "%s\n", message);
-}
+static kt_log_t plog; /* the last prune's log */
 
 /* An outbox row created days_ago days ago by the database's clock
  * (hours_ago more hours), status st; a pending row's next attempt far
@@ -155,7 +144,7 @@ migrate_part(const char *url)
 }
 
 /* kinbox prune with outbox.retention 2d (relay.source source, relay.slot
- * slot when not NULL); the log in logged. */
+ * slot when not NULL); the log in plog.text. */
 static kinbox_prune_result_t
 prune(const char *url, const char *source, const char *slot)
 {
@@ -164,15 +153,7 @@ prune(const char *url, const char *source, const char *slot)
                 cset(c, "relay.source", source);
                 cset(c, "relay.slot", slot);
         }
-        logged[0] = '\0';
-        kinbox_conf_set_log_cb(c, grab_log, NULL);
-        kinbox_prune_result_t res;
-        char e[512];
-        cr_assert(
-            eq(int, kinbox_prune(c, 0, NULL, &res, e, sizeof(e)), KINBOX_OK),
-            "prune: %s", e);
-        kinbox_conf_destroy(c);
-        return res;
+        return kt_prune(c, 0, &plog);
 }
 
 static kinbox_err_t
@@ -255,8 +236,8 @@ ParameterizedTest(int *backend, outbox_partition, poll, .timeout = 180)
         cr_expect(day_exists(url, *backend, 0));
         cr_expect(gt(u64, res.outbox_rows, 0));
         expect_keys(url, *backend, "c-held,d-dead,y-young");
-        cr_expect(strstr(logged, "still holds pending rows") != NULL, "%s",
-                  logged);
+        cr_expect(strstr(plog.text, "still holds pending rows") != NULL, "%s",
+                  plog.text);
         cr_expect(eq(dbl, kept_metric(), kept0 + 1));
         kt_exec(url, is_my(*backend)
                          ? "UPDATE kinbox_outbox SET status = 'sent', "
@@ -270,36 +251,11 @@ ParameterizedTest(int *backend, outbox_partition, poll, .timeout = 180)
 }
 
 /* kinbox_prune() with outbox.retention 2d, dry (1: --dry-run), poll
- * mode; the log in logged. */
+ * mode; the log in plog.text. */
 static kinbox_prune_result_t
 prune_dry(const char *url, int dry)
 {
-        kinbox_conf_t *c = part_conf(url, "2d");
-        logged[0] = '\0';
-        kinbox_conf_set_log_cb(c, grab_log, NULL);
-        kinbox_prune_result_t res;
-        char e[512];
-        cr_assert(
-            eq(int, kinbox_prune(c, dry, NULL, &res, e, sizeof(e)), KINBOX_OK),
-            "prune: %s", e);
-        kinbox_conf_destroy(c);
-        return res;
-}
-
-/* The partition names logged after prefix, in order, ',' after each. */
-static void
-logged_names(const char *prefix, char *out, size_t sz)
-{
-        size_t n = 0;
-        out[0] = '\0';
-        for (const char *p = strstr(logged, prefix); p;
-             p = strstr(p + 1, prefix)) {
-                p += strlen(prefix);
-                size_t len = strcspn(p, " \n");
-                n += (size_t)snprintf(out + n, sz - n, "%.*s,", (int)len, p);
-                if (n >= sz)
-                        break;
-        }
+        return kt_prune(part_conf(url, "2d"), dry, &plog);
 }
 
 /* The partition name of the day days_ago days before now. */
@@ -334,12 +290,13 @@ ParameterizedTest(int *backend, outbox_partition, dry_run, .timeout = 120)
 
         prune_dry(url, 1);
         char dry[2048], done[2048], d[64];
-        logged_names("would drop outbox partition ", dry, sizeof(dry));
+        kt_words_after(plog.text, "would drop outbox partition ", dry,
+                       sizeof(dry));
         for (int k = 7; k >= 3; k--) {
                 day_name(*backend, k, d, sizeof(d));
                 bool named = strstr(dry, d) != NULL;
                 cr_expect(eq(int, named, k != 5), "day %d (%s):\n%s", k, d,
-                          logged);
+                          plog.text);
         }
         day_name(*backend, 5, d, sizeof(d));
         char kept[200];
@@ -347,15 +304,17 @@ ParameterizedTest(int *backend, outbox_partition, dry_run, .timeout = 120)
                  "outbox range %s still holds pending rows (not yet "
                  "published): kept (dry run)",
                  d);
-        cr_expect(strstr(logged, kept) != NULL, "%s", logged);
-        cr_expect(strstr(logged, "rows; dry run)") != NULL, "%s", logged);
+        cr_expect(strstr(plog.text, kept) != NULL, "%s", plog.text);
+        cr_expect(strstr(plog.text, "rows; dry run)") != NULL, "%s",
+                  plog.text);
         /* Nothing changed. */
         for (int k = -2; k <= 7; k++)
                 cr_expect(day_exists(url, *backend, k), "day %d", k);
         expect_keys(url, *backend, "a-4d,b-3d,c-held,d-dead");
 
         prune_dry(url, 0);
-        logged_names("dropped outbox partition ", done, sizeof(done));
+        kt_words_after(plog.text, "dropped outbox partition ", done,
+                       sizeof(done));
         cr_expect(eq(str, done, dry), "dry run: %s; real run: %s", dry, done);
         cr_expect(day_exists(url, *backend, 5));
         cr_expect(day_gone(url, *backend, 4));
@@ -459,9 +418,9 @@ log_relay(int backend, const char *source)
         old_row(url, backend, topic, "c-3d", 3, 1, "pending", false);
         prune(url, source, slot);
         cr_expect(day_exists(url, backend, 3));
-        cr_expect(strstr(logged, "not behind the log relay's confirmed") !=
+        cr_expect(strstr(plog.text, "not behind the log relay's confirmed") !=
                       NULL,
-                  "%s", logged);
+                  "%s", plog.text);
         relay_start(&tr, relay_new(log_conf(url, bootstrap, source, slot)));
         consume(bootstrap, topic, 4, 30, 500, &got);
         cr_expect(eq(sz, got.n, 4));
@@ -473,7 +432,7 @@ log_relay(int backend, const char *source)
                 gone = !day_exists(url, backend, 3);
         }
         relay_stop(&tr);
-        cr_expect(gone, "%s", logged);
+        cr_expect(gone, "%s", plog.text);
         cr_expect(day_gone(url, backend, 4));
         expect_keys(url, backend, "y-young");
 }

@@ -424,19 +424,7 @@ ParameterizedTest(int *backend, partition, lifecycle, .timeout = 180)
 
 /* ---- kinbox prune --dry-run ---- */
 
-static char dry_log[16384];
-
-static void
-grab_dry_log(int level, const char *facility, const char *message,
-             void *opaque)
-{
-        (void)level;
-        (void)facility;
-        (void)opaque;
-        size_t n = strlen(dry_log);
-        if (n + strlen(message) + 2 < sizeof(dry_log))
-                snprintf(dry_log + n, sizeof(dry_log) - n, "%s\n", message);
-}
+static kt_log_t dry_log;
 
 /* prune() with dry (1: --dry-run), its log in dry_log. */
 static kinbox_prune_result_t
@@ -446,30 +434,7 @@ prune_logged(const char *url, int dry)
         kt_set(c, "database.url", url);
         kt_set(c, "inbox.retention", "2d");
         kt_set(c, "inbox.partition.ahead", "3d");
-        dry_log[0] = '\0';
-        kinbox_conf_set_log_cb(c, grab_dry_log, NULL);
-        kinbox_prune_result_t res;
-        char e[512];
-        kinbox_err_t rc = kinbox_prune(c, dry, NULL, &res, e, sizeof(e));
-        cr_assert(eq(int, rc, KINBOX_OK), "prune: %s", e);
-        kinbox_conf_destroy(c);
-        return res;
-}
-
-/* The partition names logged after prefix, in order, ',' after each. */
-static void
-logged_names(const char *prefix, char *out, size_t sz)
-{
-        size_t n = 0;
-        out[0] = '\0';
-        for (const char *p = strstr(dry_log, prefix); p;
-             p = strstr(p + 1, prefix)) {
-                p += strlen(prefix);
-                size_t len = strcspn(p, " \n");
-                n += (size_t)snprintf(out + n, sz - n, "%.*s,", (int)len, p);
-                if (n >= sz)
-                        break;
-        }
+        return kt_prune(c, dry, &dry_log);
 }
 
 /*
@@ -500,15 +465,18 @@ ParameterizedTest(int *backend, partition, dry_run, .timeout = 180)
         kinbox_prune_result_t res = prune_logged(url, 1);
         cr_assert(eq(u64, res.partitions_dropped, want));
         char dry[4096], done[4096], lab[16];
-        logged_names("would drop inbox partition ", dry, sizeof(dry));
+        kt_words_after(dry_log.text, "would drop inbox partition ", dry,
+                       sizeof(dry));
         int64_t old = (now - 5 * DAY_MS) / 1000;
         kinbox__range_label(lab, old - old % 86400, 86400);
-        cr_assert(strstr(dry, lab) != NULL, "%s not named:\n%s", lab, dry_log);
+        cr_assert(strstr(dry, lab) != NULL, "%s not named:\n%s", lab,
+                  dry_log.text);
         size_t named = 0;
         for (const char *q = dry; (q = strchr(q, ',')); q++)
                 named++;
-        cr_assert(eq(sz, named, (size_t)want), "%s", dry_log);
-        cr_assert(strstr(dry_log, "rows; dry run)") != NULL, "%s", dry_log);
+        cr_assert(eq(sz, named, (size_t)want), "%s", dry_log.text);
+        cr_assert(strstr(dry_log.text, "rows; dry run)") != NULL, "%s",
+                  dry_log.text);
         /* Nothing changed. */
         cr_assert(eq(i64, ranges(url, *backend), before));
         cr_assert(
@@ -516,7 +484,8 @@ ParameterizedTest(int *backend, partition, dry_run, .timeout = 180)
 
         res = prune_logged(url, 0);
         cr_assert(eq(u64, res.partitions_dropped, want));
-        logged_names("dropped inbox partition ", done, sizeof(done));
+        kt_words_after(dry_log.text, "dropped inbox partition ", done,
+                       sizeof(done));
         cr_assert(eq(str, done, dry), "dry run: %s; real run: %s", dry, done);
         cr_assert(eq(i64, ranges(url, *backend), before - (long long)want));
         cr_assert(
