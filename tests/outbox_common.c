@@ -304,11 +304,11 @@ log_short_read(rd_kafka_t *rk, const char *topic, int parts,
                                         last = got->v[i].offset;
                         }
                 if (err || n != (size_t)(hi - lo))
-                        cr_log_warn("%s [%d]: log %lld..%lld (%s), read %zu, "
-                                    "last offset read %lld",
-                                    topic, p, (long long)lo, (long long)hi,
-                                    rd_kafka_err2name(err), n,
-                                    (long long)last);
+                        fprintf(stderr,
+                                "%s [%d]: log %lld..%lld (%s), read %zu, "
+                                "last offset read %lld\n",
+                                topic, p, (long long)lo, (long long)hi,
+                                rd_kafka_err2name(err), n, (long long)last);
         }
 }
 
@@ -407,18 +407,43 @@ mono_ms(void)
 
 #define READER_STALL_MS 3000
 
+/* A partition with records left to read (its high watermark past the
+ * record after the last one read) that gave none for stall_ms; -1 when
+ * there is none. */
+static int
+stalled_part(rd_kafka_t *rk, const char *topic, int parts, const tmsgs_t *got,
+             const long long *moved_at, long long now, int stall_ms)
+{
+        for (int p = 0; p < parts; p++) {
+                int64_t lo, hi;
+                if (now - moved_at[p] <= stall_ms ||
+                    rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi,
+                                                     5000))
+                        continue;
+                int64_t next = lo;
+                for (size_t i = 0; i < got->n; i++)
+                        if (got->v[i].partition == p &&
+                            got->v[i].offset + 1 > next)
+                                next = got->v[i].offset + 1;
+                if (hi > next)
+                        return p;
+        }
+        return -1;
+}
+
 /* Read every partition of topic from the start until want messages came
  * (then on, to see extras: until every message in the log was read, the
  * log's size asked after each linger_ms without a message) or timeout_s
  * passed. Callers have stopped every producer of the topic, so a
  * log read to its end holds every extra there is.
  *
- * A reader that gets nothing for READER_STALL_MS while the log holds
- * records it has not read is replaced by a new one going on from where
- * it stopped, and says so: librdkafka 2.0.2's consumer, after a mock
- * cluster's brokers all went down and up, was seen to stop fetching some
- * partitions for good after their first batch, with the records in the
- * log (high watermark 100, 2 read, for a minute). */
+ * A reader one partition of which gives nothing for READER_STALL_MS
+ * while the log holds records of it not read yet is replaced by a new
+ * one going on from where it stopped, and says so: librdkafka 2.0.2's
+ * consumer, after a mock cluster's brokers all went down and up, was seen
+ * to stop fetching some partitions for good after their first batch while
+ * it read the others, with the records in the log (high watermark 100, 2
+ * read, for a minute). */
 void
 consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
         int linger_ms, tmsgs_t *out)
@@ -427,11 +452,14 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
         rd_kafka_t *rk = reader_new(bootstrap);
         int parts = topic_parts(rk, topic);
         reader_assign(rk, topic, parts, out);
-        long long t0 = mono_ms(), enough_at = -1, got_at = t0;
+        long long t0 = mono_ms(), enough_at = -1, checked_at = t0;
+        long long *moved_at = calloc((size_t)parts, sizeof(*moved_at));
+        for (int p = 0; p < parts; p++)
+                moved_at[p] = t0;
         int stall_ms = READER_STALL_MS; /* doubled per new reader */
         bool at_end = false;
         for (;;) {
-                long long ms = mono_ms() - t0;
+                long long now = mono_ms(), ms = now - t0;
                 if (ms > timeout_s * 1000LL)
                         break;
                 if (out->n >= want && enough_at < 0)
@@ -451,24 +479,27 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
                         }
                         enough_at = ms;
                 }
-                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
-                if (!m && mono_ms() - got_at > stall_ms) {
-                        long long sz = log_size(rk, topic, parts);
-                        if (sz > (long long)out->n) {
-                                cr_log_warn("reader of %s: nothing for %d ms "
-                                            "with %lld of %lld records read: "
-                                            "a new reader goes on",
-                                            topic, stall_ms, (long long)out->n,
-                                            sz);
+                if (now - checked_at >= 1000) {
+                        checked_at = now;
+                        int p = stalled_part(rk, topic, parts, out, moved_at,
+                                             now, stall_ms);
+                        if (p >= 0) {
+                                fprintf(stderr,
+                                        "reader of %s [%d]: nothing for "
+                                        "%d ms with records left in the "
+                                        "log: a new reader goes on\n",
+                                        topic, p, stall_ms);
                                 log_short_read(rk, topic, parts, out);
                                 rd_kafka_consumer_close(rk);
                                 rd_kafka_destroy(rk);
                                 rk = reader_new(bootstrap);
                                 reader_assign(rk, topic, parts, out);
                                 stall_ms *= 2;
+                                for (int i = 0; i < parts; i++)
+                                        moved_at[i] = now;
                         }
-                        got_at = mono_ms();
                 }
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
                 /* Asked only when nothing came for a while: one round
                  * trip per partition, too slow to ask per message. */
                 if (!m && enough_at >= 0 &&
@@ -478,15 +509,17 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_s,
                 }
                 if (!m)
                         continue;
-                got_at = mono_ms();
-                if (m->err)
-                        cr_log_warn("reader of %s [%d]: %s", topic,
-                                    (int)m->partition,
-                                    rd_kafka_message_errstr(m));
-                else
+                if (m->err) {
+                        fprintf(stderr, "reader of %s [%d]: %s\n", topic,
+                                (int)m->partition, rd_kafka_message_errstr(m));
+                } else {
+                        if (m->partition >= 0 && m->partition < parts)
+                                moved_at[m->partition] = mono_ms();
                         msg_keep(out, m);
+                }
                 rd_kafka_message_destroy(m);
         }
+        free(moved_at);
         if (!at_end)
                 log_short_read(rk, topic, parts, out);
         rd_kafka_consumer_close(rk);
