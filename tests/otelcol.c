@@ -251,9 +251,10 @@ kt_otelcol_stop(pid_t pid)
                         collectors[i] = 0;
         kill(pid, SIGTERM);
         if (kt_wait_exit(pid, 5) == -1000)
-                cr_log_warn("the OpenTelemetry Collector (pid %d) ignored "
-                            "SIGTERM for 5 s: killed",
-                            (int)pid);
+                fprintf(stderr,
+                        "the OpenTelemetry Collector (pid %d) ignored SIGTERM "
+                        "for 5 s: killed\n",
+                        (int)pid);
 }
 
 /* ------------------------------------------------------------ reading */
